@@ -1,0 +1,39 @@
+"""Crash-safe small-file writes: temp name in the same directory, fsync, rename, fsync the directory.
+
+A reader (or a resumed run) sees either the old file or the complete new one, never a torn one.
+The directory fsync makes the rename itself durable: without it a power loss can forget it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def temp_path_for(path: Path) -> Path:
+    """`DIR/.NAME.tmp`: hidden and suffixed, so no `shard-*.tar` or `*.json` glob matches it."""
+    return path.with_name(f".{path.name}.tmp")
+
+
+def fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Replace `path` with `data` atomically (an existing file is replaced as a whole)."""
+    path = Path(path)
+    tmp = temp_path_for(path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)

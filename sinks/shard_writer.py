@@ -1,0 +1,155 @@
+"""`ShardWriter`: a stream of samples -> a sequence of committed shards (webdataset's ShardWriter
+with crash safety).
+
+Rotation works like webdataset's: a shard is committed and the next opened when it holds
+`maxcount` samples, or when the next sample would push its file past `maxsize` bytes (so shards
+stay within maxsize unless one sample alone is larger). Each commit writes the shard's manifest
+and then calls `on_commit(record)`.
+
+Committed shards are never rewritten: an index whose final name (or temp name's final name) is
+taken, e.g. by a previous run in the same output_dir, is skipped. Names must be unique per
+writer: concurrent writers (ranks) need distinct `name_pattern`s, e.g. `shard-r03-{index:06d}.tar`.
+
+A failing OS call (disk full, EIO) discards the partial shard and raises `SinkError`; the writer
+then refuses further writes.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Callable, Optional
+
+from sinks.config import SinkConfig
+from sinks.errors import SinkError
+from sinks.manifest import ShardRecord, write_manifest
+from sinks.sample import EncodedSample, Sample, encode_sample
+from sinks.tar_shard import TarShard
+
+log = logging.getLogger(__name__)
+
+DEFAULT_NAME_PATTERN = "shard-{index:06d}.tar"
+
+
+def check_name_pattern(name_pattern: str) -> None:
+    try:
+        first, second = name_pattern.format(index=0), name_pattern.format(index=1)
+    except (KeyError, IndexError, ValueError) as err:
+        raise ValueError(
+            f"shard name pattern {name_pattern!r} cannot be formatted with index ({err!r}); use e.g. {DEFAULT_NAME_PATTERN!r}."
+        ) from None
+    if first == second or "/" in name_pattern or not first.endswith(".tar") or first.startswith("."):
+        raise ValueError(
+            f"shard name pattern {name_pattern!r} must contain {{index}}, end with .tar, and have no '/' or leading '.'; "
+            f"use e.g. {DEFAULT_NAME_PATTERN!r}."
+        )
+
+
+class ShardWriter:
+    """Writes samples into rotating shards under `output_dir`, committing each atomically."""
+
+    def __init__(
+        self,
+        output_dir: str | Path,
+        config: SinkConfig,
+        name_pattern: str = DEFAULT_NAME_PATTERN,
+        start_index: int = 0,
+        on_commit: Optional[Callable[[ShardRecord], None]] = None,
+    ) -> None:
+        check_name_pattern(name_pattern)
+        self.output_dir = Path(output_dir)
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        self.config = config
+        self.name_pattern = name_pattern
+        self.on_commit = on_commit
+        self.records: list[ShardRecord] = []
+        self.samples_written = 0
+        self._next_index = start_index
+        self._shard: TarShard | None = None
+        self._failed: SinkError | None = None
+
+    # -- public API -----------------------------------------------------------------------------
+
+    def write(self, sample: Sample | EncodedSample) -> None:
+        """Add one sample (a `Sample` is encoded here, on the calling thread)."""
+        if self._failed is not None:
+            raise SinkError(f"the sink already failed and accepts no more samples: {self._failed}")
+        if isinstance(sample, Sample):
+            sample = encode_sample(sample, self.config.format, self.config.quality)
+        try:
+            if self._shard is not None and self._is_full_with(self._shard, sample):
+                self._commit()
+            if self._shard is None:
+                self._shard = TarShard(self._free_path())
+            self._shard.add(sample)
+        except OSError as err:
+            self._fail(err)
+        self.samples_written += 1
+
+    def commit_now(self) -> Optional[ShardRecord]:
+        """Commit the current shard early (pre-emption); None when it holds no sample."""
+        if self._failed is not None:
+            raise SinkError(f"the sink already failed: {self._failed}")
+        if self._shard is None:
+            return None
+        try:
+            return self._commit()
+        except OSError as err:
+            self._fail(err)
+
+    def close(self) -> list[ShardRecord]:
+        """Commit the last shard; returns every record this writer committed."""
+        self.commit_now()
+        return list(self.records)
+
+    def abort(self) -> None:
+        """Drop the incomplete shard (no file is left under its names); committed shards stay."""
+        if self._shard is not None:
+            log.info("dropping incomplete shard %s (%d samples)", self._shard.final_path.name, self._shard.nsamples)
+            self._shard.discard()
+            self._shard = None
+
+    @property
+    def current_path(self) -> Optional[Path]:
+        return None if self._shard is None else self._shard.final_path
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _is_full_with(self, shard: TarShard, sample: EncodedSample) -> bool:
+        return shard.nsamples >= self.config.maxcount or shard.size_with(sample) > self.config.maxsize
+
+    def _free_path(self) -> Path:
+        while True:
+            path = self.output_dir / self.name_pattern.format(index=self._next_index)
+            self._next_index += 1
+            if not path.exists():
+                return path
+            log.info("%s exists (committed by an earlier run); skipping to the next index", path.name)
+
+    def _commit(self) -> ShardRecord:
+        shard = self._shard
+        assert shard is not None
+        filesize, sha256 = shard.commit()  # on OSError the shard stays open, so _fail discards it
+        self._shard = None
+        record = ShardRecord(shard.final_path.name, shard.nsamples, filesize, sha256, list(shard.keys))
+        self.records.append(record)
+        # A crash or error from here on loses only the manifest, a cache that scan_output rebuilds.
+        write_manifest(self.output_dir, record)
+        if self.on_commit is not None:
+            self.on_commit(record)
+        return record
+
+    def _fail(self, err: OSError) -> None:
+        shard = self._shard
+        if shard is None:
+            where = f"the manifest of {self.records[-1].url}" if self.records else "output_dir"
+        else:
+            where = f"shard {shard.temp_path} (to become {shard.final_path.name})"
+        self.abort()
+        last = f", the last is {self.records[-1].url}" if self.records else ""
+        self._failed = SinkError(
+            f"writing {where} failed: {type(err).__name__}: {err}. No partial shard is left under a final name. "
+            f"Committed shards are intact ({len(self.records)} committed by this writer{last}); "
+            f"free space or fix the disk, then rerun the same command to resume."
+        )
+        raise self._failed from err

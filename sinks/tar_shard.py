@@ -1,0 +1,141 @@
+"""`TarShard`: writes ONE shard under a temp name and commits it to its final name.
+
+Invariant: a file under a final shard name is a complete tar. The shard is written to
+`.NAME.tmp` in the same directory, closed, flushed and fsync'd, then linked to `NAME` (a hard
+link fails if `NAME` exists, so a committed shard is never replaced, not even by a racing
+writer), the temp name is removed, and the directory is fsync'd so the new name survives a
+power loss. A crash at any instant leaves at most a temp file, which `scan_output` deletes.
+
+Bytes are deterministic: fixed mtime, uid/gid, owner names and mode in every header, USTAR
+format, members in write order; the same samples give a byte-identical shard.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import io
+import logging
+import os
+import tarfile
+from pathlib import Path
+
+from sinks.atomic import fsync_dir, temp_path_for
+from sinks.sample import EncodedSample
+
+log = logging.getLogger(__name__)
+
+_BLOCK = tarfile.BLOCKSIZE
+_RECORD = tarfile.RECORDSIZE
+_MTIME = 0
+_MODE = 0o444
+_OWNER = "bcgen"
+# Filesystems without hard links (some FUSE/object-store mounts): fall back to check + rename.
+_NO_LINK_ERRNOS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EMLINK, errno.EXDEV}
+
+
+def _round_up(n: int, to: int) -> int:
+    return -(-n // to) * to
+
+
+def member_bytes(payload_len: int) -> int:
+    """Bytes a member takes in a USTAR archive: one header block plus padded data."""
+    return _BLOCK + _round_up(payload_len, _BLOCK)
+
+
+def closed_size(offset: int) -> int:
+    """File size after close: two zero blocks end the archive, then padding to a full record."""
+    return _round_up(offset + 2 * _BLOCK, _RECORD)
+
+
+class _HashingFile:
+    """The temp file, hashing what tarfile writes so commit needs no second read."""
+
+    def __init__(self, f: io.BufferedWriter) -> None:
+        self._f = f
+        self.sha256 = hashlib.sha256()
+
+    def write(self, data: bytes) -> int:
+        self.sha256.update(data)
+        return self._f.write(data)
+
+    def tell(self) -> int:
+        return self._f.tell()
+
+
+def _link_no_replace(src: Path, dst: Path) -> None:
+    try:
+        os.link(src, dst)
+    except OSError as err:
+        if err.errno not in _NO_LINK_ERRNOS:
+            raise
+        # Not atomic against a racing writer, but names are unique per writer (see ShardWriter).
+        if os.path.lexists(dst):
+            raise FileExistsError(errno.EEXIST, "final shard name already exists", str(dst)) from None
+        os.rename(src, dst)
+        return
+    os.unlink(src)
+
+
+class TarShard:
+    """An open shard: `add` samples, then `commit` (final name) or `discard` (nothing left)."""
+
+    def __init__(self, final_path: Path) -> None:
+        self.final_path = Path(final_path)
+        self.temp_path = temp_path_for(self.final_path)
+        self.keys: list[str] = []
+        self._stems: set[str] = set()
+        # "wb", not "xb": a leftover temp of the same name is a dead run's partial shard.
+        self._file = open(self.temp_path, "wb")
+        self._hashing = _HashingFile(self._file)
+        self._tar = tarfile.open(fileobj=self._hashing, mode="w", format=tarfile.USTAR_FORMAT)
+
+    @property
+    def nsamples(self) -> int:
+        return len(self.keys)
+
+    def size_with(self, sample: EncodedSample | None = None) -> int:
+        """The committed file size now, or after adding `sample`."""
+        extra = 0 if sample is None else sum(member_bytes(len(data)) for _, data in sample.members())
+        return closed_size(self._tar.offset + extra)
+
+    def add(self, sample: EncodedSample) -> None:
+        if sample.stem in self._stems:
+            # Same stem twice in one tar: readers would merge or drop samples.
+            raise ValueError(f"sample key {sample.key!r} was written twice to {self.final_path.name}; keys must be unique.")
+        for name, data in sample.members():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            info.mtime = _MTIME
+            info.mode = _MODE
+            info.uid = info.gid = 0
+            info.uname = info.gname = _OWNER
+            self._tar.addfile(info, io.BytesIO(data))
+        self._stems.add(sample.stem)
+        self.keys.append(sample.key)
+
+    def commit(self) -> tuple[int, str]:
+        """Make the shard visible under its final name; returns (filesize, sha256 hex)."""
+        assert self.keys, "an empty shard is never committed"
+        self._tar.close()
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        filesize = os.stat(self.temp_path).st_size
+        assert filesize == self.size_with(), (filesize, self.size_with())
+        _link_no_replace(self.temp_path, self.final_path)
+        fsync_dir(self.final_path.parent)
+        log.debug("committed %s: %d samples, %d bytes", self.final_path, self.nsamples, filesize)
+        return filesize, self._hashing.sha256.hexdigest()
+
+    def discard(self) -> None:
+        """Drop the partial shard; never raises (it runs on error paths)."""
+        for close in (self._tar.close, self._file.close):
+            try:
+                close()
+            except Exception:  # noqa: BLE001 - the disk may be full or gone; removal is what matters
+                pass
+        try:
+            self.temp_path.unlink(missing_ok=True)
+        except OSError as err:
+            log.warning("could not remove partial shard %s (%s); a resumed run's scan removes it", self.temp_path, err)
