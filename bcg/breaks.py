@@ -1,0 +1,164 @@
+"""Breaks: functions that run eagerly between graph segments, and installing them on a model.
+
+`eager_on_graph(fn)` marks a function that must not be captured (a variable-length attention
+kernel, a collective, anything that reads tensors on the host). Outside a capture it calls `fn`
+directly (one thread-local read); during a capture it ends the segment, runs `fn` once, records
+a replay step and opens the next segment (`bcg.graph`).
+
+`install_breaks(module, policy)` places breaks without editing model code, by replacing module
+`forward`s with wrappers (instance attributes; `remove_breaks` restores them):
+
+- "none": no breaks; the whole forward is one segment.
+- "attention": every diffusers attention module (`Attention`, `AttentionModuleMixin`). The break
+  is as narrow as it can be: only the attention kernel (`F.scaled_dot_product_attention`) called
+  inside the module's forward runs eagerly; the q/k/v/out projections and the mask preparation
+  stay in the graph. A naive break around the whole cross-attention module cost 9% at 512^2
+  (ANCHORS.md); a kernel break adds one eager kernel and one bridge copy. Modules whose attention
+  is plain matmuls (Sana's linear self-attention) call no kernel and stay captured whole, so
+  SANA-1.6B gets 20 breaks (its 20 cross-attentions) and 21 segments.
+- a list of names: modules whose qualified name (`transformer_blocks.3.attn2`) or class name
+  (`SanaTransformerBlock`) matches; their whole forward becomes a break.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any, Callable, TypeVar
+
+import torch.nn.functional as F
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from .config import BreakPolicy, validate_policy
+from .graph import active_capture
+
+log = logging.getLogger(__name__)
+
+Fn = TypeVar("Fn", bound=Callable[..., Any])
+
+_ATTENTION_KERNELS = frozenset({F.scaled_dot_product_attention})
+_RECORDS = "_bcg_breaks"
+
+
+def eager_on_graph(fn: Fn) -> Fn:
+    """Run `fn` eagerly between graph segments during capture and on every replay."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        cap = active_capture()
+        if cap is None:
+            return fn(*args, **kwargs)
+        return cap.run_break(fn, args, kwargs)
+
+    wrapper.__bcg_break__ = True  # type: ignore[attr-defined]
+    return wrapper  # type: ignore[return-value]
+
+
+class _AttentionKernelBreaks(TorchFunctionMode):
+    """Turns attention-kernel calls into breaks; active only inside an attention module's forward
+    while a capture runs, so eager calls pay nothing for it."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _ATTENTION_KERNELS:
+            cap = active_capture()
+            if cap is not None:
+                return cap.run_break(func, args, kwargs)
+        return func(*args, **kwargs)
+
+
+def _attention_forward(forward: Callable) -> Callable:
+    @functools.wraps(forward)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if active_capture() is None:
+            return forward(*args, **kwargs)
+        with _AttentionKernelBreaks():
+            return forward(*args, **kwargs)
+
+    return wrapper
+
+
+def _attention_classes() -> tuple[type, ...]:
+    classes: list[type] = []
+    try:
+        from diffusers.models.attention_processor import Attention
+
+        classes.append(Attention)
+    except ImportError:
+        pass
+    try:
+        from diffusers.models.attention import AttentionModuleMixin
+
+        classes.append(AttentionModuleMixin)
+    except ImportError:
+        pass
+    return tuple(classes)
+
+
+def _named_targets(module: nn.Module, names: list[str]) -> list[tuple[str, nn.Module]]:
+    wanted = set(names)
+    found: list[tuple[str, nn.Module]] = []
+    matched: set[str] = set()
+    for qname, sub in module.named_modules():
+        cls = type(sub).__name__
+        if qname in wanted or cls in wanted:
+            found.append((qname, sub))
+            matched.update({qname, cls} & wanted)
+    unknown = sorted(wanted - matched)
+    if unknown:
+        classes = sorted({type(m).__name__ for m in module.modules()})
+        raise ValueError(
+            f"bcg.break_policy names {unknown} match no module of {type(module).__name__}; use a "
+            f"qualified name from named_modules() (e.g. {[n for n, _ in module.named_modules()][1:4]}) "
+            f"or a class name (one of {classes})"
+        )
+    return found
+
+
+def install_breaks(module: nn.Module, policy: BreakPolicy) -> int:
+    """Install the breaks of `policy` on `module`'s submodules; returns how many were installed.
+    Re-installing replaces the previous policy."""
+    validate_policy(policy)
+    remove_breaks(module)
+    if isinstance(policy, str) and policy == "none":
+        return 0
+    if isinstance(policy, str):  # "attention"
+        classes = _attention_classes()
+        targets = [(n, m) for n, m in module.named_modules() if classes and isinstance(m, classes)]
+        wrap = _attention_forward
+        if not targets:
+            log.warning("bcg: break_policy=attention found no diffusers attention module in %s",
+                        type(module).__name__)
+    else:
+        targets = _named_targets(module, list(policy))
+        wrap = eager_on_graph
+    records = []
+    for _, sub in targets:
+        previous = sub.__dict__.get("forward")  # an instance forward someone else installed
+        sub.forward = wrap(sub.forward)
+        records.append((sub, previous, sub.forward))
+    object.__setattr__(module, _RECORDS, records)
+    return len(records)
+
+
+def remove_breaks(module: nn.Module) -> int:
+    """Undo `install_breaks`; returns how many breaks were removed."""
+    records = module.__dict__.pop(_RECORDS, [])
+    for sub, previous, ours in reversed(records):
+        if sub.__dict__.get("forward") is not ours:
+            log.warning("bcg: %s.forward was replaced after breaks were installed; leaving it",
+                        type(sub).__name__)
+            continue
+        if previous is None:
+            del sub.__dict__["forward"]
+        else:
+            sub.forward = previous
+    return len(records)
+
+
+def count_breaks(module: nn.Module) -> int:
+    return len(module.__dict__.get(_RECORDS, []))
+
+
+__all__ = ["eager_on_graph", "install_breaks", "remove_breaks", "count_breaks"]

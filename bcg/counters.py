@@ -1,0 +1,32 @@
+"""Runner counters: what the job writes to summary.json and shows on the progress bar."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass
+class Counters:
+    hits: int = 0
+    """Calls answered by a graph replay."""
+    misses: int = 0
+    """Calls run eagerly although graphs are on (signature not captured, capture not allowed,
+    over the caps, failed before, or autograd enabled)."""
+    captures: int = 0
+    """Signatures captured; the capturing call's output comes from its graph, so it is neither a
+    hit nor a miss."""
+    capture_failures: int = 0
+    capture_seconds: float = 0.0
+    """Warm-up plus capture, summed over captures."""
+    segments: int = 0
+    """Graph segments summed over captures (per entry: `stats()["entries"]`)."""
+    graph_bytes: int = 0
+    """Memory held by live entries now."""
+    peak_graph_bytes: int = 0
+    evictions: int = 0
+    releases: int = 0
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["capture_seconds"] = round(self.capture_seconds, 4)
+        return d

@@ -1,0 +1,106 @@
+"""One captured signature: static input buffers, the captured forward and its static output.
+
+Static-buffer rule (the invariant every replay relies on): the graph captured *addresses*. The
+static inputs, the bridges between segments and the output are allocated once, at capture, and
+are only ever written in place: live inputs are copied into the static inputs, breaks copy their
+fresh results into their bridges, replay writes the output. None of them is ever reassigned,
+resized or freed while the entry lives, and callers never get them: they get clones, so two calls
+(the two CFG branches) never see each other's output. `check_buffers` verifies the addresses
+(`RunnerConfig.debug_check_buffers` runs it on every replay).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from .backend import Backend
+from .graph import CapturedForward, capture_forward
+from .signature import Key, rebuild, summarize
+from .tree import clone_tree, tensor_leaves
+
+
+@dataclass
+class GraphEntry:
+    key: Key
+    static_inputs: list[torch.Tensor]
+    graph: CapturedForward
+    output: Any
+    capture_seconds: float
+    summary: str
+    addresses: tuple[int, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        self.addresses = tuple(t.data_ptr() for t in self._buffers())
+
+    @property
+    def nbytes(self) -> int:
+        return self.graph.nbytes
+
+    @property
+    def segments(self) -> int:
+        return self.graph.segments
+
+    def _buffers(self) -> list[torch.Tensor]:
+        return self.static_inputs + self.graph.bridge_tensors() + tensor_leaves(self.output)
+
+    def replay(self, leaves: list[torch.Tensor], check: bool = False) -> Any:
+        """Copy the live tensor leaves in, replay, return a clone of the output."""
+        for dst, src in zip(self.static_inputs, leaves):
+            dst.copy_(src)
+        if check:
+            self.check_buffers()
+        self.graph.replay()
+        return clone_tree(self.output)
+
+    def check_buffers(self) -> None:
+        now = tuple(t.data_ptr() for t in self._buffers())
+        if now != self.addresses:
+            moved = sum(a != b for a, b in zip(now, self.addresses))
+            raise RuntimeError(
+                f"bcg: {moved} static buffer(s) of signature [{self.summary}] moved since capture; "
+                "a graph would read or write freed memory. Something reassigned or resized a "
+                "static input, bridge or output in place (set_, resize_, .data =)"
+            )
+
+    def describe(self) -> dict:
+        return {
+            "signature": self.summary,
+            "segments": self.segments,
+            "breaks": len(self.graph.breaks),
+            "graph_bytes": self.nbytes,
+            "capture_seconds": round(self.capture_seconds, 4),
+        }
+
+
+def _warmup_like(t: torch.Tensor) -> torch.Tensor:
+    # Random, never zeros: zeros can steer a model down a branch (or a kernel choice) that the
+    # real inputs never take. Integer/bool tensors (masks, ids) keep their live values.
+    if t.is_floating_point() or t.is_complex():
+        return torch.randn(t.shape, dtype=t.dtype, device=t.device)
+    return t
+
+
+def capture_entry(
+    fn: Callable, args: tuple, kwargs: dict, key: Key, leaves: list[torch.Tensor],
+    backend: Backend, warmup_iters: int,
+) -> tuple[GraphEntry, Any]:
+    """Warm up, capture `fn(*args, **kwargs)` with static buffers; returns the entry and this
+    call's output (a clone, computed by the capture itself)."""
+    t0 = time.perf_counter()
+    # Contiguous copies allocated before the capture: outside the graph pool, fixed addresses.
+    static = [torch.empty(t.shape, dtype=t.dtype, device=t.device).copy_(t) for t in leaves]
+    s_args, s_kwargs = rebuild(args, kwargs, static)
+    with backend.stream():
+        for _ in range(warmup_iters):
+            w_args, w_kwargs = rebuild(args, kwargs, [_warmup_like(t) for t in leaves])
+            fn(*w_args, **w_kwargs)
+        recorder = backend.recorder()
+        output, graph = capture_forward(lambda: fn(*s_args, **s_kwargs), recorder)
+        result = clone_tree(output)
+    backend.synchronize()
+    entry = GraphEntry(key, static, graph, output, time.perf_counter() - t0, summarize(key))
+    return entry, result
