@@ -1,0 +1,196 @@
+"""Typed configuration for `python -m jobs.generate`.
+
+One dataclass per config group, every field with a default and a docstring. The same classes are
+registered with Hydra's ConfigStore as schemas, so a typo (`sampling.stpes=4`) fails at compose
+time, and `to_typed()` turns the composed DictConfig into these dataclasses, which runs every
+`__post_init__` check before anything heavy is imported or loaded.
+
+OmegaConf 2.3 rejects `typing.Literal`, so choices are plain `str` fields validated against a
+tuple of allowed values; the error names the key, the value and the allowed ones.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from jobs.dataset import DatasetConfig
+from sinks.config import SinkConfig
+
+DTYPES = ("float32", "bfloat16", "float16")
+DEVICES = ("auto", "cpu", "cuda")
+LONG_PROMPT = ("truncate", "fail")
+NONFINITE = ("record", "ledger")
+
+
+def check_choice(key: str, value: Any, allowed: tuple) -> None:
+    if value not in allowed:
+        raise ValueError(f"{key}={value!r} is not allowed; choose one of: {', '.join(map(str, allowed))}")
+
+
+def check(key: str, ok: bool, value: Any, expected: str) -> None:
+    if not ok:
+        raise ValueError(f"{key}={value!r} is invalid: expected {expected}")
+
+
+@dataclass
+class ModelConfig:
+    name: str = "sana_tiny"
+    """Preset name (the file under conf/model/); used in metadata and the default output_dir."""
+    family: str = "sana"
+    """Model family: selects the loader (jobs/models/) and the padding policy (padding/)."""
+    path: Optional[str] = None
+    """Local diffusers folder (model_index.json + subfolders). None: build `tiny` from config."""
+    dtype: str = "float32"
+    """Weights and activations dtype: float32 | bfloat16 | float16."""
+    max_sequence_length: int = 300
+    """Text length the pipeline encodes to natively (SANA: 300). Longer prompts are truncated."""
+    text_buckets: List[int] = field(default_factory=lambda: [64, 128, 256, 512, 1024])
+    """Padded text lengths that share graphs; buckets above max_sequence_length are dropped."""
+    break_policy: List[str] = field(default_factory=lambda: ["none"])
+    """Graph breaks: ["none"] (one segment), ["attention"], or module names / class names."""
+    complex_human_instruction: Optional[List[str]] = None
+    """SANA's instruction prefix for prompts; None disables it (the tiny presets)."""
+    on_long_prompt: str = "truncate"
+    """A prompt longer than max_sequence_length: truncate (counted in the summary) | fail."""
+    tiny: Dict[str, Any] = field(default_factory=dict)
+    """For path=None: seed and sub-configs of the tiny random components (see conf/model/*_tiny.yaml)."""
+
+    def __post_init__(self) -> None:
+        check_choice("model.dtype", self.dtype, DTYPES)
+        check_choice("model.on_long_prompt", self.on_long_prompt, LONG_PROMPT)
+        check("model.max_sequence_length", self.max_sequence_length > 0, self.max_sequence_length, "a positive int")
+        check("model.text_buckets", len(self.text_buckets) > 0, list(self.text_buckets),
+              "a non-empty list of positive ints, e.g. [64,128,256]")
+        check("model.text_buckets", all(int(b) > 0 for b in self.text_buckets), list(self.text_buckets),
+              "positive ints")
+        check("model.break_policy", len(self.break_policy) > 0, list(self.break_policy),
+              '["none"], ["attention"] or a list of module names')
+
+
+@dataclass
+class SamplingConfig:
+    steps: int = 20
+    """Denoising steps (a dataset row's `steps` overrides it)."""
+    guidance_scale: float = 4.5
+    """Classifier-free guidance scale; <= 1 disables CFG (no negative branch)."""
+    height: int = 1024
+    """Image height in pixels (a row's `height` overrides it)."""
+    width: int = 1024
+    """Image width in pixels (a row's `width` overrides it)."""
+    seed: int = 0
+    """Job seed: an item without its own seed gets one derived from (job seed, key)."""
+    negative_prompt: str = ""
+    """Negative prompt for rows that give none (used only with CFG)."""
+
+    def __post_init__(self) -> None:
+        check("sampling.steps", self.steps > 0, self.steps, "an int > 0")
+        check("sampling.guidance_scale", math.isfinite(self.guidance_scale) and self.guidance_scale >= 0,
+              self.guidance_scale, "a finite number >= 0")
+        check("sampling.height", self.height > 0, self.height, "a positive int")
+        check("sampling.width", self.width > 0, self.width, "a positive int")
+        check("sampling.seed", 0 <= self.seed < 2**63, self.seed, "an int in [0, 2**63)")
+
+
+@dataclass
+class BcgConfig:
+    enabled: bool = True
+    """Replay denoising steps as CUDA graphs (CUDA only; the CPU always runs eager)."""
+    batch_sizes: List[int] = field(default_factory=lambda: [1, 2, 4, 8])
+    """Graph pool batch sizes: each signature's items are cut into batches of these sizes."""
+    text_buckets: Optional[List[int]] = None
+    """Override of model.text_buckets (None: use the model's)."""
+    warmup_resolutions: List[List[int]] = field(default_factory=list)
+    """[[h, w], ...] allowed for capture; [] = every resolution the plan needs. Others run eager."""
+    pad_short_batches: bool = True
+    """A batch smaller than every pool size is padded with dummy rows (discarded) to a captured size."""
+    max_graphs: int = 32
+    """Live graph entries at most (oldest evicted)."""
+    max_graph_memory_gb: float = 0.0
+    """Graph pool memory cap in GiB; 0 = no cap."""
+    backend: str = "auto"
+    """auto | cuda | tape (CPU op tape, for tests) | eager."""
+    debug_check_buffers: bool = False
+    """Check static buffer addresses on every replay (slow; for debugging)."""
+
+    def __post_init__(self) -> None:
+        check("bcg.batch_sizes", len(self.batch_sizes) > 0 and all(int(b) > 0 for b in self.batch_sizes),
+              list(self.batch_sizes), "a non-empty list of positive ints, e.g. [1,2,4,8]")
+        if self.text_buckets is not None:
+            check("bcg.text_buckets", len(self.text_buckets) > 0 and all(int(b) > 0 for b in self.text_buckets),
+                  list(self.text_buckets), "a non-empty list of positive ints, e.g. [64,128,256]")
+        for hw in self.warmup_resolutions:
+            check("bcg.warmup_resolutions", len(hw) == 2 and all(int(v) > 0 for v in hw), list(hw), "[height, width] pairs")
+        check_choice("bcg.backend", self.backend, ("auto", "cuda", "tape", "eager"))
+        check("bcg.max_graphs", self.max_graphs > 0, self.max_graphs, "an int > 0")
+        check("bcg.max_graph_memory_gb", self.max_graph_memory_gb >= 0, self.max_graph_memory_gb, "a number >= 0")
+
+
+@dataclass
+class JobConfig:
+    partition: str = "0/1"
+    """`I/N`: run partition I of N of the sorted plan (Slurm arrays; ranks of torchrun split further)."""
+    overwrite: bool = False
+    """Start over in a non-empty output_dir whose previous run had a different dataset or config."""
+    on_nonfinite: str = "record"
+    """A NaN/Inf image: record (flag it in its json and the summary) | ledger (send it to errors.jsonl)."""
+    progress: bool = True
+    """Show the progress bar."""
+    log_every_s: float = 30.0
+    """Also log a progress line this often (for non-interactive logs, e.g. Slurm)."""
+
+    def __post_init__(self) -> None:
+        parse_partition(self.partition)
+        check_choice("job.on_nonfinite", self.on_nonfinite, NONFINITE)
+
+
+def parse_partition(text: str) -> tuple[int, int]:
+    try:
+        index, count = (int(v) for v in str(text).split("/"))
+    except ValueError:
+        index, count = -1, 0
+    if not (count > 0 and 0 <= index < count):
+        raise ValueError(f"job.partition={text!r} is invalid: expected I/N with 0 <= I < N, e.g. 0/4")
+    return index, count
+
+
+@dataclass
+class GenerateConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    dataset: DatasetConfig = field(default_factory=DatasetConfig)
+    sink: SinkConfig = field(default_factory=SinkConfig)
+    bcg: BcgConfig = field(default_factory=BcgConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    job: JobConfig = field(default_factory=JobConfig)
+    output_dir: str = "outputs/sana_tiny"
+    """Shards, index, summary and error ledger go here; stable across reruns (resume)."""
+    device: str = "auto"
+    """auto (cuda if available) | cpu | cuda."""
+
+    def __post_init__(self) -> None:
+        check_choice("device", self.device, DEVICES)
+        check("output_dir", bool(str(self.output_dir).strip()), self.output_dir, "a directory path")
+
+    @property
+    def text_buckets(self) -> List[int]:
+        return list(self.bcg.text_buckets or self.model.text_buckets)
+
+
+def register_configs() -> None:
+    """Register the schemas so Hydra type-checks every override and yaml file against them."""
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    cs.store(name="generate_schema", node=GenerateConfig)
+    cs.store(group="model", name="model_schema", node=ModelConfig)
+    cs.store(group="dataset", name="dataset_schema", node=DatasetConfig)
+    cs.store(group="sink", name="sink_schema", node=SinkConfig)
+    cs.store(group="bcg", name="bcg_schema", node=BcgConfig)
+
+
+def to_typed(cfg) -> GenerateConfig:
+    """DictConfig -> GenerateConfig, running every field check (the first bad value raises)."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_object(cfg)

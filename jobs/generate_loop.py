@@ -1,0 +1,97 @@
+"""The generation loop: batches in plan order -> engine -> sink, with progress and clean stops."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from jobs.engine import Engine, attach_runner, load_pipeline, resolve_device
+from jobs.plan import Item
+from jobs.progress import Progress
+from jobs.summary import JobStats, StageTimer
+
+log = logging.getLogger("jobs.run")
+
+
+def item_meta(it: Item, model: str, mode: str, batch_size: int, finite: bool) -> dict:
+    s = it.signature
+    return {
+        "key": it.key, "prompt": it.prompt, "negative_prompt": it.negative_prompt, "seed": it.seed,
+        "width": s.width, "height": s.height, "steps": s.steps, "guidance_scale": s.guidance_scale,
+        "cfg": s.cfg, "dtype": s.dtype, "model": model, "text_tokens": it.text_tokens,
+        "bucket": s.text_bucket, "signature": str(s), "mode": mode, "batch_size": batch_size,
+        "truncated": it.truncated, "nonfinite": not finite, "source": it.source,
+    }
+
+
+def generate_all(prep, stats: JobStats, timer: StageTimer) -> None:
+    from jobs.run import ERRORS_FILE, StopFlag
+    from jobs.dataset import RowError, write_error_ledger
+    from sinks import AsyncSink, Sample, SinkError
+
+    cfg = prep.cfg
+    if not prep.plan.batches:
+        stats.status = "complete"
+        log.info("nothing to generate: every planned item is already committed")
+        return
+    device = resolve_device(cfg.device)
+    stats.device = str(device)
+    with timer("load"):
+        pipe = load_pipeline(prep.family, cfg, device)
+        runner = attach_runner(prep.family, pipe, cfg, device)
+    engine = Engine(cfg, prep.family, pipe, prep.padder, runner, device)
+    sink = AsyncSink(prep.output_dir, cfg.sink)
+    stop = StopFlag()
+    stop.install()
+    progress = Progress(prep.plan.n_items, cfg.job.progress, cfg.job.log_every_s)
+    current = None
+    try:
+        for batch in prep.plan.batches:
+            if stop.reason:
+                break
+            if batch.signature != current:
+                if current is not None:
+                    engine.end_run()  # sorted plan: the previous signature never comes back
+                current = batch.signature
+            engine.begin_batch(batch)
+            with timer("generate"):
+                result = engine.generate(batch)
+            ledger = []
+            for it, image, finite in zip(result.items, result.images, result.finite):
+                if not finite:
+                    stats.nonfinite_keys.append(it.key)
+                    if cfg.job.on_nonfinite == "ledger":
+                        path, _, line = it.source.rpartition(":")
+                        ledger.append(RowError(file=path, line=int(line or 0), key=it.key,
+                                               reason="generated image has NaN/Inf values"))
+                        continue
+                meta = item_meta(it, cfg.model.name, result.mode, result.batch_size, finite)
+                with timer("sink_wait"):
+                    sink.put(Sample(key=it.key, image=image, caption=it.prompt, meta=meta))
+                stats.items_written += 1
+                stats.modes[result.mode] += 1
+            if ledger:
+                write_error_ledger(prep.output_dir / ERRORS_FILE, ledger)
+            progress.update(len(result.items), str(batch.signature), runner.stats() if runner else {})
+        with timer("sink_close"):
+            sink.close()
+        stats.status = "preempted" if stop.reason else "complete"
+    except SinkError:
+        stats.status = "failed"
+        sink.abort()  # the open shard is torn; committed shards are intact
+        raise
+    except BaseException as e:
+        stats.status = "interrupted" if isinstance(e, KeyboardInterrupt) else "failed"
+        try:
+            sink.close()  # commit every complete sample: a rerun continues after them
+        except SinkError:
+            sink.abort()
+        raise
+    finally:
+        progress.close()
+        stop.restore()
+        engine.end_run()
+        stats.oom_splits = engine.oom_splits
+        stats.graph = runner.stats() if runner else {}
+        stats.sink = sink.stats()
+        stats.shards = len(sink.records)

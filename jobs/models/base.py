@@ -1,0 +1,87 @@
+"""What a model family provides to the job: load, plan text lengths, encode, denoise + decode.
+
+A family adapts one diffusers pipeline class. The job drives the pipeline from outside: it
+encodes prompts itself so the family's padder can re-bucket the embeddings, then hands the padded
+embeddings back to the pipeline's own `__call__`, whose denoising loop calls the transformer that
+the bcg runner has wrapped. Nothing here knows about graphs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional, Sequence
+
+import numpy as np
+import torch
+
+from jobs.config import ModelConfig
+from padding import TextEmbeds
+
+
+@dataclass
+class TextLength:
+    """A prompt's text length as the pipeline will see it, from the tokenizer alone."""
+
+    used: int  # positions up to the last real token after the pipeline's own truncation
+    raw: int  # tokens before truncation (raw > limit means the prompt was truncated)
+    limit: int  # the pipeline's native text length
+
+    @property
+    def truncated(self) -> bool:
+        return self.raw > self.limit
+
+
+@dataclass
+class DenoiseRequest:
+    """One batch, all items of one signature (same size, steps, guidance, text bucket)."""
+
+    positive: TextEmbeds
+    negative: Optional[TextEmbeds]  # None when CFG is off
+    seeds: List[int]
+    height: int
+    width: int
+    steps: int
+    guidance_scale: float
+
+
+class ModelFamily:
+    """Subclasses implement one diffusers pipeline family."""
+
+    name: str = ""
+    pipeline_class: str = ""  # diffusers class name expected in model_index.json
+
+    def build_tiny(self, cfg: ModelConfig, dtype: torch.dtype):
+        """A pipeline of tiny seeded random components (the real classes), for CPU runs and tests."""
+        raise NotImplementedError
+
+    def load(self, cfg: ModelConfig, dtype: torch.dtype):
+        """The real pipeline from a local diffusers folder, offline, safetensors only."""
+        import diffusers
+
+        cls = getattr(diffusers, self.pipeline_class)
+        return cls.from_pretrained(cfg.path, torch_dtype=dtype, local_files_only=True, use_safetensors=True)
+
+    def load_tokenizer(self, cfg: ModelConfig):
+        raise NotImplementedError
+
+    def text_lengths(self, tokenizer, prompts: Sequence[str], cfg: ModelConfig, instruction: bool) -> List[TextLength]:
+        raise NotImplementedError
+
+    def spatial_divisor(self, cfg: ModelConfig) -> int:
+        """Pixel sizes must be multiples of this (VAE downsampling x patch size)."""
+        raise NotImplementedError
+
+    def transformer(self, pipe) -> torch.nn.Module:
+        return pipe.transformer
+
+    def encode(self, pipe, prompts: Sequence[str], cfg: ModelConfig, device, instruction: bool) -> TextEmbeds:
+        raise NotImplementedError
+
+    def denoise_decode(self, pipe, request: DenoiseRequest) -> np.ndarray:
+        """Images as float32 [B, H, W, 3] in [0, 1] (NaN/Inf passed through for the job to flag)."""
+        raise NotImplementedError
+
+
+def cpu_generators(seeds: Sequence[int]) -> List[torch.Generator]:
+    # CPU generators: the same seed gives the same noise on any machine and in any batch.
+    return [torch.Generator("cpu").manual_seed(int(s)) for s in seeds]

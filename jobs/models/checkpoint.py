@@ -1,0 +1,59 @@
+"""Checks on a local diffusers folder, before any weight is read.
+
+A user who points model.path at the wrong folder learns what was expected in it; pickle
+checkpoints are refused (a `.bin` can run arbitrary code when loaded), safetensors only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Sequence
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+
+
+def read_json(path: str) -> dict:
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def check_diffusers_folder(path: str, pipeline_class: str, components: Sequence[str]) -> None:
+    where = f"model.path={path!r}"
+    if not os.path.isdir(path):
+        raise ValueError(f"{where} does not exist or is not a directory; pass a local diffusers folder "
+                         f"(one holding model_index.json and {', '.join(components)}/)")
+    index_path = os.path.join(path, "model_index.json")
+    if not os.path.isfile(index_path):
+        raise ValueError(f"{where} is not a diffusers folder: model_index.json is missing; expected "
+                         f"model_index.json with _class_name {pipeline_class!r} and subfolders {', '.join(components)}/ "
+                         f"(save one with pipeline.save_pretrained(DIR))")
+    try:
+        index = read_json(index_path)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{index_path}: cannot read model_index.json ({e})") from e
+    found = index.get("_class_name")
+    if found != pipeline_class:
+        raise ValueError(f"{index_path}: _class_name is {found!r} but this preset needs {pipeline_class!r}; "
+                         f"pick the preset that matches the checkpoint (model=...)")
+    missing = [c for c in components if not os.path.isdir(os.path.join(path, c))]
+    if missing:
+        raise ValueError(f"{where}: missing component folder(s) {', '.join(m + '/' for m in missing)}; "
+                         f"a {pipeline_class} folder holds {', '.join(c + '/' for c in components)}")
+    for comp in components:
+        refuse_pickle_only(os.path.join(path, comp))
+
+
+def refuse_pickle_only(folder: str) -> None:
+    names = os.listdir(folder)
+    weights = [n for n in names if n.endswith(".safetensors") or n.endswith(".safetensors.index.json")]
+    pickles = [n for n in names if n.endswith(PICKLE_SUFFIXES)]
+    if pickles and not weights:
+        raise ValueError(f"{folder}: only pickle weights ({', '.join(sorted(pickles))}); bcgen loads safetensors only "
+                         f"because pickle files can execute code. Convert them, e.g. "
+                         f"Model.from_pretrained(..., use_safetensors=False).save_pretrained(DIR, safe_serialization=True) "
+                         f"in a trusted environment")
+
+
+def component_config(path: str, component: str) -> dict:
+    return read_json(os.path.join(path, component, "config.json"))

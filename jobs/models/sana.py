@@ -1,0 +1,123 @@
+"""SANA / SANA1.5 (diffusers `SanaPipeline`, `SanaTransformer2DModel`, `AutoencoderDC`).
+
+Encoding follows `SanaPipeline.encode_prompt` exactly (lower-case, right padding to
+max_sequence_length, the optional complex-human-instruction prefix and its select index), so the
+plan's text lengths match what the pipeline produces; the padder then re-cuts the 300-long
+embeddings to the text bucket.
+"""
+
+from __future__ import annotations
+
+from typing import List, Sequence
+
+import numpy as np
+import torch
+
+from jobs.config import ModelConfig
+from jobs.models import text_encoders
+from jobs.models.base import DenoiseRequest, ModelFamily, TextLength, cpu_generators
+from jobs.models.checkpoint import check_diffusers_folder, component_config
+from jobs.models.registry import register_family
+from padding import TextEmbeds
+
+COMPONENTS = ("transformer", "vae", "text_encoder", "tokenizer", "scheduler")
+
+
+class SanaFamily(ModelFamily):
+    name = "sana"
+    pipeline_class = "SanaPipeline"
+
+    # -- loading ---------------------------------------------------------------------------
+    def check_path(self, cfg: ModelConfig) -> None:
+        check_diffusers_folder(cfg.path, self.pipeline_class, COMPONENTS)
+
+    def build_tiny(self, cfg: ModelConfig, dtype: torch.dtype):
+        import diffusers
+        from diffusers import AutoencoderDC, SanaPipeline, SanaTransformer2DModel
+
+        tiny = cfg.tiny
+        torch.manual_seed(int(tiny["seed"]))  # the same preset gives the same weights everywhere
+        transformer = SanaTransformer2DModel(**tiny["transformer"])
+        vae = AutoencoderDC(**tiny["vae"])
+        sched_cfg = dict(tiny["scheduler"])
+        scheduler = getattr(diffusers, sched_cfg.pop("class_name"))(**sched_cfg)
+        pipe = SanaPipeline(
+            tokenizer=text_encoders.load_tokenizer(tiny["text_encoder"]),
+            text_encoder=text_encoders.load_text_encoder(tiny["text_encoder"]),
+            transformer=transformer,
+            vae=vae,
+            scheduler=scheduler,
+        )
+        # Built in float32; cast only when asked (ModelMixin.to warns on every cast).
+        return pipe if dtype == torch.float32 else pipe.to(dtype=dtype)
+
+    def load_tokenizer(self, cfg: ModelConfig):
+        if cfg.path is None:
+            return text_encoders.load_tokenizer(cfg.tiny["text_encoder"])
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(f"{cfg.path}/tokenizer", local_files_only=True)
+
+    def spatial_divisor(self, cfg: ModelConfig) -> int:
+        if cfg.path is None:
+            vae, tr = cfg.tiny["vae"], cfg.tiny["transformer"]
+        else:
+            vae, tr = component_config(cfg.path, "vae"), component_config(cfg.path, "transformer")
+        vae_scale = 2 ** (len(vae["encoder_block_out_channels"]) - 1)
+        return vae_scale * int(tr.get("patch_size", 1))
+
+    # -- text ------------------------------------------------------------------------------
+    def text_lengths(self, tokenizer, prompts: Sequence[str], cfg: ModelConfig, instruction: bool) -> List[TextLength]:
+        limit = cfg.max_sequence_length
+        chi = cfg.complex_human_instruction if instruction else None
+        texts = [p.lower().strip() for p in prompts]
+        if not chi:
+            raw = [len(ids) for ids in tokenizer(texts, add_special_tokens=True)["input_ids"]]
+            return [TextLength(used=max(1, min(n, limit)), raw=n, limit=limit) for n in raw]
+        # With the instruction prefix the pipeline tokenizes prefix+prompt to
+        # n_chi + limit - 2 positions, then keeps position 0 and the last limit-1 positions.
+        prefix = "\n".join(chi)
+        n_chi = len(tokenizer.encode(prefix))
+        total = n_chi + limit - 2
+        raw = [len(ids) for ids in tokenizer([prefix + t for t in texts], add_special_tokens=True)["input_ids"]]
+        out = []
+        for n in raw:
+            real = min(n, total)
+            tail_start = total - (limit - 1)  # first kept position of the tail
+            used = 1 + max(0, real - tail_start)
+            out.append(TextLength(used=used, raw=n - n_chi, limit=limit))
+        return out
+
+    def encode(self, pipe, prompts: Sequence[str], cfg: ModelConfig, device, instruction: bool) -> TextEmbeds:
+        embeds, mask, _, _ = pipe.encode_prompt(
+            list(prompts),
+            do_classifier_free_guidance=False,
+            device=device,
+            max_sequence_length=cfg.max_sequence_length,
+            complex_human_instruction=cfg.complex_human_instruction if instruction else None,
+        )
+        return TextEmbeds(embeds=embeds, mask=mask)
+
+    # -- denoise + decode ------------------------------------------------------------------
+    def denoise_decode(self, pipe, request: DenoiseRequest) -> np.ndarray:
+        pos, neg = request.positive, request.negative
+        cfg_on = neg is not None
+        images = pipe(
+            negative_prompt=None,
+            prompt_embeds=pos.embeds,
+            prompt_attention_mask=pos.mask,
+            negative_prompt_embeds=neg.embeds if cfg_on else None,
+            negative_prompt_attention_mask=neg.mask if cfg_on else None,
+            guidance_scale=request.guidance_scale if cfg_on else 1.0,
+            num_inference_steps=request.steps,
+            height=request.height,
+            width=request.width,
+            generator=cpu_generators(request.seeds),
+            output_type="np",
+            use_resolution_binning=False,  # the plan validated the size; binning would resize
+            return_dict=False,
+        )[0]
+        return np.asarray(images, dtype=np.float32)
+
+
+register_family(SanaFamily())

@@ -1,0 +1,82 @@
+"""What a job did, for a person (the closing log block) and for machines (summary.json)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Dict, List
+
+
+class StageTimer:
+    def __init__(self):
+        self.seconds: Dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, stage: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - t0
+
+
+@dataclass
+class JobStats:
+    status: str = "running"  # running | complete | interrupted | preempted | failed
+    items_planned: int = 0
+    items_written: int = 0
+    items_skipped_done: int = 0  # already committed by an earlier run
+    bad_rows: int = 0
+    truncated_prompts: int = 0
+    nonfinite_keys: List[str] = field(default_factory=list)
+    oom_splits: int = 0
+    modes: Counter = field(default_factory=Counter)  # replay / eager / mixed, per item
+    signatures: Dict[str, int] = field(default_factory=dict)
+    stage_seconds: Dict[str, float] = field(default_factory=dict)
+    graph: dict = field(default_factory=dict)
+    sink: dict = field(default_factory=dict)
+    shards: int = 0
+    device: str = ""
+    model: str = ""
+    output_dir: str = ""
+
+    def images_per_s(self) -> float:
+        gen = self.stage_seconds.get("generate", 0.0)
+        return self.items_written / gen if gen > 0 else 0.0
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["modes"] = dict(self.modes)
+        d["nonfinite"] = len(self.nonfinite_keys)
+        d["images_per_s"] = round(self.images_per_s(), 3)
+        d["stage_seconds"] = {k: round(v, 3) for k, v in self.stage_seconds.items()}
+        return d
+
+    def write(self, output_dir: Path, name: str = "summary.json") -> Path:
+        from sinks.atomic import atomic_write_bytes
+
+        path = Path(output_dir) / name
+        atomic_write_bytes(path, (json.dumps(self.to_json(), indent=2, sort_keys=True) + "\n").encode())
+        return path
+
+    def lines(self) -> List[str]:
+        g = self.graph
+        stages = ", ".join(f"{k} {v:.1f}s" for k, v in self.stage_seconds.items())
+        out = [
+            f"bcgen {self.status}: {self.items_written} images written of {self.items_planned} planned "
+            f"({self.items_skipped_done} already done) -> {self.output_dir}",
+            f"  model {self.model} on {self.device}; {self.images_per_s():.2f} images/s while generating",
+            f"  stages: {stages}",
+            f"  signatures: {len(self.signatures)}; items by mode: "
+            + ", ".join(f"{k} {v}" for k, v in sorted(self.modes.items())),
+            f"  graphs: {g.get('mode', 'eager')}, hits {g.get('hits', 0)}, misses {g.get('misses', 0)}, "
+            f"captures {g.get('captures', 0)} ({g.get('capture_seconds', 0.0):.1f}s), "
+            f"segments {g.get('segments', 0)}, capture failures {g.get('capture_failures', 0)}",
+            f"  shards: {self.shards} committed this run; bad rows {self.bad_rows}; truncated prompts "
+            f"{self.truncated_prompts}; NaN/Inf images {len(self.nonfinite_keys)}; OOM splits {self.oom_splits}",
+        ]
+        return out

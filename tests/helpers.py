@@ -1,0 +1,31 @@
+"""Small shared builders for tests: composed configs with tiny CPU settings, prompt files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterable, List, Sequence
+
+CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
+
+
+def compose_cfg(overrides: Sequence[str] = ()):
+    """The real Hydra config, composed as the CLI would, then typed (runs every check)."""
+    from hydra import compose, initialize_config_dir
+
+    from jobs.config import register_configs, to_typed
+
+    register_configs()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        raw = compose("generate", overrides=list(overrides))
+    return to_typed(raw)
+
+
+def write_jsonl(path: Path, rows: Iterable[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def prompts(n: int) -> List[dict]:
+    words = "red fox quiet lake misty mountain morning light over an old stone bridge".split()
+    return [{"key": f"k{i:03d}", "prompt": " ".join(words[: 1 + (i * 7) % len(words)]) + f" {i}"} for i in range(n)]
