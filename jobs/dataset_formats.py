@@ -18,7 +18,7 @@ import logging
 import re
 import tarfile
 from pathlib import Path
-from typing import Callable, Iterator, Union
+from typing import Callable, Iterator, Optional, Union
 
 from jobs.dataset_validate import (
     FLOAT_FIELDS,
@@ -44,9 +44,9 @@ _CSV_INT = re.compile(r"[+-]?[0-9]+")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def _decode_error(exc: UnicodeDecodeError, where: str = "") -> Bad:
-    return Bad(f"undecodable bytes{where}: not UTF-8 at byte {exc.start} "
-               f"({exc.object[exc.start:exc.start + 4]!r}); re-encode the file as UTF-8")
+def _decode_error(exc: UnicodeDecodeError, where: str = "", key: Optional[str] = None) -> Bad:
+    return Bad(f"undecodable bytes{where}: not UTF-8 at byte offset {exc.start} "
+               f"({exc.object[exc.start:exc.start + 4]!r}); re-encode the file as UTF-8", key)
 
 
 # --- JSONL -------------------------------------------------------------------------------
@@ -63,7 +63,10 @@ def read_jsonl(path: Path, prompt_field: str, key_field: str) -> Iterator[Row]:
                 yield line, _decode_error(exc)
                 continue
             except json.JSONDecodeError as exc:
-                yield line, Bad(f"malformed JSON: {exc.msg} (column {exc.colno})")
+                # Not colno: an error at the line's end would count as column 1 of the next
+                # line, after the newline that is part of `raw`.
+                column = min(exc.pos, len(raw.rstrip(b"\r\n"))) + 1
+                yield line, Bad(f"malformed JSON: {exc.msg} (column {column})")
                 continue
             except RecursionError:
                 yield line, Bad("malformed JSON: nested too deeply")
@@ -243,13 +246,13 @@ def _wds_sample(key: str, first: int, parts: dict, prompt_field: str, key_field:
     try:
         caption = parts["txt"].decode("utf-8")
     except UnicodeDecodeError as exc:
-        return first, _decode_error(exc, f" in {key}.txt")
+        return first, _decode_error(exc, f" in {key}.txt", key)
     fields: dict = {}
     if "json" in parts:
         try:
             fields = json.loads(parts["json"])
         except UnicodeDecodeError as exc:
-            return first, _decode_error(exc, f" in {key}.json")
+            return first, _decode_error(exc, f" in {key}.json", key)
         except (json.JSONDecodeError, RecursionError) as exc:
             return first, Bad(f"malformed JSON in {key}.json: {exc}", key)
         if type(fields) is not dict:

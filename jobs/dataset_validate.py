@@ -100,7 +100,7 @@ def show(value: object) -> str:
 def _int_in(name: str, value: object, low: int, high: int, rule: str) -> int:
     # type() rather than isinstance(): True is an int to Python but not a seed to a user.
     if type(value) is not int:
-        raise _Invalid(f"{name} must be an integer ({rule}), got {show(value)}")
+        raise _Invalid(f"{name} must be {rule}, got {show(value)}")
     if not low <= value < high:
         raise _Invalid(f"{name} must be {rule}, got {value}")
     return value
@@ -114,11 +114,13 @@ def _steps(value: object) -> int:
     return _int_in("steps", value, 1, MAX_STEPS + 1, f"an integer in [1, {MAX_STEPS}]")
 
 
+_SIDE_RULE = f"an integer multiple of 8 in [8, {MAX_SIDE}]"
+
+
 def _side(name: str, value: object) -> int:
-    rule = f"a positive multiple of 8, at most {MAX_SIDE}"
-    value = _int_in(name, value, 1, MAX_SIDE + 1, rule)
+    value = _int_in(name, value, 1, MAX_SIDE + 1, _SIDE_RULE)
     if value % 8:
-        raise _Invalid(f"{name} must be {rule}, got {value}")
+        raise _Invalid(f"{name} must be {_SIDE_RULE}, got {value}")
     return value
 
 
