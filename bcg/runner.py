@@ -85,6 +85,7 @@ class GraphRunner:
                                        self.config.warmup_iters)
         except Exception as exc:  # noqa: BLE001 - any failure makes this signature eager
             self._eager_keys.add(key)
+            self._logged.add(key)  # this line is the one log line of the signature
             self.counters.capture_failures += 1
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             log.warning("bcg: capture failed for [%s] (%s: %s); this signature runs eager",
@@ -114,6 +115,7 @@ class GraphRunner:
             entry = self._entries.pop(newest)
             self.counters.graph_bytes -= entry.nbytes
             self._eager_keys.add(newest)
+            self._logged.add(newest)
             log.warning("bcg: [%s] needs %.1f MiB of graph memory, over bcg.max_graph_bytes=%d; "
                         "it runs eager", entry.summary, entry.nbytes / 2**20, cap)
             assert self.backend is not None
