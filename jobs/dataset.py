@@ -97,11 +97,15 @@ def resolve_format(cfg: DatasetConfig, path: Path) -> str:
         if name.endswith(ext):
             return _EXTENSIONS[ext]
     raise DatasetError(f"dataset.path={str(path)!r}: cannot tell the format from the extension; "
-                     f"set dataset.format to one of {', '.join(FORMATS[1:])} (known extensions: "
-                     f"{', '.join(_EXTENSIONS)})")
+                       f"set dataset.format to one of {', '.join(FORMATS[1:])} (known extensions: "
+                       f"{', '.join(_EXTENSIONS)})")
 
 
-def _check_readable(path: Path) -> None:
+def _check_readable(path: Path, bundled: bool) -> None:
+    if bundled and not path.exists():
+        raise DatasetError(f"dataset.path is empty, which means the bundled prompts, but {path} "
+                           f"is missing from this install; install from a checkout with "
+                           f"`pip install -e .`, or set dataset.path")
     if not path.exists():
         raise DatasetError(f"dataset.path={str(path)!r}: no such file (working directory "
                            f"{os.getcwd()}); give an existing file, or leave dataset.path empty "
@@ -115,7 +119,7 @@ def load_dataset(cfg: DatasetConfig) -> LoadResult:
     has no prompts, or (under on_error=fail) has any bad row."""
     path = resolve_path(cfg)
     fmt = resolve_format(cfg, path)
-    _check_readable(path)
+    _check_readable(path, bundled=not cfg.path)
     label = str(path)
     validator = RowValidator(label, path.stem, cfg.prompt_field, cfg.key_field)
     records: list[Record] = []
