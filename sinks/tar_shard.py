@@ -117,12 +117,13 @@ class TarShard:
     def commit(self) -> tuple[int, str]:
         """Make the shard visible under its final name; returns (filesize, sha256 hex)."""
         assert self.keys, "an empty shard is never committed"
+        expected = self.size_with()  # before close: close moves the offset past the end blocks
         self._tar.close()
         self._file.flush()
         os.fsync(self._file.fileno())
         self._file.close()
         filesize = os.stat(self.temp_path).st_size
-        assert filesize == self.size_with(), (filesize, self.size_with())
+        assert filesize == expected, (filesize, expected)  # the maxsize rotation relies on it
         _link_no_replace(self.temp_path, self.final_path)
         fsync_dir(self.final_path.parent)
         log.debug("committed %s: %d samples, %d bytes", self.final_path, self.nsamples, filesize)
