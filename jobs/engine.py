@@ -169,6 +169,12 @@ def load_pipeline(family: ModelFamily, cfg: GenerateConfig, device: torch.device
     return pipe
 
 
+def break_policy(names) -> object:
+    """model.break_policy is a list in the config ([none], [attention] or module names)."""
+    names = list(names)
+    return names[0] if len(names) == 1 and names[0] in ("none", "attention") else names
+
+
 def attach_runner(family: ModelFamily, pipe, cfg: GenerateConfig, device: torch.device) -> Optional[object]:
     """Wrap the transformer with the bcg runner (it steps aside, eager, without CUDA)."""
     bcg = cfg.bcg
@@ -183,6 +189,6 @@ def attach_runner(family: ModelFamily, pipe, cfg: GenerateConfig, device: torch.
         max_entries=bcg.max_graphs,
         max_graph_bytes=int(bcg.max_graph_memory_gb * (1 << 30)),
         debug_check_buffers=bcg.debug_check_buffers,
-        break_policy=list(cfg.model.break_policy),
+        break_policy=break_policy(cfg.model.break_policy),
     )
     return apply_graph_runner(family.transformer(pipe), rc)

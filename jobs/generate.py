@@ -7,8 +7,6 @@ checked), run the job. User errors print one clear message and exit 2; nothing i
 from __future__ import annotations
 
 import logging
-import sys
-
 import hydra
 from omegaconf import DictConfig
 
@@ -38,7 +36,14 @@ def main_typed(cfg) -> int:
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="generate")
-def main(cfg: DictConfig) -> int:
+def main(cfg: DictConfig) -> None:
+    # Hydra drops a task's return value, so a failing job exits here with its own code.
+    code = run_from_dict(cfg)
+    if code:
+        raise SystemExit(code)
+
+
+def run_from_dict(cfg: DictConfig) -> int:
     from omegaconf.errors import MissingMandatoryValue
 
     try:
@@ -58,5 +63,4 @@ def main(cfg: DictConfig) -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.exit(code if isinstance(code, int) else 0)
+    main()
