@@ -44,16 +44,17 @@ class Engine:
         self.oom_splits = 0
         allowed = cfg.bcg.warmup_resolutions
         self._capture_sizes = {(int(h), int(w)) for h, w in allowed} if allowed else None
-        self._capture_buckets = set(cfg.text_buckets)
         self._capture_batches = {int(b) for b in cfg.bcg.batch_sizes}
 
     # -- graph lifetime --------------------------------------------------------------------
     def capturable(self, sig: Signature, batch_size: int) -> bool:
-        """Capture only the shapes the config declares; anything else replays nothing and runs eager."""
+        """Capture the pool batch sizes at the declared resolutions; anything else runs eager.
+
+        Text lengths need no allow-list: the padder maps every prompt to a finite set of buckets.
+        """
         if self._capture_sizes is not None and (sig.height, sig.width) not in self._capture_sizes:
             return False
-        return batch_size in self._capture_batches and (
-            sig.text_bucket in self._capture_buckets or sig.text_bucket == self.cfg.model.max_sequence_length)
+        return batch_size in self._capture_batches
 
     def begin_batch(self, batch: Batch) -> None:
         if self.runner is not None:
