@@ -147,9 +147,9 @@ class AsyncSink:
             self.abort()
 
     def _check_usable(self) -> None:
+        self._raise_if_failed()  # the failure is the news, even after close()
         if self._closed:
             raise RuntimeError("the sink is closed (close() or abort() was called); create a new AsyncSink.")
-        self._raise_if_failed()
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:

@@ -67,6 +67,7 @@ class ShardWriter:
         self._next_index = start_index
         self._shard: TarShard | None = None
         self._failed: SinkError | None = None
+        self._step = "starting"  # what the writer is doing, for error messages
 
     # -- public API -----------------------------------------------------------------------------
 
@@ -80,7 +81,10 @@ class ShardWriter:
             if self._shard is not None and self._is_full_with(self._shard, sample):
                 self._commit()
             if self._shard is None:
-                self._shard = TarShard(self._free_path())
+                path = self._free_path()
+                self._step = f"opening shard {path.parent / ('.' + path.name + '.tmp')} (to become {path.name})"
+                self._shard = TarShard(path)
+            self._step = f"writing shard {self._shard.temp_path} (to become {self._shard.final_path.name})"
             self._shard.add(sample)
         except OSError as err:
             self._fail(err)
@@ -129,26 +133,23 @@ class ShardWriter:
     def _commit(self) -> ShardRecord:
         shard = self._shard
         assert shard is not None
+        self._step = f"committing shard {shard.temp_path} to {shard.final_path.name}"
         filesize, sha256 = shard.commit()  # on OSError the shard stays open, so _fail discards it
         self._shard = None
         record = ShardRecord(shard.final_path.name, shard.nsamples, filesize, sha256, list(shard.keys))
         self.records.append(record)
         # A crash or error from here on loses only the manifest, a cache that scan_output rebuilds.
+        self._step = f"writing the manifest of {record.url} (the shard itself is committed)"
         write_manifest(self.output_dir, record)
         if self.on_commit is not None:
             self.on_commit(record)
         return record
 
     def _fail(self, err: OSError) -> None:
-        shard = self._shard
-        if shard is None:
-            where = f"the manifest of {self.records[-1].url}" if self.records else "output_dir"
-        else:
-            where = f"shard {shard.temp_path} (to become {shard.final_path.name})"
         self.abort()
         last = f", the last is {self.records[-1].url}" if self.records else ""
         self._failed = SinkError(
-            f"writing {where} failed: {type(err).__name__}: {err}. No partial shard is left under a final name. "
+            f"{self._step} failed: {type(err).__name__}: {err}. No partial shard is left under a final name. "
             f"Committed shards are intact ({len(self.records)} committed by this writer{last}); "
             f"free space or fix the disk, then rerun the same command to resume."
         )
