@@ -1,0 +1,85 @@
+"""Bad input stops the job before any model loads, with the key or file:line, the value and the fix."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from jobs.dataset import DatasetError
+from jobs.run import check_config, prepare
+from jobs.summary import StageTimer
+from tests.helpers import compose_cfg, write_jsonl
+from tests.test_job_e2e import FAST, run_cli
+
+
+def test_resolution_not_divisible_names_key_and_fix(tmp_path):
+    cfg = compose_cfg(["sampling.height=130", f"output_dir={tmp_path}"])
+    with pytest.raises(ValueError) as e:
+        check_config(cfg)
+    assert "sampling.height=130 is not a multiple of 4" in str(e.value) and "use 128" in str(e.value)
+
+
+def test_output_dir_not_writable(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    cfg = compose_cfg([f"output_dir={blocker}/out"])
+    with pytest.raises(ValueError, match="is not writable"):
+        check_config(cfg)
+
+
+def test_row_size_error(tmp_path):
+    # patch size 4 x VAE 4 = 16: a row's 72 passes the dataset's multiple-of-8 rule but not the model's.
+    data = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "ok"}, {"prompt": "bad size", "width": 72, "height": 64}])
+    cfg = compose_cfg([f"dataset.path={data}", f"output_dir={tmp_path / 'o'}", *FAST,
+                       "model.tiny.transformer.patch_size=4"])
+    with pytest.raises(DatasetError) as e:
+        prepare(cfg, StageTimer())
+    assert f"{data}:2:" in str(e.value) and "64x72 is not a multiple of 16" in str(e.value)
+
+
+def test_long_prompt_refused_by_config(tmp_path):
+    data = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "word " * 400}])
+    cfg = compose_cfg([f"dataset.path={data}", f"output_dir={tmp_path / 'o'}", "model.on_long_prompt=fail", *FAST])
+    with pytest.raises(DatasetError) as e:
+        prepare(cfg, StageTimer())
+    assert f"{data}:1:" in str(e.value) and "more than the model's 300" in str(e.value)
+
+
+def test_long_prompt_truncated_and_counted(tmp_path):
+    data = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "word " * 400}, {"prompt": "short"}, {"prompt": ""}])
+    cfg = compose_cfg([f"dataset.path={data}", f"output_dir={tmp_path / 'o'}", *FAST])
+    prep = prepare(cfg, StageTimer())
+    assert prep.plan.truncated == 1 and prep.plan.n_items == 3  # the empty prompt is valid (unconditional)
+
+
+def test_bad_rows_fail_the_cli_and_write_nothing(tmp_path):
+    data = tmp_path / "p.jsonl"
+    data.write_text('{"prompt": "good"}\n{"prompt": 3}\n{not json\n{"prompt": "x", "steps": 0}\n')
+    out = tmp_path / "out"
+    proc = run_cli(f"dataset.path={data}", f"output_dir={out}", *FAST, check=False)
+    assert proc.returncode == 2
+    err = proc.stdout + proc.stderr
+    assert f"{data}:2:" in err and f"{data}:3:" in err and f"{data}:4:" in err
+    assert "dataset.on_error=skip" in err
+    assert not list(out.glob("shard-*.tar"))
+
+
+def test_bad_rows_skipped_go_to_ledger_and_summary(tmp_path):
+    data = tmp_path / "p.jsonl"
+    data.write_text('{"key": "a/../b.c", "prompt": "good"}\n{"prompt": 3}\n{"key": "z", "prompt": ""}\n')
+    out = tmp_path / "out"
+    run_cli(f"dataset.path={data}", f"output_dir={out}", "dataset.on_error=skip", *FAST)
+    ledger = [json.loads(line) for line in (out / "errors.jsonl").read_text().splitlines()]
+    assert [(r["line"], r["file"]) for r in ledger] == [(2, str(data))]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["bad_rows"] == 1 and summary["items_written"] == 2
+    # A key with '/', '..' and '.' stays inside the shard, as one sample, and comes back intact.
+    import webdataset as wds
+
+    keys = [json.loads(s["json"])["key"] for s in wds.WebDataset([str(p) for p in out.glob("shard-*.tar")],
+                                                                   shardshuffle=False)]
+    assert sorted(keys) == ["a/../b.c", "z"]
+    assert sorted(os.listdir(out)) == sorted(["_manifest", "errors.jsonl", "index.wids.json", "logs", "run.json",
+                                              "shard-000000.tar", "summary.json"])
