@@ -86,6 +86,8 @@ def generate_all(prep, stats: JobStats, timer: StageTimer) -> None:
             sink.close()  # commit every complete sample: a rerun continues after them
         except SinkError:
             sink.abort()
+        log.warning("%s: committed every complete sample to %s. Rerun the same command to resume.",
+                    "interrupted" if stats.status == "interrupted" else "failed", prep.output_dir)
         raise
     finally:
         progress.close()
