@@ -101,8 +101,8 @@ class CudaRecorder:
         try:
             if g is not None:
                 g.capture_end()
-        except RuntimeError:
-            pass  # the capture was already invalidated; ending it is all we need
+        except Exception:  # noqa: BLE001 - an invalidated capture raises here, as expected
+            _recover_after_failed_capture(self.device, self.pool)
         finally:
             self._exit_mode()
 
@@ -114,6 +114,32 @@ class CudaRecorder:
     def nbytes(self) -> int:
         torch.cuda.synchronize(self.device)
         return max(0, torch.cuda.memory_reserved(self.device) - self._reserved0)
+
+
+def _recover_after_failed_capture(device: torch.device, pool) -> None:
+    """Undo what a failed `capture_end` left behind, so the job can go on eagerly.
+
+    torch's `CUDAGraph.capture_end` raises at `cudaStreamEndCapture` on an invalidated capture,
+    before it ends the allocator's routing into the graph pool and before the RNG generator's
+    capture epilogue. The generator then refuses every later random op ("Offset increment outside
+    graph capture encountered unexpectedly"), the warm-up's `randn` included. We end the pool
+    routing ourselves and, if the default generator is stuck, swap in a clone of its state (same
+    seed and offset, not capturing). Graphs captured earlier keep the old state object; DiT
+    inference graphs draw no random numbers, so nothing reads it.
+    """
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    for name in ("_cuda_endAllocateToPool", "_cuda_releasePool"):
+        fn = getattr(torch._C, name, None)
+        if fn is not None:
+            try:
+                fn(index, pool)
+            except Exception:  # noqa: BLE001 - already ended (capture_end got that far)
+                pass
+    try:
+        torch.empty(1, device=device).uniform_()
+    except RuntimeError:
+        gen = torch.cuda.default_generators[index]
+        gen.graphsafe_set_state(gen.clone_state())
 
 
 class CudaBackend:
