@@ -39,11 +39,13 @@ class SanaFamily(ModelFamily):
         torch.manual_seed(int(tiny["seed"]))  # the same preset gives the same weights everywhere
         transformer = SanaTransformer2DModel(**tiny["transformer"])
         vae = AutoencoderDC(**tiny["vae"])
+        transformer.eval(), vae.eval()
         sched_cfg = dict(tiny["scheduler"])
         scheduler = getattr(diffusers, sched_cfg.pop("class_name"))(**sched_cfg)
         pipe = SanaPipeline(
             tokenizer=text_encoders.load_tokenizer(tiny["text_encoder"]),
-            text_encoder=text_encoders.load_text_encoder(tiny["text_encoder"]),
+            text_encoder=text_encoders.load_text_encoder(
+                tiny["text_encoder"], tiny.get("text_encoder_weights", "pretrained"), int(tiny["seed"])),
             transformer=transformer,
             vae=vae,
             scheduler=scheduler,

@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 
+import torch
+
 MINILM = "minilm"
 
 
@@ -34,9 +36,17 @@ def load_tokenizer(name: str):
     return AutoTokenizer.from_pretrained(resolve_encoder_path(name), local_files_only=True)
 
 
-def load_text_encoder(name: str):
-    from transformers import AutoModel
+def load_text_encoder(name: str, weights: str = "pretrained", seed: int = 0):
+    """weights="random": the encoder's real config with seeded random weights. For machines that
+    carry only the tokenizer and config (the GPU test machine cannot take the 87 MB weights)."""
+    from transformers import AutoConfig, AutoModel
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # the job shows one bar of its own
-    return AutoModel.from_pretrained(resolve_encoder_path(name), local_files_only=True).eval()
+    path = resolve_encoder_path(name)
+    if weights == "pretrained":
+        return AutoModel.from_pretrained(path, local_files_only=True).eval()
+    if weights != "random":
+        raise ValueError(f"model.tiny.text_encoder_weights={weights!r}: expected 'pretrained' or 'random'")
+    torch.manual_seed(seed)
+    return AutoModel.from_config(AutoConfig.from_pretrained(path, local_files_only=True)).eval()
