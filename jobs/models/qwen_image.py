@@ -1,0 +1,169 @@
+"""Qwen-Image (diffusers `QwenImagePipeline`, `QwenImageTransformer2DModel`, `AutoencoderKLQwenImage`).
+
+Encoding is the pipeline's own `encode_prompt`: the chat template around the prompt, Qwen2.5-VL's
+last hidden state, the first `prompt_template_encode_start_idx` (34) template positions dropped,
+the rest right-padded to the batch's longest prompt with mask 0. The plan mirrors that count from
+the tokenizer alone. The padder then grows (or re-cuts) the embeddings and mask to the text bucket.
+
+One host-side wrinkle: the pipeline's `encode_prompt` replaces an all-ones mask with None (a
+prompt that exactly fills its bucket), which would give the same bucket two graph signatures
+(a mask tensor vs None). `keep_text_mask` puts an all-ones mask back before the transformer runs,
+so the runner always sees a mask of the bucket's shape.
+
+`tiny_text_encoder` / `tiny_tokenizer` build the tiny presets' text side (shared with the other
+Qwen-encoder families): a seeded random instance of the real transformers class from a config dict,
+and a fresh offline tokenizer (never the cached shared instance, since presets adjust it).
+"""
+
+from __future__ import annotations
+
+from typing import List, Sequence
+
+import numpy as np
+import torch
+
+from jobs.config import ModelConfig
+from jobs.models import text_encoders
+from jobs.models.base import DenoiseRequest, ModelFamily, TextLength, cpu_generators
+from jobs.models.checkpoint import check_diffusers_folder, component_config
+from jobs.models.registry import register_family
+from padding import TextEmbeds
+
+COMPONENTS = ("transformer", "vae", "text_encoder", "tokenizer", "scheduler")
+
+# QwenImagePipeline.__init__ sets these per instance; the plan needs them before any pipeline
+# exists. tests/test_family_qwen_image.py checks they still equal the installed pipeline's.
+PROMPT_TEMPLATE = (
+    "<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, quantity, text, spatial "
+    "relationships of the objects and background:<|im_end|>\n<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
+)
+TEMPLATE_DROP = 34  # prompt_template_encode_start_idx
+TOKENIZER_MAX = 1024  # tokenizer_max_length
+
+
+# -- tiny text side (shared by the tiny presets of the Qwen-encoder families) -------------------
+def tiny_tokenizer(spec: dict):
+    """A fresh offline tokenizer (`spec.tokenizer`: 'minilm' or a local folder), adjusted per preset."""
+    from transformers import AutoTokenizer
+
+    path = text_encoders.resolve_encoder_path(spec["tokenizer"])
+    tok = AutoTokenizer.from_pretrained(path, local_files_only=True, **dict(spec.get("tokenizer_kwargs") or {}))
+    if spec.get("chat_template"):
+        tok.chat_template = spec["chat_template"]
+    return tok
+
+
+def tiny_text_encoder(spec: dict):
+    """A seeded random instance of the real encoder class (`spec.class_name`) from `spec.config`."""
+    import transformers
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    cls = getattr(transformers, spec["class_name"], None)
+    if cls is None:
+        raise ValueError(f"model.tiny.text_encoder.class_name={spec['class_name']!r} is not a transformers class; "
+                         f"use e.g. Qwen2_5_VLForConditionalGeneration, Qwen3Model, T5EncoderModel")
+    config = cls.config_class(**dict(spec["config"]))
+    return cls(config).eval()
+
+
+def build_scheduler(spec: dict):
+    import diffusers
+
+    spec = dict(spec)
+    return getattr(diffusers, spec.pop("class_name"))(**spec)
+
+
+def keep_text_mask(transformer: torch.nn.Module) -> None:
+    """Give the transformer an all-ones mask where the pipeline dropped it (see module docstring)."""
+
+    def restore(module, args, kwargs):
+        text = kwargs.get("encoder_hidden_states")
+        if kwargs.get("encoder_hidden_states_mask") is None and text is not None:
+            kwargs["encoder_hidden_states_mask"] = torch.ones(text.shape[:2], dtype=torch.long, device=text.device)
+        return args, kwargs
+
+    transformer.register_forward_pre_hook(restore, with_kwargs=True)
+
+
+class QwenImageFamily(ModelFamily):
+    name = "qwen_image"
+    pipeline_class = "QwenImagePipeline"
+
+    # -- loading ---------------------------------------------------------------------------
+    def check_path(self, cfg: ModelConfig) -> None:
+        check_diffusers_folder(cfg.path, self.pipeline_class, COMPONENTS)
+
+    def build_tiny(self, cfg: ModelConfig, dtype: torch.dtype):
+        from diffusers import AutoencoderKLQwenImage, QwenImagePipeline, QwenImageTransformer2DModel
+
+        tiny = cfg.tiny
+        torch.manual_seed(int(tiny["seed"]))  # the same preset gives the same weights everywhere
+        pipe = QwenImagePipeline(
+            transformer=QwenImageTransformer2DModel(**tiny["transformer"]),
+            vae=AutoencoderKLQwenImage(**tiny["vae"]),
+            text_encoder=tiny_text_encoder(tiny["text_encoder"]),
+            tokenizer=tiny_tokenizer(tiny["text_encoder"]),
+            scheduler=build_scheduler(tiny["scheduler"]),
+        )
+        keep_text_mask(pipe.transformer)
+        return pipe if dtype == torch.float32 else pipe.to(dtype=dtype)
+
+    def load(self, cfg: ModelConfig, dtype: torch.dtype):
+        pipe = super().load(cfg, dtype)
+        keep_text_mask(pipe.transformer)
+        return pipe
+
+    def load_tokenizer(self, cfg: ModelConfig):
+        if cfg.path is None:
+            return tiny_tokenizer(cfg.tiny["text_encoder"])
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(f"{cfg.path}/tokenizer", local_files_only=True)
+
+    def spatial_divisor(self, cfg: ModelConfig) -> int:
+        vae = cfg.tiny["vae"] if cfg.path is None else component_config(cfg.path, "vae")
+        # the pipeline's vae_scale_factor, times 2 for the 2x2 latent packing
+        return 2 ** len(vae["temperal_downsample"]) * 2
+
+    # -- text ------------------------------------------------------------------------------
+    def text_lengths(self, tokenizer, prompts: Sequence[str], cfg: ModelConfig, instruction: bool) -> List[TextLength]:
+        limit = cfg.max_sequence_length
+        texts = [PROMPT_TEMPLATE.format(p) for p in prompts]
+        out = []
+        for ids in tokenizer(texts)["input_ids"]:
+            # The pipeline tokenizes with truncation at TOKENIZER_MAX + TEMPLATE_DROP, drops the template
+            # head, then encode_prompt cuts to max_sequence_length.
+            kept = min(len(ids), TOKENIZER_MAX + TEMPLATE_DROP) - TEMPLATE_DROP
+            out.append(TextLength(used=max(1, min(kept, limit)), raw=len(ids) - TEMPLATE_DROP, limit=limit))
+        return out
+
+    def encode(self, pipe, prompts: Sequence[str], cfg: ModelConfig, device, instruction: bool) -> TextEmbeds:
+        embeds, mask = pipe.encode_prompt(list(prompts), device=device, max_sequence_length=cfg.max_sequence_length)
+        if mask is None:  # encode_prompt drops an all-ones mask; the padder needs it
+            mask = torch.ones(embeds.shape[:2], dtype=torch.long, device=embeds.device)
+        return TextEmbeds(embeds=embeds, mask=mask)
+
+    # -- denoise + decode ------------------------------------------------------------------
+    def denoise_decode(self, pipe, request: DenoiseRequest) -> np.ndarray:
+        pos, neg = request.positive, request.negative
+        cfg_on = neg is not None
+        images = pipe(
+            prompt_embeds=pos.embeds,
+            prompt_embeds_mask=pos.mask,
+            negative_prompt_embeds=neg.embeds if cfg_on else None,
+            negative_prompt_embeds_mask=neg.mask if cfg_on else None,
+            # Qwen-Image is not guidance-distilled: its CFG scale is `true_cfg_scale`.
+            true_cfg_scale=request.guidance_scale if cfg_on else 1.0,
+            num_inference_steps=request.steps,
+            height=request.height,
+            width=request.width,
+            generator=cpu_generators(request.seeds),
+            output_type="np",
+            max_sequence_length=pos.length,  # the bucket: the default (512) would cut a longer one
+            return_dict=False,
+        )[0]
+        return np.asarray(images, dtype=np.float32)
+
+
+register_family(QwenImageFamily())
