@@ -130,7 +130,8 @@ class BcgConfig:
 @dataclass
 class JobConfig:
     partition: str = "0/1"
-    """`I/N`: run partition I of N of the sorted plan (Slurm arrays; ranks of torchrun split further)."""
+    """`I/N`: run partition I of N of the sorted plan; `slurm_array`: I and N from this Slurm array
+    task (SLURM_ARRAY_TASK_ID/COUNT). torchrun ranks split each partition further."""
     overwrite: bool = False
     """Start over in a non-empty output_dir whose previous run had a different dataset or config."""
     on_nonfinite: str = "record"
@@ -139,10 +140,17 @@ class JobConfig:
     """Show the progress bar."""
     log_every_s: float = 30.0
     """Also log a progress line this often (for non-interactive logs, e.g. Slurm)."""
+    dist_timeout_min: float = 1440.0
+    """Ranks (torchrun) wait at most this long at a barrier: the last one waits for the slowest rank."""
 
     def __post_init__(self) -> None:
-        parse_partition(self.partition)
+        if self.partition != "slurm_array":
+            try:
+                parse_partition(self.partition)
+            except ValueError as e:
+                raise ValueError(f"{e}; or job.partition=slurm_array inside a Slurm job array") from None
         check_choice("job.on_nonfinite", self.on_nonfinite, NONFINITE)
+        check("job.dist_timeout_min", self.dist_timeout_min > 0, self.dist_timeout_min, "minutes > 0")
 
 
 def parse_partition(text: str) -> tuple[int, int]:

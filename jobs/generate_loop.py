@@ -1,11 +1,16 @@
-"""The generation loop: batches in plan order -> engine -> sink, with progress and clean stops."""
+"""The generation loop: batches in plan order -> engine -> sink, with progress and clean stops.
+
+A stop signal (StopFlag) is honoured between batches: the batch in flight finishes and is
+handed to the sink, and close() commits every complete sample, so a rerun continues after them.
+"""
 
 from __future__ import annotations
 
 import logging
-import time
+import os
 
-from jobs.engine import Engine, attach_runner, load_pipeline, resolve_device
+from jobs.distributed import shard_pattern
+from jobs.engine import Engine, attach_runner, load_pipeline
 from jobs.plan import Item
 from jobs.progress import Progress
 from jobs.summary import JobStats, StageTimer
@@ -24,9 +29,10 @@ def item_meta(it: Item, model: str, mode: str, batch_size: int, finite: bool) ->
     }
 
 
-def generate_all(prep, stats: JobStats, timer: StageTimer) -> None:
-    from jobs.run import ERRORS_FILE, StopFlag
+def generate_all(prep, stats: JobStats, timer: StageTimer, stop) -> None:
     from jobs.dataset import RowError, write_error_ledger
+    from jobs.resume import KILL_AT_ENV, kill_hook
+    from jobs.run import ERRORS_FILE
     from sinks import AsyncSink, Sample, SinkError
 
     cfg = prep.cfg
@@ -34,20 +40,22 @@ def generate_all(prep, stats: JobStats, timer: StageTimer) -> None:
         stats.status = "complete"
         log.info("nothing to generate: every planned item is already committed")
         return
-    device = resolve_device(cfg.device)
+    device = prep.device
     stats.device = str(device)
     with timer("load"):
         pipe = load_pipeline(prep.family, cfg, device)
         runner = attach_runner(prep.family, pipe, cfg, device)
     engine = Engine(cfg, prep.family, pipe, prep.padder, runner, device)
-    sink = AsyncSink(prep.output_dir, cfg.sink)
-    stop = StopFlag()
-    stop.install()
-    progress = Progress(prep.plan.n_items, cfg.job.progress, cfg.job.log_every_s)
-    current = None
+    topo = prep.topo
+    sink = AsyncSink(prep.output_dir, cfg.sink, name_pattern=shard_pattern(topo.part, topo.parts))
+    # One bar per node: other ranks still log progress lines every log_every_s.
+    progress = Progress(prep.plan.n_items, cfg.job.progress and topo.local_rank == 0, cfg.job.log_every_s)
+    hooked = KILL_AT_ENV in os.environ  # kill tests only
+    current, stopped = None, False
     try:
-        for batch in prep.plan.batches:
+        for number, batch in enumerate(prep.plan.batches, start=1):
             if stop.reason:
+                stopped = True  # a signal during the last batch still ends complete
                 break
             if batch.signature != current:
                 if current is not None:
@@ -57,7 +65,7 @@ def generate_all(prep, stats: JobStats, timer: StageTimer) -> None:
             with timer("generate"):
                 result = engine.generate(batch)
             ledger = []
-            for it, image, finite in zip(result.items, result.images, result.finite):
+            for i, (it, image, finite) in enumerate(zip(result.items, result.images, result.finite)):
                 if not finite:
                     stats.nonfinite_keys.append(it.key)
                     if cfg.job.on_nonfinite == "ledger":
@@ -70,12 +78,15 @@ def generate_all(prep, stats: JobStats, timer: StageTimer) -> None:
                     sink.put(Sample(key=it.key, image=image, caption=it.prompt, meta=meta))
                 stats.items_written += 1
                 stats.modes[result.mode] += 1
+                if hooked:  # mid-batch: after the batch's first item; mid-shard: while a shard is open
+                    kill_hook("batch", number if i == 0 else -1)
+                    kill_hook("shard-write", len(sink.records), prep.output_dir)
             if ledger:
                 write_error_ledger(prep.output_dir / ERRORS_FILE, ledger)
             progress.update(len(result.items), str(batch.signature), runner.stats() if runner else {})
         with timer("sink_close"):
             sink.close()
-        stats.status = "preempted" if stop.reason else "complete"
+        stats.status = "preempted" if stopped else "complete"
     except SinkError:
         stats.status = "failed"
         sink.abort()  # the open shard is torn; committed shards are intact
@@ -91,7 +102,6 @@ def generate_all(prep, stats: JobStats, timer: StageTimer) -> None:
         raise
     finally:
         progress.close()
-        stop.restore()
         engine.end_run()
         stats.oom_splits = engine.oom_splits
         stats.graph = runner.stats() if runner else {}

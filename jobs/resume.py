@@ -4,18 +4,26 @@
 config value that changes an item's bytes. A rerun with the same identity continues (committed
 keys are skipped; temp files of torn shards are removed by the sink's scan); a different one is
 refused, naming what differs, unless job.overwrite=true.
+
+Many processes may share output_dir (torchrun ranks, Slurm array tasks, started at any time):
+each removes only its own torn temps (another's may be a live shard), claims run.json under a
+lock, and holds a lock on its shard names while it writes (`_locks/`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import logging
 import os
 import shutil
+import signal
+import socket
 from dataclasses import asdict
 from pathlib import Path
-from typing import Iterable, List, Set
+from typing import Iterable, List, Optional, Set
 
 from jobs.config import GenerateConfig
 from jobs.dataset import Record
@@ -65,27 +73,58 @@ def _short(v) -> str:
 
 
 def open_run(output_dir: Path, identity: dict, overwrite: bool, shard_glob: str = "shard-*.tar") -> None:
-    """Claim output_dir for this run, or refuse with what differs from the run that owns it."""
+    """Claim output_dir for this run, or refuse with what differs from the run that owns it.
+
+    Array tasks start at once and all claim: the claim lock serializes them, and run.json is
+    published with a hard link (fails if the name exists), so even without working locks
+    exactly one identity wins and a different one is refused.
+    """
+    with dir_lock(output_dir, "claim"):
+        for _ in range(2):
+            if _claim_locked(output_dir, identity, overwrite, shard_glob):
+                return
+        raise AssertionError("run.json appeared and vanished twice while claiming")  # a racing wipe
+
+
+def _claim_locked(output_dir: Path, identity: dict, overwrite: bool, shard_glob: str) -> bool:
     run_file = output_dir / RUN_FILE
     shards = sorted(output_dir.glob(shard_glob))
     if run_file.exists():
         old = json.loads(run_file.read_text())
         diff = _differences(old, identity)
-        if diff and not overwrite:
+        if not diff:
+            return True
+        if not overwrite:
             raise ValueError(
                 f"output_dir={str(output_dir)!r} holds a run with a different dataset or config:\n  "
                 + "\n  ".join(diff[:20])
                 + "\nUse another output_dir, or job.overwrite=true to delete its shards and start over.")
-        if not diff:
-            return
+        wipe(output_dir, shard_glob)
     elif shards and not overwrite:
         raise ValueError(f"output_dir={str(output_dir)!r} holds {len(shards)} shard(s) but no {RUN_FILE}: they were "
                          f"not written by this tool's run. Use another output_dir, or job.overwrite=true to delete them.")
-    if overwrite:
+    elif shards:
         wipe(output_dir, shard_glob)
-    from sinks.atomic import atomic_write_bytes
+    return _publish_once(run_file, (json.dumps(identity, indent=2, sort_keys=True, default=str) + "\n").encode())
 
-    atomic_write_bytes(run_file, (json.dumps(identity, indent=2, sort_keys=True, default=str) + "\n").encode())
+
+def _publish_once(path: Path, data: bytes) -> bool:
+    """Write `path` only if no one has: False when another claimer published it first."""
+    from sinks.atomic import fsync_dir
+
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # per process: racing claimers never share it
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.link(tmp, path)
+    except FileExistsError:
+        return False
+    finally:
+        tmp.unlink(missing_ok=True)
+    fsync_dir(path.parent)
+    return True
 
 
 def wipe(output_dir: Path, shard_glob: str) -> None:
@@ -95,24 +134,131 @@ def wipe(output_dir: Path, shard_glob: str) -> None:
         removed += 1
     for name in OWNED:
         (output_dir / name).unlink(missing_ok=True)
-    manifest_dir = output_dir / "_manifest"
-    if manifest_dir.is_dir():
-        shutil.rmtree(manifest_dir)
+    from jobs.distributed import SUMMARY_DIR
+    from sinks.manifest import MANIFEST_DIR
+
+    for name in (MANIFEST_DIR, SUMMARY_DIR):
+        if (output_dir / name).is_dir():
+            shutil.rmtree(output_dir / name)
     log.warning("job.overwrite=true: removed %d shard file(s) and the old run's index/summary in %s",
                 removed, output_dir)
 
 
-def committed_keys(output_dir: Path, shard_glob: str = "shard-*.tar") -> Set[str]:
+def committed_records(output_dir: Path, own_glob: str, all_glob: str = "shard-*.tar") -> list:
+    """Every committed shard's record. Only this writer's own torn temps are removed: another
+    rank or array task may be writing right now, and its temp file is its shard in progress."""
     from sinks import scan_output
 
-    scan = scan_output(output_dir, shard_glob)
+    scan = scan_output(output_dir, own_glob)
     if scan.removed_temps:
         log.info("resume: removed %d torn shard temp file(s): %s", len(scan.removed_temps),
                  ", ".join(scan.removed_temps[:5]))
+    records = {r.url: r for r in scan.records}
+    for path in sorted(output_dir.glob(all_glob)):
+        if path.name not in records:
+            rec = read_record(output_dir, path.name)
+            if rec is not None:
+                records[path.name] = rec
+    return [records[url] for url in sorted(records)]
+
+
+def read_record(output_dir: Path, url: str):
+    """A committed shard's record without writing anything (its writer may be alive)."""
+    # TODO(sinks): a public read-only scan (scan_output(..., remove_temps=False)) would replace this.
+    from sinks.manifest import _load_manifest, record_from_tar
+
+    try:
+        return _load_manifest(output_dir, url) or record_from_tar(output_dir, url)
+    except FileNotFoundError:  # removed by job.overwrite=true in another process
+        return None
+
+
+def committed_keys(output_dir: Path, own_glob: str = "shard-*.tar", within: Optional[Set[str]] = None) -> Set[str]:
+    """Keys already in committed shards (any writer's), restricted to `within` when given, so a
+    rank holds only its own share's keys in memory."""
     keys: Set[str] = set()
-    for rec in scan.records:
-        keys.update(rec.keys)
+    for rec in committed_records(output_dir, own_glob):
+        keys.update(rec.keys if within is None else (k for k in rec.keys if k in within))
     return keys
+
+
+# -- locks between processes sharing output_dir ----------------------------------------------------
+# flock: released by the kernel when the process dies, even by SIGKILL, so a lock never outlives
+# its holder. Filesystems without flock (some NFS/Lustre mounts) degrade to no lock, with a warning.
+
+LOCK_DIR = "_locks"
+
+
+def _lock_file(output_dir: Path, name: str) -> int:
+    (output_dir / LOCK_DIR).mkdir(parents=True, exist_ok=True)
+    return os.open(output_dir / LOCK_DIR / f"{name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+
+
+def _flock(fd: int, flags: int) -> bool:
+    try:
+        fcntl.flock(fd, flags)
+    except BlockingIOError:
+        return False
+    except OSError as e:  # ENOLCK / EOPNOTSUPP: the filesystem has no flock
+        log.warning("file locks are not supported here (%s); concurrent writers are not detected", e.strerror)
+    return True
+
+
+@contextlib.contextmanager
+def dir_lock(output_dir: Path, name: str):
+    """Exclusive section among every process of every run on output_dir (claim, finish)."""
+    fd = _lock_file(output_dir, name)
+    try:
+        _flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+class WriterLock:
+    """Held while a process writes shards under one name pattern: a second writer of the same
+    names (a double submission, a requeue racing its old self) would duplicate items, so it is
+    refused. Released on close() or process death."""
+
+    def __init__(self, output_dir: Path, name: str):
+        self.fd = _lock_file(output_dir, name)
+        if not _flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB):
+            holder = os.pread(self.fd, 200, 0).decode(errors="replace").strip()
+            os.close(self.fd)
+            raise ValueError(f"another process ({holder or 'unknown'}) is writing {name}-* shards in "
+                             f"output_dir={str(output_dir)!r}; two writers of one partition would duplicate items. "
+                             f"Wait for it to end (or stop it), then rerun")
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+# -- test hook ---------------------------------------------------------------------------------
+
+KILL_AT_ENV = "BCGEN_TEST_KILL_AT"
+KILL_SIGNAL_ENV = "BCGEN_TEST_KILL_SIGNAL"
+
+
+def kill_hook(point: str, count: int = 0, output_dir: Optional[Path] = None) -> None:
+    """TEST HOOK, not a feature: BCGEN_TEST_KILL_AT=plan | batch:N | shard-write:N makes the job
+    signal itself (BCGEN_TEST_KILL_SIGNAL, default KILL) during planning, after the first item of
+    batch N is handed to the sink, or while a shard is open after N shards were committed, so the
+    kill tests hit those instants deterministically. Unset, it costs one environment lookup."""
+    spec = os.environ.get(KILL_AT_ENV)
+    if not spec or spec.partition(":")[0] != point:
+        return
+    n = int(spec.partition(":")[2] or 0)
+    if point == "batch" and count != n:
+        return
+    if point == "shard-write" and (count < n or not any(output_dir.glob(".shard-*.tar.tmp"))):
+        return
+    sig = signal.Signals[f"SIG{os.environ.get(KILL_SIGNAL_ENV, 'KILL')}"]
+    log.warning("test hook %s=%s: sending %s to this process", KILL_AT_ENV, spec, sig.name)
+    os.kill(os.getpid(), sig)
 
 
 def check_writable(output_dir: Path) -> None:
