@@ -1,0 +1,120 @@
+"""Z-Image (diffusers `ZImagePipeline`, `ZImageTransformer2DModel`, `AutoencoderKL`).
+
+The pipeline hands its transformer a *list* of per-prompt captions `[L_i, D]` (the encoder's
+second-to-last hidden state at the real tokens of the chat-templated prompt); the transformer pads
+each to a multiple of 32 with a learned, attended pad token. The job carries a batch as one
+`[B, S, D]` tensor plus a mask of each row's real tokens, and `denoise_decode` hands the pipeline
+`embeds[i][mask[i]]`: exactly the pipeline's own list, whatever storage padding the padder added
+(padding/z_image.py explains why the bucket is the exact caption length).
+
+Guidance keeps the pipeline's meaning, so model-card values carry over: with CFG the prediction is
+`pos + s * (pos - neg)`. The job runs CFG only for `sampling.guidance_scale > 1` (its rule for all
+families); otherwise the pipeline gets 0, which turns its CFG off (Z-Image-Turbo runs at 0).
+"""
+
+from __future__ import annotations
+
+from typing import List, Sequence
+
+import numpy as np
+import torch
+
+from jobs.config import ModelConfig
+from jobs.models.base import DenoiseRequest, ModelFamily, TextLength, cpu_generators
+from jobs.models.checkpoint import check_diffusers_folder, component_config
+from jobs.models.qwen_image import build_scheduler, tiny_text_encoder, tiny_tokenizer
+from jobs.models.registry import register_family
+from padding import TextEmbeds
+
+COMPONENTS = ("transformer", "vae", "text_encoder", "tokenizer", "scheduler")
+
+
+def chat_texts(tokenizer, prompts: Sequence[str]) -> List[str]:
+    """The pipeline's prompt text: one user turn, generation prompt, thinking enabled."""
+    return [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                          add_generation_prompt=True, enable_thinking=True) for p in prompts]
+
+
+class ZImageFamily(ModelFamily):
+    name = "z_image"
+    pipeline_class = "ZImagePipeline"
+
+    # -- loading ---------------------------------------------------------------------------
+    def check_path(self, cfg: ModelConfig) -> None:
+        check_diffusers_folder(cfg.path, self.pipeline_class, COMPONENTS)
+
+    def build_tiny(self, cfg: ModelConfig, dtype: torch.dtype):
+        from diffusers import AutoencoderKL, ZImagePipeline, ZImageTransformer2DModel
+
+        tiny = cfg.tiny
+        torch.manual_seed(int(tiny["seed"]))
+        transformer = ZImageTransformer2DModel(**tiny["transformer"])
+        with torch.no_grad():
+            # diffusers initialises the learned pad tokens to zero; a trained model's are not, and
+            # zero pad tokens would make the tiny model kinder to padding than the real one.
+            transformer.x_pad_token.normal_()
+            transformer.cap_pad_token.normal_()
+        pipe = ZImagePipeline(
+            transformer=transformer,
+            vae=AutoencoderKL(**tiny["vae"]),
+            text_encoder=tiny_text_encoder(tiny["text_encoder"]),
+            tokenizer=tiny_tokenizer(tiny["text_encoder"]),
+            scheduler=build_scheduler(tiny["scheduler"]),
+        )
+        return pipe if dtype == torch.float32 else pipe.to(dtype=dtype)
+
+    def load_tokenizer(self, cfg: ModelConfig):
+        if cfg.path is None:
+            return tiny_tokenizer(cfg.tiny["text_encoder"])
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(f"{cfg.path}/tokenizer", local_files_only=True)
+
+    def spatial_divisor(self, cfg: ModelConfig) -> int:
+        if cfg.path is None:
+            vae, tr = cfg.tiny["vae"], cfg.tiny["transformer"]
+        else:
+            vae, tr = component_config(cfg.path, "vae"), component_config(cfg.path, "transformer")
+        patch = int(list(tr.get("all_patch_size", [2]))[0])
+        return 2 ** (len(vae["block_out_channels"]) - 1) * patch
+
+    # -- text ------------------------------------------------------------------------------
+    def text_lengths(self, tokenizer, prompts: Sequence[str], cfg: ModelConfig, instruction: bool) -> List[TextLength]:
+        limit = cfg.max_sequence_length
+        raw = [len(ids) for ids in tokenizer(chat_texts(tokenizer, prompts))["input_ids"]]
+        return [TextLength(used=max(1, min(n, limit)), raw=n, limit=limit) for n in raw]
+
+    def encode(self, pipe, prompts: Sequence[str], cfg: ModelConfig, device, instruction: bool) -> TextEmbeds:
+        # list(): _encode_prompt rewrites its prompt list in place with the chat template
+        captions, _ = pipe.encode_prompt(list(prompts), device=device, do_classifier_free_guidance=False,
+                                         max_sequence_length=cfg.max_sequence_length)
+        lengths = torch.tensor([len(c) for c in captions], device=captions[0].device)
+        embeds = torch.nn.utils.rnn.pad_sequence(captions, batch_first=True)
+        mask = (torch.arange(embeds.shape[1], device=embeds.device)[None, :] < lengths[:, None]).long()
+        return TextEmbeds(embeds=embeds, mask=mask)
+
+    # -- denoise + decode ------------------------------------------------------------------
+    def denoise_decode(self, pipe, request: DenoiseRequest) -> np.ndarray:
+        pos, neg = request.positive, request.negative
+        cfg_on = neg is not None
+        images = pipe(
+            prompt_embeds=captions(pos),
+            negative_prompt_embeds=captions(neg) if cfg_on else None,
+            guidance_scale=request.guidance_scale if cfg_on else 0.0,
+            num_inference_steps=request.steps,
+            height=request.height,
+            width=request.width,
+            generator=cpu_generators(request.seeds),
+            output_type="np",
+            return_dict=False,
+        )[0]
+        return np.asarray(images, dtype=np.float32)
+
+
+def captions(text: TextEmbeds) -> List[torch.Tensor]:
+    """The pipeline's caption list: each row's real tokens, at its native length."""
+    keep = text.mask.bool()
+    return [text.embeds[i][keep[i]] for i in range(text.embeds.shape[0])]
+
+
+register_family(ZImageFamily())
