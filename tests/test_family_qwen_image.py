@@ -171,3 +171,22 @@ def test_real_preset_loads_saved_folder_and_matches(tiny, tmp_path):
         return run(fam, p, encode(fam, p, c, ["a castle in the clouds"]), encode(fam, p, c, [""]), seed=5)
 
     assert (image(pipe, tiny_cfg) == image(loaded, cfg)).all()
+
+
+def test_capturable_text_lengths_match_diffusers():
+    # The shim differs from diffusers only in how it makes the fallback length (a device fill instead
+    # of a host-to-device copy that CUDA graph capture forbids); every output must be identical.
+    from jobs.models.qwen_image import _text_seq_len_from_mask, capturable_text_lengths
+
+    capturable_text_lengths()
+    original = _text_seq_len_from_mask.replaced
+    assert "as_tensor" in inspect.getsource(original)  # drop the shim once diffusers stops copying
+    g = torch.Generator().manual_seed(0)
+    text = torch.randn(4, 12, 8, generator=g)
+    mask = torch.rand(4, 12, generator=g) > 0.5
+    mask[2] = False  # no real token: the fallback length
+    for m in (mask, mask.long(), None):
+        a, b = original(text, m), _text_seq_len_from_mask(text, m)
+        assert a[0] == b[0]
+        for x, y in zip(a[1:], b[1:]):
+            assert (x is None and y is None) or torch.equal(x, y)

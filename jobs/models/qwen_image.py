@@ -5,10 +5,15 @@ last hidden state, the first `prompt_template_encode_start_idx` (34) template po
 the rest right-padded to the batch's longest prompt with mask 0. The plan mirrors that count from
 the tokenizer alone. The padder then grows (or re-cuts) the embeddings and mask to the text bucket.
 
-One host-side wrinkle: the pipeline's `encode_prompt` replaces an all-ones mask with None (a
-prompt that exactly fills its bucket), which would give the same bucket two graph signatures
-(a mask tensor vs None). `keep_text_mask` puts an all-ones mask back before the transformer runs,
-so the runner always sees a mask of the bucket's shape.
+Two host-side wrinkles, both fixed without touching model weights or the forward:
+- The pipeline's `encode_prompt` replaces an all-ones mask with None (a prompt that exactly fills
+  its bucket), which would give the same bucket two graph signatures (a mask tensor vs None).
+  `keep_text_mask` puts an all-ones mask back before the transformer runs.
+- diffusers' `compute_text_seq_len_from_mask` builds a fallback length with
+  `torch.as_tensor(int, device=cuda)`, a synchronous host-to-device copy that CUDA graph capture
+  forbids, so the whole forward could not be captured. `capturable_text_lengths` swaps in a copy
+  that makes the same value with `torch.full` (a device fill); its outputs are identical
+  (tests/test_family_qwen_image.py compares them with the original's).
 
 `tiny_text_encoder` / `tiny_tokenizer` build the tiny presets' text side (shared with the other
 Qwen-encoder families): a seeded random instance of the real transformers class from a config dict,
@@ -86,6 +91,32 @@ def keep_text_mask(transformer: torch.nn.Module) -> None:
     transformer.register_forward_pre_hook(restore, with_kwargs=True)
 
 
+def _text_seq_len_from_mask(encoder_hidden_states, encoder_hidden_states_mask):
+    """diffusers 0.42.1 `compute_text_seq_len_from_mask`, with `torch.full` for `torch.as_tensor`."""
+    batch_size, text_seq_len = encoder_hidden_states.shape[:2]
+    if encoder_hidden_states_mask is None:
+        return text_seq_len, None, None
+    if encoder_hidden_states_mask.shape[:2] != (batch_size, text_seq_len):
+        raise ValueError(f"`encoder_hidden_states_mask` shape {encoder_hidden_states_mask.shape} must match "
+                         f"(batch_size, text_seq_len)=({batch_size}, {text_seq_len}).")
+    mask = encoder_hidden_states_mask.to(torch.bool)
+    device = encoder_hidden_states.device
+    position_ids = torch.arange(text_seq_len, device=device, dtype=torch.long)
+    active_positions = torch.where(mask, position_ids, position_ids.new_zeros(()))
+    per_sample_len = torch.where(mask.any(dim=1), active_positions.max(dim=1).values + 1,
+                                 torch.full((), text_seq_len, device=device, dtype=torch.long))
+    return text_seq_len, per_sample_len, mask
+
+
+def capturable_text_lengths() -> None:
+    """Install `_text_seq_len_from_mask` where QwenImageTransformer2DModel.forward looks it up."""
+    from diffusers.models.transformers import transformer_qwenimage as module
+
+    if module.compute_text_seq_len_from_mask is not _text_seq_len_from_mask:
+        _text_seq_len_from_mask.replaced = module.compute_text_seq_len_from_mask  # for the equality test
+        module.compute_text_seq_len_from_mask = _text_seq_len_from_mask
+
+
 class QwenImageFamily(ModelFamily):
     name = "qwen_image"
     pipeline_class = "QwenImagePipeline"
@@ -107,11 +138,13 @@ class QwenImageFamily(ModelFamily):
             scheduler=build_scheduler(tiny["scheduler"]),
         )
         keep_text_mask(pipe.transformer)
+        capturable_text_lengths()
         return pipe if dtype == torch.float32 else pipe.to(dtype=dtype)
 
     def load(self, cfg: ModelConfig, dtype: torch.dtype):
         pipe = super().load(cfg, dtype)
         keep_text_mask(pipe.transformer)
+        capturable_text_lengths()
         return pipe
 
     def load_tokenizer(self, cfg: ModelConfig):

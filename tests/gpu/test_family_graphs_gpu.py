@@ -1,0 +1,116 @@
+"""Graph replay equals eager, bit for bit, through each family's real tiny pipeline (CUDA only).
+
+For every tiny preset: images from the eager pipeline, then the same prompts with the transformer
+wrapped by the bcg runner (backend "cuda"): the images must be byte-identical, every transformer
+call after the first capture must be a replay, and two prompts of different lengths in one bucket
+must share the graph (Z-Image: two prompts of equal native length). Each transformer call is also
+compared on its own (torch.equal against an eager call with the same inputs).
+
+Run on the GPU machine: `python -m pytest tests/gpu/test_family_graphs_gpu.py -q -s`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from bcg import RunnerConfig, apply_graph_runner, signature
+from jobs.models.base import DenoiseRequest
+from jobs.models.registry import get_family
+from padding import get_padder
+from tests.helpers import compose_cfg
+
+pytestmark = pytest.mark.gpu
+
+# Two prompts per family that land in one bucket (for Z-Image: the same native caption length).
+PROMPTS = {
+    "qwen_image": ("a red fox", "a lighthouse on a cliff at dusk, waves crashing below"),
+    "flux": ("a red fox", "a lighthouse on a cliff at dusk, waves crashing below"),
+    "longcat_image": ("a red fox", "a sign that says 'OPEN' on a lighthouse door"),
+    "z_image": ("a red fox", "a blue owl"),
+}
+
+
+def requests(fam, pipe, cfg, padder, prompts, device):
+    """One DenoiseRequest per prompt, padded exactly as the engine pads a batch."""
+    tok = fam.load_tokenizer(cfg.model)
+    cfg_on = cfg.sampling.guidance_scale > 1
+    out = []
+    with torch.no_grad():
+        for prompt in prompts:
+            used = fam.text_lengths(tok, [prompt], cfg.model, True)[0].used
+            if cfg_on:
+                used = max(used, fam.text_lengths(tok, [""], cfg.model, False)[0].used)
+            bucket = padder.bucket_for(used)
+            pos = padder.pad(fam.encode(pipe, [prompt], cfg.model, device, instruction=True), bucket)
+            neg = padder.pad(fam.encode(pipe, [""], cfg.model, device, instruction=False), bucket) if cfg_on else None
+            out.append((bucket, DenoiseRequest(positive=pos, negative=neg, seeds=[7], height=64, width=64, steps=3,
+                                               guidance_scale=cfg.sampling.guidance_scale if cfg_on else 1.0)))
+    return out
+
+
+def record_calls(module):
+    calls = []
+
+    def hook(m, args, kwargs):
+        calls.append((tuple(a for a in args), dict(kwargs)))
+
+    return calls, module.register_forward_pre_hook(hook, with_kwargs=True)
+
+
+@pytest.mark.parametrize("name", sorted(PROMPTS))
+def test_tiny_family_replay_equals_eager(name):
+    check_family(name, "cuda", "cuda")
+
+
+def check_family(name: str, device: str, backend: str) -> dict:
+    cfg = compose_cfg([f"model={name}_tiny", "output_dir=/tmp/x"])
+    fam = get_family(cfg.model.family)
+    pipe = fam.build_tiny(cfg.model, torch.float32).to(device)
+    pipe.set_progress_bar_config(disable=True)
+    padder = get_padder(cfg.model.family, buckets=cfg.text_buckets, native_length=cfg.model.max_sequence_length)
+    reqs = requests(fam, pipe, cfg, padder, PROMPTS[name], device)
+    assert len({b for b, _ in reqs}) == 1, f"{name}: the two prompts must share a bucket"
+    transformer = fam.transformer(pipe)
+
+    calls, handle = record_calls(transformer)
+    eager = [fam.denoise_decode(pipe, r) for _, r in reqs]
+    handle.remove()
+    with torch.no_grad():
+        eager_calls = [transformer(*a, **kw) for a, kw in calls]
+    keys = {signature(a, kw) for a, kw in calls}
+
+    runner = apply_graph_runner(transformer, RunnerConfig(backend=backend))
+    runner.capture_allowed = True
+    try:
+        graphed = [fam.denoise_decode(pipe, r) for _, r in reqs]
+        with torch.no_grad():
+            replayed_calls = [transformer(*a, **kw) for a, kw in calls]
+        stats = runner.stats()
+    finally:
+        runner.remove()
+
+    for i, (a, b) in enumerate(zip(eager, graphed)):
+        assert np.array_equal(a, b), f"{name} prompt {i}: max abs diff {np.abs(a - b).max()}"
+    for i, (a, b) in enumerate(zip(eager_calls, replayed_calls)):
+        for x, y in zip(_leaves(a), _leaves(b)):
+            assert torch.equal(x, y), f"{name} call {i}"
+    n_calls = len(calls)
+    # Both prompts share their signatures: each is captured once, every later call replays. (LongCat's
+    # pipeline passes guidance=None on the cond call only, so its two CFG branches are two signatures.)
+    assert len(keys) == (2 if name == "longcat_image" else 1), keys
+    assert stats["misses"] == 0 and stats["capture_failures"] == 0, stats
+    assert stats["captures"] == len(keys) and stats["hits"] == 2 * n_calls - len(keys), (n_calls, stats)
+    assert {e["segments"] for e in stats["entries"]} == {1}
+    print(f"\n[family gpu] {name}: {n_calls} transformer calls per pass, bucket {reqs[0][0]}, "
+          f"{len(keys)} graph(s), capture {stats['capture_seconds']:.2f} s, images equal")
+    return stats
+
+
+def _leaves(out):
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (list, tuple)):
+        return [t for o in out for t in _leaves(o)]
+    return []
