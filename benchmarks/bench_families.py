@@ -1,0 +1,246 @@
+"""Per-family denoise benchmark: eager vs bcg at real architecture size (random bf16 weights).
+
+One row per family (Qwen-Image, Flux.1-dev, Z-Image, LongCat-Image): the diffusers transformer
+class with the released checkpoint's transformer config and seeded random bf16 weights, batch 1,
+1024x1024, 20 flow-matching Euler steps (plain Euler update), denoise loop only (random text
+embeddings of the encoder's width and the family's text length; no text encoder, no VAE). Each
+step calls the transformer the way its pipeline does: Qwen-Image and LongCat-Image run two calls
+(CFG), Flux.1-dev one (distilled guidance), Z-Image one (Turbo, no CFG). bcg: the whole forward
+as one graph (break policy "none"), captured during the first (untimed) loop.
+
+    python benchmarks/bench_families.py --out benchmarks/results          # H200
+    python benchmarks/bench_families.py --tiny --out /tmp/smoke           # CPU smoke test (tape)
+
+Rows are written after each family, so a run cut short keeps what it measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import logging
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from common import LoopTimer, device_tag, environment, flow_schedule, sync, write_results  # noqa: E402
+
+from bcg import RunnerConfig, apply_graph_runner  # noqa: E402
+
+# transformer/config.json of the released checkpoints (diffusers 0.42.1 class defaults where equal)
+REAL = {
+    "qwen_image": dict(patch_size=2, in_channels=64, out_channels=16, num_layers=60, attention_head_dim=128,
+                       num_attention_heads=24, joint_attention_dim=3584, guidance_embeds=False,
+                       axes_dims_rope=(16, 56, 56)),  # Qwen/Qwen-Image
+    "flux": dict(patch_size=1, in_channels=64, num_layers=19, num_single_layers=38, attention_head_dim=128,
+                 num_attention_heads=24, joint_attention_dim=4096, pooled_projection_dim=768, guidance_embeds=True,
+                 axes_dims_rope=(16, 56, 56)),  # black-forest-labs/FLUX.1-dev
+    "z_image": dict(all_patch_size=(2,), all_f_patch_size=(1,), in_channels=16, dim=3840, n_layers=30,
+                    n_refiner_layers=2, n_heads=30, n_kv_heads=30, norm_eps=1e-5, qk_norm=True, cap_feat_dim=2560,
+                    rope_theta=256.0, t_scale=1000.0, axes_dims=[32, 48, 48], axes_lens=[1024, 512, 512]),
+    "longcat_image": dict(patch_size=1, in_channels=64, num_layers=10, num_single_layers=20, attention_head_dim=128,
+                          num_attention_heads=24, joint_attention_dim=3584, pooled_projection_dim=3584,
+                          axes_dims_rope=[16, 56, 56]),  # meituan-longcat/LongCat-Image
+}
+CLASSES = {"qwen_image": "QwenImageTransformer2DModel", "flux": "FluxTransformer2DModel",
+           "z_image": "ZImageTransformer2DModel", "longcat_image": "LongCatImageTransformer2DModel"}
+# text the transformer sees: (positive real tokens, text length); CFG negatives use NEG_REAL tokens
+TEXT = {"qwen_image": (77, 128), "flux": (77, 512), "z_image": (77, 77), "longcat_image": (77, 512)}
+NEG_REAL = 5
+CFG_SCALE = {"qwen_image": 4.0, "longcat_image": 4.5}  # the others run one call per step
+COLUMNS = ["family", "params_b", "resolution", "steps", "calls_per_step", "text_len", "eager_ms", "bcg_ms",
+           "speedup", "ms_saved_per_call", "capture_s", "graphs", "segments", "max_abs_diff", "peak_mem_gib",
+           "skipped"]
+
+
+def tiny_configs() -> dict:
+    """The tiny presets' transformer configs (conf/model/*_tiny.yaml), for the CPU smoke test."""
+    from omegaconf import OmegaConf
+
+    conf = Path(__file__).resolve().parents[1] / "conf" / "model"
+    return {f: OmegaConf.to_container(OmegaConf.load(conf / f"{f}_tiny.yaml"))["model"]["tiny"]["transformer"]
+            for f in REAL}
+
+
+def build(family: str, config: dict, device: str, dtype: torch.dtype):
+    import diffusers
+
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = getattr(diffusers, CLASSES[family])(**config)
+    if family == "qwen_image":
+        from jobs.models.qwen_image import capturable_text_lengths
+
+        capturable_text_lengths()  # what the family installs when it loads a pipeline
+    return model.to(dtype).eval().requires_grad_(False)
+
+
+def make_step(family: str, config: dict, side: int, device: str, dtype: torch.dtype, tiny: bool):
+    """(initial latents, step(forward, lat, t) -> velocity). Inputs built as each pipeline builds them."""
+    g = torch.Generator(device).manual_seed(0)
+    real, length = TEXT[family]
+    if tiny:
+        real, length = min(real, 16), min(length, 32 if family != "z_image" else 16)
+    width = config.get("joint_attention_dim", config.get("cap_feat_dim"))
+    pos = torch.randn(1, length, width, generator=g, device=device).to(dtype)
+    neg = torch.randn(1, length, width, generator=g, device=device).to(dtype)
+    pos_mask = (torch.arange(length, device=device) < real).long()[None]
+    neg_mask = (torch.arange(length, device=device) < NEG_REAL).long()[None]
+    tokens = (side // 2) ** 2  # latents packed 2x2
+
+    if family == "z_image":
+        lat = torch.randn(1, config["in_channels"], 1, side, side, generator=g, device=device)
+        caption = pos[0, :real]
+
+        def step(fwd, lat, t):
+            out = fwd([lat[0].to(dtype)], ((1000 - t) / 1000).expand(1), [caption], return_dict=False)[0]
+            return -torch.stack([o.float() for o in out])
+        return lat, step
+
+    lat = torch.randn(1, tokens, config["in_channels"], generator=g, device=device)
+    h = w = side // 2
+    if family == "qwen_image":
+        shapes = [[(1, h, w)]]
+
+        def step(fwd, lat, t):
+            kw = dict(hidden_states=lat.to(dtype), timestep=(t / 1000).expand(1).to(dtype), guidance=None,
+                      img_shapes=shapes, attention_kwargs={}, return_dict=False)
+            cond = fwd(encoder_hidden_states=pos, encoder_hidden_states_mask=pos_mask, **kw)[0].float()
+            uncond = fwd(encoder_hidden_states=neg, encoder_hidden_states_mask=neg_mask, **kw)[0].float()
+            comb = uncond + CFG_SCALE[family] * (cond - uncond)
+            return comb * (cond.norm(dim=-1, keepdim=True) / comb.norm(dim=-1, keepdim=True))
+        return lat, step
+
+    img_ids = torch.zeros(h, w, 3, device=device)
+    img_ids[..., 1] += torch.arange(h, device=device)[:, None]
+    img_ids[..., 2] += torch.arange(w, device=device)[None, :]
+    img_ids = img_ids.reshape(-1, 3)
+    if family == "flux":
+        txt_ids = torch.zeros(length, 3, device=device)
+        pooled = torch.randn(1, config["pooled_projection_dim"], generator=g, device=device).to(dtype)
+        guidance = torch.full((1,), 3.5, device=device)
+
+        def step(fwd, lat, t):
+            return fwd(hidden_states=lat.to(dtype), timestep=(t / 1000).expand(1).to(dtype), guidance=guidance,
+                       pooled_projections=pooled, encoder_hidden_states=pos, txt_ids=txt_ids, img_ids=img_ids,
+                       joint_attention_kwargs=None, return_dict=False)[0].float()
+        return lat, step
+
+    # longcat_image: text positions 0..S-1 on two axes, image positions offset by the text length
+    from diffusers.pipelines.longcat_image.pipeline_longcat_image import prepare_pos_ids
+
+    txt_ids = prepare_pos_ids(0, "text", (0, 0), num_token=length).to(device)
+    img_ids = prepare_pos_ids(1, "image", (length, length), height=h, width=w).to(device)
+
+    def step(fwd, lat, t):
+        ts = (t / 1000).expand(1).to(lat.dtype)
+        # as LongCatImagePipeline calls it: guidance=None on the cond call only (two signatures)
+        cond = fwd(hidden_states=lat.to(dtype), timestep=ts, guidance=None, encoder_hidden_states=pos,
+                   txt_ids=txt_ids, img_ids=img_ids, return_dict=False)[0].float()
+        uncond = fwd(hidden_states=lat.to(dtype), timestep=ts, encoder_hidden_states=neg, txt_ids=txt_ids,
+                     img_ids=img_ids, return_dict=False)[0].float()
+        comb = uncond + CFG_SCALE[family] * (cond - uncond)
+        scale = (cond.norm(dim=-1, keepdim=True) / (comb.norm(dim=-1, keepdim=True) + 1e-8)).clamp(0.0, 1.0)
+        return comb * scale
+    return lat, step
+
+
+def run_family(family: str, args, device: str, dtype: torch.dtype) -> dict:
+    config = tiny_configs()[family] if args.tiny else REAL[family]
+    resolution = 64 if args.tiny else args.resolution
+    side = resolution // 8  # the 8x VAEs of all four families
+    row = {"family": family, "resolution": f"{resolution}x{resolution}", "steps": args.steps,
+           "calls_per_step": 2 if family in CFG_SCALE else 1, "text_len": TEXT[family][1]}
+    model = build(family, config, device, dtype)
+    row["params_b"] = round(sum(p.numel() for p in model.parameters()) / 1e9, 2)
+    timesteps, sigmas = flow_schedule(args.steps, shift=3.0, device=device)
+    lat0, step = make_step(family, config, side, device, dtype, args.tiny)
+
+    def loop(fwd):
+        lat = lat0.clone()
+        for i, t in enumerate(timesteps):
+            lat = lat + (sigmas[i + 1] - sigmas[i]) * step(fwd, lat, t)
+        return lat
+
+    with torch.no_grad():
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
+        step(model, lat0, timesteps[0])  # warm-up: kernels, workspaces, RoPE caches
+        with LoopTimer() as t_eager:
+            ref = loop(model)
+        backend = "cuda" if torch.cuda.is_available() else "tape"
+        runner = apply_graph_runner(model, RunnerConfig(backend=backend, break_policy="none"))
+        runner.capture_allowed = True
+        try:
+            t0 = time.perf_counter()
+            loop(model)  # captures, then replays
+            sync()
+            first_loop_s = time.perf_counter() - t0
+            with LoopTimer() as t_bcg:
+                out = loop(model)
+            stats = runner.stats()
+        finally:
+            runner.remove()
+    calls = args.steps * row["calls_per_step"]
+    row.update(eager_ms=round(t_eager.ms, 1), bcg_ms=round(t_bcg.ms, 1), speedup=round(t_eager.ms / t_bcg.ms, 3),
+               ms_saved_per_call=round((t_eager.ms - t_bcg.ms) / calls, 3),
+               capture_s=round(stats["capture_seconds"], 2), graphs=stats["captures"],
+               segments=stats["segments"], max_abs_diff=float((out - ref).abs().max()),
+               peak_mem_gib=round(torch.cuda.max_memory_allocated() / 2**30, 1) if torch.cuda.is_available() else None)
+    assert stats["misses"] == 0 and stats["capture_failures"] == 0, stats
+    logging.info("%s: %s (first bcg loop %.1f s incl. capture)", family, row, first_loop_s)
+    del model, runner, ref, out
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--families", default=",".join(REAL), help="comma-separated subset of " + ",".join(REAL))
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--resolution", type=int, default=1024)
+    ap.add_argument("--tiny", action="store_true", help="tiny preset configs, float32 (CPU smoke test)")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.float32 if args.tiny else torch.bfloat16
+    meta = environment()
+    rows = []
+    for family in args.families.split(","):
+        if family not in REAL:
+            raise ValueError(f"--families: {family!r} is not one of {', '.join(REAL)}")
+        try:
+            rows.append(run_family(family, args, device, dtype))
+        except Exception as e:  # keep the other rows; say what failed
+            traceback.print_exc()
+            rows.append({"family": family, "skipped": f"{type(e).__name__}: {str(e)[:120]}"})
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        stem = f"families_{device_tag()}" + ("_tiny" if args.tiny else "")
+        notes = [
+            "Random bf16 weights with each released checkpoint's transformer config; denoise loop only "
+            "(random text embeddings of the encoder's width), batch 1, plain Euler update.",
+            "calls_per_step: Qwen-Image and LongCat-Image run CFG as two transformer calls (as their pipelines "
+            "do), Flux.1-dev one (distilled guidance), Z-Image one (Turbo, no CFG).",
+            "text_len: what the transformer sees: Qwen-Image's bucket (77 real tokens -> 128), Flux's T5 512, "
+            "Z-Image's native caption (77), LongCat's fixed 512.",
+            "eager_ms / bcg_ms: one timed 20-step loop each (CUDA events), after a warm-up call and, for bcg, "
+            "after the untimed loop that captured. graphs: signatures captured (LongCat's pipeline passes "
+            "guidance=None on the cond call only, so its two CFG calls are two graphs). max_abs_diff: final "
+            "latents, bcg vs eager.",
+        ]
+        write_results(args.out, stem, rows, COLUMNS, notes, meta)
+
+
+if __name__ == "__main__":
+    main()
