@@ -28,7 +28,8 @@ FAST = ["sampling.steps=2", "sampling.height=64", "sampling.width=64", "job.prog
 def cli(*args: str, env: dict | None = None, cwd: Path = ROOT, module: tuple = ("-m", "jobs.generate"),
         timeout: int = 300) -> subprocess.CompletedProcess:
     """Run the real CLI in a subprocess (a kill must not take pytest with it)."""
-    full_env = dict(os.environ, PYTHONPATH=str(ROOT), HYDRA_FULL_ERROR="1", **(env or {}))
+    # One thread per process: several jobs share CI's 2 cores, and torchrun sets the same.
+    full_env = dict(os.environ, PYTHONPATH=str(ROOT), HYDRA_FULL_ERROR="1", OMP_NUM_THREADS="1", **(env or {}))
     return subprocess.run([sys.executable, *module, *args], cwd=cwd, env=full_env, capture_output=True, text=True,
                           timeout=timeout)
 
