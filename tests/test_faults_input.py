@@ -7,11 +7,17 @@ import os
 
 import pytest
 
-from jobs.dataset import DatasetError
-from jobs.run import check_config, prepare
-from jobs.summary import StageTimer
+from jobs.dataset import DatasetError, load_dataset
+from jobs.run import build_full_plan, check_config
 from tests.helpers import compose_cfg, write_jsonl
 from tests.test_job_e2e import FAST, run_cli
+
+
+def plan_of(cfg):
+    """Everything the job decides before a model loads: config checks, dataset, plan."""
+    family, padder, _, divisor = check_config(cfg)
+    plan, _ = build_full_plan(cfg, family, padder, divisor, load_dataset(cfg.dataset))
+    return plan
 
 
 def test_resolution_not_divisible_names_key_and_fix(tmp_path):
@@ -35,7 +41,7 @@ def test_row_size_error(tmp_path):
     cfg = compose_cfg([f"dataset.path={data}", f"output_dir={tmp_path / 'o'}", *FAST,
                        "model.tiny.transformer.patch_size=4"])
     with pytest.raises(DatasetError) as e:
-        prepare(cfg, StageTimer())
+        plan_of(cfg)
     assert f"{data}:2:" in str(e.value) and "64x72 is not a multiple of 16" in str(e.value)
 
 
@@ -43,15 +49,15 @@ def test_long_prompt_refused_by_config(tmp_path):
     data = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "word " * 400}])
     cfg = compose_cfg([f"dataset.path={data}", f"output_dir={tmp_path / 'o'}", "model.on_long_prompt=fail", *FAST])
     with pytest.raises(DatasetError) as e:
-        prepare(cfg, StageTimer())
+        plan_of(cfg)
     assert f"{data}:1:" in str(e.value) and "more than the model's 300" in str(e.value)
 
 
 def test_long_prompt_truncated_and_counted(tmp_path):
     data = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "word " * 400}, {"prompt": "short"}, {"prompt": ""}])
     cfg = compose_cfg([f"dataset.path={data}", f"output_dir={tmp_path / 'o'}", *FAST])
-    prep = prepare(cfg, StageTimer())
-    assert prep.plan.truncated == 1 and prep.plan.n_items == 3  # the empty prompt is valid (unconditional)
+    plan = plan_of(cfg)
+    assert plan.truncated == 1 and plan.n_items == 3  # the empty prompt is valid (unconditional)
 
 
 def test_bad_rows_fail_the_cli_and_write_nothing(tmp_path):
