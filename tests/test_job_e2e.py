@@ -19,7 +19,7 @@ FAST = ["sampling.steps=2", "sampling.height=64", "sampling.width=64", "job.prog
 
 
 def run_cli(*overrides: str, check: bool = True) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), HYDRA_FULL_ERROR="1")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])), HYDRA_FULL_ERROR="1")
     proc = subprocess.run([sys.executable, "-m", "jobs.generate", *overrides], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
     if check and proc.returncode != 0:
