@@ -171,25 +171,30 @@ class Group:
             dist.barrier(group=self._ctrl)
 
     def agree(self, step: Callable[[], None], leader_only: bool = False) -> None:
-        """Run `step` (on rank 0 only, or on every rank), then meet: when any rank's step raised a
-        ValueError, every rank raises it, so no rank is left waiting at a later barrier."""
-        error: Optional[str] = None
+        """Run `step` (on rank 0 only, or on every rank), then meet: when any rank's step raised,
+        every rank raises (ValueError for bad input, so all exit 2), and none is left waiting at a
+        later barrier for a rank that is gone."""
+        failure: Optional[BaseException] = None
         if self.topo.leader or not leader_only:
             try:
                 step()
-            except ValueError as e:
+            except Exception as e:  # noqa: BLE001 - re-raised below, on every rank
                 if self._ctrl is None:
                     raise
-                error = str(e)
+                failure = e
         if self._ctrl is None:
             return
         import torch.distributed as dist
 
-        errors = [None] * self.topo.world
-        dist.all_gather_object(errors, error, group=self._ctrl)
-        first = next((e for e in errors if e), None)
-        if first:
-            raise ValueError(first)
+        reports = [None] * self.topo.world
+        mine = None if failure is None else (isinstance(failure, ValueError), f"{type(failure).__name__}: {failure}")
+        dist.all_gather_object(reports, mine, group=self._ctrl)
+        if failure is not None:
+            raise failure
+        for rank, report in enumerate(reports):
+            if report:
+                bad_input, message = report
+                raise (ValueError if bad_input else RuntimeError)(f"rank {rank} failed: {message}")
 
     def close(self) -> None:
         if self._ctrl is not None:

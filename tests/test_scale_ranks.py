@@ -59,6 +59,10 @@ def test_two_gloo_ranks_write_the_same_images_as_one(dataset, one_rank):
     assert (summary["status"], summary["items_written"]) == ("complete", len(rows))
     assert [p["part"] for p in summary["parts"]] == [0, 1] and all(p["items_written"] for p in summary["parts"])
 
+    # A refused claim on rank 0 reaches every rank: all exit, none waits at a barrier.
+    refused = cli(f"dataset.path={data}", f"output_dir={out}", *FAST, "sampling.steps=3", module=TORCHRUN, timeout=120)
+    assert refused.returncode != 0 and log_of(refused).count("sampling.steps: 2 -> 3") >= 2, log_of(refused)
+
     # Resuming with another world size reads the 2-rank shards and finds nothing left to do.
     before = shard_bytes(out)
     again = cli(f"dataset.path={data}", f"output_dir={out}", *FAST)
