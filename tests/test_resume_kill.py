@@ -29,7 +29,8 @@ def cli(*args: str, env: dict | None = None, cwd: Path = ROOT, module: tuple = (
         timeout: int = 300) -> subprocess.CompletedProcess:
     """Run the real CLI in a subprocess (a kill must not take pytest with it)."""
     # One thread per process: several jobs share CI's 2 cores, and torchrun sets the same.
-    full_env = dict(os.environ, PYTHONPATH=str(ROOT), HYDRA_FULL_ERROR="1", OMP_NUM_THREADS="1", **(env or {}))
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)  # keep e.g. wheel dirs
+    full_env = dict(os.environ, PYTHONPATH=path, HYDRA_FULL_ERROR="1", OMP_NUM_THREADS="1", **(env or {}))
     return subprocess.run([sys.executable, *module, *args], cwd=cwd, env=full_env, capture_output=True, text=True,
                           timeout=timeout)
 
