@@ -40,7 +40,7 @@ class Engine:
     def __init__(self, cfg: GenerateConfig, family: ModelFamily, pipe, padder: Padder, runner, device):
         self.cfg, self.family, self.pipe, self.padder, self.runner = cfg, family, pipe, padder, runner
         self.device = device
-        self._negatives: Dict[str, Tuple[torch.Tensor, torch.Tensor]] = {}  # text -> native (embeds, mask) rows
+        self._negatives: Dict[str, TextEmbeds] = {}  # text -> its native encoding, one row
         self.oom_splits = 0
         allowed = cfg.bcg.warmup_resolutions
         self._capture_sizes = {(int(h), int(w)) for h, w in allowed} if allowed else None
@@ -67,15 +67,14 @@ class Engine:
     # -- text ------------------------------------------------------------------------------
     def _encode_negatives(self, texts: List[str]) -> TextEmbeds:
         missing = sorted({t for t in texts if t not in self._negatives})
+        if len(self._negatives) + len(missing) > 4096:  # bound memory on datasets with per-row negatives
+            self._negatives.clear()
+            missing = sorted(set(texts))
         if missing:
             enc = self.family.encode(self.pipe, missing, self.cfg.model, self.device, instruction=False)
             for i, t in enumerate(missing):
-                self._negatives[t] = (enc.embeds[i:i + 1], enc.mask[i:i + 1])
-            if len(self._negatives) > 4096:  # bound memory on datasets with per-row negatives
-                self._negatives.clear()
-                return self._encode_negatives(texts)
-        rows = [self._negatives[t] for t in texts]
-        return TextEmbeds(embeds=torch.cat([r[0] for r in rows]), mask=torch.cat([r[1] for r in rows]))
+                self._negatives[t] = row(enc, i)
+        return stack_rows([self._negatives[t] for t in texts])
 
     def _to_bucket(self, text: TextEmbeds, bucket: int, side: str) -> TextEmbeds:
         used = text.used_length()
@@ -139,6 +138,19 @@ class Engine:
         if hits and not misses:
             return "replay"
         return "mixed" if hits else "eager"
+
+
+def row(text: TextEmbeds, i: int) -> TextEmbeds:
+    """Row i of a batch; extras are batch-first tensors (e.g. Flux's pooled embedding)."""
+    return TextEmbeds(embeds=text.embeds[i:i + 1], mask=None if text.mask is None else text.mask[i:i + 1],
+                      extras={k: v[i:i + 1] for k, v in text.extras.items()})
+
+
+def stack_rows(rows: List[TextEmbeds]) -> TextEmbeds:
+    first = rows[0]
+    return TextEmbeds(embeds=torch.cat([r.embeds for r in rows]),
+                      mask=None if first.mask is None else torch.cat([r.mask for r in rows]),
+                      extras={k: torch.cat([r.extras[k] for r in rows]) for k in first.extras})
 
 
 def to_uint8(image: np.ndarray) -> np.ndarray:
