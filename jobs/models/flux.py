@@ -22,7 +22,7 @@ import torch
 from jobs.config import ModelConfig
 from jobs.models.base import DenoiseRequest, ModelFamily, TextLength, cpu_generators
 from jobs.models.checkpoint import check_diffusers_folder, component_config
-from jobs.models.qwen_image import build_scheduler, tiny_text_encoder, tiny_tokenizer
+from jobs.models.tiny import build_scheduler, tiny_text_encoder, tiny_tokenizer
 from jobs.models.registry import register_family
 from padding import TextEmbeds
 

@@ -18,6 +18,7 @@ from jobs.models import text_encoders
 from jobs.models.base import DenoiseRequest, ModelFamily, TextLength, cpu_generators
 from jobs.models.checkpoint import check_diffusers_folder, component_config
 from jobs.models.registry import register_family
+from jobs.models.tiny import build_scheduler
 from padding import TextEmbeds
 
 COMPONENTS = ("transformer", "vae", "text_encoder", "tokenizer", "scheduler")
@@ -32,7 +33,6 @@ class SanaFamily(ModelFamily):
         check_diffusers_folder(cfg.path, self.pipeline_class, COMPONENTS)
 
     def build_tiny(self, cfg: ModelConfig, dtype: torch.dtype):
-        import diffusers
         from diffusers import AutoencoderDC, SanaPipeline, SanaTransformer2DModel
 
         tiny = cfg.tiny
@@ -40,8 +40,7 @@ class SanaFamily(ModelFamily):
         transformer = SanaTransformer2DModel(**tiny["transformer"])
         vae = AutoencoderDC(**tiny["vae"])
         transformer.eval(), vae.eval()
-        sched_cfg = dict(tiny["scheduler"])
-        scheduler = getattr(diffusers, sched_cfg.pop("class_name"))(**sched_cfg)
+        scheduler = build_scheduler(tiny["scheduler"])
         pipe = SanaPipeline(
             tokenizer=text_encoders.load_tokenizer(tiny["text_encoder"]),
             text_encoder=text_encoders.load_text_encoder(
