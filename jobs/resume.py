@@ -164,11 +164,10 @@ def committed_records(output_dir: Path, own_glob: str, all_glob: str = "shard-*.
 
 def read_record(output_dir: Path, url: str):
     """A committed shard's record without writing anything (its writer may be alive)."""
-    # TODO(sinks): a public read-only scan (scan_output(..., remove_temps=False)) would replace this.
-    from sinks.manifest import _load_manifest, record_from_tar
+    from sinks.manifest import read_record as read_shard_record
 
     try:
-        return _load_manifest(output_dir, url) or record_from_tar(output_dir, url)
+        return read_shard_record(output_dir, url)
     except FileNotFoundError:  # removed by job.overwrite=true in another process
         return None
 

@@ -84,7 +84,9 @@ def build_full_plan(cfg: GenerateConfig, family, padder, divisor: int, data: Loa
         lambda texts, instruction: family.text_lengths(tokenizer, texts, cfg.model, instruction))
     items, row_errors = resolve_items(data.records, defaults, lengths, padder.bucket_for)
     if row_errors and cfg.dataset.on_error == "fail":
-        raise DatasetError(format_row_errors(data.path, row_errors))
+        raise DatasetError(format_row_errors(data.path, row_errors)
+                           + "\nFix these rows, or set dataset.on_error=skip to generate the good rows "
+                             "and write the bad ones to errors.jsonl in output_dir.", row_errors)
     plan = build_plan(items, cfg.bcg.batch_sizes, cfg.bcg.pad_short_batches,
                       truncated=sum(1 for it in items if it.truncated))
     return plan, row_errors
@@ -99,8 +101,18 @@ def prepare(cfg: GenerateConfig, timer: StageTimer, group: Group, device: torch.
         plan, row_errors = build_full_plan(cfg, family, padder, divisor, data)
         kill_hook("plan")
     identity = run_identity(cfg, dataset_digest(data.records), len(data.records))
+    errors = list(data.errors) + row_errors
+
+    def claim():
+        open_run(output_dir, identity, cfg.job.overwrite)
+        # Rewritten, not appended: a resumed run lists each bad row once. Items whose images were
+        # NaN/Inf are not committed, so they are redone and re-appended during generation.
+        (output_dir / ERRORS_FILE).unlink(missing_ok=True)
+        if errors:
+            write_error_ledger(output_dir / ERRORS_FILE, errors)
+
     # Rank 0 claims (and, with job.overwrite, wipes) before any rank looks at the shards.
-    group.agree(lambda: open_run(output_dir, identity, cfg.job.overwrite), leader_only=True)
+    group.agree(claim, leader_only=True)
     mine = take_partition(plan, topo.part, topo.parts)
     held = {}
 
@@ -114,7 +126,7 @@ def prepare(cfg: GenerateConfig, timer: StageTimer, group: Group, device: torch.
     if topo.parts > 1:
         log.info("%s: %d of %d planned items, %d already committed", topo, mine.n_items, plan.n_items, len(done))
     return Prepared(cfg=cfg, family=family, padder=padder, output_dir=output_dir, plan=todo, data=data,
-                    errors=list(data.errors) + row_errors, skipped_done=len(done), topo=topo, device=device,
+                    errors=errors, skipped_done=len(done), topo=topo, device=device,
                     writer_lock=held["lock"])
 
 
@@ -176,8 +188,7 @@ def _run(cfg: GenerateConfig, timer: StageTimer, group: Group, device: torch.dev
                      items_planned=prep.plan.n_items, items_skipped_done=prep.skipped_done,
                      truncated_prompts=prep.plan.truncated,
                      signatures={str(s): n for s, n in prep.plan.signature_counts.items()})
-    if prep.errors and prep.topo.part == 0:  # every part read the same rows: one ledger entry each
-        write_error_ledger(prep.output_dir / ERRORS_FILE, prep.errors)
+    if prep.errors and prep.topo.part == 0:  # the ledger was written when the run was claimed
         log.warning("%d bad row(s) skipped (dataset.on_error=skip); see %s", len(prep.errors),
                     prep.output_dir / ERRORS_FILE)
     for line in prep.plan.summary_lines():

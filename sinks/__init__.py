@@ -9,7 +9,7 @@ from sinks.encode import encode_image
 from sinks.errors import CorruptShardError, SinkError
 from sinks.index import INDEX_NAME, wids_index, write_wids_index
 from sinks.keys import MAX_STEM_LEN, key_from_stem, member_stem
-from sinks.manifest import ScanResult, ShardRecord, record_from_tar, scan_output
+from sinks.manifest import ScanResult, ShardRecord, read_record, record_from_tar, scan_output
 from sinks.sample import EncodedSample, Sample
 from sinks.shard_writer import DEFAULT_NAME_PATTERN, ShardWriter
 
@@ -30,6 +30,7 @@ __all__ = [
     "encode_image",
     "key_from_stem",
     "member_stem",
+    "read_record",
     "record_from_tar",
     "scan_output",
     "wids_index",

@@ -64,7 +64,7 @@ def write_manifest(output_dir: Path, record: ShardRecord) -> None:
     atomic_write_bytes(path, json.dumps(data, ensure_ascii=False).encode("utf-8"))
 
 
-def _load_manifest(output_dir: Path, url: str) -> ShardRecord | None:
+def load_manifest(output_dir: Path, url: str) -> ShardRecord | None:
     """The cached record, or None when it is missing, unreadable or disagrees with the shard."""
     path = manifest_path(output_dir, url)
     try:
@@ -117,6 +117,12 @@ def record_from_tar(output_dir: Path, url: str) -> ShardRecord:
     return ShardRecord(url, len(ordered), path.stat().st_size, _sha256_file(path), ordered)
 
 
+def read_record(output_dir: Path, url: str) -> ShardRecord:
+    """A committed shard's record, read-only: the manifest, or the tar itself when the manifest is
+    missing or stale. Writes nothing, so it is safe while other writers are alive."""
+    return load_manifest(output_dir, url) or record_from_tar(output_dir, url)
+
+
 def _remove_temps(output_dir: Path, pattern_glob: str) -> list[str]:
     removed = []
     for directory, glob in ((output_dir, f".{pattern_glob}.tmp"), (output_dir / MANIFEST_DIR, f".{pattern_glob}.json.tmp")):
@@ -140,7 +146,7 @@ def scan_output(output_dir: str | Path, pattern_glob: str = "shard-*.tar", verif
     records, rebuilt = [], []
     for path in sorted(output_dir.glob(pattern_glob)):
         url = path.name
-        record = _load_manifest(output_dir, url)
+        record = load_manifest(output_dir, url)
         if record is not None and verify and record.sha256 != _sha256_file(path):
             log.warning("shard %s does not match its manifest's sha256; rebuilding the manifest", url)
             record = None

@@ -81,6 +81,9 @@ def test_bad_rows_skipped_go_to_ledger_and_summary(tmp_path):
     assert [(r["line"], r["file"]) for r in ledger] == [(2, str(data))]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["bad_rows"] == 1 and summary["items_written"] == 2
+    # a resumed run lists each bad row once, not once per run
+    run_cli(f"dataset.path={data}", f"output_dir={out}", "dataset.on_error=skip", *FAST)
+    assert len((out / "errors.jsonl").read_text().splitlines()) == 1
     # A key with '/', '..' and '.' stays inside the shard, as one sample, and comes back intact.
     import webdataset as wds
 
