@@ -42,6 +42,10 @@ class RunnerConfig:
     (`transformer_blocks.3.attn2`) or class names (`SanaTransformerBlock`): those forwards run
     eagerly."""
 
+    compile: bool = False
+    """Capture the torch.compile'd forward (fewer, fused kernels; see bcg/compiled.py). Replay then
+    equals the compiled forward bit for bit, not the eager one. Needs break_policy "none"."""
+
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ValueError(

@@ -191,8 +191,12 @@ def apply_graph_runner(module: nn.Module, config: RunnerConfig | None = None) ->
             f"{type(module).__name__} already has an instance-level forward (a GraphRunner or "
             "another wrapper); call .remove() on that runner before applying a new one"
         )
-    runner = GraphRunner(module.forward, config, device=_module_device(module),
-                         name=type(module).__name__)
+    forward = module.forward
+    if config.compile and config.enabled and config.backend != "eager":
+        from .compiled import compiled_forward
+
+        forward = compiled_forward(forward, config.break_policy)
+    runner = GraphRunner(forward, config, device=_module_device(module), name=type(module).__name__)
     if runner.backend is not None:
         runner.breaks_installed = install_breaks(module, config.break_policy)
     module.forward = runner

@@ -72,6 +72,16 @@ def setup_mode(mode: str, model):
     """(forward callable, teardown, runner or None, mark_step)."""
     if mode == "eager":
         return model, lambda: None, None, False
+    if mode == "bcg-compile":  # the compiled forward captured as one graph (bcg/compiled.py)
+        backend = "cuda" if torch.cuda.is_available() else "tape"
+        torch._dynamo.reset()
+        runner = apply_graph_runner(model, RunnerConfig(backend=backend, compile=True))
+
+        def teardown():
+            runner.remove()
+            torch._dynamo.reset()
+
+        return model, teardown, runner, False
     if mode.startswith("bcg-"):
         backend = "cuda" if torch.cuda.is_available() else "tape"  # tape: --device cpu smoke runs
         runner = apply_graph_runner(model, RunnerConfig(backend=backend, break_policy=mode[4:]))
@@ -166,6 +176,9 @@ def main() -> None:
     p.add_argument("--loops", type=int, default=5)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--configs", default="512x1,1024x1,512x4,1024x4")
+    p.add_argument("--modes", default="eager,bcg-none,bcg-attention",
+                   help="modes run at every config (bcg-compile: the compiled forward as a graph)")
+    p.add_argument("--tag", default="", help="suffix of the result file names")
     p.add_argument("--budget-s", type=float, default=420, help="wall budget for the whole run")
     p.add_argument("--compile-row-s", type=float, default=110,
                    help="time a torch.compile row needs (compile + loops); skipped if not left")
@@ -180,7 +193,8 @@ def main() -> None:
                     for c in args.compile.split(",") if c]
     if args.quick:
         configs, compile_rows, args.loops = [(512, 1)], [], 2
-    stem = f"denoise_{device_tag()}" + ("_quick" if args.quick else "") + ("_tiny" if args.tiny else "")
+    stem = (f"denoise_{device_tag()}" + ("_quick" if args.quick else "") + ("_tiny" if args.tiny else "")
+            + (f"_{args.tag}" if args.tag else ""))
     meta = environment()
     rows: list[dict] = []
     refs: dict = {}
@@ -210,7 +224,7 @@ def main() -> None:
         print({k: v for k, v in row.items() if k != "denoise_all_ms"}, flush=True)
 
     for res, batch in configs:
-        for mode in ("eager", "bcg-none", "bcg-attention"):
+        for mode in args.modes.split(","):
             run(mode, res, batch)
     for (res, batch), mode in compile_rows:
         if (res, batch) not in configs:

@@ -113,6 +113,9 @@ class BcgConfig:
     """auto | cuda | tape (CPU op tape, for tests) | eager."""
     debug_check_buffers: bool = False
     """Check static buffer addresses on every replay (slow; for debugging)."""
+    compile: bool = False
+    """Capture the torch.compile'd transformer: fewer kernels, faster at small shapes, but images
+    equal the compiled model's, not the eager model's (opt-in; needs break_policy [none])."""
 
     def __post_init__(self) -> None:
         check("bcg.batch_sizes", len(self.batch_sizes) > 0 and all(int(b) > 0 for b in self.batch_sizes),

@@ -161,3 +161,31 @@ def test_failed_capture_runs_eager_and_the_next_capture_works(caplog):
         t0 = time.perf_counter()
         check_replays(model, "attention", [cfg_inputs(TINY, torch.float32, seed=s) for s in (0, 1)])
         assert time.perf_counter() - t0 < 60
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_compiled_forward_replay_equals_compiled_eager(dtype):
+    """bcg.compile: the compiled kernels replayed from a graph give the compiled forward's bits."""
+    torch._dynamo.reset()
+    model = build(TINY, dtype)
+    cases = [cfg_inputs(TINY, dtype, seed=s) for s in range(3)]
+    with torch.no_grad():
+        runner = apply_graph_runner(model, RunnerConfig(compile=True))
+        try:
+            runner.capture_allowed = False  # the compiled forward, run eagerly: the reference
+            refs = [model(**kw)[0].clone() for kw in cases]
+            runner.capture_allowed = True
+            outs = [model(**kw)[0] for kw in cases]
+            stats = runner.stats()
+        finally:
+            runner.remove()
+            torch._dynamo.reset()
+    for ref, out in zip(refs, outs):
+        assert torch.equal(out, ref)
+    assert stats["captures"] == 1 and stats["hits"] == 2 and stats["capture_failures"] == 0
+
+
+def test_compile_refuses_breaks():
+    model = build(TINY, torch.float32)
+    with pytest.raises(ValueError, match="needs break_policy 'none'"):
+        apply_graph_runner(model, RunnerConfig(compile=True, break_policy="attention"))
