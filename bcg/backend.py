@@ -73,4 +73,4 @@ def resolve_backend(config: RunnerConfig, device: torch.device | None) -> tuple[
         return None, f"no CUDA device for a module on {device}"
     from .cuda_backend import CudaBackend
 
-    return CudaBackend(device), f"CUDA graphs on {device}"
+    return CudaBackend(device, watch_inputs=not config.compile), f"CUDA graphs on {device}"

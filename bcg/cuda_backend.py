@@ -13,6 +13,10 @@ the graph, or the graph reads freed memory after the module drops them. A dispat
 each captured op and keeps a strong reference to every tensor argument that was not produced
 inside this capture; the entry holds those references as long as its graphs.
 
+A compiled forward (`RunnerConfig.compile`) is captured without that mode: dynamo runs a frame
+eagerly while any dispatch mode is active, and Inductor's kernels read only parameters, the static
+inputs and constants the compiled function itself holds.
+
 Side streams forked inside a segment must be joined before it ends (capture_end raises
 otherwise; the runner then marks the signature eager).
 """
@@ -67,8 +71,9 @@ class CudaSegment:
 
 
 class CudaRecorder:
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, watch_inputs: bool = True) -> None:
         self.device = device
+        self.watch_inputs = watch_inputs
         self.pool = torch.cuda.graph_pool_handle()
         self.keep: dict[int, torch.Tensor] = {}  # external tensors the graphs read
         self._produced: set[int] = set()
@@ -79,8 +84,9 @@ class CudaRecorder:
 
     def begin(self) -> None:
         assert self._graph is None, "CUDA segment already open"
-        self._mode = _KeepAlive(self._produced, self.keep)
-        self._mode.__enter__()
+        if self.watch_inputs:
+            self._mode = _KeepAlive(self._produced, self.keep)
+            self._mode.__enter__()
         g = torch.cuda.CUDAGraph()
         # thread_local: encoder threads of the job may touch CUDA while we capture.
         g.capture_begin(pool=self.pool, capture_error_mode="thread_local")
@@ -145,8 +151,9 @@ def _recover_after_failed_capture(device: torch.device, pool) -> None:
 class CudaBackend:
     name = "cuda"
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, watch_inputs: bool = True) -> None:
         self.device = torch.device(device)
+        self.watch_inputs = watch_inputs
         self._stream: torch.cuda.Stream | None = None
 
     @contextlib.contextmanager
@@ -164,7 +171,7 @@ class CudaBackend:
             current.wait_stream(self._stream)
 
     def recorder(self) -> CudaRecorder:
-        return CudaRecorder(self.device)
+        return CudaRecorder(self.device, self.watch_inputs)
 
     def synchronize(self) -> None:
         torch.cuda.synchronize(self.device)
