@@ -11,6 +11,9 @@ from pathlib import Path
 from typing import Dict, List
 
 
+STAGE_ORDER = ("dataset", "plan", "load", "generate", "sink_wait", "sink_close")
+
+
 class StageTimer:
     def __init__(self):
         self.seconds: Dict[str, float] = {}
@@ -65,7 +68,9 @@ class JobStats:
 
     def lines(self) -> List[str]:
         g = self.graph
-        stages = ", ".join(f"{k} {v:.1f}s" for k, v in self.stage_seconds.items())
+        order = {k: i for i, k in enumerate(STAGE_ORDER)}
+        ranked = sorted(self.stage_seconds.items(), key=lambda kv: (order.get(kv[0], len(order)), kv[0]))
+        stages = ", ".join(f"{k} {v:.1f}s" for k, v in ranked)
         out = [
             f"bcgen {self.status}: {self.items_written} images written of {self.items_planned} planned "
             f"({self.items_skipped_done} already done) -> {self.output_dir}",
