@@ -29,3 +29,16 @@ def write_jsonl(path: Path, rows: Iterable[dict]) -> Path:
 def prompts(n: int) -> List[dict]:
     words = "red fox quiet lake misty mountain morning light over an old stone bridge".split()
     return [{"key": f"k{i:03d}", "prompt": " ".join(words[: 1 + (i * 7) % len(words)]) + f" {i}"} for i in range(n)]
+
+
+def tiny_pipeline(preset: str, *overrides: str):
+    """(typed config, family, pipeline) for a tiny preset, built on the CPU in float32."""
+    import torch
+
+    from jobs.models.registry import get_family
+
+    cfg = compose_cfg([f"model={preset}", "output_dir=/tmp/x", *overrides])
+    fam = get_family(cfg.model.family)
+    pipe = fam.build_tiny(cfg.model, torch.float32)
+    pipe.set_progress_bar_config(disable=True)
+    return cfg, fam, pipe

@@ -15,21 +15,16 @@ import torch
 
 from bcg import signature
 from jobs.models.base import DenoiseRequest
-from jobs.models.registry import get_family
 from jobs.run import check_config
 from padding import PaddingRefused, TextEmbeds, get_padder
-from tests.helpers import compose_cfg
+from tests.helpers import compose_cfg, tiny_pipeline
 
 SHORT, LONGER = "a red fox", "a lighthouse on a cliff at dusk, waves crashing below, oil painting"
 
 
 @pytest.fixture(scope="module")
 def tiny():
-    cfg = compose_cfg(["model=flux_tiny", "output_dir=/tmp/x"])
-    fam = get_family("flux")
-    pipe = fam.build_tiny(cfg.model, torch.float32)
-    pipe.set_progress_bar_config(disable=True)
-    return cfg, fam, pipe
+    return tiny_pipeline("flux_tiny")
 
 
 def encode(fam, pipe, cfg, prompts):

@@ -20,18 +20,14 @@ from jobs.models.longcat_image import TEXT_LENGTH
 from jobs.models.registry import get_family
 from jobs.run import check_config
 from padding import PaddingRefused, TextEmbeds, get_padder
-from tests.helpers import compose_cfg
+from tests.helpers import compose_cfg, tiny_pipeline
 
 SHORT, LONGER = "a red fox", "a sign that says 'OPEN' on a lighthouse door at dusk, oil painting"
 
 
 @pytest.fixture(scope="module")
 def tiny():
-    cfg = compose_cfg(["model=longcat_image_tiny", "output_dir=/tmp/x"])
-    fam = get_family("longcat_image")
-    pipe = fam.build_tiny(cfg.model, torch.float32)
-    pipe.set_progress_bar_config(disable=True)
-    return cfg, fam, pipe
+    return tiny_pipeline("longcat_image_tiny")
 
 
 def encode(fam, pipe, cfg, prompts):

@@ -18,10 +18,9 @@ import torch
 from bcg import signature
 from jobs.models.base import DenoiseRequest
 from jobs.models.qwen_image import PROMPT_TEMPLATE, TEMPLATE_DROP, TOKENIZER_MAX
-from jobs.models.registry import get_family
 from jobs.run import check_config
 from padding import TextEmbeds, get_padder
-from tests.helpers import compose_cfg
+from tests.helpers import compose_cfg, tiny_pipeline
 
 TOL = 1e-5
 SHORT, LONGER = "a red fox", "a lighthouse on a cliff at dusk, waves crashing below, oil painting"
@@ -29,11 +28,7 @@ SHORT, LONGER = "a red fox", "a lighthouse on a cliff at dusk, waves crashing be
 
 @pytest.fixture(scope="module")
 def tiny():
-    cfg = compose_cfg(["model=qwen_image_tiny", "output_dir=/tmp/x"])
-    fam = get_family("qwen_image")
-    pipe = fam.build_tiny(cfg.model, torch.float32)
-    pipe.set_progress_bar_config(disable=True)
-    return cfg, fam, pipe
+    return tiny_pipeline("qwen_image_tiny")
 
 
 def encode(fam, pipe, cfg, prompts):

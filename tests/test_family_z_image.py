@@ -16,22 +16,17 @@ import torch
 
 from bcg import signature
 from jobs.models.base import DenoiseRequest
-from jobs.models.registry import get_family
 from jobs.models.z_image import captions
 from jobs.run import check_config
 from padding import PaddingRefused, get_padder
-from tests.helpers import compose_cfg
+from tests.helpers import compose_cfg, tiny_pipeline
 
 SHORT, LONGER = "a red fox", "a lighthouse on a cliff at dusk, waves crashing below, oil painting"
 
 
 @pytest.fixture(scope="module")
 def tiny():
-    cfg = compose_cfg(["model=z_image_tiny", "output_dir=/tmp/x"])
-    fam = get_family("z_image")
-    pipe = fam.build_tiny(cfg.model, torch.float32)
-    pipe.set_progress_bar_config(disable=True)
-    return cfg, fam, pipe
+    return tiny_pipeline("z_image_tiny")
 
 
 def encode(fam, pipe, cfg, prompts):

@@ -49,6 +49,13 @@ class ModelFamily:
 
     name: str = ""
     pipeline_class: str = ""  # diffusers class name expected in model_index.json
+    components: tuple = ("transformer", "vae", "text_encoder", "tokenizer", "scheduler")  # its subfolders
+
+    def check_path(self, cfg: ModelConfig) -> None:
+        """model.path is a diffusers folder of this pipeline with safetensors weights (no load yet)."""
+        from jobs.models.checkpoint import check_diffusers_folder
+
+        check_diffusers_folder(cfg.path, self.pipeline_class, self.components)
 
     def build_tiny(self, cfg: ModelConfig, dtype: torch.dtype):
         """A pipeline of tiny seeded random components (the real classes), for CPU runs and tests."""

@@ -21,22 +21,17 @@ import torch
 
 from jobs.config import ModelConfig
 from jobs.models.base import DenoiseRequest, ModelFamily, TextLength, cpu_generators
-from jobs.models.checkpoint import check_diffusers_folder, component_config
+from jobs.models.checkpoint import component_config
 from jobs.models.tiny import build_scheduler, tiny_text_encoder, tiny_tokenizer
 from jobs.models.registry import register_family
 from padding import TextEmbeds
 
-COMPONENTS = ("transformer", "vae", "text_encoder", "text_encoder_2", "tokenizer", "tokenizer_2", "scheduler")
-
-
 class FluxFamily(ModelFamily):
     name = "flux"
     pipeline_class = "FluxPipeline"
+    components = ("transformer", "vae", "text_encoder", "text_encoder_2", "tokenizer", "tokenizer_2", "scheduler")
 
     # -- loading ---------------------------------------------------------------------------
-    def check_path(self, cfg: ModelConfig) -> None:
-        check_diffusers_folder(cfg.path, self.pipeline_class, COMPONENTS)
-
     def build_tiny(self, cfg: ModelConfig, dtype: torch.dtype):
         from diffusers import AutoencoderKL, FluxPipeline, FluxTransformer2DModel
 

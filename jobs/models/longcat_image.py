@@ -25,13 +25,12 @@ import torch
 
 from jobs.config import ModelConfig
 from jobs.models.base import DenoiseRequest, ModelFamily, TextLength, cpu_generators
-from jobs.models.checkpoint import check_diffusers_folder, component_config
+from jobs.models.checkpoint import component_config
 from jobs.models.tiny import build_scheduler, tiny_text_encoder, tiny_tokenizer
 from jobs.models.registry import register_family
 from padding import TextEmbeds
 
 # text_processor is left out on purpose: only the prompt rewriter uses it (see module docstring).
-COMPONENTS = ("transformer", "vae", "text_encoder", "tokenizer", "scheduler")
 TEXT_LENGTH = 512  # LongCatImagePipeline.tokenizer_max_length, fixed in its __init__
 
 
@@ -70,9 +69,6 @@ class LongCatImageFamily(ModelFamily):
     pipeline_class = "LongCatImagePipeline"
 
     # -- loading ---------------------------------------------------------------------------
-    def check_path(self, cfg: ModelConfig) -> None:
-        check_diffusers_folder(cfg.path, self.pipeline_class, COMPONENTS)
-
     def build_tiny(self, cfg: ModelConfig, dtype: torch.dtype):
         from diffusers import AutoencoderKL, LongCatImagePipeline, LongCatImageTransformer2DModel
 

@@ -30,11 +30,9 @@ import torch
 from jobs.config import ModelConfig
 from jobs.models.tiny import build_scheduler, tiny_text_encoder, tiny_tokenizer
 from jobs.models.base import DenoiseRequest, ModelFamily, TextLength, cpu_generators
-from jobs.models.checkpoint import check_diffusers_folder, component_config
+from jobs.models.checkpoint import component_config
 from jobs.models.registry import register_family
 from padding import TextEmbeds
-
-COMPONENTS = ("transformer", "vae", "text_encoder", "tokenizer", "scheduler")
 
 # QwenImagePipeline.__init__ sets these per instance; the plan needs them before any pipeline
 # exists. tests/test_family_qwen_image.py checks they still equal the installed pipeline's.
@@ -89,9 +87,6 @@ class QwenImageFamily(ModelFamily):
     pipeline_class = "QwenImagePipeline"
 
     # -- loading ---------------------------------------------------------------------------
-    def check_path(self, cfg: ModelConfig) -> None:
-        check_diffusers_folder(cfg.path, self.pipeline_class, COMPONENTS)
-
     def build_tiny(self, cfg: ModelConfig, dtype: torch.dtype):
         from diffusers import AutoencoderKLQwenImage, QwenImagePipeline, QwenImageTransformer2DModel
 

@@ -16,12 +16,10 @@ import torch
 from jobs.config import ModelConfig
 from jobs.models import text_encoders
 from jobs.models.base import DenoiseRequest, ModelFamily, TextLength, cpu_generators
-from jobs.models.checkpoint import check_diffusers_folder, component_config
+from jobs.models.checkpoint import component_config
 from jobs.models.registry import register_family
 from jobs.models.tiny import build_scheduler
 from padding import TextEmbeds
-
-COMPONENTS = ("transformer", "vae", "text_encoder", "tokenizer", "scheduler")
 
 
 class SanaFamily(ModelFamily):
@@ -29,9 +27,6 @@ class SanaFamily(ModelFamily):
     pipeline_class = "SanaPipeline"
 
     # -- loading ---------------------------------------------------------------------------
-    def check_path(self, cfg: ModelConfig) -> None:
-        check_diffusers_folder(cfg.path, self.pipeline_class, COMPONENTS)
-
     def build_tiny(self, cfg: ModelConfig, dtype: torch.dtype):
         from diffusers import AutoencoderDC, SanaPipeline, SanaTransformer2DModel
 

@@ -21,12 +21,10 @@ import torch
 
 from jobs.config import ModelConfig
 from jobs.models.base import DenoiseRequest, ModelFamily, TextLength, cpu_generators
-from jobs.models.checkpoint import check_diffusers_folder, component_config
+from jobs.models.checkpoint import component_config
 from jobs.models.tiny import build_scheduler, tiny_text_encoder, tiny_tokenizer
 from jobs.models.registry import register_family
 from padding import TextEmbeds
-
-COMPONENTS = ("transformer", "vae", "text_encoder", "tokenizer", "scheduler")
 
 
 def chat_texts(tokenizer, prompts: Sequence[str]) -> List[str]:
@@ -40,9 +38,6 @@ class ZImageFamily(ModelFamily):
     pipeline_class = "ZImagePipeline"
 
     # -- loading ---------------------------------------------------------------------------
-    def check_path(self, cfg: ModelConfig) -> None:
-        check_diffusers_folder(cfg.path, self.pipeline_class, COMPONENTS)
-
     def build_tiny(self, cfg: ModelConfig, dtype: torch.dtype):
         from diffusers import AutoencoderKL, ZImagePipeline, ZImageTransformer2DModel
 
