@@ -4,14 +4,22 @@ from __future__ import annotations
 
 import torch
 
+import pytest
+
 from jobs.engine import Engine, row, stack_rows
-from padding import TextEmbeds
-from tests.test_faults_runtime import tiny  # noqa: F401  (module-scoped tiny SANA pipeline fixture)
+from padding import TextEmbeds, get_padder
+from tests.helpers import tiny_pipeline
 
 
-def test_negative_cache_matches_direct_encoding(tiny):  # noqa: F811
-    cfg, fam, pipe, padder = tiny
-    engine = Engine(cfg, fam, pipe, padder, None, "cpu")
+@pytest.fixture(scope="module")
+def engine():
+    cfg, fam, pipe = tiny_pipeline("sana_tiny")
+    padder = get_padder("sana", buckets=cfg.text_buckets, native_length=cfg.model.max_sequence_length)
+    return Engine(cfg, fam, pipe, padder, None, "cpu")
+
+
+def test_negative_cache_matches_direct_encoding(engine):
+    cfg, fam, pipe = engine.cfg, engine.family, engine.pipe
     texts = ["", "blurry, low quality", "", "blurry, low quality", "watermark"]
     with torch.no_grad():
         cached = engine._encode_negatives(texts)

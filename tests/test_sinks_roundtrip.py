@@ -5,7 +5,6 @@ order; the same samples give byte-identical shards.
 """
 
 import hashlib
-import io
 import json
 import tarfile
 from pathlib import Path
