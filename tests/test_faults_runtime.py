@@ -151,3 +151,41 @@ def test_ctrl_c_commits_complete_samples_and_says_how_to_resume(tmp_path):
     keys = [json.loads(s["json"])["key"] for s in wds.WebDataset([str(out / n) for n in sorted(after)],
                                                                    shardshuffle=False)]
     assert sorted(keys) == sorted(r["key"] for r in prompts(40))  # every item exactly once
+
+
+def _poisoned_loader(monkeypatch):
+    """The real tiny pipeline, with its output projection poisoned: every image comes out NaN."""
+    import jobs.generate_loop as loop
+    from jobs.engine import load_pipeline
+
+    def load(family, cfg, device):
+        pipe = load_pipeline(family, cfg, device)
+        with torch.no_grad():
+            pipe.transformer.proj_out.weight.fill_(float("nan"))
+        return pipe
+
+    monkeypatch.setattr(loop, "load_pipeline", load)
+
+
+@pytest.mark.parametrize("policy", ["record", "ledger"])
+def test_nonfinite_images_reach_json_summary_or_ledger(tmp_path, monkeypatch, policy):
+    from jobs.run import run_job
+
+    _poisoned_loader(monkeypatch)
+    data = write_jsonl(tmp_path / "p.jsonl", prompts(3))
+    out = tmp_path / "out"
+    cfg = compose_cfg([f"dataset.path={data}", f"output_dir={out}", f"job.on_nonfinite={policy}", *FAST])
+    stats = run_job(cfg)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["nonfinite"] == 3 and sorted(summary["nonfinite_keys"]) == ["k000", "k001", "k002"]
+    if policy == "record":
+        import webdataset as wds
+
+        metas = [json.loads(s["json"]) for s in wds.WebDataset([str(p) for p in out.glob("shard-*.tar")],
+                                                                 shardshuffle=False)]
+        assert len(metas) == 3 and all(m["nonfinite"] for m in metas)
+    else:
+        assert stats.items_written == 0 and not list(out.glob("shard-*.tar"))
+        ledger = [json.loads(line) for line in (out / "errors.jsonl").read_text().splitlines()]
+        assert sorted(r["key"] for r in ledger) == ["k000", "k001", "k002"]
+        assert all("NaN/Inf" in r["reason"] for r in ledger)
