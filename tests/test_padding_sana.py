@@ -107,3 +107,24 @@ def test_whole_pipeline_image_unchanged_by_bucketing(tiny):
     native = image(pos, neg)
     bucketed = image(padder.pad(pos, 64), padder.pad(neg, 64))
     assert abs(native - bucketed).max() <= TOL
+
+
+@pytest.mark.parametrize("chi", [None, ["Describe the image in detail:", "User Prompt: "]])
+def test_plan_lengths_match_what_the_pipeline_encodes(chi):
+    """The plan tokenizes without the encoder; its used lengths must equal the pipeline's masks,
+    with and without SANA's complex-human-instruction prefix (and its select index)."""
+    from tests.helpers import tiny_pipeline
+
+    overrides = ["model.max_sequence_length=48"]
+    if chi:
+        overrides.append("model.complex_human_instruction=[" + ",".join(f"'{c}'" for c in chi) + "]")
+    cfg, fam, pipe = tiny_pipeline("sana_tiny", *overrides)
+    tok = fam.load_tokenizer(cfg.model)
+    prompts = ["", "cat", "A Red Fox in the snow", "word " * 20, "a very long prompt " * 30]
+    planned = fam.text_lengths(tok, prompts, cfg.model, instruction=True)
+    with torch.no_grad():
+        for p, length in zip(prompts, planned):
+            enc = fam.encode(pipe, [p], cfg.model, "cpu", instruction=True)
+            assert enc.length == 48
+            assert length.used == enc.used_length(), (p[:30], length, enc.used_length())
+    assert planned[-1].truncated and not planned[1].truncated
