@@ -16,7 +16,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 from jobs.dataset import Record, RowError
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True, order=True, slots=True)
 class Signature:
     """The graph key the plan can enumerate: everything that changes a denoiser call's shapes or constants."""
 
@@ -34,7 +34,7 @@ class Signature:
         return f"{self.height}x{self.width}/t{self.text_bucket}/s{self.steps}/{g}/{self.dtype}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: a plan holds millions of these
 class Item:
     key: str
     prompt: str
