@@ -4,15 +4,15 @@ Per batch: encode the prompts (negatives from a cache: most rows share one), re-
 to the batch's text bucket, denoise + decode through the family's pipeline (whose transformer
 calls are replayed by the bcg runner), and turn the images into uint8 with NaN/Inf flagged.
 
-Graph lifetime follows the sorted plan: `begin_run(signature)` allows capture for a signature the
-config declares, `end_run()` releases its graphs once its last batch is done.
+Graph lifetime follows the sorted plan: `begin_batch` allows capture only for the shapes the config
+declares, `end_run()` releases a signature's graphs once its last batch is done.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
@@ -32,8 +32,7 @@ class BatchResult:
     images: List[np.ndarray]  # uint8 [H, W, 3]
     finite: List[bool]
     mode: str  # "replay" (every denoiser call replayed a graph), "eager" or "mixed"
-    batch_size: int  # the batch size the items actually ran at (after any OOM split)
-    seconds: Dict[str, float] = field(default_factory=dict)
+    batch_size: int  # the pool batch size the items ran at (halves of it after an OOM split)
 
 
 class Engine:
@@ -87,13 +86,11 @@ class Engine:
     # -- one batch -------------------------------------------------------------------------
     def generate(self, batch: Batch) -> BatchResult:
         items = list(batch.items) + [batch.items[-1]] * batch.n_dummy  # dummy rows: discarded below
-        t0 = time.perf_counter()
         images, mode = self._generate_rows(items, batch.signature)
         images = images[: len(batch.items)]
         finite = [bool(np.isfinite(im).all()) for im in images]
         u8 = [to_uint8(im) for im in images]
-        return BatchResult(items=batch.items, images=u8, finite=finite, mode=mode, batch_size=len(items),
-                           seconds={"generate": time.perf_counter() - t0})
+        return BatchResult(items=batch.items, images=u8, finite=finite, mode=mode, batch_size=len(items))
 
     def _generate_rows(self, items: List[Item], sig: Signature) -> Tuple[List[np.ndarray], str]:
         try:
