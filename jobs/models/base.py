@@ -8,6 +8,7 @@ the bcg runner has wrapped. Nothing here knows about graphs.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
@@ -68,8 +69,26 @@ class ModelFamily:
         cls = getattr(diffusers, self.pipeline_class)
         return cls.from_pretrained(cfg.path, torch_dtype=dtype, local_files_only=True, use_safetensors=True)
 
+    #: the tokenizer that decides the text length the transformer sees: its checkpoint subfolder,
+    #: and the key of its spec in a tiny preset's `tiny:` section
+    tokenizer_folder: str = "tokenizer"
+    tiny_tokenizer_key: str = "text_encoder"
+
     def load_tokenizer(self, cfg: ModelConfig):
-        raise NotImplementedError
+        """For planning: the tokenizer alone, before (and without) any weights."""
+        if cfg.path is None:
+            from jobs.models.tiny import tiny_tokenizer
+
+            return tiny_tokenizer(cfg.tiny[self.tiny_tokenizer_key])
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(os.path.join(cfg.path, self.tokenizer_folder), local_files_only=True)
+
+    def component_config(self, cfg: ModelConfig, name: str) -> dict:
+        """A component's config: the tiny preset's section, or the checkpoint's config.json (no weights)."""
+        from jobs.models.checkpoint import component_config
+
+        return cfg.tiny[name] if cfg.path is None else component_config(cfg.path, name)
 
     def text_lengths(self, tokenizer, prompts: Sequence[str], cfg: ModelConfig, instruction: bool) -> List[TextLength]:
         raise NotImplementedError

@@ -21,7 +21,6 @@ import torch
 
 from jobs.config import ModelConfig
 from jobs.models.base import DenoiseRequest, ModelFamily, TextLength, cpu_generators
-from jobs.models.checkpoint import component_config
 from jobs.models.tiny import build_scheduler, tiny_text_encoder, tiny_tokenizer
 from jobs.models.registry import register_family
 from padding import TextEmbeds
@@ -29,6 +28,7 @@ from padding import TextEmbeds
 class FluxFamily(ModelFamily):
     name = "flux"
     pipeline_class = "FluxPipeline"
+    tokenizer_folder, tiny_tokenizer_key = "tokenizer_2", "t5"  # T5 decides the sequence the transformer sees
     components = ("transformer", "vae", "text_encoder", "text_encoder_2", "tokenizer", "tokenizer_2", "scheduler")
 
     # -- loading ---------------------------------------------------------------------------
@@ -48,16 +48,8 @@ class FluxFamily(ModelFamily):
         )
         return pipe if dtype == torch.float32 else pipe.to(dtype=dtype)
 
-    def load_tokenizer(self, cfg: ModelConfig):
-        """T5's tokenizer: it decides the sequence the transformer sees."""
-        if cfg.path is None:
-            return tiny_tokenizer(cfg.tiny["t5"])
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(f"{cfg.path}/tokenizer_2", local_files_only=True)
-
     def spatial_divisor(self, cfg: ModelConfig) -> int:
-        vae = cfg.tiny["vae"] if cfg.path is None else component_config(cfg.path, "vae")
+        vae = self.component_config(cfg, "vae")
         return 2 ** (len(vae["block_out_channels"]) - 1) * 2  # VAE x the 2x2 latent packing
 
     # -- text ------------------------------------------------------------------------------

@@ -25,7 +25,6 @@ import torch
 
 from jobs.config import ModelConfig
 from jobs.models.base import DenoiseRequest, ModelFamily, TextLength, cpu_generators
-from jobs.models.checkpoint import component_config
 from jobs.models.tiny import build_scheduler, tiny_text_encoder, tiny_tokenizer
 from jobs.models.registry import register_family
 from padding import TextEmbeds
@@ -93,15 +92,8 @@ class LongCatImageFamily(ModelFamily):
         accept_embeddings(pipe)
         return pipe
 
-    def load_tokenizer(self, cfg: ModelConfig):
-        if cfg.path is None:
-            return tiny_tokenizer(cfg.tiny["text_encoder"])
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(f"{cfg.path}/tokenizer", local_files_only=True)
-
     def spatial_divisor(self, cfg: ModelConfig) -> int:
-        vae = cfg.tiny["vae"] if cfg.path is None else component_config(cfg.path, "vae")
+        vae = self.component_config(cfg, "vae")
         return 2 ** (len(vae["block_out_channels"]) - 1) * 2  # VAE x the 2x2 latent packing
 
     # -- text ------------------------------------------------------------------------------

@@ -15,9 +15,8 @@ Two host-side wrinkles, both fixed without touching model weights or the forward
   that makes the same value with `torch.full` (a device fill); its outputs are identical
   (tests/test_family_qwen_image.py compares them with the original's).
 
-`tiny_text_encoder` / `tiny_tokenizer` build the tiny presets' text side (shared with the other
-Qwen-encoder families): a seeded random instance of the real transformers class from a config dict,
-and a fresh offline tokenizer (never the cached shared instance, since presets adjust it).
+The tiny preset's text side comes from jobs/models/tiny.py: a seeded random instance of the real
+transformers class from a config dict, and a fresh offline tokenizer.
 """
 
 from __future__ import annotations
@@ -30,7 +29,6 @@ import torch
 from jobs.config import ModelConfig
 from jobs.models.tiny import build_scheduler, tiny_text_encoder, tiny_tokenizer
 from jobs.models.base import DenoiseRequest, ModelFamily, TextLength, cpu_generators
-from jobs.models.checkpoint import component_config
 from jobs.models.registry import register_family
 from padding import TextEmbeds
 
@@ -109,15 +107,8 @@ class QwenImageFamily(ModelFamily):
         capturable_text_lengths()
         return pipe
 
-    def load_tokenizer(self, cfg: ModelConfig):
-        if cfg.path is None:
-            return tiny_tokenizer(cfg.tiny["text_encoder"])
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(f"{cfg.path}/tokenizer", local_files_only=True)
-
     def spatial_divisor(self, cfg: ModelConfig) -> int:
-        vae = cfg.tiny["vae"] if cfg.path is None else component_config(cfg.path, "vae")
+        vae = self.component_config(cfg, "vae")
         # the pipeline's vae_scale_factor, times 2 for the 2x2 latent packing
         return 2 ** len(vae["temperal_downsample"]) * 2
 

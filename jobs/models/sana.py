@@ -16,7 +16,6 @@ import torch
 from jobs.config import ModelConfig
 from jobs.models import text_encoders
 from jobs.models.base import DenoiseRequest, ModelFamily, TextLength, cpu_generators
-from jobs.models.checkpoint import component_config
 from jobs.models.registry import register_family
 from jobs.models.tiny import build_scheduler
 from padding import TextEmbeds
@@ -48,17 +47,12 @@ class SanaFamily(ModelFamily):
         return pipe if dtype == torch.float32 else pipe.to(dtype=dtype)
 
     def load_tokenizer(self, cfg: ModelConfig):
-        if cfg.path is None:
+        if cfg.path is None:  # the tiny preset names its encoder by a string (minilm or a folder)
             return text_encoders.load_tokenizer(cfg.tiny["text_encoder"])
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(f"{cfg.path}/tokenizer", local_files_only=True)
+        return super().load_tokenizer(cfg)
 
     def spatial_divisor(self, cfg: ModelConfig) -> int:
-        if cfg.path is None:
-            vae, tr = cfg.tiny["vae"], cfg.tiny["transformer"]
-        else:
-            vae, tr = component_config(cfg.path, "vae"), component_config(cfg.path, "transformer")
+        vae, tr = self.component_config(cfg, "vae"), self.component_config(cfg, "transformer")
         vae_scale = 2 ** (len(vae["encoder_block_out_channels"]) - 1)
         return vae_scale * int(tr.get("patch_size", 1))
 

@@ -21,7 +21,6 @@ import torch
 
 from jobs.config import ModelConfig
 from jobs.models.base import DenoiseRequest, ModelFamily, TextLength, cpu_generators
-from jobs.models.checkpoint import component_config
 from jobs.models.tiny import build_scheduler, tiny_text_encoder, tiny_tokenizer
 from jobs.models.registry import register_family
 from padding import TextEmbeds
@@ -58,18 +57,8 @@ class ZImageFamily(ModelFamily):
         )
         return pipe if dtype == torch.float32 else pipe.to(dtype=dtype)
 
-    def load_tokenizer(self, cfg: ModelConfig):
-        if cfg.path is None:
-            return tiny_tokenizer(cfg.tiny["text_encoder"])
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(f"{cfg.path}/tokenizer", local_files_only=True)
-
     def spatial_divisor(self, cfg: ModelConfig) -> int:
-        if cfg.path is None:
-            vae, tr = cfg.tiny["vae"], cfg.tiny["transformer"]
-        else:
-            vae, tr = component_config(cfg.path, "vae"), component_config(cfg.path, "transformer")
+        vae, tr = self.component_config(cfg, "vae"), self.component_config(cfg, "transformer")
         patch = int(list(tr.get("all_patch_size", [2]))[0])
         return 2 ** (len(vae["block_out_channels"]) - 1) * patch
 
