@@ -111,15 +111,12 @@ def _claim_locked(output_dir: Path, identity: dict, overwrite: bool, shard_glob:
 
 def _publish_once(path: Path, data: bytes) -> bool:
     """Write `path` only if no one has: False when another claimer published it first."""
-    from sinks.atomic import fsync_dir
+    from sinks.atomic import fsync_dir, write_synced
 
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # per process: racing claimers never share it
     try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.link(tmp, path)
+        write_synced(tmp, data)
+        os.link(tmp, path)  # fails if another claimer published first: no overwrite race
     except FileExistsError:
         return False
     finally:

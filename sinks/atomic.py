@@ -23,15 +23,20 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def write_synced(path: Path, data: bytes) -> None:
+    """Write `data` to `path` and fsync it: durable before any rename or link publishes it."""
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Replace `path` with `data` atomically (an existing file is replaced as a whole)."""
     path = Path(path)
     tmp = temp_path_for(path)
     try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        write_synced(tmp, data)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
