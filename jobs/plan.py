@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Sequence, Tuple
 
 from jobs.dataset import Record, RowError
 
@@ -185,9 +185,3 @@ def text_length_table(records: Sequence[Record], defaults: ItemDefaults, measure
             for text, length in zip(chunk, measure(chunk, instruction)):
                 table[(sign, text)] = length
     return table
-
-
-def fingerprint(parts: Optional[dict]) -> str:
-    import json
-
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
