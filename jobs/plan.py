@@ -11,9 +11,12 @@ from __future__ import annotations
 import hashlib
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, Iterable, List, Sequence, Tuple
 
 from jobs.dataset import Record, RowError
+
+if TYPE_CHECKING:
+    from jobs.models.base import TextLength
 
 
 @dataclass(frozen=True, order=True, slots=True)
@@ -138,7 +141,7 @@ class ItemDefaults:
     on_long_prompt: str  # truncate | fail
 
 
-def resolve_items(records: Sequence[Record], defaults: ItemDefaults, lengths: Dict[str, "object"],
+def resolve_items(records: Sequence[Record], defaults: ItemDefaults, lengths: Dict[Tuple[str, str], "TextLength"],
                   bucket_for) -> Tuple[List[Item], List[RowError]]:
     """Records + defaults -> items with signatures. Row-level problems become RowErrors (file:line)."""
     items, errors = [], []
@@ -174,11 +177,11 @@ def _row_error(r: Record, reason: str) -> RowError:
     return RowError(file=path, line=int(line) if line.isdigit() else 0, key=r.key, reason=reason)
 
 
-def text_length_table(records: Sequence[Record], defaults: ItemDefaults, measure) -> Dict[Tuple[str, str], object]:
+def text_length_table(records: Sequence[Record], defaults: ItemDefaults, measure) -> Dict[Tuple[str, str], "TextLength"]:
     """Tokenize each distinct prompt once ('+' positive with the instruction prefix, '-' negative)."""
     pos = sorted({r.prompt for r in records})
     neg = sorted({(r.negative_prompt if r.negative_prompt is not None else defaults.negative_prompt) for r in records})
-    table: Dict[Tuple[str, str], object] = {}
+    table: Dict[Tuple[str, str], "TextLength"] = {}
     for sign, texts, instruction in (("+", pos, True), ("-", neg, False)):
         for start in range(0, len(texts), 4096):
             chunk = texts[start:start + 4096]
