@@ -12,6 +12,8 @@ class Counters:
     misses: int = 0
     """Calls run eagerly although graphs are on (signature not captured, capture not allowed,
     over the caps, failed before, or autograd enabled)."""
+    declined: int = 0
+    """Calls run eagerly because the caller's capture policy declined the signature (`bypass`)."""
     captures: int = 0
     """Signatures captured; the capturing call's output comes from its graph, so it is neither a
     hit nor a miss."""

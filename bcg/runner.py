@@ -13,6 +13,7 @@ diffusers pipelines call the transformer unchanged; `runner.remove()` restores i
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections import OrderedDict
 from typing import Any, Callable
@@ -43,6 +44,12 @@ class GraphRunner:
         self.mode = self.backend.name if self.backend is not None else (
             "eager" if self.config.enabled else "disabled")
         self.capture_allowed = True
+        # The caller's capture policy declined this signature (it would not pay): run eager
+        # quietly, counted as `declined`, not as a miss.
+        self.bypass = False
+        # Held around a capture: the caller's other threads take it before enqueueing GPU work,
+        # which CUDA forbids from other threads while a global-mode capture is under way.
+        self.capture_lock: Any = contextlib.nullcontext()
         self.counters = Counters()
         self.breaks_installed = 0
         self._entries: OrderedDict[Key, GraphEntry] = OrderedDict()  # LRU order: oldest first
@@ -55,6 +62,9 @@ class GraphRunner:
     # -- the call path -------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.backend is None:
+            return self.fn(*args, **kwargs)
+        if self.bypass:
+            self.counters.declined += 1
             return self.fn(*args, **kwargs)
         key, leaves = flatten(args, kwargs)
         if torch.is_grad_enabled():
@@ -81,8 +91,9 @@ class GraphRunner:
         while len(self._entries) >= self.config.max_entries:
             self._evict_oldest()
         try:
-            entry, out = capture_entry(self.fn, args, kwargs, key, leaves, self.backend,
-                                       self.config.warmup_iters)
+            with self.capture_lock:
+                entry, out = capture_entry(self.fn, args, kwargs, key, leaves, self.backend,
+                                           self.config.warmup_iters)
         except Exception as exc:  # noqa: BLE001 - any failure makes this signature eager
             self._eager_keys.add(key)
             self._logged.add(key)  # this line is the one log line of the signature

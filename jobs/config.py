@@ -22,6 +22,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 LONG_PROMPT = ("truncate", "fail")
 NONFINITE = ("record", "ledger")
+CAPTURE_POLICIES = ("auto", "always")
 
 
 def check_choice(key: str, value: Any, allowed: tuple) -> None:
@@ -116,6 +117,11 @@ class BcgConfig:
     compile: bool = False
     """Capture the torch.compile'd transformer: fewer kernels, faster at small shapes, but images
     equal the compiled model's, not the eager model's (opt-in; needs break_policy [none])."""
+    capture: str = "auto"
+    """auto: a (signature, batch size) captures only when its remaining batches pay for the capture,
+    measured on its first batch (jobs/capture_policy.py); always: capture every capturable one."""
+    capture_min_gain: float = 0.02
+    """auto: release a key's graphs when replay is not this fraction faster than eager."""
 
     def __post_init__(self) -> None:
         check("bcg.batch_sizes", len(self.batch_sizes) > 0 and all(int(b) > 0 for b in self.batch_sizes),
@@ -128,6 +134,8 @@ class BcgConfig:
         check_choice("bcg.backend", self.backend, ("auto", "cuda", "tape", "eager"))
         check("bcg.max_graphs", self.max_graphs > 0, self.max_graphs, "an int > 0")
         check("bcg.max_graph_memory_gb", self.max_graph_memory_gb >= 0, self.max_graph_memory_gb, "a number >= 0")
+        check_choice("bcg.capture", self.capture, CAPTURE_POLICIES)
+        check("bcg.capture_min_gain", 0 <= self.capture_min_gain < 1, self.capture_min_gain, "a fraction in [0, 1)")
 
 
 @dataclass
@@ -145,6 +153,9 @@ class JobConfig:
     """Also log a progress line this often (for non-interactive logs, e.g. Slurm)."""
     dist_timeout_min: float = 1440.0
     """Ranks (torchrun) wait at most this long at a barrier: the last one waits for the slowest rank."""
+    overlap: Optional[bool] = None
+    """Overlap text encoding and VAE decoding with denoising (jobs/stages.py): true | false | null
+    (null: on with CUDA, off on a CPU, where the stages share the same cores). Bytes are the same."""
 
     def __post_init__(self) -> None:
         if self.partition != "slurm_array":

@@ -274,5 +274,10 @@ def merge_stats(records: list, parts: int):
         for stage, s in r["stage_seconds"].items():
             merged.stage_seconds[stage] = max(merged.stage_seconds.get(stage, 0.0), s)
         merged.model, merged.output_dir = r["model"], r["output_dir"]
+        merged.gpu_stage_ms = _add(merged.gpu_stage_ms, r.get("gpu_stage_ms", {}))
+        merged.capture_policy += r.get("capture_policy", [])
+        merged.overlap = merged.overlap or r.get("overlap", False)
+    busy = [r["gpu_busy"] for r in records if r.get("gpu_busy") is not None]
+    merged.gpu_busy = sum(busy) / len(busy) if busy else None
     merged.device = ", ".join(sorted({r["device"] for r in records if r["device"]}))
     return merged

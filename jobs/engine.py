@@ -1,18 +1,34 @@
-"""The engine: one loaded pipeline, its padder and its graph runner, driven over planned batches.
+"""The engine: one loaded pipeline, its padder and its graph runner, run as three stages per batch.
 
-Per batch: encode the prompts (negatives from a cache: most rows share one), re-bucket both sides
-to the batch's text bucket, denoise + decode through the family's pipeline (whose transformer
-calls are replayed by the bcg runner), and turn the images into uint8 with NaN/Inf flagged.
+    encode(batch)   prompts -> padded text embeddings      any thread; the encode stream
+    submit(batch)   denoise -> latents                      the caller's thread; the main stream
+                    decode -> uint8 pixels + finite flags   the decode stream, after the denoise
+                    pixels -> pinned host memory            non-blocking copy, then an event
+    collect(sub)    wait for that event -> BatchResult     numpy arrays for the sink
 
-Graph lifetime follows the sorted plan: `begin_batch` allows capture only for the shapes the config
-declares, `end_run()` releases a signature's graphs once its last batch is done.
+`generate(batch)` runs the three in a row (the serial path); jobs/stages.py overlaps them so the
+next batch's text encoding and this batch's decode run beside denoising. Both give the same
+bytes: the stages are the same ops on the same inputs, only their streams differ.
+
+Stream order (why the events): the text is made on the encode stream and read on the main
+stream, so the main stream waits on the text's event and the allocator is told the tensors are
+used there (`record_stream`), or it could hand their memory to the encode stream's next batch
+while the denoiser still reads it. Latents cross from the main to the decode stream the same way.
+
+No host sync after a batch's denoising starts: uint8 conversion and the finite check run on the
+device; the host copy is non-blocking into pinned memory; only `collect` waits, on that copy.
+
+`gpu_lock` is held while a graph is being captured and while another thread enqueues GPU work:
+CUDA forbids allocations and syncs from other threads during a capture (global capture mode).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
@@ -20,6 +36,7 @@ import torch
 
 from jobs.config import GenerateConfig
 from jobs.models.base import DenoiseRequest, ModelFamily
+from jobs.pixels import to_uint8_torch
 from jobs.plan import Batch, Item, Signature
 from padding import Padder, TextEmbeds
 
@@ -33,17 +50,87 @@ class BatchResult:
     finite: List[bool]
     mode: str  # "replay" (every denoiser call replayed a graph), "eager" or "mixed"
     batch_size: int  # the pool batch size the items ran at (halves of it after an OOM split)
+    stage_ms: Dict[str, float] = field(default_factory=dict)  # device time of encode/denoise/decode
+
+
+@dataclass
+class Encoded:
+    """A batch's text on the device, ready for the denoiser once `ready` has been reached."""
+
+    positive: TextEmbeds
+    negative: Optional[TextEmbeds]
+    ready: Optional[torch.cuda.Event]  # recorded on the encode stream after the last op; None on a CPU
+    timer: "StageClock"
+
+
+@dataclass
+class Submitted:
+    """A batch whose pixels are on their way to the host."""
+
+    batch: Batch
+    pixels: torch.Tensor  # uint8 [n, H, W, 3], host memory (filled by a non-blocking copy)
+    finite: torch.Tensor  # bool [n], host memory
+    done: Optional[torch.cuda.Event]  # the copy's completion; None on the CPU (already done)
+    mode: str
+    batch_size: int
+    timer: "StageClock"
+    observed: bool = False  # the capture policy has seen its denoise time (jobs/stages.py)
+
+
+class StageClock:
+    """Device time of one batch's stages: CUDA events on their streams, or the wall clock on a CPU
+    (where every op is synchronous). Read only after the batch is done, so reading never waits."""
+
+    def __init__(self, cuda: bool):
+        self.cuda = cuda
+        self._marks: Dict[str, list] = {}
+
+    @contextlib.contextmanager
+    def stage(self, name: str):
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            yield
+            end.record()
+            self._marks.setdefault(name, []).append((start, end))
+        else:
+            t0 = time.perf_counter()
+            yield
+            self._marks.setdefault(name, []).append((t0, time.perf_counter()))
+
+    def ms(self, name: str, wait: bool = False) -> Optional[float]:
+        """Summed ms of a stage; None while its last event is pending (unless wait=True)."""
+        marks = self._marks.get(name)
+        if not marks:
+            return 0.0
+        if not self.cuda:
+            return sum(b - a for a, b in marks) * 1e3
+        if wait:
+            marks[-1][1].synchronize()
+        elif not marks[-1][1].query():
+            return None
+        return sum(a.elapsed_time(b) for a, b in marks)
+
+    def all_ms(self) -> Dict[str, float]:
+        return {k: round(self.ms(k, wait=True), 3) for k in self._marks}
 
 
 class Engine:
     def __init__(self, cfg: GenerateConfig, family: ModelFamily, pipe, padder: Padder, runner, device):
         self.cfg, self.family, self.pipe, self.padder, self.runner = cfg, family, pipe, padder, runner
-        self.device = device
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
         self._negatives: Dict[str, TextEmbeds] = {}  # text -> its native encoding, one row
         self.oom_splits = 0
         allowed = cfg.bcg.warmup_resolutions
         self._capture_sizes = {(int(h), int(w)) for h, w in allowed} if allowed else None
         self._capture_batches = {int(b) for b in cfg.bcg.batch_sizes}
+        self.gpu_lock = threading.RLock()
+        if self.cuda:
+            self.encode_stream = torch.cuda.Stream(self.device)
+            self.decode_stream = torch.cuda.Stream(self.device)
+        if runner is not None:
+            runner.capture_lock = self.gpu_lock
 
     # -- graph lifetime --------------------------------------------------------------------
     def capturable(self, sig: Signature, batch_size: int) -> bool:
@@ -55,15 +142,41 @@ class Engine:
             return False
         return batch_size in self._capture_batches
 
-    def begin_batch(self, batch: Batch) -> None:
+    def begin_batch(self, batch: Batch, capture: Optional[bool] = None) -> None:
+        """Before submit: may this batch capture? `capture` is the job's capture policy's answer
+        (None: capture whatever is capturable). Declined calls run eager without a miss warning."""
         if self.runner is not None:
-            self.runner.capture_allowed = self.capturable(batch.signature, batch.size)
+            allowed = self.capturable(batch.signature, batch.size)
+            self.runner.capture_allowed = allowed
+            self.runner.bypass = allowed and capture is False
 
     def end_run(self) -> None:
         if self.runner is not None:
             self.runner.release_all()
 
-    # -- text ------------------------------------------------------------------------------
+    def _stream(self, stream) -> contextlib.AbstractContextManager:
+        return torch.cuda.stream(stream) if self.cuda else contextlib.nullcontext()
+
+    # -- stage 1: text ---------------------------------------------------------------------
+    def encode(self, batch: Batch) -> Encoded:
+        """Encode and pad a batch's prompts (dummy rows included). Safe from another thread."""
+        items = padded_items(batch)
+        sig = batch.signature
+        timer = StageClock(self.cuda)
+        with self.gpu_lock, torch.inference_mode(), self._stream(self.encode_stream if self.cuda else None), \
+                timer.stage("encode"):
+            pos = self.family.encode(self.pipe, [it.prompt for it in items], self.cfg.model, self.device,
+                                     instruction=True)
+            pos = self._to_bucket(pos, sig.text_bucket, "prompt")
+            neg = None
+            if sig.cfg:
+                neg = self._to_bucket(self._encode_negatives([it.negative_prompt for it in items]),
+                                      sig.text_bucket, "negative prompt")
+            ready = torch.cuda.Event() if self.cuda else None
+            if ready is not None:
+                ready.record()
+        return Encoded(positive=pos, negative=neg, ready=ready, timer=timer)
+
     def _encode_negatives(self, texts: List[str]) -> TextEmbeds:
         missing = sorted({t for t in texts if t not in self._negatives})
         if len(self._negatives) + len(missing) > 4096:  # bound memory on datasets with per-row negatives
@@ -72,7 +185,7 @@ class Engine:
         if missing:
             enc = self.family.encode(self.pipe, missing, self.cfg.model, self.device, instruction=False)
             for i, t in enumerate(missing):
-                self._negatives[t] = row(enc, i)
+                self._negatives[t] = rows(enc, i, i + 1)
         return stack_rows([self._negatives[t] for t in texts])
 
     def _to_bucket(self, text: TextEmbeds, bucket: int, side: str) -> TextEmbeds:
@@ -83,18 +196,43 @@ class Engine:
         )
         return self.padder.pad(text, bucket)
 
-    # -- one batch -------------------------------------------------------------------------
-    def generate(self, batch: Batch) -> BatchResult:
-        items = list(batch.items) + [batch.items[-1]] * batch.n_dummy  # dummy rows: discarded below
-        images, mode = self._generate_rows(items, batch.signature)
-        images = images[: len(batch.items)]
-        finite = [bool(np.isfinite(im).all()) for im in images]
-        u8 = [to_uint8(im) for im in images]
-        return BatchResult(items=batch.items, images=u8, finite=finite, mode=mode, batch_size=len(items))
+    # -- stage 2 + 3: denoise, decode, pixels to the host ----------------------------------
+    def submit(self, batch: Batch, enc: Encoded) -> Submitted:
+        """Enqueue the batch's denoise, decode and host copy; returns without waiting for them."""
+        items = padded_items(batch)
+        timer = enc.timer
+        with torch.inference_mode():
+            if self.cuda:
+                main = torch.cuda.current_stream(self.device)
+                main.wait_event(enc.ready)  # this batch's text (not the next batch's, enqueued since)
+                for t in text_tensors(enc):
+                    t.record_stream(main)
+            before = self._counts()
+            pixels, finite = self._generate_rows(items, batch.signature, enc.positive, enc.negative, timer)
+            mode = self._mode_since(before)
+            n = len(batch.items)  # dummy rows are dropped here, before the host copy
+            with self._stream(self.decode_stream if self.cuda else None):
+                host_px, host_ok, done = to_host(pixels[:n], finite[:n], self.cuda)
+        return Submitted(batch=batch, pixels=host_px, finite=host_ok, done=done, mode=mode,
+                         batch_size=len(items), timer=timer)
 
-    def _generate_rows(self, items: List[Item], sig: Signature) -> Tuple[List[np.ndarray], str]:
+    def collect(self, sub: Submitted) -> BatchResult:
+        """Wait for a submitted batch's pixels; numpy copies the sink can keep."""
+        if sub.done is not None:
+            sub.done.synchronize()
+        pixels = sub.pixels.numpy()
+        return BatchResult(items=sub.batch.items, images=[pixels[i].copy() for i in range(len(pixels))],
+                           finite=[bool(v) for v in sub.finite.tolist()], mode=sub.mode,
+                           batch_size=sub.batch_size, stage_ms=sub.timer.all_ms())
+
+    def generate(self, batch: Batch) -> BatchResult:
+        """The serial path: encode, submit, collect."""
+        return self.collect(self.submit(batch, self.encode(batch)))
+
+    def _generate_rows(self, items: List[Item], sig: Signature, pos: TextEmbeds, neg: Optional[TextEmbeds],
+                       timer: StageClock) -> Tuple[torch.Tensor, torch.Tensor]:
         try:
-            return self._run(items, sig)
+            return self._run(items, sig, pos, neg, timer)
         except torch.OutOfMemoryError:
             if len(items) == 1:
                 raise
@@ -103,57 +241,82 @@ class Engine:
             log.warning("out of GPU memory at batch %d (%s): splitting into %d + %d and retrying",
                         len(items), sig, len(items) // 2, len(items) - len(items) // 2)
             self.end_run()
-            torch.cuda.empty_cache()
-            half = len(items) // 2
-            a, mode_a = self._generate_rows(items[:half], sig)
-            b, mode_b = self._generate_rows(items[half:], sig)
-            return a + b, mode_a if mode_a == mode_b else "mixed"
+            if self.cuda:
+                torch.cuda.empty_cache()
+            h, n = len(items) // 2, len(items)
+            a = self._generate_rows(items[:h], sig, rows(pos, 0, h), neg and rows(neg, 0, h), timer)
+            b = self._generate_rows(items[h:], sig, rows(pos, h, n), neg and rows(neg, h, n), timer)
+            with self._stream(self.decode_stream if self.cuda else None):
+                return torch.cat([a[0], b[0]]), torch.cat([a[1], b[1]])
 
-    def _run(self, items: List[Item], sig: Signature) -> Tuple[List[np.ndarray], str]:
-        model = self.cfg.model
-        with torch.inference_mode():
-            pos = self.family.encode(self.pipe, [it.prompt for it in items], model, self.device, instruction=True)
-            pos = self._to_bucket(pos, sig.text_bucket, "prompt")
-            neg = None
-            if sig.cfg:
-                neg = self._to_bucket(self._encode_negatives([it.negative_prompt for it in items]),
-                                      sig.text_bucket, "negative prompt")
-            before = self._counts()
-            request = DenoiseRequest(positive=pos, negative=neg, seeds=[it.seed for it in items],
-                                     height=sig.height, width=sig.width, steps=sig.steps,
-                                     guidance_scale=sig.guidance_scale)
-            images = self.family.denoise_decode(self.pipe, request)
-        return list(images), self._mode_since(before)
+    def _run(self, items: List[Item], sig: Signature, pos: TextEmbeds, neg: Optional[TextEmbeds],
+             timer: StageClock) -> Tuple[torch.Tensor, torch.Tensor]:
+        request = DenoiseRequest(positive=pos, negative=neg, seeds=[it.seed for it in items],
+                                 height=sig.height, width=sig.width, steps=sig.steps,
+                                 guidance_scale=sig.guidance_scale)
+        with timer.stage("denoise"):
+            latents = self.family.denoise(self.pipe, request)
+        if self.cuda:
+            self.decode_stream.wait_stream(torch.cuda.current_stream(self.device))
+            latents.record_stream(self.decode_stream)
+        # The decode overlaps the next batch's denoise: it runs on its own stream.
+        with self._stream(self.decode_stream if self.cuda else None), timer.stage("decode"):
+            images = self.family.decode(self.pipe, latents, request)
+            return to_uint8_torch(images)
 
     def _counts(self) -> Tuple[int, int]:
         if self.runner is None:
             return (0, 0)
-        return (self.runner.counters.hits, self.runner.counters.misses)
+        c = self.runner.counters
+        return (c.hits, c.misses + c.declined)
 
     def _mode_since(self, before: Tuple[int, int]) -> str:
-        hits, misses = (a - b for a, b in zip(self._counts(), before))
-        if hits and not misses:
+        hits, eager = (a - b for a, b in zip(self._counts(), before))
+        if hits and not eager:
             return "replay"
         return "mixed" if hits else "eager"
 
 
+def padded_items(batch: Batch) -> List[Item]:
+    return list(batch.items) + [batch.items[-1]] * batch.n_dummy  # dummy rows: discarded after decode
+
+
+def to_host(pixels: torch.Tensor, finite: torch.Tensor, cuda: bool):
+    """Start copying pixels and flags to the host; the event marks the copy's end."""
+    if not cuda:
+        return pixels, finite, None
+    host_px = torch.empty(pixels.shape, dtype=pixels.dtype, pin_memory=True)
+    host_ok = torch.empty(finite.shape, dtype=finite.dtype, pin_memory=True)
+    host_px.copy_(pixels, non_blocking=True)
+    host_ok.copy_(finite, non_blocking=True)
+    done = torch.cuda.Event()
+    done.record()
+    return host_px, host_ok, done
+
+
+def text_tensors(enc: Encoded) -> List[torch.Tensor]:
+    out = []
+    for text in (enc.positive, enc.negative):
+        if text is not None:
+            out += [text.embeds] + ([text.mask] if text.mask is not None else []) + list(text.extras.values())
+    return out
+
+
+def rows(text: TextEmbeds, a: int, b: int) -> TextEmbeds:
+    """Rows a..b of a batch; extras are batch-first tensors (e.g. Flux's pooled embedding)."""
+    return TextEmbeds(embeds=text.embeds[a:b], mask=None if text.mask is None else text.mask[a:b],
+                      extras={k: v[a:b] for k, v in text.extras.items()})
+
+
 def row(text: TextEmbeds, i: int) -> TextEmbeds:
-    """Row i of a batch; extras are batch-first tensors (e.g. Flux's pooled embedding)."""
-    return TextEmbeds(embeds=text.embeds[i:i + 1], mask=None if text.mask is None else text.mask[i:i + 1],
-                      extras={k: v[i:i + 1] for k, v in text.extras.items()})
+    return rows(text, i, i + 1)
 
 
-def stack_rows(rows: List[TextEmbeds]) -> TextEmbeds:
-    first = rows[0]
-    return TextEmbeds(embeds=torch.cat([r.embeds for r in rows]),
-                      mask=None if first.mask is None else torch.cat([r.mask for r in rows]),
-                      extras={k: torch.cat([r.extras[k] for r in rows]) for k in first.extras})
-
-
-def to_uint8(image: np.ndarray) -> np.ndarray:
-    """[H, W, 3] float in [0, 1] -> uint8; NaN/Inf become 0 (the item is flagged separately)."""
-    clean = np.nan_to_num(image, nan=0.0, posinf=1.0, neginf=0.0)
-    return (np.clip(clean, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
+def stack_rows(rows_: List[TextEmbeds]) -> TextEmbeds:
+    first = rows_[0]
+    return TextEmbeds(embeds=torch.cat([r.embeds for r in rows_]),
+                      mask=None if first.mask is None else torch.cat([r.mask for r in rows_]),
+                      extras={k: torch.cat([r.extras[k] for r in rows_]) for k in first.extras})
 
 
 def resolve_device(name: str) -> torch.device:

@@ -1,7 +1,8 @@
-"""The generation loop: batches in plan order -> engine -> sink, with progress and clean stops.
+"""The generation loop: batches in plan order -> stage pipeline -> sink, with progress and clean stops.
 
-A stop signal (StopFlag) is honoured between batches: the batch in flight finishes and is
-handed to the sink, and close() commits every complete sample, so a rerun continues after them.
+A stop signal (StopFlag) is honoured between batches: no new batch starts, the batches in flight
+finish and are handed to the sink, and close() commits every complete sample, so a rerun
+continues after them.
 """
 
 from __future__ import annotations
@@ -10,9 +11,12 @@ import logging
 import os
 
 from jobs.distributed import shard_pattern
+from jobs.capture_policy import CapturePolicy
 from jobs.engine import Engine, attach_runner, load_pipeline
+from jobs.gpu_monitor import GpuMonitor
 from jobs.plan import Item
 from jobs.progress import Progress
+from jobs.stages import StagePipeline
 from jobs.summary import JobStats, StageTimer
 
 log = logging.getLogger("jobs.run")
@@ -46,44 +50,47 @@ def generate_all(prep, stats: JobStats, timer: StageTimer, stop) -> None:
         pipe = load_pipeline(prep.family, cfg, device)
         runner = attach_runner(prep.family, pipe, cfg, device)
     engine = Engine(cfg, prep.family, pipe, prep.padder, runner, device)
+    policy = CapturePolicy(mode=cfg.bcg.capture, min_gain=cfg.bcg.capture_min_gain)
+    overlap = cfg.job.overlap if cfg.job.overlap is not None else device.type == "cuda"
+    stages = StagePipeline(engine, policy, overlap=overlap)
     topo = prep.topo
     sink = AsyncSink(prep.output_dir, cfg.sink, name_pattern=shard_pattern(topo.part, topo.parts))
     # One bar per node: other ranks still log progress lines every log_every_s.
     progress = Progress(prep.plan.n_items, cfg.job.progress and topo.local_rank == 0, cfg.job.log_every_s)
     hooked = KILL_AT_ENV in os.environ  # kill tests only
-    current, stopped = None, False
+    monitor = GpuMonitor(device)
+    stopped = False
+
+    def should_stop() -> bool:
+        nonlocal stopped
+        stopped = stopped or bool(stop.reason)  # a signal during the last batch still ends complete
+        return stopped
+
     try:
-        for number, batch in enumerate(prep.plan.batches, start=1):
-            if stop.reason:
-                stopped = True  # a signal during the last batch still ends complete
-                break
-            if batch.signature != current:
-                if current is not None:
-                    engine.end_run()  # sorted plan: the previous signature never comes back
-                current = batch.signature
-            engine.begin_batch(batch)
-            with timer("generate"):
-                result = engine.generate(batch)
-            ledger = []
-            for i, (it, image, finite) in enumerate(zip(result.items, result.images, result.finite)):
-                if not finite:
-                    stats.nonfinite_keys.append(it.key)
-                    if cfg.job.on_nonfinite == "ledger":
-                        path, _, line = it.source.rpartition(":")
-                        ledger.append(RowError(file=path, line=int(line or 0), key=it.key,
-                                               reason="generated image has NaN/Inf values"))
-                        continue
-                meta = item_meta(it, cfg.model.name, result.mode, result.batch_size, finite)
-                with timer("sink_wait"):
-                    sink.put(Sample(key=it.key, image=image, caption=it.prompt, meta=meta))
-                stats.items_written += 1
-                stats.modes[result.mode] += 1
-                if hooked:  # mid-batch: after the batch's first item; mid-shard: while a shard is open
-                    kill_hook("batch", number if i == 0 else -1)
-                    kill_hook("shard-write", len(sink.records), prep.output_dir)
-            if ledger:
-                write_error_ledger(prep.output_dir / ERRORS_FILE, ledger)
-            progress.update(len(result.items), str(batch.signature), runner.stats() if runner else {})
+        results = stages.run(prep.plan.batches, should_stop)
+        # "generate" is the whole stage loop, sink hand-off included: what images/s is measured on.
+        with timer("generate"), monitor:
+            for number, result in enumerate(results, start=1):
+                ledger = []
+                for i, (it, image, finite) in enumerate(zip(result.items, result.images, result.finite)):
+                    if not finite:
+                        stats.nonfinite_keys.append(it.key)
+                        if cfg.job.on_nonfinite == "ledger":
+                            path, _, line = it.source.rpartition(":")
+                            ledger.append(RowError(file=path, line=int(line or 0), key=it.key,
+                                                   reason="generated image has NaN/Inf values"))
+                            continue
+                    meta = item_meta(it, cfg.model.name, result.mode, result.batch_size, finite)
+                    with timer("sink_wait"):
+                        sink.put(Sample(key=it.key, image=image, caption=it.prompt, meta=meta))
+                    stats.items_written += 1
+                    stats.modes[result.mode] += 1
+                    if hooked:  # mid-batch: after the batch's first item; mid-shard: while a shard is open
+                        kill_hook("batch", number if i == 0 else -1)
+                        kill_hook("shard-write", len(sink.records), prep.output_dir)
+                if ledger:
+                    write_error_ledger(prep.output_dir / ERRORS_FILE, ledger)
+                progress.update(len(result.items), str(result.items[0].signature), runner.stats() if runner else {})
         with timer("sink_close"):
             sink.close()
         stats.status = "preempted" if stopped else "complete"
@@ -105,5 +112,9 @@ def generate_all(prep, stats: JobStats, timer: StageTimer, stop) -> None:
         engine.end_run()
         stats.oom_splits = engine.oom_splits
         stats.graph = runner.stats() if runner else {}
+        stats.overlap = overlap
+        stats.gpu_stage_ms = {k: round(v, 1) for k, v in stages.stage_ms.items()}
+        stats.capture_policy = policy.report() if runner is not None and runner.backend is not None else []
+        stats.gpu_busy = monitor.busy()
         stats.sink = sink.stats()
         stats.shards = len(sink.records)

@@ -8,7 +8,7 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 
 STAGE_ORDER = ("dataset", "plan", "load", "generate", "sink_wait", "sink_close")
@@ -43,6 +43,10 @@ class JobStats:
     graph: dict = field(default_factory=dict)
     sink: dict = field(default_factory=dict)
     shards: int = 0
+    overlap: bool = False  # text encoding and decoding overlapped denoising (job.overlap)
+    gpu_stage_ms: Dict[str, float] = field(default_factory=dict)  # device time: encode, denoise, decode
+    gpu_busy: Optional[float] = None  # fraction of the generate stage with a kernel running (NVML)
+    capture_policy: List[dict] = field(default_factory=list)  # per (signature, batch): decision, ms
     device: str = ""
     model: str = ""
     output_dir: str = ""
@@ -78,7 +82,11 @@ class JobStats:
             f"  stages: {stages}",
             f"  signatures: {len(self.signatures)}; items by mode: "
             + ", ".join(f"{k} {v}" for k, v in sorted(self.modes.items())),
+            f"  device time: " + (", ".join(f"{k} {v / 1e3:.1f}s" for k, v in self.gpu_stage_ms.items()) or "-")
+            + (f"; GPU busy {self.gpu_busy:.0%} while generating" if self.gpu_busy is not None else "")
+            + ("; stages overlapped" if self.overlap else ""),
             f"  graphs: {g.get('mode', 'eager')}, hits {g.get('hits', 0)}, misses {g.get('misses', 0)}, "
+            f"declined by the capture policy {g.get('declined', 0)}, "
             f"captures {g.get('captures', 0)} ({g.get('capture_seconds', 0.0):.1f}s), "
             f"segments {g.get('segments', 0)}, capture failures {g.get('capture_failures', 0)}",
             f"  shards: {self.shards} committed this run; bad rows {self.bad_rows}; truncated prompts "

@@ -33,11 +33,11 @@ class OomAbove:
     def __getattr__(self, name):
         return getattr(self.family, name)
 
-    def denoise_decode(self, pipe, request):
+    def denoise(self, pipe, request):
         self.calls.append(len(request.seeds))
         if len(request.seeds) > self.limit:
             raise torch.OutOfMemoryError("CUDA out of memory (injected)")
-        return self.family.denoise_decode(pipe, request)
+        return self.family.denoise(pipe, request)
 
 
 @pytest.fixture(scope="module")

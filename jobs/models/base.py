@@ -1,9 +1,10 @@
 """What a model family provides to the job: load, plan text lengths, encode, denoise + decode.
 
-A family adapts one diffusers pipeline class. The job drives the pipeline from outside: it
-encodes prompts itself so the family's padder can re-bucket the embeddings, then hands the padded
-embeddings back to the pipeline's own `__call__`, whose denoising loop calls the transformer that
-the bcg runner has wrapped. Nothing here knows about graphs.
+A family adapts one diffusers pipeline class. The job drives the pipeline from outside, in three
+stages it can overlap (jobs/stages.py): `encode` prompts (so the family's padder can re-bucket the
+embeddings), `denoise` by handing the padded embeddings back to the pipeline's own `__call__`
+(whose denoising loop calls the transformer that the bcg runner has wrapped), and `decode` the
+latents with the pipeline's VAE. Nothing here knows about graphs or streams.
 """
 
 from __future__ import annotations
@@ -103,10 +104,32 @@ class ModelFamily:
     def encode(self, pipe, prompts: Sequence[str], cfg: ModelConfig, device, instruction: bool) -> TextEmbeds:
         raise NotImplementedError
 
-    def denoise_decode(self, pipe, request: DenoiseRequest) -> np.ndarray:
-        """Images as float32 [B, H, W, 3] in [0, 1] (NaN/Inf passed through for the job to flag)."""
+    # -- denoise and decode: the stages the job schedules --------------------------------------
+    def pipeline_kwargs(self, request: DenoiseRequest) -> dict:
+        """The pipeline call for one batch (everything but output_type and return_dict)."""
         raise NotImplementedError
 
+    #: what `denoise` asks the pipeline for: "latent" where the family decodes in `decode` (the
+    #: decode then overlaps the next batch's denoising), else "pt" (the pipeline decodes itself)
+    denoise_output: str = "pt"
+
+    def denoise(self, pipe, request: DenoiseRequest) -> torch.Tensor:
+        """Run the denoising loop on the current stream; no host sync after the loop's start.
+
+        Returns latents (denoise_output "latent") or images [B, 3, H, W] in [0, 1] ("pt")."""
+        return pipe(**self.pipeline_kwargs(request), output_type=self.denoise_output, return_dict=False)[0]
+
+    def decode(self, pipe, latents: torch.Tensor, request: DenoiseRequest) -> torch.Tensor:
+        """Latents -> images [B, 3, H, W] in [0, 1], on the device, exactly as the pipeline's own
+        decode + postprocess(output_type="pt") gives them. Identity where `denoise` decoded."""
+        assert self.denoise_output == "pt", f"{type(self).__name__} returns latents but has no decode()"
+        return latents
+
+    def denoise_decode(self, pipe, request: DenoiseRequest) -> np.ndarray:
+        """The serial reference path: the pipeline's own call, decoded to float32 [B, H, W, 3] in
+        [0, 1] on the host (NaN/Inf passed through). Tests compare the staged path against it."""
+        images = pipe(**self.pipeline_kwargs(request), output_type="np", return_dict=False)[0]
+        return np.asarray(images, dtype=np.float32)
 
 def cpu_generators(seeds: Sequence[int]) -> List[torch.Generator]:
     # CPU generators: the same seed gives the same noise on any machine and in any batch.

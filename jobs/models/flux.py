@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from typing import List, Sequence
 
-import numpy as np
 import torch
 
 from jobs.config import ModelConfig
@@ -66,10 +65,10 @@ class FluxFamily(ModelFamily):
                                 return_tensors="pt").attention_mask.to(embeds.device)
         return TextEmbeds(embeds=embeds, mask=mask, extras={"pooled": pooled})
 
-    # -- denoise + decode ------------------------------------------------------------------
-    def denoise_decode(self, pipe, request: DenoiseRequest) -> np.ndarray:
+    # -- denoise ---------------------------------------------------------------------------
+    def pipeline_kwargs(self, request: DenoiseRequest) -> dict:
         pos = request.positive
-        images = pipe(
+        return dict(
             prompt_embeds=pos.embeds,
             pooled_prompt_embeds=pos.extras["pooled"],
             guidance_scale=request.guidance_scale,  # the distilled guidance embedding (see module docstring)
@@ -78,11 +77,8 @@ class FluxFamily(ModelFamily):
             height=request.height,
             width=request.width,
             generator=cpu_generators(request.seeds),
-            output_type="np",
             max_sequence_length=pos.length,
-            return_dict=False,
-        )[0]
-        return np.asarray(images, dtype=np.float32)
+        )
 
 
 register_family(FluxFamily())

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from typing import List, Sequence
 
-import numpy as np
 import torch
 
 from jobs.config import ModelConfig
@@ -110,11 +109,11 @@ class LongCatImageFamily(ModelFamily):
         mask = (torch.arange(embeds.shape[1])[None, :] < used[:, None]).long().to(embeds.device)
         return TextEmbeds(embeds=embeds.to(device), mask=mask.to(device))
 
-    # -- denoise + decode ------------------------------------------------------------------
-    def denoise_decode(self, pipe, request: DenoiseRequest) -> np.ndarray:
+    # -- denoise ---------------------------------------------------------------------------
+    def pipeline_kwargs(self, request: DenoiseRequest) -> dict:
         pos, neg = request.positive, request.negative
         cfg_on = neg is not None
-        images = pipe(
+        return dict(
             prompt_embeds=pos.embeds,
             negative_prompt_embeds=neg.embeds if cfg_on else None,
             guidance_scale=request.guidance_scale if cfg_on else 1.0,  # the pipeline runs CFG for > 1
@@ -123,10 +122,7 @@ class LongCatImageFamily(ModelFamily):
             height=request.height,
             width=request.width,
             generator=cpu_generators(request.seeds),
-            output_type="np",
-            return_dict=False,
-        )[0]
-        return np.asarray(images, dtype=np.float32)
+        )
 
 
 register_family(LongCatImageFamily())

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 from typing import List, Sequence
 
-import numpy as np
 import torch
 
 from jobs.config import ModelConfig
@@ -130,11 +129,11 @@ class QwenImageFamily(ModelFamily):
             mask = torch.ones(embeds.shape[:2], dtype=torch.long, device=embeds.device)
         return TextEmbeds(embeds=embeds, mask=mask)
 
-    # -- denoise + decode ------------------------------------------------------------------
-    def denoise_decode(self, pipe, request: DenoiseRequest) -> np.ndarray:
+    # -- denoise ---------------------------------------------------------------------------
+    def pipeline_kwargs(self, request: DenoiseRequest) -> dict:
         pos, neg = request.positive, request.negative
         cfg_on = neg is not None
-        images = pipe(
+        return dict(
             prompt_embeds=pos.embeds,
             prompt_embeds_mask=pos.mask,
             negative_prompt_embeds=neg.embeds if cfg_on else None,
@@ -145,11 +144,8 @@ class QwenImageFamily(ModelFamily):
             height=request.height,
             width=request.width,
             generator=cpu_generators(request.seeds),
-            output_type="np",
             max_sequence_length=pos.length,  # the bucket: the default (512) would cut a longer one
-            return_dict=False,
-        )[0]
-        return np.asarray(images, dtype=np.float32)
+        )
 
 
 register_family(QwenImageFamily())

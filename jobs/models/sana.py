@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import List, Sequence
 
-import numpy as np
 import torch
 
 from jobs.config import ModelConfig
@@ -89,10 +88,19 @@ class SanaFamily(ModelFamily):
         return TextEmbeds(embeds=embeds, mask=mask)
 
     # -- denoise + decode ------------------------------------------------------------------
-    def denoise_decode(self, pipe, request: DenoiseRequest) -> np.ndarray:
+    denoise_output = "latent"
+
+    def decode(self, pipe, latents: torch.Tensor, request: DenoiseRequest) -> torch.Tensor:
+        # SanaPipeline.__call__'s own decode and postprocess(output_type="pt"), op for op, so the
+        # staged path gives the serial path's bytes (tests/test_stages.py).
+        latents = latents.to(pipe.vae.dtype)
+        image = pipe.vae.decode(latents / pipe.vae.config.scaling_factor, return_dict=False)[0]
+        return pipe.image_processor.postprocess(image, output_type="pt")
+
+    def pipeline_kwargs(self, request: DenoiseRequest) -> dict:
         pos, neg = request.positive, request.negative
         cfg_on = neg is not None
-        images = pipe(
+        return dict(
             negative_prompt=None,
             prompt_embeds=pos.embeds,
             prompt_attention_mask=pos.mask,
@@ -103,11 +111,8 @@ class SanaFamily(ModelFamily):
             height=request.height,
             width=request.width,
             generator=cpu_generators(request.seeds),
-            output_type="np",
             use_resolution_binning=False,  # the plan validated the size; binning would resize
-            return_dict=False,
-        )[0]
-        return np.asarray(images, dtype=np.float32)
+        )
 
 
 register_family(SanaFamily())

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from typing import List, Sequence
 
-import numpy as np
 import torch
 
 from jobs.config import ModelConfig
@@ -77,11 +76,11 @@ class ZImageFamily(ModelFamily):
         mask = (torch.arange(embeds.shape[1], device=embeds.device)[None, :] < lengths[:, None]).long()
         return TextEmbeds(embeds=embeds, mask=mask)
 
-    # -- denoise + decode ------------------------------------------------------------------
-    def denoise_decode(self, pipe, request: DenoiseRequest) -> np.ndarray:
+    # -- denoise ---------------------------------------------------------------------------
+    def pipeline_kwargs(self, request: DenoiseRequest) -> dict:
         pos, neg = request.positive, request.negative
         cfg_on = neg is not None
-        images = pipe(
+        return dict(
             prompt_embeds=captions(pos),
             negative_prompt_embeds=captions(neg) if cfg_on else None,
             guidance_scale=request.guidance_scale if cfg_on else 0.0,
@@ -89,10 +88,7 @@ class ZImageFamily(ModelFamily):
             height=request.height,
             width=request.width,
             generator=cpu_generators(request.seeds),
-            output_type="np",
-            return_dict=False,
-        )[0]
-        return np.asarray(images, dtype=np.float32)
+        )
 
 
 def captions(text: TextEmbeds) -> List[torch.Tensor]:

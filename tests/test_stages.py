@@ -1,0 +1,149 @@
+"""The stage pipeline gives the serial path's bytes; the scheduler keeps order, stops cleanly,
+and the capture policy captures only what pays."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from jobs.capture_policy import CapturePolicy
+from jobs.engine import Engine
+from jobs.models.base import DenoiseRequest
+from jobs.pixels import to_uint8, to_uint8_torch
+from jobs.plan import Batch, Item, Signature, derive_seed
+from jobs.stages import StagePipeline, batches_left_in_run
+from padding import get_padder
+from tests.helpers import tiny_pipeline
+
+SIG = Signature(height=64, width=64, text_bucket=64, steps=2, guidance_scale=4.5, cfg=True, dtype="float32")
+
+
+def items(n: int, start: int = 0, sig: Signature = SIG):
+    return [Item(key=f"k{i}", prompt=f"a lighthouse on a cliff at dusk, number {i}", negative_prompt="",
+                 seed=derive_seed(0, f"k{i}"), signature=sig, text_tokens=12, truncated=False, source=f"t:{i + 1}")
+            for i in range(start, start + n)]
+
+
+def test_pixels_rule_is_the_same_on_host_and_device():
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(3, 3, 17, 19, generator=g) * 1.2 - 0.1
+    # exact rounding edges of x * 255 + 0.5, and every non-finite kind
+    edges = torch.tensor([0.0, 1.0, 0.5 / 255, 1.5 / 255, 254.5 / 255, 127.5 / 255, float("nan"), float("inf"),
+                          float("-inf"), -0.0])
+    x[0, 0, 0, : edges.numel()] = edges
+    x[2] = float("nan")
+    for dtype in (torch.float32, torch.bfloat16):
+        xd = x.to(dtype)
+        u8, finite = to_uint8_torch(xd)
+        host = xd.permute(0, 2, 3, 1).float().numpy()  # what diffusers' pt_to_numpy gives
+        for i in range(3):
+            assert np.array_equal(u8[i].numpy(), to_uint8(host[i]))
+        assert finite.tolist() == [bool(np.isfinite(host[i]).all()) for i in range(3)] == [False, True, False]
+
+
+@pytest.fixture(scope="module")
+def sana():
+    cfg, fam, pipe = tiny_pipeline("sana_tiny", "sampling.height=64", "sampling.width=64", "sampling.steps=2")
+    padder = get_padder("sana", buckets=cfg.text_buckets, native_length=cfg.model.max_sequence_length)
+    return cfg, fam, pipe, padder
+
+
+@pytest.mark.parametrize("preset", ["sana_tiny", "flux_tiny"])
+def test_staged_denoise_and_decode_equal_the_pipeline_call(preset):
+    """SANA decodes in its own stage ("latent"); Flux lets the pipeline decode ("pt")."""
+    cfg, fam, pipe = tiny_pipeline(preset)
+    with torch.inference_mode():
+        text = fam.encode(pipe, ["a red kite over green hills", "snow"], cfg.model, "cpu", instruction=True)
+        neg = fam.encode(pipe, ["", ""], cfg.model, "cpu", instruction=False) if preset == "sana_tiny" else None
+        req = DenoiseRequest(positive=text, negative=neg, seeds=[3, 4], height=64, width=64, steps=2,
+                             guidance_scale=4.5)
+        serial = fam.denoise_decode(pipe, req)
+        staged, finite = to_uint8_torch(fam.decode(pipe, fam.denoise(pipe, req), req))
+    assert fam.denoise_output == ("latent" if preset == "sana_tiny" else "pt")
+    for i in range(2):
+        assert np.array_equal(staged[i].numpy(), to_uint8(serial[i]))
+    assert finite.tolist() == [True, True]
+
+
+def _run(engine, batches, overlap, stop=lambda: False):
+    return list(StagePipeline(engine, CapturePolicy(), overlap=overlap).run(batches, stop))
+
+
+def test_overlapped_stages_give_the_serial_bytes_in_plan_order(sana):
+    cfg, fam, pipe, padder = sana
+    engine = Engine(cfg, fam, pipe, padder, None, "cpu")
+    batches = [Batch(SIG, items(2, 0), 2), Batch(SIG, items(1, 2), 2), Batch(SIG, items(2, 3), 2)]
+    serial = [engine.generate(b) for b in batches]
+    overlapped = _run(engine, batches, overlap=True)  # a prefetch thread encodes ahead
+    assert [r.items for r in overlapped] == [b.items for b in batches]
+    for a, b in zip(serial, overlapped):
+        assert all(np.array_equal(x, y) for x, y in zip(a.images, b.images))
+        assert a.finite == b.finite and a.batch_size == b.batch_size == 2
+        assert set(b.stage_ms) == {"encode", "denoise", "decode"}
+
+
+def test_stop_starts_nothing_new_and_finishes_what_is_in_flight(sana):
+    cfg, fam, pipe, padder = sana
+    engine = Engine(cfg, fam, pipe, padder, None, "cpu")
+    batches = [Batch(SIG, items(1, i), 1) for i in range(4)]
+    asked = []
+
+    def stop():
+        asked.append(1)
+        return len(asked) > 2  # stop before the third batch starts
+
+    out = _run(engine, batches, overlap=True, stop=stop)
+    assert [r.items[0].key for r in out] == ["k0", "k1"]
+
+
+def test_an_encode_failure_surfaces_after_the_batch_in_flight_is_handed_on(sana):
+    cfg, fam, pipe, padder = sana
+    engine = Engine(cfg, fam, pipe, padder, None, "cpu")
+    too_short = Signature(height=64, width=64, text_bucket=2, steps=2, guidance_scale=4.5, cfg=True, dtype="float32")
+    batches = [Batch(SIG, items(1, 0), 1), Batch(too_short, items(1, 1, too_short), 1), Batch(SIG, items(1, 2), 1)]
+    got = []
+    with pytest.raises(AssertionError, match="bucketed it at 2"):  # the plan and the pipeline disagree
+        for r in StagePipeline(engine, None, overlap=True).run(batches, lambda: False):
+            got.append(r.items[0].key)
+    assert got == ["k0"]  # k0 was in flight: it is finished and handed on before the error surfaces
+
+
+def test_batches_left_count_each_size_within_its_run():
+    other = Signature(height=128, width=128, text_bucket=64, steps=2, guidance_scale=4.5, cfg=True, dtype="float32")
+    sizes = [(SIG, 8), (SIG, 8), (SIG, 8), (SIG, 4), (SIG, 1), (other, 8), (other, 2)]
+    batches = [Batch(s, items(1), n) for s, n in sizes]
+    assert batches_left_in_run(batches) == [3, 2, 1, 1, 1, 1, 1]
+
+
+def test_policy_measures_first_then_captures_only_long_runs():
+    p = CapturePolicy(prior_ratio=0.9, warmup_iters=2, capture_fixed_ms=100)
+    long_key, tail_key = (SIG, 8), (SIG, 1)
+    assert not p.wants_capture(long_key, steps=20, batches_left=40)  # nothing measured: run eager
+    assert p.needs_measurement(long_key)
+    p.observe(long_key, "eager", 1000.0)
+    # 39 batches x 1000 ms x 10% = 3900 ms saved > 2 x 50 ms + 100 ms
+    assert p.wants_capture(long_key, steps=20, batches_left=39)
+    assert not p.wants_capture(tail_key, steps=20, batches_left=1)  # first batch of a key: measure
+    p.observe(tail_key, "eager", 200.0)
+    assert not p.wants_capture(tail_key, steps=20, batches_left=1)  # 20 ms saving < 2 x 10 + 100 ms
+    assert {r["batch"]: r["decision"] for r in p.report()} == {8: "captured", 1: "eager"}
+
+
+def test_policy_releases_graphs_when_replay_does_not_pay_and_learns_the_ratio():
+    p = CapturePolicy(prior_ratio=0.9, min_gain=0.02)
+    key = (SIG, 8)
+    p.observe(key, "eager", 1000.0)
+    assert p.wants_capture(key, steps=20, batches_left=50)
+    assert not p.observe(key, "replay", 1300.0)  # the capturing batch: its time includes the capture
+    assert p.observe(key, "replay", 995.0)  # 0.5% faster: not worth graphs, release
+    assert not p.wants_capture(key, steps=20, batches_left=48)
+    # A new key at the same size and batch now expects ~0.5% saving: a 10-batch run is not captured.
+    other = (Signature(64, 64, 128, 2, 4.5, True, "float32"), 8)
+    p.observe(other, "eager", 1000.0)
+    assert not p.wants_capture(other, steps=20, batches_left=10)
+
+
+def test_policy_always_captures_every_capturable_key():
+    p = CapturePolicy(mode="always")
+    assert p.wants_capture((SIG, 1), steps=20, batches_left=1)
