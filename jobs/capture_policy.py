@@ -88,6 +88,14 @@ class CapturePolicy:
                 return True
         return False
 
+    def observe_capture(self, key: Key, steps: int, seconds: float) -> None:
+        """Learn the capture overhead beyond the warm-up forwards from a real capture."""
+        st = self.keys.get(key)
+        if st is None or st.eager_ms is None:
+            return
+        warmup_ms = self.warmup_iters * st.eager_ms / max(steps, 1)
+        self.capture_fixed_ms = max(0.0, seconds * 1e3 - warmup_ms)
+
     def needs_measurement(self, key: Key) -> bool:
         """True while a decision waits on this key's eager time."""
         st = self.keys.get(key)

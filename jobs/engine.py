@@ -155,7 +155,13 @@ class Engine:
             self.runner.release_all()
 
     def _stream(self, stream) -> contextlib.AbstractContextManager:
-        return torch.cuda.stream(stream) if self.cuda else contextlib.nullcontext()
+        """Work on `stream`, on this engine's device (a prefetch thread starts on device 0)."""
+        if not self.cuda:
+            return contextlib.nullcontext()
+        stack = contextlib.ExitStack()
+        stack.enter_context(torch.cuda.device(self.device))
+        stack.enter_context(torch.cuda.stream(stream))
+        return stack
 
     # -- stage 1: text ---------------------------------------------------------------------
     def encode(self, batch: Batch) -> Encoded:

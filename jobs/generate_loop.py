@@ -59,7 +59,7 @@ def generate_all(prep, stats: JobStats, timer: StageTimer, stop) -> None:
     progress = Progress(prep.plan.n_items, cfg.job.progress and topo.local_rank == 0, cfg.job.log_every_s)
     hooked = KILL_AT_ENV in os.environ  # kill tests only
     monitor = GpuMonitor(device)
-    stopped = False
+    stopped, results = False, None
 
     def should_stop() -> bool:
         nonlocal stopped
@@ -108,6 +108,8 @@ def generate_all(prep, stats: JobStats, timer: StageTimer, stop) -> None:
                     "interrupted" if stats.status == "interrupted" else "failed", prep.output_dir)
         raise
     finally:
+        if results is not None:
+            results.close()  # stops the prefetch thread if the loop ended early
         progress.close()
         engine.end_run()
         stats.oom_splits = engine.oom_splits

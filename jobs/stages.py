@@ -123,7 +123,7 @@ class StagePipeline:
                         self.engine.end_run()  # sorted plan: the previous signature never comes back
                     current = batch.signature
                 self._begin(batch, left[index[id(batch)]], flight)
-                flight.append(self.engine.submit(batch, enc))
+                flight.append(self._submit(batch, enc))
                 while len(flight) > self.depth:
                     yield self._collect(flight.popleft())
             while flight:  # their work is done: hand it on, so the sink can commit it
@@ -133,6 +133,15 @@ class StagePipeline:
                 source.close()
         if error is not None:
             raise error
+
+    def _submit(self, batch: Batch, enc) -> Submitted:
+        runner = self.engine.runner
+        before = runner.counters.capture_seconds if runner is not None else 0.0
+        sub = self.engine.submit(batch, enc)
+        if self.policy is not None and runner is not None and runner.counters.capture_seconds > before:
+            self.policy.observe_capture((batch.signature, batch.size), batch.signature.steps,
+                                        runner.counters.capture_seconds - before)
+        return sub
 
     def _begin(self, batch: Batch, batches_left: int, flight: Deque[Submitted]) -> None:
         if self.policy is None or self.engine.runner is None or self.engine.runner.backend is None:

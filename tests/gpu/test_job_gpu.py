@@ -49,7 +49,7 @@ def test_job_replay_equals_eager_pixels(tmp_path, dtype):
     data = write_jsonl(tmp_path / "p.jsonl", rows(24))
     common = [f"dataset.path={data}", "sink=png", "sampling.steps=4", f"model.dtype={dtype}", "job.progress=false",
               "device=cuda", *encoder_overrides()]
-    run_cli(*common, f"output_dir={tmp_path / 'graph'}")
+    run_cli(*common, f"output_dir={tmp_path / 'graph'}", "bcg.capture=always")  # graphs even for short runs
     run_cli(*common, f"output_dir={tmp_path / 'eager'}", "bcg=off")
     g, e = images(tmp_path / "graph"), images(tmp_path / "eager")
     assert sorted(g) == sorted(e) and len(g) == 24
@@ -71,3 +71,21 @@ def test_job_with_compiled_graphs_replays_every_step(tmp_path):
     graph = summary["graph"]
     assert graph["captures"] > 0 and graph["hits"] > 0 and graph["misses"] == 0, graph
     assert summary["items_written"] == 8 and summary["nonfinite"] == 0
+
+
+def test_overlapped_stages_and_the_capture_policy_keep_the_bytes(tmp_path):
+    """Overlap on (the CUDA default) vs off, and the auto capture policy vs always: same pixels."""
+    data = write_jsonl(tmp_path / "p.jsonl", rows(40))
+    common = [f"dataset.path={data}", "sink=png", "sampling.steps=4", "model.dtype=bfloat16", "job.progress=false",
+              "device=cuda", "bcg.batch_sizes=[1,2]", *encoder_overrides()]
+    run_cli(*common, f"output_dir={tmp_path / 'serial'}", "job.overlap=false", "bcg.capture=always")
+    run_cli(*common, f"output_dir={tmp_path / 'auto'}")
+    a, b = images(tmp_path / "serial"), images(tmp_path / "auto")
+    assert sorted(a) == sorted(b) and len(a) == 40
+    for k in a:
+        assert np.array_equal(a[k][0], b[k][0]), f"{k}: overlapped / auto-policy image differs"
+    summary = json.loads((tmp_path / "auto" / "summary.json").read_text())
+    assert summary["overlap"] is True and set(summary["gpu_stage_ms"]) == {"encode", "denoise", "decode"}
+    decisions = summary["capture_policy"]
+    assert decisions and all(d["eager_ms"] is not None for d in decisions if d["decision"] != "measuring")
+    assert summary["graph"]["misses"] == 0, summary["graph"]
