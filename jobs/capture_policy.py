@@ -114,6 +114,9 @@ class CapturePolicy:
         return best
 
     def report(self) -> List[dict]:
+        for st in self.keys.values():
+            if st.state == "measuring" and st.batches:
+                st.state, st.reason = "eager", f"eager: its run ended after {st.batches} measured batch(es)"
         return [{"signature": str(sig), "batch": size, "decision": st.state, "reason": st.reason,
                  "eager_ms": None if st.eager_ms is None else round(st.eager_ms, 2),
                  "replay_ms": None if st.replay_ms is None else round(st.replay_ms, 2), "batches": st.batches}
