@@ -18,7 +18,9 @@ checks their addresses on every replay.
 
 Files: signature (keys), graph (segments, breaks, capture state), breaks (decorator,
 installation), backend (protocol), cuda_backend (CUDA graphs), tape (CPU op tape for tests),
-entry (one captured signature), runner (hit / capture / miss), counters, config.
+entry (one captured signature), runner (hit / capture / miss), counters, config; fusions/ (the
+"lossless" tier's bit-exact fused Triton kernels, verified against eager on first sight; installed
+by `apply_graph_runner` on the CUDA backend; `RunnerConfig.fusions`).
 """
 
 from .breaks import count_breaks, eager_on_graph, install_breaks, remove_breaks

@@ -76,6 +76,7 @@ def _attention_forward(forward: Callable) -> Callable:
         with _AttentionKernelBreaks():
             return forward(*args, **kwargs)
 
+    wrapper.__bcg_attention_break__ = True  # type: ignore[attr-defined]  # fusions may inline past it
     return wrapper
 
 

@@ -42,6 +42,12 @@ class RunnerConfig:
     (`transformer_blocks.3.attn2`) or class names (`SanaTransformerBlock`): those forwards run
     eagerly."""
 
+    fusions: Union[bool, str] = "lossless"
+    """Quality tier. "lossless" (or true): bit-exact fused Triton kernels for the elementwise chains
+    of known blocks (bcg/fusions), each verified against eager on first sight of a shape and run
+    eager where it differs; installed only on the CUDA backend. "fast": the torch.compile'd forward
+    (same as `compile: true`; not eager's bits). "off" (or false): the model's own forward."""
+
     compile: bool = False
     """Capture the torch.compile'd forward (fewer, fused kernels; see bcg/compiled.py). Replay then
     equals the compiled forward bit for bit, not the eager one. Needs break_policy "none"."""
@@ -58,6 +64,16 @@ class RunnerConfig:
         if self.max_graph_bytes < 0:
             raise ValueError(f"bcg.max_graph_bytes={self.max_graph_bytes} must be >= 0 (0 = no bound)")
         validate_policy(self.break_policy)
+        from .fusions import normalize_tier
+
+        normalize_tier(self.fusions)
+
+    @property
+    def tier(self) -> str:
+        """The effective quality tier: "fast" when compiling, else the `fusions` tier."""
+        from .fusions import normalize_tier
+
+        return "fast" if self.compile else normalize_tier(self.fusions)
 
 
 def validate_policy(policy: BreakPolicy) -> None:

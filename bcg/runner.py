@@ -52,6 +52,7 @@ class GraphRunner:
         self.capture_lock: Any = contextlib.nullcontext()
         self.counters = Counters()
         self.breaks_installed = 0
+        self.fusions: Any = None  # bcg.fusions.Fusions when the lossless tier is installed
         self._entries: OrderedDict[Key, GraphEntry] = OrderedDict()  # LRU order: oldest first
         self._eager_keys: set[Key] = set()  # failed or over the memory bound: eager for good
         self._logged: set[Key] = set()
@@ -170,6 +171,8 @@ class GraphRunner:
         if module.__dict__.get("forward") is self:
             del module.__dict__["forward"]
         remove_breaks(module)
+        if self.fusions is not None:
+            self.fusions.remove()
 
     def entries(self) -> list[GraphEntry]:
         return list(self._entries.values())
@@ -179,6 +182,7 @@ class GraphRunner:
         d = {"mode": self.mode, "reason": self.reason, "breaks_installed": self.breaks_installed}
         d.update(self.counters.as_dict())
         d["live_entries"] = len(self._entries)
+        d["fusions"] = self.fusions.stats() if self.fusions is not None else {"tier": self.config.tier}
         d["entries"] = [e.describe() for e in self._entries.values()]
         return d
 
@@ -194,6 +198,16 @@ def _module_device(module: nn.Module) -> torch.device | None:
     return None
 
 
+def _install_fusions(module: nn.Module):
+    from .fusions import install_fusions, triton_available
+
+    why = triton_available()
+    if why is not None:
+        log.warning("bcg: fusions=lossless needs Triton (%s); the model keeps its own forward", why)
+        return None
+    return install_fusions(module, backend="triton")
+
+
 def apply_graph_runner(module: nn.Module, config: RunnerConfig | None = None) -> GraphRunner:
     """Route `module`'s calls through a `GraphRunner` (and install its breaks); returns it."""
     config = config or RunnerConfig()
@@ -203,13 +217,15 @@ def apply_graph_runner(module: nn.Module, config: RunnerConfig | None = None) ->
             "another wrapper); call .remove() on that runner before applying a new one"
         )
     forward = module.forward
-    if config.compile and config.enabled and config.backend != "eager":
+    if config.tier == "fast" and config.enabled and config.backend != "eager":
         from .compiled import compiled_forward
 
         forward = compiled_forward(forward, config.break_policy)
     runner = GraphRunner(forward, config, device=_module_device(module), name=type(module).__name__)
     if runner.backend is not None:
         runner.breaks_installed = install_breaks(module, config.break_policy)
+    if config.tier == "lossless" and runner.mode == "cuda":
+        runner.fusions = _install_fusions(module)
     module.forward = runner
     runner._module = module
     return runner

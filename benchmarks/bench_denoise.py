@@ -35,7 +35,7 @@ from bcg import RunnerConfig, apply_graph_runner  # noqa: E402
 
 GUIDANCE = 4.5
 COLUMNS = ["mode", "resolution", "batch", "denoise_ms", "denoise_min_ms", "denoise_max_ms",
-           "speedup_vs_eager", "gpu_kernel_ms", "gpu_busy", "host_launches_per_step",
+           "speedup_vs_eager", "gpu_kernel_ms", "gpu_busy", "kernels_per_step", "host_launches_per_step",
            "peak_mem_gib", "setup_s", "segments", "rel_err_vs_eager", "skipped"]
 
 
@@ -82,9 +82,16 @@ def setup_mode(mode: str, model):
             torch._dynamo.reset()
 
         return model, teardown, runner, False
-    if mode.startswith("bcg-"):
+    if mode.startswith("bcg-fused"):  # one segment + the lossless fused kernels (bcg/fusions)
+        backend = "cuda" if torch.cuda.is_available() else "tape"
+        policy = mode[len("bcg-fused-"):] if mode.startswith("bcg-fused-") else "none"
+        runner = apply_graph_runner(model, RunnerConfig(backend=backend, break_policy=policy,
+                                                        fusions="lossless"))
+        return model, runner.remove, runner, False
+    if mode.startswith("bcg-"):  # graphs of the model's own kernels (fusions off: the baseline)
         backend = "cuda" if torch.cuda.is_available() else "tape"  # tape: --device cpu smoke runs
-        runner = apply_graph_runner(model, RunnerConfig(backend=backend, break_policy=mode[4:]))
+        runner = apply_graph_runner(model, RunnerConfig(backend=backend, break_policy=mode[4:],
+                                                        fusions="off"))
         return model, runner.remove, runner, False
     torch._dynamo.reset()
     compiled = torch.compile(model, mode="reduce-overhead" if mode == "compile-ro" else None)
@@ -130,8 +137,14 @@ def measure(mode: str, model, res: int, batch: int, loops: int, ref: torch.Tenso
                    capture_s_per_signature=round(stats["capture_seconds"] / max(1, stats["captures"]), 3),
                    captures=stats["captures"], hits=stats["hits"], misses=stats["misses"],
                    graph_mib=round(stats["peak_graph_bytes"] / 2**20, 1))
+        fx = stats.get("fusions", {})
+        if "verified" in fx:
+            row.update(fusions_verified=fx["verified"], fusions_rejected=fx["rejected"],
+                       fusion_rejections=fx["rejections"])
     if ref is not None:
         row["rel_err_vs_eager"] = float((out - ref).norm() / ref.norm())
+        row["max_abs_err_vs_eager"] = float((out - ref).abs().max())
+        row["bitwise_equal_to_eager"] = bool(torch.equal(out, ref))
     return row, out
 
 
@@ -158,6 +171,15 @@ def targets(rows: list[dict]) -> list[str]:
     if e and n:
         notes.append(f"1024² B1: bcg(none) is {100 * (1 - n['denoise_ms'] / e['denoise_ms']):.1f}% faster "
                      "than eager; target >= 8%")
+    for res, b, bar in ((1024, 1, 1.0), (512, 1, 1.05)):
+        f, c = get("bcg-fused", res, b), get("compile-ro", res, b)
+        if f and c:
+            notes.append(f"{res}² B{b}: bcg-fused {f['denoise_ms']} ms = {f['denoise_ms'] / c['denoise_ms']:.3f}x "
+                         f"compile-ro ({c['denoise_ms']} ms); target <= {bar}x")
+    fused = [r for r in rows if r["mode"] == "bcg-fused" and "rel_err_vs_eager" in r]
+    if fused:
+        notes.append("bcg-fused rel_err_vs_eager: " + ", ".join(
+            f"{r['resolution']}² B{r['batch']} {r['rel_err_vs_eager']:g}" for r in fused) + "; target 0.0 in every row")
     caps = [r["capture_s_per_signature"] for r in rows if "capture_s_per_signature" in r]
     if caps:
         notes.append(f"capture (2 warm-up forwards + capture) per signature: {min(caps):.2f}–{max(caps):.2f} s; "
@@ -176,8 +198,9 @@ def main() -> None:
     p.add_argument("--loops", type=int, default=5)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--configs", default="512x1,1024x1,512x4,1024x4")
-    p.add_argument("--modes", default="eager,bcg-none,bcg-attention",
-                   help="modes run at every config (bcg-compile: the compiled forward as a graph)")
+    p.add_argument("--modes", default="eager,bcg-none,bcg-attention,bcg-fused",
+                   help="modes run at every config (bcg-compile: the compiled forward as a graph; "
+                        "bcg-fused: one graph of the lossless fused kernels, bcg/fusions)")
     p.add_argument("--tag", default="", help="suffix of the result file names")
     p.add_argument("--budget-s", type=float, default=420, help="wall budget for the whole run")
     p.add_argument("--compile-row-s", type=float, default=110,

@@ -117,6 +117,8 @@ class BcgConfig:
     compile: bool = False
     """Capture the torch.compile'd transformer: fewer kernels, faster at small shapes, but images
     equal the compiled model's, not the eager model's (opt-in; needs break_policy [none])."""
+    fusions: str = "lossless"
+    """Quality tier: lossless (bit-exact fused kernels, verified against eager) | fast (= compile) | off."""
     capture: str = "auto"
     """auto: a (signature, batch size) captures only when its remaining batches pay for the capture,
     measured on its first batch (jobs/capture_policy.py); always: capture every capturable one."""
@@ -132,6 +134,7 @@ class BcgConfig:
         for hw in self.warmup_resolutions:
             check("bcg.warmup_resolutions", len(hw) == 2 and all(int(v) > 0 for v in hw), list(hw), "[height, width] pairs")
         check_choice("bcg.backend", self.backend, ("auto", "cuda", "tape", "eager"))
+        check_choice("bcg.fusions", self.fusions, ("lossless", "fast", "off"))
         check("bcg.max_graphs", self.max_graphs > 0, self.max_graphs, "an int > 0")
         check("bcg.max_graph_memory_gb", self.max_graph_memory_gb >= 0, self.max_graph_memory_gb, "a number >= 0")
         check_choice("bcg.capture", self.capture, CAPTURE_POLICIES)

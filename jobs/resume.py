@@ -53,6 +53,7 @@ def run_identity(cfg: GenerateConfig, digest: str, n_records: int) -> dict:
         "text_buckets": cfg.text_buckets,
         "sampling": asdict(cfg.sampling),
         "sink": {"format": cfg.sink.format, "quality": cfg.sink.quality},
+        "bcg_fusions": cfg.bcg.fusions,  # the quality tier: fast changes pixels, lossless must not
         "bcg_compile": cfg.bcg.compile,  # compiled kernels change pixels; graph replay alone does not
     }
 

@@ -1,0 +1,126 @@
+"""bcg.fusions: bit-exact fused kernels for the elementwise chains of diffusion transformers.
+
+Quality tiers (`RunnerConfig.fusions`):
+    "lossless"  (default) fused Triton kernels where the verifier found them bit-exact with eager
+    "fast"      the torch.compile'd forward (`RunnerConfig.compile`): fewer kernels, not eager's bits
+    "off"       the model's own forward
+
+    fx = install_fusions(model)            # swaps matching modules' forwards (instance attributes)
+    ... model(...) ...                     # warm-up forwards verify each (op, shape) on first sight
+    fx.stats()                             # counters for summary.json
+    fx.remove()                            # the model's own forwards again
+
+Layout: ops (each chain's eager / reference / fused), kernels (Triton, GPU only), verify (first-
+sight verification and counters), registry (rules: module pattern + forward), sana (the SANA block).
+A rule only reorganises *which* calls run; every arithmetic op keeps eager's fp32-then-round plan,
+and LayerNorm, GEMMs, convs and attention stay aten's. The verifier guards the rest: a chain that
+is not equal to eager on live inputs runs eager for good, and the count says so.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from torch import nn
+
+from .ops import OPS, Op
+from .registry import RULES, Rule
+from .verify import BACKENDS, FusionCounters, Verifier
+
+log = logging.getLogger(__name__)
+
+TIERS = ("lossless", "fast", "off")
+
+
+def normalize_tier(value: Any) -> str:
+    """True -> "lossless", False/None -> "off"; strings must name a tier."""
+    if value is True:
+        return "lossless"
+    if value is False or value is None:
+        return "off"
+    if isinstance(value, str) and value in TIERS:
+        return value
+    raise ValueError(f"bcg.fusions={value!r} is not a tier; use one of {', '.join(TIERS)} (or true/false)")
+
+
+def triton_available() -> str | None:
+    """None if Triton imports, else why not."""
+    try:
+        import triton  # noqa: F401
+    except Exception as exc:  # noqa: BLE001
+        return f"triton is not importable ({type(exc).__name__})"
+    return None
+
+
+class Fusions:
+    """Fusions installed on one model: the swapped forwards, the verifier and its counters."""
+
+    def __init__(self, model: nn.Module, backend: str, reason: str = "") -> None:
+        self.model = model
+        self.verifier = Verifier(backend)
+        self.reason = reason
+        self.installed: list[tuple[str, nn.Module, Any]] = []  # (rule, module, our forward)
+        self.skipped: dict[str, int] = {}
+
+    def install(self, rules: list[Rule] | None = None) -> "Fusions":
+        rules = list(RULES.values()) if rules is None else rules
+        by_target = {r.target: r for r in rules}
+        for qname, sub in self.model.named_modules():
+            rule = by_target.get(type(sub).__name__)
+            if rule is None:
+                continue
+            why = rule.check(sub)
+            if why is not None:
+                self.skipped[why] = self.skipped.get(why, 0) + 1
+                continue
+            fwd = rule.make_forward(sub, self.verifier)
+            sub.forward = fwd
+            self.installed.append((rule.name, sub, fwd))
+        for why, n in self.skipped.items():
+            log.warning("bcg.fusions: %d module(s) keep their forward: %s", n, why)
+        log.info("bcg.fusions: %d forward(s) fused (%s backend)", len(self.installed), self.verifier.backend)
+        return self
+
+    def remove(self) -> int:
+        """Restore every swapped forward; returns how many were restored."""
+        n = 0
+        for name, sub, fwd in reversed(self.installed):
+            if sub.__dict__.get("forward") is fwd:
+                del sub.__dict__["forward"]
+                n += 1
+            else:
+                log.warning("bcg.fusions: %s.forward was replaced after the %s fusion; leaving it",
+                            type(sub).__name__, name)
+        self.installed.clear()
+        return n
+
+    @property
+    def counters(self) -> FusionCounters:
+        return self.verifier.counters
+
+    def stats(self) -> dict:
+        d = {"tier": "lossless", "backend": self.verifier.backend, "modules": len(self.installed)}
+        if self.reason:
+            d["reason"] = self.reason
+        d.update(self.counters.as_dict())
+        return d
+
+
+def install_fusions(model: nn.Module, backend: str = "triton", rules: list[str] | None = None) -> Fusions:
+    """Install the lossless fusions on `model`. backend "triton": the GPU kernels (the runner
+    installs them only on its CUDA backend); "reference": the plain-torch plans (CPU tests)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"fusion backend {backend!r}: choose one of {', '.join(BACKENDS)}")
+    chosen = None if rules is None else [registry_get(n) for n in rules]
+    return Fusions(model, backend).install(chosen)
+
+
+def registry_get(name: str) -> Rule:
+    from .registry import get
+
+    return get(name)
+
+
+__all__ = ["Fusions", "FusionCounters", "OPS", "Op", "RULES", "Rule", "TIERS", "Verifier",
+           "install_fusions", "normalize_tier", "triton_available"]

@@ -1,0 +1,290 @@
+"""Triton kernels of the lossless fusions (imported only where Triton and CUDA exist).
+
+Rounding plan: every kernel loads storage-dtype values, computes each op in fp32 and rounds to the
+storage dtype (`_r`) exactly where eager's separate kernels store their outputs. Three details keep
+it bit-exact with aten's CUDA kernels (built by nvcc without fast-math):
+- FMA contraction is off (`enable_fp_fusion=False`): eager's `x * s + t` is two kernels, two
+  roundings; a fused multiply-add would round once.
+- Division is IEEE round-to-nearest (`tl.div_rn`, PTX div.rn.f32), as nvcc's `a / b`; Triton's
+  `/` is div.full.f32 (2 ulp).
+- exp is libdevice's `__nv_expf`, the function nvcc links for `expf`; `tl.exp` is ex2.approx.
+  libdevice's flush-to-zero reflection is turned off where this Triton has the option.
+Each launcher's Python `reference` twin lives in ops.py; the verifier compares against eager.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+from .ops import NotApplicable
+
+try:  # compile options of this Triton: pass only the ones it knows
+    from triton.backends.nvidia.compiler import CUDAOptions
+
+    _FIELDS = set(CUDAOptions.__dataclass_fields__)
+except Exception:  # noqa: BLE001 - older layouts: fp fusion is a long-standing option
+    _FIELDS = {"enable_fp_fusion"}
+OPTS = {k: v for k, v in (("enable_fp_fusion", False), ("enable_reflect_ftz", False)) if k in _FIELDS}
+
+BLOCK = 1024
+
+
+@triton.jit
+def _r(x, like_ptr):
+    """Round an fp32 value to the storage dtype of `like_ptr` and back (a store + load in eager)."""
+    return x.to(like_ptr.dtype.element_ty).to(tl.float32)
+
+
+@triton.jit
+def _silu(x):
+    # aten: x / (1 + expf(-x)) in fp32
+    return tl.div_rn(x, 1.0 + libdevice.exp(-x))
+
+
+# -- adaLN modulation: y = x * (1 + scale) + shift -------------------------------------------
+@triton.jit
+def _adaln_kernel(x_ptr, s_ptr, t_ptr, o_ptr, numel, ND, D, s_sb, s_sd, t_sb, t_sd,
+                  BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < numel
+    b = offs // ND
+    d = offs % D
+    x = tl.load(x_ptr + offs, mask=m).to(tl.float32)
+    s = tl.load(s_ptr + b * s_sb + d * s_sd, mask=m).to(tl.float32)
+    t = tl.load(t_ptr + b * t_sb + d * t_sd, mask=m).to(tl.float32)
+    y = _r(x * _r(s + 1.0, o_ptr), o_ptr)
+    tl.store(o_ptr + offs, (y + t).to(o_ptr.dtype.element_ty), mask=m)
+
+
+def adaln(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """x [B, N, D] contiguous; scale/shift broadcast as [B or 1, 1, D]."""
+    _check(x.dim() == 3 and x.is_contiguous(), "x must be a contiguous [B, N, D]")
+    _check(scale.dtype == shift.dtype == x.dtype, "one dtype for x, scale, shift")
+    B, N, D = x.shape
+    s, t = scale.expand(B, N, D), shift.expand(B, N, D)
+    _check(s.stride(1) == 0 and t.stride(1) == 0, "scale/shift must broadcast over tokens")
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    n = x.numel()
+    _adaln_kernel[(triton.cdiv(n, BLOCK),)](x, s, t, out, n, N * D, D, s.stride(0), s.stride(2),
+                                           t.stride(0), t.stride(2), BLOCK=BLOCK, **OPTS)
+    return out
+
+
+# -- gated residual: h + g * (y [+ bias]) --------------------------------------------------
+@triton.jit
+def _gate_res_kernel(h_ptr, g_ptr, y_ptr, b_ptr, o_ptr, numel, ND, D, g_sb, g_sd,
+                     HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < numel
+    b = offs // ND
+    d = offs % D
+    h = tl.load(h_ptr + offs, mask=m).to(tl.float32)
+    y = tl.load(y_ptr + offs, mask=m).to(tl.float32)
+    g = tl.load(g_ptr + b * g_sb + d * g_sd, mask=m).to(tl.float32)
+    if HAS_BIAS:  # aten linear on a strided input: matmul, then add_(bias) as its own kernel
+        y = _r(y + tl.load(b_ptr + d, mask=m).to(tl.float32), o_ptr)
+    gy = _r(g * y, o_ptr)
+    tl.store(o_ptr + offs, (h + gy).to(o_ptr.dtype.element_ty), mask=m)
+
+
+def gated_residual(h: torch.Tensor, gate: torch.Tensor, y: torch.Tensor,
+                   bias: torch.Tensor | None = None) -> torch.Tensor:
+    """h, y [B, N, D] contiguous; gate broadcast as [B or 1, 1, D]; bias [D] or None."""
+    _check(h.dim() == 3 and h.is_contiguous() and y.is_contiguous() and y.shape == h.shape,
+           "h and y must be contiguous [B, N, D]")
+    _check(gate.dtype == h.dtype == y.dtype and (bias is None or bias.dtype == h.dtype), "one dtype")
+    B, N, D = h.shape
+    g = gate.expand(B, N, D)
+    _check(g.stride(1) == 0, "gate must broadcast over tokens")
+    if bias is not None:
+        _check(bias.shape == (D,) and bias.is_contiguous(), "bias must be a contiguous [D]")
+    out = torch.empty_like(h, memory_format=torch.contiguous_format)
+    n = h.numel()
+    _gate_res_kernel[(triton.cdiv(n, BLOCK),)](h, g, y, bias if bias is not None else y, out, n, N * D, D,
+                                              g.stride(0), g.stride(2), HAS_BIAS=bias is not None,
+                                              BLOCK=BLOCK, **OPTS)
+    return out
+
+
+# -- GLUMBConv: conv bias + SiLU (in place), conv bias + GLU gate -----------------------------
+@triton.jit
+def _bias_silu_kernel(y_ptr, b_ptr, numel, C, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < numel
+    y = tl.load(y_ptr + offs, mask=m).to(tl.float32)
+    y = _r(y + tl.load(b_ptr + offs % C, mask=m).to(tl.float32), y_ptr)
+    tl.store(y_ptr + offs, _silu(y).to(y_ptr.dtype.element_ty), mask=m)
+
+
+def bias_silu_(y: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """In place on a channels-last conv output y [B, C, H, W]: silu(y + bias[c])."""
+    _check(y.dim() == 4 and y.is_contiguous(memory_format=torch.channels_last), "y must be channels-last")
+    C = y.shape[1]
+    _check(bias.shape == (C,) and bias.dtype == y.dtype, "bias must be [C] of y's dtype")
+    n = y.numel()
+    _bias_silu_kernel[(triton.cdiv(n, BLOCK),)](y, bias, n, C, BLOCK=BLOCK, **OPTS)
+    return y
+
+
+@triton.jit
+def _bias_glu_kernel(d_ptr, b_ptr, o_ptr, numel, Hc, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < numel
+    p = offs // Hc  # pixel
+    j = offs % Hc  # channel of the value half
+    src = p * (2 * Hc) + j
+    x = tl.load(d_ptr + src, mask=m).to(tl.float32)
+    g = tl.load(d_ptr + src + Hc, mask=m).to(tl.float32)
+    if HAS_BIAS:
+        x = _r(x + tl.load(b_ptr + j, mask=m).to(tl.float32), o_ptr)
+        g = _r(g + tl.load(b_ptr + j + Hc, mask=m).to(tl.float32), o_ptr)
+    tl.store(o_ptr + offs, (x * _r(_silu(g), o_ptr)).to(o_ptr.dtype.element_ty), mask=m)
+
+
+def bias_glu(d: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """d [B, 2H, h, w] channels-last -> x * silu(gate) [B, H, h, w] channels-last, where
+    x, gate = (d + bias).chunk(2, dim=1)."""
+    _check(d.dim() == 4 and d.is_contiguous(memory_format=torch.channels_last), "d must be channels-last")
+    B, C2, Hh, Ww = d.shape
+    _check(C2 % 2 == 0, "even channels")
+    if bias is not None:
+        _check(bias.shape == (C2,) and bias.dtype == d.dtype, "bias must be [C] of d's dtype")
+    out = torch.empty((B, C2 // 2, Hh, Ww), dtype=d.dtype, device=d.device, memory_format=torch.channels_last)
+    n = out.numel()
+    _bias_glu_kernel[(triton.cdiv(n, BLOCK),)](d, bias if bias is not None else d, out, n, C2 // 2,
+                                              HAS_BIAS=bias is not None, BLOCK=BLOCK, **OPTS)
+    return out
+
+
+# -- SANA linear attention: relu + fp32 + the layouts bmm wants; the normalising division ----
+@triton.jit
+def _lin_prep_kernel(q_ptr, k_ptr, v_ptr, q32_ptr, k32_ptr, v32_ptr, N, D, C, HEADS,
+                     BN: tl.constexpr, BD: tl.constexpr):
+    # q, k, v: [B, N, D] contiguous (d = head * C + c)
+    # q32: [B, heads, C, N]; k32: [B, heads, N, C]; v32: [B, heads, C + 1, N], row C = 1.0
+    b = tl.program_id(2).to(tl.int64)
+    n = tl.program_id(0) * BN + tl.arange(0, BN)
+    d = tl.program_id(1) * BD + tl.arange(0, BD)
+    m = (n[:, None] < N) & (d[None, :] < D)
+    src = b * N * D + n[:, None] * D + d[None, :]
+    hh = d // C
+    cc = d % C
+    q = tl.load(q_ptr + src, mask=m).to(tl.float32)
+    k = tl.load(k_ptr + src, mask=m).to(tl.float32)
+    v = tl.load(v_ptr + src, mask=m).to(tl.float32)
+    q = tl.where(q != q, q, tl.maximum(q, 0.0))  # aten relu: NaN passes through
+    k = tl.where(k != k, k, tl.maximum(k, 0.0))
+    tl.store(q32_ptr + b * D * N + d[None, :] * N + n[:, None], q, mask=m)
+    tl.store(k32_ptr + b * D * N + (hh[None, :] * N + n[:, None]) * C + cc[None, :], k, mask=m)
+    vrow = (b * HEADS + hh[None, :]) * (C + 1) + cc[None, :]
+    tl.store(v32_ptr + vrow * N + n[:, None], v, mask=m)
+    ones_m = (n[:, None] < N) & (d[None, :] < D) & (cc[None, :] == 0)
+    one_row = (b * HEADS + hh[None, :]) * (C + 1) + C
+    tl.store(v32_ptr + one_row * N + n[:, None], tl.full((BN, BD), 1.0, tl.float32), mask=ones_m)
+
+
+def linear_attention_prep(q, k, v, heads: int):
+    _check(q.dim() == 3 and all(t.is_contiguous() and t.shape == q.shape and t.dtype == q.dtype
+                                for t in (q, k, v)), "q, k, v must be contiguous [B, N, D] of one dtype")
+    B, N, D = q.shape
+    C = D // heads
+    _check(C * heads == D, "D must divide into heads")
+    dev = q.device
+    q32 = torch.empty((B, heads, C, N), dtype=torch.float32, device=dev)
+    k32 = torch.empty((B, heads, N, C), dtype=torch.float32, device=dev)
+    v32 = torch.empty((B, heads, C + 1, N), dtype=torch.float32, device=dev)
+    BN, BD = 64, 64
+    grid = (triton.cdiv(N, BN), triton.cdiv(D, BD), B)
+    _lin_prep_kernel[grid](q, k, v, q32, k32, v32, N, D, C, heads, BN=BN, BD=BD, **OPTS)
+    return q32, k32, v32
+
+
+@triton.jit
+def _lin_div_kernel(hs_ptr, o_ptr, N, D, C, eps, BLOCK_N: tl.constexpr):
+    # hs: [B, heads, C + 1, N] fp32; o: [B, D, N] storage dtype, d = head * C + c
+    row = tl.program_id(0).to(tl.int64)  # b * D + d
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    m = n < N
+    b = row // D
+    d = row % D
+    hh = d // C
+    cc = d % C
+    base = (b * (D // C) + hh) * (C + 1)
+    num = tl.load(hs_ptr + (base + cc) * N + n, mask=m)
+    den = tl.load(hs_ptr + (base + C) * N + n, mask=m, other=1.0)
+    tl.store(o_ptr + row * N + n, tl.div_rn(num, den + eps).to(o_ptr.dtype.element_ty), mask=m)
+
+
+def linear_attention_div(hs: torch.Tensor, dtype: torch.dtype, eps: float) -> torch.Tensor:
+    """hs [B, heads, C + 1, N] fp32 contiguous -> [B, N, D] in `dtype`, laid out as eager's
+    `.flatten(1, 2).transpose(1, 2).to(dtype)` leaves it (memory [B, D, N])."""
+    _check(hs.is_contiguous() and hs.dtype == torch.float32, "hs must be contiguous fp32")
+    B, H, C1, N = hs.shape
+    D = H * (C1 - 1)
+    out = torch.empty((B, D, N), dtype=dtype, device=hs.device)
+    BLOCK_N = min(1024, triton.next_power_of_2(N))
+    _lin_div_kernel[(B * D, triton.cdiv(N, BLOCK_N))](hs, out, N, D, C1 - 1, eps, BLOCK_N=BLOCK_N, **OPTS)
+    return out.transpose(1, 2)
+
+
+# -- GLUMBConv's depthwise 3x3 conv + bias + GLU in one pass ----------------------------------
+@triton.jit
+def _dw_glu_kernel(x_ptr, w_ptr, b_ptr, o_ptr, H, W, Hc, COL_MAJOR: tl.constexpr,
+                   BP: tl.constexpr, BC: tl.constexpr):
+    # x: [B, 2Hc, H, W] channels-last (memory [B, H, W, 2Hc]); w: [2Hc, 1, 3, 3]; bias [2Hc]
+    # o: [B, Hc, H, W] channels-last. The 9 taps are summed in fp32 in a fixed order (row- or
+    # column-major); bf16 x bf16 products are exact in fp32, so mul + add equals an FMA chain.
+    b = tl.program_id(2).to(tl.int64)
+    p = tl.program_id(0) * BP + tl.arange(0, BP)
+    j = tl.program_id(1) * BC + tl.arange(0, BC)
+    pm = p < H * W
+    jm = j < Hc
+    py = p // W
+    px = p % W
+    accx = tl.zeros((BP, BC), dtype=tl.float32)
+    accg = tl.zeros((BP, BC), dtype=tl.float32)
+    for t in tl.static_range(9):
+        if COL_MAJOR:
+            ky = t % 3
+            kx = t // 3
+        else:
+            ky = t // 3
+            kx = t % 3
+        yy = py + (ky - 1)
+        xx = px + (kx - 1)
+        inb = pm & (yy >= 0) & (yy < H) & (xx >= 0) & (xx < W)
+        base = ((b * H + yy) * W + xx) * (2 * Hc)
+        m = inb[:, None] & jm[None, :]
+        xv = tl.load(x_ptr + base[:, None] + j[None, :], mask=m, other=0.0).to(tl.float32)
+        gv = tl.load(x_ptr + base[:, None] + (j + Hc)[None, :], mask=m, other=0.0).to(tl.float32)
+        wx = tl.load(w_ptr + j * 9 + (ky * 3 + kx), mask=jm, other=0.0).to(tl.float32)
+        wg = tl.load(w_ptr + (j + Hc) * 9 + (ky * 3 + kx), mask=jm, other=0.0).to(tl.float32)
+        accx = accx + xv * wx[None, :]
+        accg = accg + gv * wg[None, :]
+    # cuDNN stores the conv output, then aten adds the bias in its own kernel
+    xb = _r(_r(accx, o_ptr) + tl.load(b_ptr + j, mask=jm, other=0.0).to(tl.float32)[None, :], o_ptr)
+    gb = _r(_r(accg, o_ptr) + tl.load(b_ptr + j + Hc, mask=jm, other=0.0).to(tl.float32)[None, :], o_ptr)
+    out = (xb * _r(_silu(gb), o_ptr)).to(o_ptr.dtype.element_ty)
+    dst = (b * H * W + p[:, None]) * Hc + j[None, :]
+    tl.store(o_ptr + dst, out, mask=pm[:, None] & jm[None, :])
+
+
+def dwconv_glu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, col_major: bool) -> torch.Tensor:
+    """GLU(depthwise_conv3x3(x) + bias) for channels-last x [B, 2H, h, w] -> [B, H, h, w]."""
+    _check(x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last), "x must be channels-last")
+    B, C2, Hh, Ww = x.shape
+    _check(weight.shape == (C2, 1, 3, 3) and weight.is_contiguous() and C2 % 2 == 0, "a 3x3 depthwise weight")
+    _check(bias is not None and bias.shape == (C2,) and x.dtype == weight.dtype == bias.dtype, "bias, one dtype")
+    out = torch.empty((B, C2 // 2, Hh, Ww), dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
+    BP, BC = 32, 64
+    grid = (triton.cdiv(Hh * Ww, BP), triton.cdiv(C2 // 2, BC), B)
+    _dw_glu_kernel[grid](x, weight, bias, out, Hh, Ww, C2 // 2, COL_MAJOR=col_major, BP=BP, BC=BC, **OPTS)
+    return out
+
+
+def _check(ok: bool, why: str) -> None:
+    if not ok:
+        raise NotApplicable(why)

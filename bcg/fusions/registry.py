@@ -1,0 +1,55 @@
+"""Fusion rules by name: each rule is a module pattern (class name + a check) and a forward maker.
+
+A rule's forward replaces one module's `forward` as an instance attribute (model code is never
+edited); `bcg.fusions.install_fusions` walks the model and applies every rule whose class matches
+and whose check passes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from torch import nn
+
+from .verify import Verifier
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    target: str
+    """Class name of the modules the rule applies to."""
+    check: Callable[[nn.Module], "str | None"]
+    """Why a matching module cannot take the rule (None: it can)."""
+    make_forward: Callable[[nn.Module, Verifier], Callable]
+    ops: tuple[str, ...]
+    """The fused chains the forward uses (ops.OPS names)."""
+
+
+RULES: dict[str, Rule] = {}
+
+
+def register(rule: Rule) -> Rule:
+    if rule.name in RULES:
+        raise ValueError(f"fusion rule {rule.name!r} is already registered (known: {sorted(RULES)})")
+    RULES[rule.name] = rule
+    return rule
+
+
+def get(name: str) -> Rule:
+    if name not in RULES:
+        raise ValueError(f"unknown fusion rule {name!r}; known: {', '.join(sorted(RULES))}")
+    return RULES[name]
+
+
+def _builtin() -> None:
+    from . import sana
+
+    register(Rule("sana_block", "SanaTransformerBlock", sana.check_block, sana.block_forward,
+                  ("adaln", "linear_attention", "gated_residual_linear", "gated_residual",
+                   "rescale_residual", "conv_bias_silu", "conv_bias_glu", "glu", "dwconv_glu_rows",
+                   "dwconv_glu_cols")))
+
+
+_builtin()

@@ -1,0 +1,223 @@
+"""SANA: `SanaTransformerBlock.forward` with its elementwise chains fused (diffusers 0.42 source).
+
+Per block, eager runs ~50 kernels (about 26 elementwise, 9 copies); the fused forward ~28
+(SANA-1.6B: 1,010 kernels a step -> ~573; 553 with ONE_PASS_DWCONV), its chains verified one by one:
+
+    adaLN x2          LN(x) * (1 + scale) + shift      3 kernels -> 1 (LayerNorm stays aten)
+    linear attention  relu, .float(), pad, two reshape copies; divide, cast   ~9 -> 2
+    residual 1        to_out bias, gate *, +            3 -> 1 (to_out's matmul stays aten)
+    cross-attention   the mask prepared once a forward (not once a block); `/ 1.0` dropped
+    GLUMBConv         conv bias + SiLU; conv bias + chunk + x * silu(gate)   5 -> 2
+    residual 2        gate *, +                        2 -> 1
+
+Everything else (projections, LayerNorm, convs, SDPA) is the module's own call and bcg's attention
+breaks stay where they were, so the forward is the block's source with chains swapped for `fx.call`.
+Installation sets an instance `forward` on each block; removal deletes it. Model code is not edited.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+
+import torch.nn.functional as F
+
+from ..breaks import _AttentionKernelBreaks
+from ..graph import active_capture
+from .ops import (ADALN, CONV_BIAS_GLU, CONV_BIAS_SILU, DWCONV_GLU_COLS, DWCONV_GLU_ROWS, GATED_RESIDUAL,
+                  GATED_RESIDUAL_LINEAR, GLU, LINEAR_ATTENTION, RESCALE_RESIDUAL)
+from .verify import Verifier
+
+
+# The one-pass depthwise conv + bias + GLU kernel (ops.DWCONV_GLU_ROWS) is bit-exact with cuDNN
+# on the H200 in bf16 and fp16 (cuDNN sums the 9 taps row-major), but it measured slower than
+# cuDNN's conv + the fused bias/GLU kernel (SANA-1.6B 1024² B1: 311 vs 304 ms a loop): off until
+# it is tuned (benchmarks/results/denoise_h200_fused.md).
+ONE_PASS_DWCONV = False
+
+
+def check_block(block: nn.Module) -> str | None:
+    """Why this block's forward cannot be swapped (None: it can)."""
+    try:
+        from diffusers.models.attention_processor import SanaLinearAttnProcessor2_0
+        from diffusers.models.transformers.sana_transformer import GLUMBConv
+    except ImportError as exc:
+        return f"diffusers lacks the Sana classes ({exc})"
+    if "forward" in block.__dict__:
+        return "it already has an instance forward (another wrapper or hook)"
+    if block.training:
+        return "it is in training mode (dropout)"
+    attn1, ff = getattr(block, "attn1", None), getattr(block, "ff", None)
+    if attn1 is None or type(attn1.processor) is not SanaLinearAttnProcessor2_0:
+        return "attn1 does not use SanaLinearAttnProcessor2_0"
+    if not isinstance(attn1.to_out[1], nn.Dropout):
+        return "attn1.to_out[1] is not a Dropout"
+    if type(ff) is not GLUMBConv or ff.norm_type is not None or ff.residual_connection:
+        return "ff is not a plain GLUMBConv (norm_type None, no residual)"
+    if type(ff.nonlinearity) is not nn.SiLU:
+        return "GLUMBConv's nonlinearity is not nn.SiLU"
+    for conv in (ff.conv_inverted, ff.conv_depth):
+        if conv.bias is None or conv.padding_mode != "zeros":
+            return "GLUMBConv convs without bias or with non-zero padding"
+    return None
+
+
+def _inlinable(attn: nn.Module) -> bool:
+    """An attention module's processor may be inlined: its forward is the class's, or bcg's
+    attention-kernel wrapper (whose breaks `_cross_attention` keeps)."""
+    fwd = attn.__dict__.get("forward")
+    return fwd is None or getattr(fwd, "__bcg_attention_break__", False)
+
+
+class MaskCache:
+    """Every block prepares the same cross-attention mask (same input tensor, same heads): the
+    first block's result serves the rest of the forward. The entry holds the input tensor itself
+    (so its id cannot be reused) and its version counter (an in-place change is a miss)."""
+
+    def __init__(self) -> None:
+        self.entry: tuple | None = None
+
+    def get(self, attn: nn.Module, mask: torch.Tensor, target_length: int, batch_size: int) -> torch.Tensor:
+        key = (attn.heads, target_length, batch_size, mask._version)
+        e = self.entry
+        if e is not None and e[0] is mask and e[1] == key:
+            return e[2]
+        out = attn.prepare_attention_mask(mask, target_length, batch_size)
+        self.entry = (mask, key, out)
+        return out
+
+
+def _cross_attention(attn, hidden_states, encoder_hidden_states, attention_mask, masks: MaskCache):
+    """SanaAttnProcessor2_0, op for op, up to `to_out` (the caller fuses `/ rescale_output_factor`
+    with the residual), with the prepared mask shared across blocks."""
+    batch_size, sequence_length, _ = (
+        hidden_states.shape if encoder_hidden_states is None else encoder_hidden_states.shape
+    )
+    if attention_mask is not None:
+        attention_mask = masks.get(attn, attention_mask, sequence_length, batch_size)
+        attention_mask = attention_mask.view(batch_size, attn.heads, -1, attention_mask.shape[-1])
+    query = attn.to_q(hidden_states)
+    if encoder_hidden_states is None:
+        encoder_hidden_states = hidden_states
+    key = attn.to_k(encoder_hidden_states)
+    value = attn.to_v(encoder_hidden_states)
+    if attn.norm_q is not None:
+        query = attn.norm_q(query)
+    if attn.norm_k is not None:
+        key = attn.norm_k(key)
+    inner_dim = key.shape[-1]
+    head_dim = inner_dim // attn.heads
+    query = query.view(batch_size, -1, attn.heads, head_dim).transpose(1, 2)
+    key = key.view(batch_size, -1, attn.heads, head_dim).transpose(1, 2)
+    value = value.view(batch_size, -1, attn.heads, head_dim).transpose(1, 2)
+    breaks = "forward" in attn.__dict__ and active_capture() is not None  # bcg's attention break
+    with _AttentionKernelBreaks() if breaks else _null():
+        hidden_states = F.scaled_dot_product_attention(
+            query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=False
+        )
+    hidden_states = hidden_states.transpose(1, 2).reshape(batch_size, -1, attn.heads * head_dim)
+    hidden_states = hidden_states.to(query.dtype)
+    hidden_states = attn.to_out[0](hidden_states)
+    return attn.to_out[1](hidden_states)
+
+
+class _null:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def block_forward(block: nn.Module, fx: Verifier) -> Callable:
+    attn1, attn2, ff = block.attn1, block.attn2, block.ff
+    call = fx.call
+    masks = fx.shared.setdefault("sana_masks", MaskCache())  # one per installation: all blocks
+    try:
+        from diffusers.models.transformers.sana_transformer import SanaAttnProcessor2_0
+    except ImportError:  # pragma: no cover - check_block refused such a diffusers already
+        SanaAttnProcessor2_0 = None
+
+    def residual_linear(h, g, x, linear):  # fallback: the module's linear, then the fused gate
+        return call(GATED_RESIDUAL, h, g, linear(x))
+
+    def glu_fallback(x, conv):
+        return call(GLU, conv(x))
+
+    def conv_glu(x, conv):  # cuDNN's conv, then the fused bias + GLU
+        return call(CONV_BIAS_GLU, x, conv, fallback=glu_fallback)
+
+    def dwconv_glu(x, conv):
+        if not ONE_PASS_DWCONV:
+            return conv_glu(x, conv)
+        return call(DWCONV_GLU_ROWS, x, conv,
+                    fallback=lambda x, c: call(DWCONV_GLU_COLS, x, c, fallback=conv_glu))
+
+    def forward(
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        encoder_hidden_states: torch.Tensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
+        timestep: torch.LongTensor | None = None,
+        height: int = None,
+        width: int = None,
+    ) -> torch.Tensor:
+        batch_size = hidden_states.shape[0]
+
+        # 1. Modulation
+        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = (
+            block.scale_shift_table[None] + timestep.reshape(batch_size, 6, -1)
+        ).chunk(6, dim=1)
+
+        # 2. Self attention (SanaLinearAttnProcessor2_0 inlined)
+        norm_hidden_states = block.norm1(hidden_states)
+        norm_hidden_states = call(ADALN, norm_hidden_states, scale_msa, shift_msa)
+        norm_hidden_states = norm_hidden_states.to(hidden_states.dtype)
+        if _inlinable(attn1):
+            query = attn1.to_q(norm_hidden_states)
+            key = attn1.to_k(norm_hidden_states)
+            value = attn1.to_v(norm_hidden_states)
+            if attn1.norm_q is not None:
+                query = attn1.norm_q(query)
+            if attn1.norm_k is not None:
+                key = attn1.norm_k(key)
+            attn_output = call(LINEAR_ATTENTION, query, key, value, attn1.heads)
+            if attn_output.dtype == torch.float16:  # the processor clips fp16 after to_out
+                attn_output = attn1.to_out[1](attn1.to_out[0](attn_output)).clip(-65504, 65504)
+                hidden_states = call(GATED_RESIDUAL, hidden_states, gate_msa, attn_output)
+            else:  # to_out[1] is an eval Dropout: identity
+                hidden_states = call(GATED_RESIDUAL_LINEAR, hidden_states, gate_msa, attn_output,
+                                     attn1.to_out[0], fallback=residual_linear)
+        else:
+            attn_output = attn1(norm_hidden_states)
+            hidden_states = call(GATED_RESIDUAL, hidden_states, gate_msa, attn_output)
+
+        # 3. Cross attention (the module's own call: bcg's breaks live there)
+        if attn2 is not None and type(attn2.processor) is SanaAttnProcessor2_0 and _inlinable(attn2):
+            attn_output = _cross_attention(attn2, hidden_states, encoder_hidden_states,
+                                           encoder_attention_mask, masks)
+            hidden_states = call(RESCALE_RESIDUAL, attn_output, attn2.rescale_output_factor, hidden_states)
+        elif attn2 is not None:
+            attn_output = attn2(
+                hidden_states,
+                encoder_hidden_states=encoder_hidden_states,
+                attention_mask=encoder_attention_mask,
+            )
+            hidden_states = attn_output + hidden_states
+
+        # 4. Feed-forward (GLUMBConv inlined)
+        norm_hidden_states = block.norm2(hidden_states)
+        norm_hidden_states = call(ADALN, norm_hidden_states, scale_mlp, shift_mlp)
+        norm_hidden_states = norm_hidden_states.unflatten(1, (height, width)).permute(0, 3, 1, 2)
+        x = call(CONV_BIAS_SILU, norm_hidden_states, ff.conv_inverted)
+        x = dwconv_glu(x, ff.conv_depth)
+        ff_output = ff.conv_point(x)
+        ff_output = ff_output.flatten(2, 3).permute(0, 2, 1)
+        hidden_states = call(GATED_RESIDUAL, hidden_states, gate_mlp, ff_output)
+
+        return hidden_states
+
+    forward.__bcg_fusion__ = "sana_block"  # type: ignore[attr-defined]
+    return forward
