@@ -369,6 +369,7 @@ def attach_runner(family: ModelFamily, pipe, cfg: GenerateConfig, device: torch.
         max_graph_bytes=int(bcg.max_graph_memory_gb * (1 << 30)),
         debug_check_buffers=bcg.debug_check_buffers,
         compile=bcg.compile,
+        fusions=bcg.fusions,
         break_policy=break_policy(cfg.model.break_policy),
     )
     return apply_graph_runner(family.transformer(pipe), rc)

@@ -85,14 +85,15 @@ def tiny_inputs(dtype, B=2, seed=0):
                 return_dict=False)
 
 
+@pytest.mark.parametrize("grad_mode", [torch.no_grad, torch.inference_mode])  # the job uses inference_mode
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_install_and_remove_leave_model_code_and_outputs(dtype):
+def test_install_and_remove_leave_model_code_and_outputs(dtype, grad_mode):
     from diffusers.models.transformers.sana_transformer import SanaTransformerBlock
 
     class_forward = SanaTransformerBlock.forward
     model = tiny_sana(dtype)
     kw = tiny_inputs(dtype)
-    with torch.no_grad():
+    with grad_mode():
         ref = model(**kw)[0]
         fx = install_fusions(model, backend="reference")
         assert len(fx.installed) == TINY["num_layers"]
