@@ -126,9 +126,8 @@ class Engine:
         self._capture_sizes = {(int(h), int(w)) for h, w in allowed} if allowed else None
         self._capture_batches = {int(b) for b in cfg.bcg.batch_sizes}
         self.gpu_lock = threading.RLock()
-        if self.cuda:
-            self.encode_stream = torch.cuda.Stream(self.device)
-            self.decode_stream = torch.cuda.Stream(self.device)
+        self.encode_stream = torch.cuda.Stream(self.device) if self.cuda else None
+        self.decode_stream = torch.cuda.Stream(self.device) if self.cuda else None
         if runner is not None:
             runner.capture_lock = self.gpu_lock
 
@@ -169,7 +168,7 @@ class Engine:
         items = padded_items(batch)
         sig = batch.signature
         timer = StageClock(self.cuda)
-        with self.gpu_lock, torch.inference_mode(), self._stream(self.encode_stream if self.cuda else None), \
+        with self.gpu_lock, torch.inference_mode(), self._stream(self.encode_stream), \
                 timer.stage("encode"):
             pos = self.family.encode(self.pipe, [it.prompt for it in items], self.cfg.model, self.device,
                                      instruction=True)
@@ -217,7 +216,7 @@ class Engine:
             pixels, finite = self._generate_rows(items, batch.signature, enc.positive, enc.negative, timer)
             mode = self._mode_since(before)
             n = len(batch.items)  # dummy rows are dropped here, before the host copy
-            with self._stream(self.decode_stream if self.cuda else None):
+            with self._stream(self.decode_stream):
                 host_px, host_ok, done = to_host(pixels[:n], finite[:n], self.cuda)
         return Submitted(batch=batch, pixels=host_px, finite=host_ok, done=done, mode=mode,
                          batch_size=len(items), timer=timer)
@@ -252,7 +251,7 @@ class Engine:
             h, n = len(items) // 2, len(items)
             a = self._generate_rows(items[:h], sig, rows(pos, 0, h), neg and rows(neg, 0, h), timer)
             b = self._generate_rows(items[h:], sig, rows(pos, h, n), neg and rows(neg, h, n), timer)
-            with self._stream(self.decode_stream if self.cuda else None):
+            with self._stream(self.decode_stream):
                 return torch.cat([a[0], b[0]]), torch.cat([a[1], b[1]])
 
     def _run(self, items: List[Item], sig: Signature, pos: TextEmbeds, neg: Optional[TextEmbeds],
@@ -266,7 +265,7 @@ class Engine:
             self.decode_stream.wait_stream(torch.cuda.current_stream(self.device))
             latents.record_stream(self.decode_stream)
         # The decode overlaps the next batch's denoise: it runs on its own stream.
-        with self._stream(self.decode_stream if self.cuda else None), timer.stage("decode"):
+        with self._stream(self.decode_stream), timer.stage("decode"):
             images = self.family.decode(self.pipe, latents, request)
             return to_uint8_torch(images)
 
