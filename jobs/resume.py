@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Iterable, List, Optional, Set
 
 from jobs.config import GenerateConfig
+from jobs.cpu_threads import cpu_identity
 from jobs.dataset import Record
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,7 @@ def run_identity(cfg: GenerateConfig, digest: str, n_records: int) -> dict:
         "sink": {"format": cfg.sink.format, "quality": cfg.sink.quality},
         "bcg_fusions": cfg.bcg.fusions,  # the quality tier: fast changes pixels, lossless must not
         "bcg_compile": cfg.bcg.compile,  # compiled kernels change pixels; graph replay alone does not
+        **cpu_identity(cfg.device),
     }
 
 
