@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from jobs.config import ModelConfig
+from jobs.models.lora import apply_loras, check_loras
 from jobs.models.weights import eval_mode, own_weights
 from padding import TextEmbeds
 
@@ -72,8 +73,9 @@ class ModelFamily:
         `device` is where the job will run it: for the CPU the weights are copied out of the
         checkpoint's file mapping here (jobs/models/weights.py says why).
         """
+        check_loras(cfg.loras, self.pipeline_class)  # a bad LoRA fails before the weights load
         pipe = self.from_pretrained(cfg, dtype)
-        own_weights(pipe, device)
+        own_weights(pipe, device)  # before the LoRAs fuse: they then add into owned memory
         return self.prepare(pipe, cfg)
 
     def from_pretrained(self, cfg: ModelConfig, dtype: torch.dtype, **components):
@@ -84,7 +86,9 @@ class ModelFamily:
                                    **components)
 
     def prepare(self, pipe, cfg: ModelConfig):
-        """What every pipeline, tiny or loaded, goes through before the job runs it."""
+        """What every pipeline, tiny or loaded, goes through before the job runs it (and before
+        the bcg runner wraps its transformer)."""
+        apply_loras(pipe, cfg.loras, self.pipeline_class)
         eval_mode(pipe)
         self.patch(pipe)
         return pipe
