@@ -15,20 +15,23 @@ from tests.helpers import compose_cfg, tiny_pipeline
 SCALE = 0.7
 
 
-@pytest.fixture(scope="module")
-def lora_file(tmp_path_factory):
-    """A rank-4 LoRA on the tiny SANA transformer's attention, with random (non-zero) B matrices."""
-    from diffusers import SanaPipeline
+def make_lora(preset: str, folder, *overrides: str):
+    """A rank-4 LoRA on a tiny preset's transformer attention, random (non-zero) B matrices, saved
+    by the pipeline class's own `save_lora_weights`."""
     from peft import LoraConfig as PeftLoraConfig
     from peft import get_peft_model_state_dict
 
-    _, _, pipe = tiny_pipeline("sana_tiny")
+    _, _, pipe = tiny_pipeline(preset, *overrides)
     torch.manual_seed(1)
     pipe.transformer.add_adapter(PeftLoraConfig(r=4, lora_alpha=4, init_lora_weights=False,
                                                 target_modules=["to_q", "to_k", "to_v", "to_out.0"]))
-    folder = tmp_path_factory.mktemp("lora")
-    SanaPipeline.save_lora_weights(folder, transformer_lora_layers=get_peft_model_state_dict(pipe.transformer))
+    type(pipe).save_lora_weights(folder, transformer_lora_layers=get_peft_model_state_dict(pipe.transformer))
     return folder / "pytorch_lora_weights.safetensors"
+
+
+@pytest.fixture(scope="module")
+def lora_file(tmp_path_factory):
+    return make_lora("sana_tiny", tmp_path_factory.mktemp("lora"))
 
 
 def with_lora(path, scale=SCALE) -> str:
