@@ -36,6 +36,21 @@ def check(key: str, ok: bool, value: Any, expected: str) -> None:
 
 
 @dataclass
+class LoraConfig:
+    """One LoRA adapter, fused into the weights at load (jobs/models/lora.py)."""
+
+    path: str = ""
+    """Local LoRA file (.safetensors) that the pipeline's diffusers `load_lora_weights` reads."""
+    scale: float = 1.0
+    """Strength it is fused at (diffusers' `fuse_lora(lora_scale=...)`); 0 < |scale|, finite."""
+
+    def __post_init__(self) -> None:
+        check("model.loras[].path", bool(str(self.path).strip()), self.path, "a local .safetensors file")
+        check("model.loras[].scale", math.isfinite(self.scale) and self.scale != 0, self.scale,
+              "a finite non-zero number (leave the LoRA out to disable it)")
+
+
+@dataclass
 class ModelConfig:
     name: str = "sana_tiny"
     """Preset name (the file under conf/model/); used in metadata and the default output_dir."""
@@ -57,6 +72,9 @@ class ModelConfig:
     """A prompt longer than max_sequence_length: truncate (counted in the summary) | fail."""
     tiny: Dict[str, Any] = field(default_factory=dict)
     """For path=None: seed and sub-configs of the tiny random components (see conf/model/*_tiny.yaml)."""
+    loras: List[LoraConfig] = field(default_factory=list)
+    """LoRAs fused into the weights in order before the graph runner wraps the transformer, e.g.
+    `model.loras=[{path:/loras/style.safetensors,scale:0.8}]`. Part of the run identity."""
 
     def __post_init__(self) -> None:
         check_choice("model.dtype", self.dtype, DTYPES)

@@ -339,7 +339,7 @@ def torch_dtype(name: str) -> torch.dtype:
 def load_pipeline(family: ModelFamily, cfg: GenerateConfig, device: torch.device):
     dtype = torch_dtype(cfg.model.dtype)
     t0 = time.perf_counter()
-    pipe = family.build_tiny(cfg.model, dtype) if cfg.model.path is None else family.load(cfg.model, dtype)
+    pipe = family.build_tiny(cfg.model, dtype) if cfg.model.path is None else family.load(cfg.model, dtype, device)
     pipe = pipe.to(device)
     pipe.set_progress_bar_config(disable=True)  # the job shows one bar of its own
     log.info("loaded %s (%s, %s) on %s in %.1fs", cfg.model.name, family.pipeline_class, cfg.model.dtype, device,

@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Iterable, List, Optional, Set
 
 from jobs.config import GenerateConfig
+from jobs.cpu_threads import cpu_identity
+from jobs.models.lora import lora_identity
 from jobs.dataset import Record
 
 log = logging.getLogger(__name__)
@@ -49,12 +51,13 @@ def run_identity(cfg: GenerateConfig, digest: str, n_records: int) -> dict:
         "dataset": {"digest": digest, "records": n_records},
         "model": {"name": m.name, "family": m.family, "path": m.path, "dtype": m.dtype, "tiny": m.tiny,
                   "max_sequence_length": m.max_sequence_length,
-                  "complex_human_instruction": m.complex_human_instruction},
+                  "complex_human_instruction": m.complex_human_instruction, **lora_identity(m.loras)},
         "text_buckets": cfg.text_buckets,
         "sampling": asdict(cfg.sampling),
         "sink": {"format": cfg.sink.format, "quality": cfg.sink.quality},
         "bcg_fusions": cfg.bcg.fusions,  # the quality tier: fast changes pixels, lossless must not
         "bcg_compile": cfg.bcg.compile,  # compiled kernels change pixels; graph replay alone does not
+        **cpu_identity(cfg.device),
     }
 
 

@@ -25,6 +25,7 @@ from jobs.config import GenerateConfig
 from jobs.dataset import DatasetError, LoadResult, RowError, format_row_errors, load_dataset, write_error_ledger
 from jobs.distributed import (Group, Topology, merge_stats, pick_device, read_part_summaries, shard_glob, topology,
                               write_part_summary, writer_name)
+from jobs.models.lora import check_loras
 from jobs.models.registry import get_family
 from jobs.partition import take_partition
 from jobs.plan import ItemDefaults, Plan, build_plan, resolve_items, text_length_table, without_keys
@@ -58,6 +59,7 @@ class Prepared:
 def check_config(cfg: GenerateConfig):
     family = get_family(cfg.model.family)
     padder = get_padder(cfg.model.family, buckets=cfg.text_buckets, native_length=cfg.model.max_sequence_length)
+    check_loras(cfg.model.loras, family.pipeline_class)
     if cfg.model.path is not None:
         family.check_path(cfg.model)
     elif not cfg.model.tiny:

@@ -17,6 +17,8 @@ import numpy as np
 import torch
 
 from jobs.config import ModelConfig
+from jobs.models.lora import apply_loras, check_loras
+from jobs.models.weights import eval_mode, own_weights
 from padding import TextEmbeds
 
 
@@ -60,15 +62,39 @@ class ModelFamily:
         check_diffusers_folder(cfg.path, self.pipeline_class, self.components)
 
     def build_tiny(self, cfg: ModelConfig, dtype: torch.dtype):
-        """A pipeline of tiny seeded random components (the real classes), for CPU runs and tests."""
+        """A pipeline of tiny seeded random components (the real classes), for CPU runs and tests.
+
+        Subclasses end with `return self.prepare(pipe, cfg)`."""
         raise NotImplementedError
 
-    def load(self, cfg: ModelConfig, dtype: torch.dtype):
-        """The real pipeline from a local diffusers folder, offline, safetensors only."""
+    def load(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device | str = "cpu"):
+        """The real pipeline from a local diffusers folder, offline, safetensors only.
+
+        `device` is where the job will run it: for the CPU the weights are copied out of the
+        checkpoint's file mapping here (jobs/models/weights.py says why).
+        """
+        check_loras(cfg.loras, self.pipeline_class)  # a bad LoRA fails before the weights load
+        pipe = self.from_pretrained(cfg, dtype)
+        own_weights(pipe, device)  # before the LoRAs fuse: they then add into owned memory
+        return self.prepare(pipe, cfg)
+
+    def from_pretrained(self, cfg: ModelConfig, dtype: torch.dtype, **components):
         import diffusers
 
         cls = getattr(diffusers, self.pipeline_class)
-        return cls.from_pretrained(cfg.path, torch_dtype=dtype, local_files_only=True, use_safetensors=True)
+        return cls.from_pretrained(cfg.path, torch_dtype=dtype, local_files_only=True, use_safetensors=True,
+                                   **components)
+
+    def prepare(self, pipe, cfg: ModelConfig):
+        """What every pipeline, tiny or loaded, goes through before the job runs it (and before
+        the bcg runner wraps its transformer)."""
+        apply_loras(pipe, cfg.loras, self.pipeline_class)
+        eval_mode(pipe)
+        self.patch(pipe)
+        return pipe
+
+    def patch(self, pipe) -> None:
+        """The family's host-side fixes to a pipeline instance (none by default)."""
 
     #: the tokenizer that decides the text length the transformer sees: its checkpoint subfolder,
     #: and the key of its spec in a tiny preset's `tiny:` section

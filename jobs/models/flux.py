@@ -45,7 +45,7 @@ class FluxFamily(ModelFamily):
             tokenizer_2=tiny_tokenizer(tiny["t5"]),
             scheduler=build_scheduler(tiny["scheduler"]),
         )
-        return pipe if dtype == torch.float32 else pipe.to(dtype=dtype)
+        return self.prepare(pipe if dtype == torch.float32 else pipe.to(dtype=dtype), cfg)
 
     def spatial_divisor(self, cfg: ModelConfig) -> int:
         vae = self.component_config(cfg, "vae")

@@ -80,16 +80,13 @@ class LongCatImageFamily(ModelFamily):
             text_processor=None,
             scheduler=build_scheduler(tiny["scheduler"]),
         )
-        accept_embeddings(pipe)
-        return pipe if dtype == torch.float32 else pipe.to(dtype=dtype)
+        return self.prepare(pipe if dtype == torch.float32 else pipe.to(dtype=dtype), cfg)
 
-    def load(self, cfg: ModelConfig, dtype: torch.dtype):
-        from diffusers import LongCatImagePipeline
+    def from_pretrained(self, cfg: ModelConfig, dtype: torch.dtype, **components):
+        return super().from_pretrained(cfg, dtype, text_processor=None, **components)
 
-        pipe = LongCatImagePipeline.from_pretrained(cfg.path, torch_dtype=dtype, local_files_only=True,
-                                                    use_safetensors=True, text_processor=None)
+    def patch(self, pipe) -> None:
         accept_embeddings(pipe)
-        return pipe
 
     def spatial_divisor(self, cfg: ModelConfig) -> int:
         vae = self.component_config(cfg, "vae")

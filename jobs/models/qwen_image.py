@@ -96,15 +96,11 @@ class QwenImageFamily(ModelFamily):
             tokenizer=tiny_tokenizer(tiny["text_encoder"]),
             scheduler=build_scheduler(tiny["scheduler"]),
         )
-        keep_text_mask(pipe.transformer)
-        capturable_text_lengths()
-        return pipe if dtype == torch.float32 else pipe.to(dtype=dtype)
+        return self.prepare(pipe if dtype == torch.float32 else pipe.to(dtype=dtype), cfg)
 
-    def load(self, cfg: ModelConfig, dtype: torch.dtype):
-        pipe = super().load(cfg, dtype)
+    def patch(self, pipe) -> None:
         keep_text_mask(pipe.transformer)
         capturable_text_lengths()
-        return pipe
 
     def spatial_divisor(self, cfg: ModelConfig) -> int:
         vae = self.component_config(cfg, "vae")

@@ -32,7 +32,6 @@ class SanaFamily(ModelFamily):
         torch.manual_seed(int(tiny["seed"]))  # the same preset gives the same weights everywhere
         transformer = SanaTransformer2DModel(**tiny["transformer"])
         vae = AutoencoderDC(**tiny["vae"])
-        transformer.eval(), vae.eval()
         scheduler = build_scheduler(tiny["scheduler"])
         pipe = SanaPipeline(
             tokenizer=text_encoders.load_tokenizer(tiny["text_encoder"]),
@@ -43,7 +42,7 @@ class SanaFamily(ModelFamily):
             scheduler=scheduler,
         )
         # Built in float32; cast only when asked (ModelMixin.to warns on every cast).
-        return pipe if dtype == torch.float32 else pipe.to(dtype=dtype)
+        return self.prepare(pipe if dtype == torch.float32 else pipe.to(dtype=dtype), cfg)
 
     def load_tokenizer(self, cfg: ModelConfig):
         if cfg.path is None:  # the tiny preset names its encoder by a string (minilm or a folder)

@@ -54,7 +54,7 @@ class ZImageFamily(ModelFamily):
             tokenizer=tiny_tokenizer(tiny["text_encoder"]),
             scheduler=build_scheduler(tiny["scheduler"]),
         )
-        return pipe if dtype == torch.float32 else pipe.to(dtype=dtype)
+        return self.prepare(pipe if dtype == torch.float32 else pipe.to(dtype=dtype), cfg)
 
     def spatial_divisor(self, cfg: ModelConfig) -> int:
         vae, tr = self.component_config(cfg, "vae"), self.component_config(cfg, "transformer")

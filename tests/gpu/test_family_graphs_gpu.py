@@ -64,8 +64,8 @@ def test_tiny_family_replay_equals_eager(name):
     check_family(name, "cuda", "cuda")
 
 
-def check_family(name: str, device: str, backend: str) -> dict:
-    cfg = compose_cfg([f"model={name}_tiny", "output_dir=/tmp/x"])
+def check_family(name: str, device: str, backend: str, overrides=()) -> dict:
+    cfg = compose_cfg([f"model={name}_tiny", "output_dir=/tmp/x", *overrides])
     fam = get_family(cfg.model.family)
     pipe = fam.build_tiny(cfg.model, torch.float32).to(device)
     pipe.set_progress_bar_config(disable=True)

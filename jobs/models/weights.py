@@ -1,0 +1,68 @@
+"""The state of a pipeline's torch modules before a job runs them: owned weights, eval mode.
+
+Owned weights. `from_pretrained` leaves CPU tensors inside the memory-mapped safetensors file,
+at whatever address the file layout gives them (often not 64-byte aligned: `data_ptr() % 64 ==
+24` for the Flux tiny transformer). On some CPUs (AMD EPYC, AVX2) oneDNN/MKL take another kernel
+path for misaligned operands and round differently, so a loaded checkpoint gave other images than
+the same weights built in memory (issue 16). `own_weights` copies every parameter and buffer
+into fresh storage from torch's CPU allocator (64-byte aligned), which also releases the file
+mapping. On CUDA nothing is done here: `pipe.to(device)` already copies each tensor into fresh
+memory from the caching allocator (256-byte aligned at least) and drops the mapped CPU tensor
+(tests/gpu/test_weights_gpu.py checks both).
+
+Eval mode. diffusers and transformers put a model in eval mode after `from_pretrained`, but a
+module built from its config starts in training mode (dropout on), so the tiny presets would run
+differently from their real models. Every pipeline goes through `eval_mode`.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Dict, Union
+
+import torch
+
+log = logging.getLogger(__name__)
+
+#: c10's CPU allocator aligns every allocation to 64 bytes (c10/core/alignment.h).
+CPU_ALIGNMENT = 64
+
+
+def torch_modules(pipe) -> Dict[str, torch.nn.Module]:
+    """The pipeline's components that are torch modules (transformer, vae, text encoders...)."""
+    return {name: c for name, c in pipe.components.items() if isinstance(c, torch.nn.Module)}
+
+
+def eval_mode(pipe) -> None:
+    for module in torch_modules(pipe).values():
+        module.eval()
+
+
+def owns_aligned_memory(t: torch.Tensor) -> bool:
+    """t sits alone at the start of a storage torch allocated, at an aligned address.
+
+    Storage over an external buffer (a memory-mapped file, `torch.frombuffer`) is not resizable.
+    """
+    s = t.untyped_storage()
+    return (t.device.type != "cpu" or s.resizable()) and t.storage_offset() == 0 and (
+        t.data_ptr() % CPU_ALIGNMENT == 0 or t.numel() == 0)
+
+
+def own_weights(pipe, device: Union[str, torch.device]) -> int:
+    """For a CPU run: every parameter and buffer into fresh, owned, aligned memory. Returns bytes copied."""
+    if torch.device(device).type != "cpu":
+        return 0  # the copy to the device does it (module docstring)
+    copied = 0
+    with torch.no_grad():
+        for module in torch_modules(pipe).values():
+            # parameters()/buffers() yield a tied tensor once, so ties survive (`.data` is swapped in place).
+            for t in list(module.parameters()) + list(module.buffers()):
+                if t.device.type != "cpu":
+                    continue
+                # One tensor at a time: peak memory is the model plus its largest tensor, since the
+                # mapped pages are file cache the kernel can drop.
+                t.data = t.data.clone(memory_format=torch.contiguous_format)
+                copied += t.nbytes
+                assert owns_aligned_memory(t), "torch's CPU allocator returned unaligned memory"
+    log.debug("copied %.1f MiB of weights out of the checkpoint's file mapping", copied / 2**20)
+    return copied

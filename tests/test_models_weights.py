@@ -1,0 +1,89 @@
+"""Every preset's pipeline, tiny or loaded, runs in eval mode; a loaded one owns aligned weights.
+
+Issue 16: on an AMD EPYC the weights `from_pretrained` left in the safetensors file mapping sat
+at misaligned addresses and took another kernel path, so a loaded checkpoint gave other images
+than the same weights in memory; and the tiny presets ran their transformer and VAE in training
+mode.
+"""
+
+from __future__ import annotations
+
+import gc
+from pathlib import Path
+
+import pytest
+import torch
+
+from jobs.models.registry import get_family
+from jobs.models.weights import CPU_ALIGNMENT, owns_aligned_memory, own_weights, torch_modules
+from tests.helpers import CONF_DIR, compose_cfg, tiny_pipeline
+
+# (tiny preset, the real preset that loads a folder the tiny one saved)
+PRESETS = [("sana_tiny", "sana"), ("flux_tiny", "flux"), ("qwen_image_tiny", "qwen_image"),
+           ("longcat_image_tiny", "longcat_image"), ("z_image_tiny", "z_image")]
+
+
+def test_every_preset_is_listed():
+    assert {p.stem for p in Path(CONF_DIR, "model").glob("*.yaml")} == {name for pair in PRESETS for name in pair}
+
+
+def training_modules(pipe) -> list:
+    return [f"{name}.{sub}" for name, module in torch_modules(pipe).items()
+            for sub, m in module.named_modules() if m.training]
+
+
+def mapped(path: Path) -> bool:
+    return str(path) in Path("/proc/self/maps").read_text()
+
+
+@pytest.mark.parametrize("tiny,real", PRESETS)
+def test_tiny_and_loaded_pipelines_are_in_eval_mode_and_own_their_weights(tiny, real, tmp_path):
+    cfg, fam, pipe = tiny_pipeline(tiny)
+    assert set(torch_modules(pipe)) >= {"transformer", "vae", "text_encoder"}
+    assert training_modules(pipe) == []
+    path = tmp_path / f"{tiny}_diffusers"
+    pipe.save_pretrained(path, safe_serialization=True)
+    del pipe
+
+    real_cfg = compose_cfg([f"model={real}", f"model.path={path}", "model.dtype=float32", "output_dir=/tmp/x"])
+    loaded = fam.load(real_cfg.model, torch.float32)
+    assert training_modules(loaded) == []
+    tensors = [(f"{name}.{n}", t) for name, module in torch_modules(loaded).items()
+               for n, t in list(module.named_parameters()) + list(module.named_buffers())]
+    assert [n for n, t in tensors if not owns_aligned_memory(t)] == []
+    gc.collect()
+    if Path("/proc/self/maps").exists():
+        assert not mapped(path), "a loaded CPU pipeline still maps its checkpoint files"
+
+
+def test_own_weights_moves_misaligned_external_storage_and_keeps_ties():
+    # A weight inside an external buffer at a misaligned offset, as a safetensors mapping gives it.
+    values = torch.arange(48, dtype=torch.float32)
+    raw = bytearray(128 + values.nbytes)
+    at = (24 - torch.frombuffer(raw, dtype=torch.uint8).data_ptr()) % CPU_ALIGNMENT  # address % 64 == 24
+    external = torch.frombuffer(raw, dtype=torch.float32, offset=at, count=48).view(6, 8)
+    external.copy_(values.view(6, 8))
+    linear = torch.nn.Linear(8, 6, bias=False)
+    linear.weight.data = external
+    tied = torch.nn.Embedding(6, 8)
+    tied.weight = linear.weight
+
+    class Pipe:  # the one attribute own_weights reads from a diffusers pipeline
+        components = {"transformer": torch.nn.ModuleDict({"proj": linear, "embed": tied}), "tokenizer": object()}
+
+    assert not owns_aligned_memory(linear.weight) and linear.weight.data_ptr() % CPU_ALIGNMENT == 24
+    assert own_weights(Pipe, "cpu") == values.nbytes  # the tied weight is copied once
+    assert owns_aligned_memory(linear.weight) and tied.weight is linear.weight
+    assert torch.equal(linear.weight, values.view(6, 8))
+    raw[at + 4:at + 8] = bytes(4)  # element [0, 1] of the external buffer: the module no longer reads it
+    assert external[0, 1].item() == 0.0 and linear.weight[0, 1].item() == 1.0
+
+
+def test_own_weights_leaves_device_runs_to_the_device_copy():
+    linear = torch.nn.Linear(2, 2)
+    before = linear.weight.data_ptr()
+
+    class Pipe:
+        components = {"transformer": linear}
+
+    assert own_weights(Pipe, torch.device("cuda")) == 0 and linear.weight.data_ptr() == before
