@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 
-from jobs.distributed import shard_pattern
+from jobs.distributed import shard_pattern, writer_name
 from jobs.capture_policy import CapturePolicy
 from jobs.engine import Engine, attach_runner, load_pipeline
 from jobs.gpu_monitor import GpuMonitor
@@ -18,6 +18,7 @@ from jobs.plan import Item
 from jobs.progress import Progress
 from jobs.stages import StagePipeline
 from jobs.summary import JobStats, StageTimer
+from jobs.timeline import Timeline
 
 log = logging.getLogger("jobs.run")
 
@@ -54,6 +55,7 @@ def generate_all(prep, stats: JobStats, timer: StageTimer, stop) -> None:
     overlap = cfg.job.overlap if cfg.job.overlap is not None else device.type == "cuda"
     stages = StagePipeline(engine, policy, overlap=overlap)
     topo = prep.topo
+    timeline = Timeline(prep.output_dir, writer_name(topo.part, topo.parts))  # for `python -m jobs.inspect`
     sink = AsyncSink(prep.output_dir, cfg.sink, name_pattern=shard_pattern(topo.part, topo.parts))
     # One bar per node: other ranks still log progress lines every log_every_s.
     progress = Progress(prep.plan.n_items, cfg.job.progress and topo.local_rank == 0, cfg.job.log_every_s)
@@ -70,6 +72,7 @@ def generate_all(prep, stats: JobStats, timer: StageTimer, stop) -> None:
         results = stages.run(prep.plan.batches, should_stop)
         # "generate" is the whole stage loop, sink hand-off included: what images/s is measured on.
         with timer("generate"), monitor:
+            timeline.start()
             for number, result in enumerate(results, start=1):
                 ledger = []
                 for i, (it, image, finite) in enumerate(zip(result.items, result.images, result.finite)):
@@ -91,6 +94,8 @@ def generate_all(prep, stats: JobStats, timer: StageTimer, stop) -> None:
                 if ledger:
                     write_error_ledger(prep.output_dir / ERRORS_FILE, ledger)
                 progress.update(len(result.items), str(result.items[0].signature), runner.stats() if runner else {})
+                timeline.record(len(result.items), str(result.items[0].signature), result.mode, result.batch_size,
+                                runner.counters if runner else None)
         with timer("sink_close"):
             sink.close()
         stats.status = "preempted" if stopped else "complete"
@@ -111,6 +116,7 @@ def generate_all(prep, stats: JobStats, timer: StageTimer, stop) -> None:
         if results is not None:
             results.close()  # stops the prefetch thread if the loop ended early
         progress.close()
+        timeline.close()
         engine.end_run()
         stats.oom_splits = engine.oom_splits
         stats.graph = runner.stats() if runner else {}
