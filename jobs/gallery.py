@@ -1,0 +1,61 @@
+"""A static HTML gallery page: one figure per sample, with links relative to the page's folder.
+
+Every text that came from the dataset (key, prompt) or the job (signature, mode) is HTML-escaped,
+and every link is percent-encoded: member stems may hold `%XX` escapes (sinks/keys.py), which a
+browser would otherwise decode into another file name.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+from typing import Optional, Sequence
+from urllib.parse import quote
+
+
+@dataclass(frozen=True)
+class Figure:
+    src: str
+    """The image's path relative to the page (unquoted; quoted here)."""
+    key: str
+    prompt: str
+    signature: str
+    mode: str
+    seed: Optional[int]
+    shard: str
+
+
+STYLE = """
+body { font-family: sans-serif; margin: 1.5em; background: #fafafa; color: #222; }
+.grid { display: grid; grid-template-columns: repeat(auto-fill, minmax(220px, 1fr)); gap: 14px; }
+figure { margin: 0; background: #fff; border: 1px solid #ddd; padding: 8px; }
+figure img { width: 100%; image-rendering: pixelated; }
+figcaption { font-size: 12px; word-wrap: break-word; }
+.key { font-weight: bold; } .meta { color: #666; font-family: monospace; }
+"""
+
+
+def _e(v) -> str:
+    return html.escape(str(v), quote=True)
+
+
+def gallery_html(title: str, figures: Sequence[Figure], extras: Sequence[str] = (), note: str = "") -> str:
+    """The page: a header naming the output folder, links to `extras` (sheet, plot), the figures."""
+    parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+             f"<title>{_e(title)}</title><style>{STYLE}</style></head><body>",
+             f"<h1>{_e(title)}</h1>"]
+    if note:
+        parts.append(f"<p>{_e(note)}</p>")
+    for src in extras:
+        parts.append(f'<p><a href="{_e(quote(src))}"><img src="{_e(quote(src))}" alt="{_e(src)}" '
+                     f'style="max-width:100%"></a></p>')
+    parts.append('<div class="grid">')
+    for f in figures:
+        link = _e(quote(f.src))
+        parts.append(
+            f'<figure><a href="{link}"><img src="{link}" alt="{_e(f.key)}" loading="lazy"></a>'
+            f'<figcaption><div class="key">{_e(f.key)}</div><div>{_e(f.prompt)}</div>'
+            f'<div class="meta">{_e(f.signature)} · {_e(f.mode)} · seed {_e(f.seed)} · {_e(f.shard)}</div>'
+            f"</figcaption></figure>")
+    parts += ["</div>", "</body></html>", ""]
+    return "\n".join(parts)

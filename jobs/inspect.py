@@ -1,0 +1,185 @@
+"""`python -m jobs.inspect OUTPUT_DIR [--out DIR] [--samples N]`: a look at what a job wrote.
+
+    OUTPUT_DIR/_inspect/          (or --out DIR)
+        contact_sheet.png         a grid of samples, key and prompt under each tile
+        index.html                the same samples, full size, with key/prompt/signature/mode/seed
+        images/STEM.jpg|png|webp  the samples' image members, extracted byte for byte
+        throughput.png            images/s over time by signature, captures and releases marked
+                                  (from OUTPUT_DIR/_timeline/, written while the job ran)
+
+Samples come from the committed shards that index.wids.json lists (every `shard-*.tar` before
+the job has written its index), read with webdataset. They are chosen round-robin over signatures
+in the order the shards hold them, so a sheet of N shows every signature when there are at most N,
+and the same output always gives the same sheet. Memory stays bounded: at most about N images
+are held, however large the output. Only PIL is needed to draw.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import logging
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+log = logging.getLogger("jobs.inspect")
+
+EXIT_USAGE = 2  # as jobs.generate: a user error, one message, no traceback
+IMAGE_EXTS = ("jpg", "png", "webp")
+DEFAULT_OUT = "_inspect"
+
+
+class InspectError(ValueError):
+    """OUTPUT_DIR is not something inspect can read; the message names the path and the fix."""
+
+
+@dataclass(frozen=True)
+class Sample:
+    stem: str
+    """The tar member stem (webdataset's __key__), a safe file name."""
+    ext: str
+    image: bytes
+    meta: dict
+    shard: str
+
+    @property
+    def key(self) -> str:
+        return str(self.meta.get("key", self.stem))
+
+
+@dataclass(frozen=True)
+class Report:
+    out: Path
+    samples: List[Sample]
+    sheet: Path
+    page: Path
+    plot: Optional[Path]  # None when the output has no timeline
+
+
+def shard_paths(output_dir: Path) -> List[Path]:
+    """The committed shards, as the index lists them; every shard-*.tar when there is no index yet."""
+    from sinks import INDEX_NAME
+
+    if not output_dir.exists():
+        raise InspectError(f"{output_dir} does not exist: pass the output_dir of a bcgen job "
+                           f"(a folder holding shard-*.tar and {INDEX_NAME})")
+    if not output_dir.is_dir():
+        raise InspectError(f"{output_dir} is not a folder: pass the output_dir of a bcgen job, not a file in it")
+    index = output_dir / INDEX_NAME
+    if index.is_file():
+        try:
+            urls = [s["url"] for s in json.loads(index.read_text())["shardlist"]]
+        except (ValueError, KeyError, TypeError) as e:
+            raise InspectError(f"{index} is not a wids shard index ({e}); delete it to read shard-*.tar instead, "
+                               f"or rerun the job to rewrite it") from None
+        paths = [output_dir / u for u in urls]
+        missing = [str(p) for p in paths if not p.is_file()]
+        if missing:
+            raise InspectError(f"{index} lists {len(missing)} shard(s) that are not there: {', '.join(missing[:3])}; "
+                               f"rerun the job with the same command to restore a consistent folder")
+    else:
+        paths = sorted(output_dir.glob("shard-*.tar"))
+    if not paths:
+        raise InspectError(f"{output_dir} holds no committed shards (no shard-*.tar, or an empty {INDEX_NAME}): "
+                           f"pass the output_dir of a job that has committed at least one shard")
+    return paths
+
+
+def select(paths: Sequence[Path], n: int) -> List[Sample]:
+    """N samples round-robin over signatures, signatures in order of first appearance."""
+    import webdataset as wds
+
+    groups: Dict[str, List[Sample]] = {}
+    for raw in wds.WebDataset([str(p) for p in paths], shardshuffle=False):
+        ext = next((e for e in IMAGE_EXTS if e in raw), None)
+        if ext is None or "json" not in raw:
+            continue  # not a bcgen image sample
+        meta = json.loads(raw["json"])
+        sig = str(meta.get("signature", "?"))
+        if sig not in groups:
+            if len(groups) >= n:
+                continue  # the first n signatures already fill the sheet, one sample each
+            groups[sig] = []
+        # Round-robin never takes more than ceil(n / signatures) from one: keep no more than that.
+        per = math.ceil(n / len(groups))
+        for g in groups.values():
+            del g[per:]
+        if len(groups[sig]) < per:
+            groups[sig].append(Sample(stem=raw["__key__"], ext=ext, image=raw[ext], meta=meta,
+                                      shard=Path(raw["__url__"]).name))
+    chosen, depth = [], 0
+    while len(chosen) < n and any(depth < len(g) for g in groups.values()):
+        chosen += [g[depth] for g in groups.values() if depth < len(g)][: n - len(chosen)]
+        depth += 1
+    return chosen
+
+
+def inspect_output(output_dir: Path, out: Optional[Path] = None, samples: int = 36) -> Report:
+    from PIL import Image
+
+    from jobs.contact_sheet import Tile, contact_sheet
+    from jobs.gallery import Figure, gallery_html
+    from jobs.throughput_plot import throughput_plot
+    from jobs.timeline import TIMELINE_DIR, read_timeline
+
+    if samples < 1:
+        raise InspectError(f"--samples {samples}: give at least 1")
+    output_dir = Path(output_dir)
+    paths = shard_paths(output_dir)
+    chosen = select(paths, samples)
+    if not chosen:
+        raise InspectError(f"the {len(paths)} shard(s) in {output_dir} hold no image samples "
+                           f"(members {'/'.join(IMAGE_EXTS)} with a .json): is it a bcgen output_dir?")
+    out = Path(out) if out is not None else output_dir / DEFAULT_OUT
+    (out / "images").mkdir(parents=True, exist_ok=True)
+    tiles, figures = [], []
+    for s in chosen:
+        rel = f"images/{s.stem}.{s.ext}"
+        (out / rel).write_bytes(s.image)
+        tiles.append(Tile(image=Image.open(io.BytesIO(s.image)), key=s.key, prompt=str(s.meta.get("prompt", ""))))
+        m = s.meta
+        figures.append(Figure(src=rel, key=s.key, prompt=str(m.get("prompt", "")), signature=str(m.get("signature", "")),
+                              mode=str(m.get("mode", "")), seed=m.get("seed"), shard=s.shard))
+    sheet = out / "contact_sheet.png"
+    contact_sheet(tiles).save(sheet)
+
+    entries = read_timeline(output_dir)
+    plot = None
+    if entries:
+        plot = out / "throughput.png"
+        throughput_plot(entries).save(plot)
+    else:
+        log.warning("no timeline in %s: no throughput plot (jobs record one as they run, in %s/)",
+                    output_dir / TIMELINE_DIR, TIMELINE_DIR)
+    n_sigs = len({f.signature for f in figures})
+    note = (f"{len(figures)} samples from {len(paths)} shard(s), {n_sigs} signature(s), chosen round-robin over "
+            f"signatures." + ("" if plot else " No timeline was recorded, so there is no throughput plot."))
+    page = out / "index.html"
+    extras = ["contact_sheet.png"] + (["throughput.png"] if plot else [])
+    page.write_text(gallery_html(f"bcgen output: {output_dir}", figures, extras, note), encoding="utf-8")
+    return Report(out=out, samples=chosen, sheet=sheet, page=page, plot=plot)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m jobs.inspect", description=__doc__.split("\n\n")[0])
+    ap.add_argument("output_dir", type=Path, help="a bcgen job's output_dir")
+    ap.add_argument("--out", type=Path, default=None, help=f"where to write (default OUTPUT_DIR/{DEFAULT_OUT})")
+    ap.add_argument("--samples", type=int, default=36, help="samples on the sheet and the page (default 36)")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="[%(levelname)s] %(message)s")
+    try:
+        r = inspect_output(args.output_dir, args.out, args.samples)
+    except InspectError as e:
+        log.error("%s", e)
+        return EXIT_USAGE
+    log.info("wrote %s, %s%s and %d images under %s", r.sheet.name, r.page.name,
+             f", {r.plot.name}" if r.plot else "", len(r.samples), r.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
