@@ -1,0 +1,220 @@
+"""A look at the output: a real tiny job records its timeline, `python -m jobs.inspect` draws it.
+
+One job for the module (9 prompts, 3 signatures, the CPU op tape capturing every signature, so
+the timeline has captures and releases), inspected once with the real CLI; the other tests read
+what those two commands wrote.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import subprocess
+import sys
+import tarfile
+from html.parser import HTMLParser
+from pathlib import Path
+from urllib.parse import unquote
+
+import pytest
+
+from tests.helpers import prompts, write_jsonl
+from tests.test_job_e2e import FAST, ROOT, run_cli
+
+MARKUP = 'a <b>bold</b> & "quoted" prompt, long enough that the contact sheet has to cut it short'
+SAMPLES = 6
+ODD_KEY = "k003 odd.1/%"  # its member stem holds %XX escapes, which page links must quote again
+
+
+def tar_samples(out: Path) -> dict:
+    """stem -> (image bytes, meta) for every sample in every committed shard, read with tarfile."""
+    found = {}
+    for shard in sorted(out.glob("shard-*.tar")):
+        with tarfile.open(shard) as tf:
+            members = {m.name: tf.extractfile(m).read() for m in tf.getmembers()}
+        for name, data in members.items():
+            stem, ext = name.rsplit(".", 1)
+            if ext == "jpg":
+                found[stem] = (data, json.loads(members[f"{stem}.json"]))
+    return found
+
+
+@pytest.fixture(scope="module")
+def inspected(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("inspect")
+    rows = prompts(9)
+    for i, r in enumerate(rows):  # three signatures: (steps, guidance) differ by row
+        r.update({1: {"steps": 3}, 2: {"guidance_scale": 3.0}}.get(i % 3, {}))
+    rows[4]["prompt"] = MARKUP
+    rows[3]["key"] = ODD_KEY
+    data = write_jsonl(tmp / "prompts.jsonl", rows)
+    out, view = tmp / "out", tmp / "view"
+    run_cli(f"dataset.path={data}", f"output_dir={out}", "sink.maxcount=4", "bcg.backend=tape",
+            "bcg.capture=always", *FAST)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-m", "jobs.inspect", str(out), "--out", str(view), "--samples",
+                           str(SAMPLES)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return out, view, rows
+
+
+class Links(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.imgs, self.hrefs = [], []
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "img":
+            self.imgs.append(a["src"])
+        if tag == "a":
+            self.hrefs.append(a["href"])
+
+
+def test_timeline_has_one_line_per_batch(inspected):
+    out, _, rows = inspected
+    lines = [json.loads(l) for l in (out / "_timeline" / "shard.jsonl").read_text().splitlines()]
+    metas = [m for _, m in tar_samples(out).values()]
+    assert sum(l["items"] for l in lines) == len(rows) == len(metas)
+    # The plan cuts each signature's run into full pool-size batches, so a sample written at batch
+    # size b is one b-th of a batch: this counts batches from the shards alone.
+    assert len(lines) == round(sum(1 / m["batch_size"] for m in metas))
+    by_sig = {}
+    for m in metas:
+        by_sig[m["signature"]] = by_sig.get(m["signature"], 0) + 1
+    assert {s: sum(l["items"] for l in lines if l["signature"] == s) for s in by_sig} == by_sig
+    assert all(0 < l["items"] <= l["batch_size"] and l["mode"] == "replay" for l in lines)
+    ts = [l["t"] for l in lines]
+    assert ts == sorted(ts) and len({l["start"] for l in lines}) == 1
+    graph = json.loads((out / "summary.json").read_text())["graph"]
+    assert lines[-1]["captures"] == graph["captures"] == 6  # every (signature, batch size) captured
+    # Runs end when the next signature begins; the last release comes after the last batch.
+    assert [l["releases"] for l in lines] == [0, 0, 1, 1, 2, 2] and graph["releases"] == 3
+
+
+def test_page_references_only_images_that_exist_and_decode(inspected):
+    from PIL import Image
+
+    out, view, _ = inspected
+    page = (view / "index.html").read_text()
+    links = Links()
+    links.feed(page)
+    assert len(links.imgs) == SAMPLES + 2  # the samples, the sheet and the plot
+    assert set(links.hrefs) == set(links.imgs)
+    shards = tar_samples(out)
+    for src in links.imgs:
+        path = view / unquote(src)
+        assert path.is_file(), f"{src} is referenced by index.html but {path} does not exist"
+        with Image.open(path) as im:
+            im.load()
+        if src.startswith("images/"):
+            stem = Path(unquote(src)).stem
+            assert path.read_bytes() == shards[stem][0]  # extracted byte for byte, not re-encoded
+
+
+def test_page_escapes_dataset_text_and_samples_round_robin(inspected):
+    out, view, _ = inspected
+    page = (view / "index.html").read_text()
+    assert "<b>bold</b>" not in page and "a &lt;b&gt;bold&lt;/b&gt; &amp; &quot;quoted&quot;" in page
+    links = Links()
+    links.feed(page)
+    shards = tar_samples(out)
+    sigs = [shards[Path(unquote(s)).stem][1]["signature"] for s in links.imgs if s.startswith("images/")]
+    assert len(set(sigs[:3])) == 3 and sigs[3:] == sigs[:3]  # one of each signature, then again
+    assert ODD_KEY in [shards[Path(unquote(s)).stem][1]["key"] for s in links.imgs if s.startswith("images/")]
+
+
+def test_contact_sheet_has_one_tile_per_sample_in_order(inspected):
+    from PIL import Image
+
+    from jobs.contact_sheet import SheetLayout, fit
+
+    out, view, _ = inspected
+    layout = SheetLayout()
+    sheet = Image.open(view / "contact_sheet.png").convert("RGB")
+    assert sheet.size == layout.size(SAMPLES) == (SAMPLES * layout.tile[0], layout.tile[1])
+    links = Links()
+    links.feed((view / "index.html").read_text())
+    images = [view / unquote(s) for s in links.imgs if s.startswith("images/")]
+    for i, path in enumerate(images):  # 64x64 squares fill their thumbnail box exactly
+        expected = fit(Image.open(path), layout.thumb)
+        assert sheet.crop(layout.thumb_box(i, SAMPLES)).tobytes() == expected.tobytes(), f"tile {i}"
+
+
+def test_throughput_plot_shows_each_signature_and_the_captures(inspected):
+    from PIL import Image
+
+    from jobs.throughput_plot import CAPTURE, PALETTE, RELEASE, PlotLayout
+
+    _, view, _ = inspected
+    plot = Image.open(view / "throughput.png").convert("RGB")
+    layout = PlotLayout()
+    assert plot.size == (layout.width, layout.height)
+    plot_area = plot.crop((layout.left + 1, layout.top, layout.width - layout.right, layout.height - layout.bottom))
+    colours = {c for _, c in plot_area.getcolors(1 << 20)}
+    assert set(PALETTE[:3]) | {CAPTURE, RELEASE} <= colours and PALETTE[3] not in colours
+
+
+def test_bad_output_dir_exits_2_naming_it(tmp_path, caplog):
+    from jobs.inspect import main
+
+    caplog.set_level(logging.ERROR)
+    missing = tmp_path / "no-such-run"
+    assert main([str(missing)]) == 2
+    assert f"{missing} does not exist" in caplog.text and "output_dir of a bcgen job" in caplog.text
+    caplog.clear()
+    assert main([str(tmp_path)]) == 2
+    assert f"{tmp_path} holds no committed shards" in caplog.text
+
+
+def test_shards_without_an_index_are_read_and_a_stale_index_is_refused(inspected, tmp_path):
+    from jobs.inspect import InspectError, shard_paths
+
+    out, _, _ = inspected
+    for shard in sorted(out.glob("shard-*.tar"))[:2]:
+        (tmp_path / shard.name).symlink_to(shard)
+    assert [p.name for p in shard_paths(tmp_path)] == ["shard-000000.tar", "shard-000001.tar"]
+    (tmp_path / "index.wids.json").write_text(json.dumps({"shardlist": [{"url": "shard-000009.tar"}]}))
+    with pytest.raises(InspectError, match="shard-000009.tar"):
+        shard_paths(tmp_path)
+
+
+def test_timeline_reader_skips_torn_lines_and_overwritten_runs(tmp_path):
+    from bcg import Counters
+    from jobs.timeline import Timeline, read_timeline
+
+    (tmp_path / "run.json").write_text('{"old": 1}')
+    old = Timeline(tmp_path, "shard")
+    old.start()
+    old.record(4, "sigA", "eager", 4)
+    old.close()
+    (tmp_path / "run.json").write_text('{"new": 1}')  # job.overwrite=true replaced the run
+    new = Timeline(tmp_path, "shard")
+    new.start()
+    new.record(2, "sigB", "replay", 2, Counters(captures=1))
+    new.close()
+    with open(tmp_path / "_timeline" / "shard.jsonl", "a") as f:
+        f.write('{"t": 9.0, "items"')  # a kill mid-line
+    entries = read_timeline(tmp_path)
+    assert [(e.items, e.signature, e.captures, e.releases) for e in entries] == [(2, "sigB", 1, 0)]
+
+
+def test_plot_cuts_idle_time_between_runs_and_keeps_every_image():
+    from jobs.throughput_plot import series
+    from jobs.timeline import BatchEntry
+
+    def e(start, t, items, sig, caps=0):
+        return BatchEntry(t=t, start=start, run="r", part="shard", items=items, signature=sig, mode="replay",
+                          batch_size=4, captures=caps, releases=0, evictions=0)
+
+    # A run of 10 s, killed, resumed an hour later for 5 s; a second part alongside the first.
+    entries = [e(0, 5, 20, "A", 1), e(0, 10, 20, "A", 1), e(3600, 5, 10, "B", 2),
+               e(1, 4, 8, "A"), e(1, 8, 8, "A")]
+    s = series(entries, bins=50)
+    assert s.span == pytest.approx(15) and s.resumes == [pytest.approx(10)]
+    assert s.sig_order == ["A", "B"] and s.images == 66
+    width = s.span / 50
+    assert sum(sum(r) for r in s.rates.values()) * width == pytest.approx(66)
+    assert sum(s.rates["B"][:33]) == 0 and s.captures == [0, pytest.approx(10)]
