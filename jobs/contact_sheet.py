@@ -69,8 +69,14 @@ def fit(image, side: int):
 
 
 def font(size: int):
+    """DejaVu Sans where the system has it (it covers accented and most non-Latin letters),
+    else Pillow's own font (Latin only; others draw as boxes)."""
     from PIL import ImageFont
 
+    try:
+        return ImageFont.truetype("DejaVuSans.ttf", size)
+    except OSError:
+        pass
     try:
         return ImageFont.load_default(size=size)  # a scalable font where Pillow has FreeType
     except TypeError:  # Pillow < 10.1: the fixed bitmap font

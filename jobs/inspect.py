@@ -10,8 +10,8 @@
 Samples come from the committed shards that index.wids.json lists (every `shard-*.tar` before
 the job has written its index), read with webdataset. They are chosen round-robin over signatures
 in the order the shards hold them, so a sheet of N shows every signature when there are at most N,
-and the same output always gives the same sheet. Memory stays bounded: at most about N images
-are held, however large the output. Only PIL is needed to draw.
+and the same output always gives the same sheet. Memory stays bounded: N images and the metadata of
+at most N² samples, however large the output. Only PIL is needed to draw.
 """
 
 from __future__ import annotations
@@ -89,33 +89,45 @@ def shard_paths(output_dir: Path) -> List[Path]:
     return paths
 
 
-def select(paths: Sequence[Path], n: int) -> List[Sample]:
-    """N samples round-robin over signatures, signatures in order of first appearance."""
+def _image_samples(paths: Sequence[Path]):
+    """(stem, ext, raw sample) for every bcgen image sample in the shards, in shard order."""
     import webdataset as wds
 
-    groups: Dict[str, List[Sample]] = {}
     for raw in wds.WebDataset([str(p) for p in paths], shardshuffle=False):
         ext = next((e for e in IMAGE_EXTS if e in raw), None)
-        if ext is None or "json" not in raw:
-            continue  # not a bcgen image sample
+        if ext is not None and "json" in raw:  # anything else is not a bcgen image sample
+            yield raw["__key__"], ext, raw
+
+
+def select(paths: Sequence[Path], n: int) -> List[Sample]:
+    """N samples round-robin over signatures, signatures in order of first appearance.
+
+    Two passes keep memory bounded whatever the output holds: the first keeps metadata only (at
+    most n per signature, of the first n signatures: round-robin takes no more), the second reads
+    the chosen samples' images from the shards that hold them.
+    """
+    groups: Dict[str, List[tuple]] = {}
+    for stem, _, raw in _image_samples(paths):
         meta = json.loads(raw["json"])
         sig = str(meta.get("signature", "?"))
-        if sig not in groups:
-            if len(groups) >= n:
-                continue  # the first n signatures already fill the sheet, one sample each
-            groups[sig] = []
-        # Round-robin never takes more than ceil(n / signatures) from one: keep no more than that.
-        per = math.ceil(n / len(groups))
-        for g in groups.values():
-            del g[per:]
-        if len(groups[sig]) < per:
-            groups[sig].append(Sample(stem=raw["__key__"], ext=ext, image=raw[ext], meta=meta,
-                                      shard=Path(raw["__url__"]).name))
+        if sig not in groups and len(groups) >= n:
+            continue
+        group = groups.setdefault(sig, [])
+        if len(group) < n:
+            group.append((raw["__url__"], stem, meta))
     chosen, depth = [], 0
     while len(chosen) < n and any(depth < len(g) for g in groups.values()):
         chosen += [g[depth] for g in groups.values() if depth < len(g)][: n - len(chosen)]
         depth += 1
-    return chosen
+    wanted = {(url, stem): i for i, (url, stem, _) in enumerate(chosen)}
+    found: Dict[int, Sample] = {}
+    shards = [p for p in paths if any(str(p) == url for url, _ in wanted)]
+    for stem, ext, raw in _image_samples(shards):
+        i = wanted.get((raw["__url__"], stem))
+        if i is not None:
+            found[i] = Sample(stem=stem, ext=ext, image=raw[ext], meta=chosen[i][2], shard=Path(raw["__url__"]).name)
+    assert len(found) == len(chosen), "a shard changed between the two passes"
+    return [found[i] for i in range(len(chosen))]
 
 
 def inspect_output(output_dir: Path, out: Optional[Path] = None, samples: int = 36) -> Report:

@@ -218,3 +218,27 @@ def test_plot_cuts_idle_time_between_runs_and_keeps_every_image():
     width = s.span / 50
     assert sum(sum(r) for r in s.rates.values()) * width == pytest.approx(66)
     assert sum(s.rates["B"][:33]) == 0 and s.captures == [0, pytest.approx(10)]
+
+
+def test_selection_is_round_robin_when_signatures_differ_in_size(tmp_path):
+    import webdataset as wds
+    from PIL import Image
+
+    from jobs.inspect import select
+
+    buf = io.BytesIO()
+    Image.new("RGB", (8, 8), (200, 10, 10)).save(buf, format="PNG")
+    layout = {"shard-000000.tar": ["A"] * 5, "shard-000001.tar": ["A"] * 3 + ["B"] * 2}
+    n = 0
+    for name, sigs in layout.items():
+        with wds.TarWriter(str(tmp_path / name)) as tw:
+            for sig in sigs:
+                tw.write({"__key__": f"s{n}", "png": buf.getvalue(),
+                          "json": json.dumps({"key": f"s{n}", "signature": sig}).encode()})
+                n += 1
+    picked = select(sorted(tmp_path.glob("shard-*.tar")), 6)
+    # B has only two samples: once it runs out, A fills the rest, in shard order.
+    assert [(s.key, s.meta["signature"]) for s in picked] == [
+        ("s0", "A"), ("s8", "B"), ("s1", "A"), ("s9", "B"), ("s2", "A"), ("s3", "A")]
+    assert [s.shard for s in picked] == ["shard-000000.tar", "shard-000001.tar"] * 2 + ["shard-000000.tar"] * 2
+    assert all(s.ext == "png" and s.image == buf.getvalue() for s in picked)
