@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from jobs.dataset import DatasetConfig
+from jobs.dataset_validate import MAX_SIDE, MAX_STEPS
+from jobs.errors import UserError
 from sinks.config import SinkConfig
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -23,16 +25,18 @@ DEVICES = ("auto", "cpu", "cuda")
 LONG_PROMPT = ("truncate", "fail")
 NONFINITE = ("record", "ledger")
 CAPTURE_POLICIES = ("auto", "always")
+VERIFY = ("members", "full")
+MAX_BATCH = 1024  # a short batch is padded up to a pool size: a huge one is an out-of-memory typo
 
 
 def check_choice(key: str, value: Any, allowed: tuple) -> None:
     if value not in allowed:
-        raise ValueError(f"{key}={value!r} is not allowed; choose one of: {', '.join(map(str, allowed))}")
+        raise UserError(f"{key}={value!r} is not allowed; choose one of: {', '.join(map(str, allowed))}")
 
 
 def check(key: str, ok: bool, value: Any, expected: str) -> None:
     if not ok:
-        raise ValueError(f"{key}={value!r} is invalid: expected {expected}")
+        raise UserError(f"{key}={value!r} is invalid: expected {expected}")
 
 
 @dataclass
@@ -104,11 +108,12 @@ class SamplingConfig:
     """Negative prompt for rows that give none (used only with CFG)."""
 
     def __post_init__(self) -> None:
-        check("sampling.steps", self.steps > 0, self.steps, "an int > 0")
+        # The limits dataset rows have: a value a row may not carry is no better as a default.
+        check("sampling.steps", 0 < self.steps <= MAX_STEPS, self.steps, f"an int in [1, {MAX_STEPS}]")
         check("sampling.guidance_scale", math.isfinite(self.guidance_scale) and self.guidance_scale >= 0,
               self.guidance_scale, "a finite number >= 0")
-        check("sampling.height", self.height > 0, self.height, "a positive int")
-        check("sampling.width", self.width > 0, self.width, "a positive int")
+        check("sampling.height", 0 < self.height <= MAX_SIDE, self.height, f"an int in [1, {MAX_SIDE}]")
+        check("sampling.width", 0 < self.width <= MAX_SIDE, self.width, f"an int in [1, {MAX_SIDE}]")
         check("sampling.seed", 0 <= self.seed < 2**63, self.seed, "an int in [0, 2**63)")
 
 
@@ -144,8 +149,8 @@ class BcgConfig:
     """auto: release a key's graphs when replay is not this fraction faster than eager."""
 
     def __post_init__(self) -> None:
-        check("bcg.batch_sizes", len(self.batch_sizes) > 0 and all(int(b) > 0 for b in self.batch_sizes),
-              list(self.batch_sizes), "a non-empty list of positive ints, e.g. [1,2,4,8]")
+        check("bcg.batch_sizes", len(self.batch_sizes) > 0 and all(0 < int(b) <= MAX_BATCH for b in self.batch_sizes),
+              list(self.batch_sizes), f"a non-empty list of ints in [1, {MAX_BATCH}], e.g. [1,2,4,8]")
         if self.text_buckets is not None:
             check("bcg.text_buckets", len(self.text_buckets) > 0 and all(int(b) > 0 for b in self.text_buckets),
                   list(self.text_buckets), "a non-empty list of positive ints, e.g. [64,128,256]")
@@ -177,14 +182,18 @@ class JobConfig:
     overlap: Optional[bool] = None
     """Overlap text encoding and VAE decoding with denoising (jobs/stages.py): true | false | null
     (null: on with CUDA, off on a CPU, where the stages share the same cores). Bytes are the same."""
+    verify: str = "members"
+    """On resume, check each committed shard against its manifest: members (file size and the member
+    list with sizes, from the tar headers; cheap) | full (also sha256: reads every byte)."""
 
     def __post_init__(self) -> None:
         if self.partition != "slurm_array":
             try:
                 parse_partition(self.partition)
-            except ValueError as e:
-                raise ValueError(f"{e}; or job.partition=slurm_array inside a Slurm job array") from None
+            except UserError as e:
+                raise UserError(f"{e}; or job.partition=slurm_array inside a Slurm job array") from None
         check_choice("job.on_nonfinite", self.on_nonfinite, NONFINITE)
+        check_choice("job.verify", self.verify, VERIFY)
         check("job.dist_timeout_min", self.dist_timeout_min > 0, self.dist_timeout_min, "minutes > 0")
 
 
@@ -194,7 +203,7 @@ def parse_partition(text: str) -> tuple[int, int]:
     except ValueError:
         index, count = -1, 0
     if not (count > 0 and 0 <= index < count):
-        raise ValueError(f"job.partition={text!r} is invalid: expected I/N with 0 <= I < N, e.g. 0/4")
+        raise UserError(f"job.partition={text!r} is invalid: expected I/N with 0 <= I < N, e.g. 0/4")
     return index, count
 
 
@@ -233,7 +242,40 @@ def register_configs() -> None:
 
 
 def to_typed(cfg) -> GenerateConfig:
-    """DictConfig -> GenerateConfig, running every field check (the first bad value raises)."""
+    """DictConfig -> GenerateConfig, running every field check (the first bad value raises UserError)."""
     from omegaconf import OmegaConf
+    from omegaconf.errors import MissingMandatoryValue
 
-    return OmegaConf.to_object(cfg)
+    check_known_keys(cfg)
+    try:
+        return OmegaConf.to_object(cfg)
+    except UserError:
+        raise
+    except MissingMandatoryValue as e:
+        raise UserError(f"{e.full_key} is required and has no value; pass {e.full_key}=... on the command line") from None
+    except ValueError as e:
+        # to_object runs nothing but the config dataclasses' checks, so a ValueError here is a bad
+        # value: sinks/ (which knows nothing of jobs/) and OmegaConf's own validation raise ValueError.
+        raise UserError(str(e)) from None
+
+
+def check_known_keys(cfg, where: str = "") -> None:
+    """Refuse keys the schema does not have. `+foo=1` forces a key past Hydra's struct check, and
+    the dataclasses would then drop it silently: a typo'd `+sampling.stpes=4` would change nothing."""
+    import dataclasses
+
+    from omegaconf import DictConfig, OmegaConf
+
+    schema = OmegaConf.get_type(cfg)
+    if not dataclasses.is_dataclass(schema):
+        return  # a free-form mapping (model.tiny): its keys are the loader's to check
+    known = {f.name for f in dataclasses.fields(schema)}
+    for key in cfg.keys():
+        name = f"{where}{key}"
+        if key not in known:
+            raise UserError(f"{name} is not a config key (from `+{name}=...` or a yaml file?); "
+                            f"known keys{' under ' + where.rstrip('.') if where else ''}: {', '.join(sorted(known))}. "
+                            f"Remove it, or fix its spelling")
+        node = cfg._get_node(key)
+        if isinstance(node, DictConfig) and not node._is_missing() and not node._is_none():
+            check_known_keys(node, f"{name}.")

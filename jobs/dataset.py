@@ -59,19 +59,19 @@ class DatasetConfig:
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
-            raise ValueError(f"dataset.format={self.format!r} is not a dataset format; "
+            raise DatasetError(f"dataset.format={self.format!r} is not a dataset format; "
                              f"allowed: {', '.join(FORMATS)}")
         if self.on_error not in ON_ERROR:
-            raise ValueError(f"dataset.on_error={self.on_error!r} is not allowed; "
+            raise DatasetError(f"dataset.on_error={self.on_error!r} is not allowed; "
                              f"allowed: {', '.join(ON_ERROR)}")
         if type(self.limit) is not int or self.limit < 0:
-            raise ValueError(f"dataset.limit={self.limit!r} must be an integer >= 0 (0 = all rows)")
+            raise DatasetError(f"dataset.limit={self.limit!r} must be an integer >= 0 (0 = all rows)")
         for name in ("prompt_field", "key_field"):
             if not getattr(self, name):
-                raise ValueError(f"dataset.{name} is empty; name the field, e.g. "
+                raise DatasetError(f"dataset.{name} is empty; name the field, e.g. "
                                  f"dataset.{name}={name.split('_')[0]}")
         if self.prompt_field == self.key_field:
-            raise ValueError(f"dataset.prompt_field and dataset.key_field are both "
+            raise DatasetError(f"dataset.prompt_field and dataset.key_field are both "
                              f"{self.key_field!r}; they must name different fields")
 
 

@@ -16,6 +16,8 @@ import re
 from dataclasses import dataclass
 from typing import Optional, Union
 
+from jobs.errors import UserError
+
 MAX_KEY_CHARS = 200
 MAX_SIDE = 8192
 MAX_STEPS = 1000
@@ -65,7 +67,7 @@ class RowError:
         return {"file": self.file, "line": self.line, "key": self.key, "reason": self.reason}
 
 
-class DatasetError(ValueError):
+class DatasetError(UserError):
     """Bad dataset input. `errors` holds the bad rows (empty for a file-level problem)."""
 
     def __init__(self, message: str, errors: Optional[list[RowError]] = None):

@@ -23,6 +23,8 @@ from typing import Callable, Mapping, Optional, Tuple
 
 import torch
 
+from jobs.errors import UserError
+
 log = logging.getLogger(__name__)
 
 SLURM_ARRAY = "slurm_array"
@@ -74,7 +76,7 @@ def _env_int(environ: Mapping[str, str], name: str) -> int:
     try:
         return int(environ[name])
     except ValueError:
-        raise ValueError(f"environment variable {name}={environ[name]!r} is not an integer; "
+        raise UserError(f"environment variable {name}={environ[name]!r} is not an integer; "
                          f"unset it or launch with torchrun / srun, which set it") from None
 
 
@@ -84,12 +86,12 @@ def ranks_from_env(environ: Mapping[str, str]) -> Tuple[int, int, int]:
         return 0, 1, 0
     missing = [k for k in ("RANK", "WORLD_SIZE") if k not in environ]
     if missing:
-        raise ValueError(f"{' and '.join(missing)} unset while {'RANK' if 'RANK' in environ else 'WORLD_SIZE'} is set; "
+        raise UserError(f"{' and '.join(missing)} unset while {'RANK' if 'RANK' in environ else 'WORLD_SIZE'} is set; "
                          f"launch with `torchrun --nproc-per-node N -m jobs.generate ...`")
     rank, world = _env_int(environ, "RANK"), _env_int(environ, "WORLD_SIZE")
     local = _env_int(environ, "LOCAL_RANK") if "LOCAL_RANK" in environ else rank
     if not (world >= 1 and 0 <= rank < world and local >= 0):
-        raise ValueError(f"RANK={rank} WORLD_SIZE={world} LOCAL_RANK={local} are inconsistent: "
+        raise UserError(f"RANK={rank} WORLD_SIZE={world} LOCAL_RANK={local} are inconsistent: "
                          f"need 0 <= RANK < WORLD_SIZE")
     return rank, world, local
 
@@ -118,11 +120,11 @@ def task_from_config(partition: str, environ: Mapping[str, str]) -> Tuple[int, i
     names = ("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_MIN", "SLURM_ARRAY_TASK_MAX", "SLURM_ARRAY_TASK_COUNT")
     missing = [n for n in names if n not in environ]
     if missing:
-        raise ValueError(f"job.partition={SLURM_ARRAY} but {', '.join(missing)} unset: this is not a Slurm array task. "
+        raise UserError(f"job.partition={SLURM_ARRAY} but {', '.join(missing)} unset: this is not a Slurm array task. "
                          f"Submit with `sbatch --array=0-N`, or pass job.partition=I/N")
     task, lo, hi, count = (_env_int(environ, n) for n in names)
     if hi - lo + 1 != count:
-        raise ValueError(f"job.partition={SLURM_ARRAY} needs a contiguous array (--array=0-{count - 1}); "
+        raise UserError(f"job.partition={SLURM_ARRAY} needs a contiguous array (--array=0-{count - 1}); "
                          f"this one has {count} tasks in {lo}..{hi}. Use job.partition=I/N instead")
     return task - lo, count
 
@@ -172,7 +174,7 @@ class Group:
 
     def agree(self, step: Callable[[], None], leader_only: bool = False) -> None:
         """Run `step` (on rank 0 only, or on every rank), then meet: when any rank's step raised,
-        every rank raises (ValueError for bad input, so all exit 2), and none is left waiting at a
+        every rank raises (UserError for bad input, so all exit 2), and none is left waiting at a
         later barrier for a rank that is gone."""
         failure: Optional[BaseException] = None
         if self.topo.leader or not leader_only:
@@ -187,14 +189,14 @@ class Group:
         import torch.distributed as dist
 
         reports = [None] * self.topo.world
-        mine = None if failure is None else (isinstance(failure, ValueError), f"{type(failure).__name__}: {failure}")
+        mine = None if failure is None else (isinstance(failure, UserError), f"{type(failure).__name__}: {failure}")
         dist.all_gather_object(reports, mine, group=self._ctrl)
         if failure is not None:
             raise failure
         for rank, report in enumerate(reports):
             if report:
                 bad_input, message = report
-                raise (ValueError if bad_input else RuntimeError)(f"rank {rank} failed: {message}")
+                raise (UserError if bad_input else RuntimeError)(f"rank {rank} failed: {message}")
 
     def close(self) -> None:
         if self._ctrl is not None:

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from jobs.config import GenerateConfig
+from jobs.errors import UserError
 from jobs.models.base import DenoiseRequest, ModelFamily
 from jobs.pixels import to_uint8_torch
 from jobs.plan import Batch, Item, Signature
@@ -328,7 +329,8 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("device=cuda but no CUDA device is visible; use device=auto or device=cpu")
+        raise UserError("device=cuda but no CUDA device is visible here (torch.cuda.is_available() is False); "
+                        "use device=auto or device=cpu, or run on a machine with a GPU and a CUDA build of torch")
     return torch.device(name)
 
 

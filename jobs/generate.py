@@ -1,16 +1,21 @@
 """`python -m jobs.generate [overrides]`: the Hydra entry point, kept thin.
 
-Compose the config (typed schema: typos fail here), turn it into dataclasses (every value
-checked), run the job. User errors print one clear message and exit 2; nothing is loaded first.
+Check the command line (jobs/cli_check.py), compose the config (typed schema: typos fail here),
+turn it into dataclasses (every value checked), run the job. This is the one place that catches
+UserError (bad config, data or environment): one message, exit 2, no traceback. Anything else is
+a crash and keeps its traceback (exit 1).
 """
 
 from __future__ import annotations
 
 import logging
+import sys
+
 import hydra
 from omegaconf import DictConfig
 
 from jobs.config import register_configs, to_typed
+from jobs.errors import UserError
 
 log = logging.getLogger("jobs.generate")
 
@@ -22,14 +27,10 @@ register_configs()
 
 
 def main_typed(cfg) -> int:
-    from jobs.dataset import DatasetError
     from jobs.run import run_job
 
     try:
         stats = run_job(cfg)
-    except DatasetError as e:
-        log.error("%s", e)
-        return EXIT_USAGE
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     return EXIT_PREEMPTED if stats.status == "preempted" else 0
@@ -44,23 +45,26 @@ def main(cfg: DictConfig) -> None:
 
 
 def run_from_dict(cfg: DictConfig) -> int:
-    from omegaconf.errors import MissingMandatoryValue
-
     try:
-        typed = to_typed(cfg)
-    except MissingMandatoryValue as e:
-        log.error("config error: %s is required and has no value; pass %s=... on the command line",
-                  e.full_key, e.full_key)
-        return EXIT_USAGE
-    except ValueError as e:
-        log.error("config error: %s", e)
-        return EXIT_USAGE
-    try:
-        return main_typed(typed)
-    except ValueError as e:  # bad user input found before any model loaded
+        return main_typed(to_typed(cfg))
+    except UserError as e:
         log.error("%s", e)
         return EXIT_USAGE
 
 
-if __name__ == "__main__":
+def cli(argv=None) -> None:
+    """The command: check the command line before Hydra runs (and creates folders), then run."""
+    from jobs.cli_check import check_command_line
+
+    try:
+        check_command_line(sys.argv[1:] if argv is None else argv)
+    except UserError as e:
+        # Hydra has not configured logging yet: give this one message Hydra's log format.
+        logging.basicConfig(format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
+        log.error("%s", e)
+        raise SystemExit(EXIT_USAGE) from None
     main()
+
+
+if __name__ == "__main__":
+    cli()

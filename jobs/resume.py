@@ -29,6 +29,7 @@ from jobs.config import GenerateConfig
 from jobs.cpu_threads import cpu_identity
 from jobs.models.lora import lora_identity
 from jobs.dataset import Record
+from jobs.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,9 @@ def run_identity(cfg: GenerateConfig, digest: str, n_records: int) -> dict:
         "bcg_fusions": cfg.bcg.fusions,  # the quality tier: fast changes pixels, lossless must not
         "bcg_compile": cfg.bcg.compile,  # compiled kernels change pixels; graph replay alone does not
         **cpu_identity(cfg.device),
+        # The batch an item is denoised in changes its bytes (kernels pick other reductions per batch
+        # size: 5 of 40 JPEGs differed between batch 1 and 8), so the batching is part of the identity.
+        "batching": {"batch_sizes": list(cfg.bcg.batch_sizes), "pad_short_batches": cfg.bcg.pad_short_batches},
     }
 
 
@@ -100,13 +104,13 @@ def _claim_locked(output_dir: Path, identity: dict, overwrite: bool, shard_glob:
         if not diff:
             return True
         if not overwrite:
-            raise ValueError(
+            raise UserError(
                 f"output_dir={str(output_dir)!r} holds a run with a different dataset or config:\n  "
                 + "\n  ".join(diff[:20])
                 + "\nUse another output_dir, or job.overwrite=true to delete its shards and start over.")
         wipe(output_dir, shard_glob)
     elif shards and not overwrite:
-        raise ValueError(f"output_dir={str(output_dir)!r} holds {len(shards)} shard(s) but no {RUN_FILE}: they were "
+        raise UserError(f"output_dir={str(output_dir)!r} holds {len(shards)} shard(s) but no {RUN_FILE}: they were "
                          f"not written by this tool's run. Use another output_dir, or job.overwrite=true to delete them.")
     elif shards:
         wipe(output_dir, shard_glob)
@@ -117,10 +121,15 @@ def _publish_once(path: Path, data: bytes) -> bool:
     """Write `path` only if no one has: False when another claimer published it first."""
     from sinks.atomic import fsync_dir, write_synced
 
+    from sinks.tar_shard import link_no_replace
+
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # per process: racing claimers never share it
     try:
         write_synced(tmp, data)
-        os.link(tmp, path)  # fails if another claimer published first: no overwrite race
+        # A hard link fails if another claimer published first: no overwrite race. Where hard links
+        # are not supported, this falls back to check + rename as shard commits do; the claim lock
+        # (dir_lock) still serializes claimers there.
+        link_no_replace(tmp, path)
     except FileExistsError:
         return False
     finally:
@@ -226,7 +235,7 @@ class WriterLock:
         if not _flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB):
             holder = os.pread(self.fd, 200, 0).decode(errors="replace").strip()
             os.close(self.fd)
-            raise ValueError(f"another process ({holder or 'unknown'}) is writing {name}-* shards in "
+            raise UserError(f"another process ({holder or 'unknown'}) is writing {name}-* shards in "
                              f"output_dir={str(output_dir)!r}; two writers of one partition would duplicate items. "
                              f"Wait for it to end (or stop it), then rerun")
         os.ftruncate(self.fd, 0)
@@ -263,11 +272,17 @@ def kill_hook(point: str, count: int = 0, output_dir: Optional[Path] = None) -> 
 
 
 def check_writable(output_dir: Path) -> None:
+    for parent in [output_dir, *output_dir.parents]:
+        if parent.exists() and not parent.is_dir():
+            raise UserError(f"output_dir={str(output_dir)!r} cannot be a directory: {str(parent)!r} is a file; "
+                            f"choose another output_dir (or move the file)")
+        if parent.exists():
+            break
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
         probe = output_dir / f".write-probe-{os.getpid()}"
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as e:
-        raise ValueError(f"output_dir={str(output_dir)!r} is not writable ({e.strerror}); "
-                         f"choose a directory you can write to") from e
+        raise UserError(f"output_dir={str(output_dir)!r} is not writable ({e.strerror}); "
+                        f"choose a directory you can write to") from None

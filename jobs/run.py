@@ -21,6 +21,7 @@ from typing import List, Optional
 
 import torch
 
+from jobs.errors import UserError
 from jobs.config import GenerateConfig
 from jobs.dataset import DatasetError, LoadResult, RowError, format_row_errors, load_dataset, write_error_ledger
 from jobs.distributed import (Group, Topology, merge_stats, pick_device, read_part_summaries, shard_glob, topology,
@@ -63,12 +64,12 @@ def check_config(cfg: GenerateConfig):
     if cfg.model.path is not None:
         family.check_path(cfg.model)
     elif not cfg.model.tiny:
-        raise ValueError(f"model.path is not set and preset {cfg.model.name!r} has no `tiny` section: "
+        raise UserError(f"model.path is not set and preset {cfg.model.name!r} has no `tiny` section: "
                          f"pass model.path=/local/diffusers/folder")
     d = family.spatial_divisor(cfg.model)
     for key, v in (("sampling.height", cfg.sampling.height), ("sampling.width", cfg.sampling.width)):
         if v % d:
-            raise ValueError(f"{key}={v} is not a multiple of {d} ({cfg.model.name}: VAE downsampling x patch size); "
+            raise UserError(f"{key}={v} is not a multiple of {d} ({cfg.model.name}: VAE downsampling x patch size); "
                              f"use {max(d, round(v / d) * d)}")
     output_dir = Path(cfg.output_dir)
     check_writable(output_dir)

@@ -6,8 +6,12 @@ The directory fsync makes the rename itself durable: without it a power loss can
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
+
+# Filesystems without hard links (some FUSE/object-store mounts): fall back to check + rename.
+_NO_LINK_ERRNOS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EMLINK, errno.EXDEV}
 
 
 def temp_path_for(path: Path) -> Path:
@@ -42,3 +46,19 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         tmp.unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+
+
+def link_no_replace(src: Path, dst: Path) -> None:
+    """Publish `src` as `dst` unless `dst` exists (FileExistsError); `src` is gone afterwards."""
+    try:
+        os.link(src, dst)
+    except OSError as err:
+        if err.errno not in _NO_LINK_ERRNOS:
+            raise
+        # Not atomic against a racing writer: callers keep names unique per writer (shards) or hold a
+        # lock (run.json's claim).
+        if os.path.lexists(dst):
+            raise FileExistsError(errno.EEXIST, "the final name already exists", str(dst)) from None
+        os.rename(src, dst)
+        return
+    os.unlink(src)

@@ -12,7 +12,6 @@ format, members in write order; the same samples give a byte-identical shard.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import io
 import logging
@@ -20,7 +19,7 @@ import os
 import tarfile
 from pathlib import Path
 
-from sinks.atomic import fsync_dir, temp_path_for
+from sinks.atomic import fsync_dir, link_no_replace, temp_path_for
 from sinks.sample import EncodedSample
 
 log = logging.getLogger(__name__)
@@ -30,8 +29,6 @@ _RECORD = tarfile.RECORDSIZE
 _MTIME = 0
 _MODE = 0o444
 _OWNER = "bcgen"
-# Filesystems without hard links (some FUSE/object-store mounts): fall back to check + rename.
-_NO_LINK_ERRNOS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EMLINK, errno.EXDEV}
 
 
 def _round_up(n: int, to: int) -> int:
@@ -61,20 +58,6 @@ class _HashingFile:
 
     def tell(self) -> int:
         return self._f.tell()
-
-
-def _link_no_replace(src: Path, dst: Path) -> None:
-    try:
-        os.link(src, dst)
-    except OSError as err:
-        if err.errno not in _NO_LINK_ERRNOS:
-            raise
-        # Not atomic against a racing writer, but names are unique per writer (see ShardWriter).
-        if os.path.lexists(dst):
-            raise FileExistsError(errno.EEXIST, "final shard name already exists", str(dst)) from None
-        os.rename(src, dst)
-        return
-    os.unlink(src)
 
 
 class TarShard:
@@ -124,7 +107,7 @@ class TarShard:
         self._file.close()
         filesize = os.stat(self.temp_path).st_size
         assert filesize == expected, (filesize, expected)  # the maxsize rotation relies on it
-        _link_no_replace(self.temp_path, self.final_path)
+        link_no_replace(self.temp_path, self.final_path)
         fsync_dir(self.final_path.parent)
         log.debug("committed %s: %d samples, %d bytes", self.final_path, self.nsamples, filesize)
         return filesize, self._hashing.sha256.hexdigest()

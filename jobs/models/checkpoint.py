@@ -10,6 +10,8 @@ import json
 import os
 from typing import Sequence
 
+from jobs.errors import UserError
+
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
 
@@ -21,24 +23,24 @@ def read_json(path: str) -> dict:
 def check_diffusers_folder(path: str, pipeline_class: str, components: Sequence[str]) -> None:
     where = f"model.path={path!r}"
     if not os.path.isdir(path):
-        raise ValueError(f"{where} does not exist or is not a directory; pass a local diffusers folder "
+        raise UserError(f"{where} does not exist or is not a directory; pass a local diffusers folder "
                          f"(one holding model_index.json and {', '.join(components)}/)")
     index_path = os.path.join(path, "model_index.json")
     if not os.path.isfile(index_path):
-        raise ValueError(f"{where} is not a diffusers folder: model_index.json is missing; expected "
+        raise UserError(f"{where} is not a diffusers folder: model_index.json is missing; expected "
                          f"model_index.json with _class_name {pipeline_class!r} and subfolders {', '.join(components)}/ "
                          f"(save one with pipeline.save_pretrained(DIR))")
     try:
         index = read_json(index_path)
     except (OSError, ValueError) as e:
-        raise ValueError(f"{index_path}: cannot read model_index.json ({e})") from e
+        raise UserError(f"{index_path}: cannot read model_index.json ({e})") from e
     found = index.get("_class_name")
     if found != pipeline_class:
-        raise ValueError(f"{index_path}: _class_name is {found!r} but this preset needs {pipeline_class!r}; "
+        raise UserError(f"{index_path}: _class_name is {found!r} but this preset needs {pipeline_class!r}; "
                          f"pick the preset that matches the checkpoint (model=...)")
     missing = [c for c in components if not os.path.isdir(os.path.join(path, c))]
     if missing:
-        raise ValueError(f"{where}: missing component folder(s) {', '.join(m + '/' for m in missing)}; "
+        raise UserError(f"{where}: missing component folder(s) {', '.join(m + '/' for m in missing)}; "
                          f"a {pipeline_class} folder holds {', '.join(c + '/' for c in components)}")
     for comp in components:
         refuse_pickle_only(os.path.join(path, comp))
@@ -49,7 +51,7 @@ def refuse_pickle_only(folder: str) -> None:
     weights = [n for n in names if n.endswith(".safetensors") or n.endswith(".safetensors.index.json")]
     pickles = [n for n in names if n.endswith(PICKLE_SUFFIXES)]
     if pickles and not weights:
-        raise ValueError(f"{folder}: only pickle weights ({', '.join(sorted(pickles))}); bcgen loads safetensors only "
+        raise UserError(f"{folder}: only pickle weights ({', '.join(sorted(pickles))}); bcgen loads safetensors only "
                          f"because pickle files can execute code. Convert them, e.g. "
                          f"Model.from_pretrained(..., use_safetensors=False).save_pretrained(DIR, safe_serialization=True) "
                          f"in a trusted environment")

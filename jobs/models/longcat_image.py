@@ -23,6 +23,7 @@ from typing import List, Sequence
 import torch
 
 from jobs.config import ModelConfig
+from jobs.errors import UserError
 from jobs.models.base import DenoiseRequest, ModelFamily, TextLength, cpu_generators
 from jobs.models.tiny import build_scheduler, tiny_text_encoder, tiny_tokenizer
 from jobs.models.registry import register_family
@@ -95,7 +96,7 @@ class LongCatImageFamily(ModelFamily):
     # -- text ------------------------------------------------------------------------------
     def text_lengths(self, tokenizer, prompts: Sequence[str], cfg: ModelConfig, instruction: bool) -> List[TextLength]:
         if cfg.max_sequence_length != TEXT_LENGTH:
-            raise ValueError(f"model.max_sequence_length={cfg.max_sequence_length}, but LongCatImagePipeline always "
+            raise UserError(f"model.max_sequence_length={cfg.max_sequence_length}, but LongCatImagePipeline always "
                              f"encodes {TEXT_LENGTH} text positions; set model.max_sequence_length={TEXT_LENGTH}")
         return [TextLength(used=max(1, min(n, TEXT_LENGTH)), raw=n, limit=TEXT_LENGTH)
                 for n in token_counts(tokenizer, prompts)]

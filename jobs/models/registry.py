@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Dict
 
+from jobs.errors import UserError
 from jobs.models.base import ModelFamily
 
 _FAMILIES: Dict[str, ModelFamily] = {}
@@ -19,7 +20,7 @@ def register_family(family: ModelFamily) -> ModelFamily:
 def get_family(name: str) -> ModelFamily:
     _load_builtin()
     if name not in _FAMILIES:
-        raise ValueError(f"model.family={name!r} is unknown; known families: {', '.join(sorted(_FAMILIES))}")
+        raise UserError(f"model.family={name!r} is unknown; known families: {', '.join(sorted(_FAMILIES))}")
     return _FAMILIES[name]
 
 

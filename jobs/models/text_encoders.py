@@ -12,6 +12,8 @@ from functools import lru_cache
 
 import torch
 
+from jobs.errors import UserError
+
 MINILM = "minilm"
 
 
@@ -26,7 +28,7 @@ def resolve_encoder_path(name: str) -> str:
         return minilm_path()
     if os.path.isdir(name):
         return name
-    raise ValueError(f"model.tiny.text_encoder={name!r}: expected {MINILM!r} or a local transformers folder")
+    raise UserError(f"model.tiny.text_encoder={name!r}: expected {MINILM!r} or a local transformers folder")
 
 
 @lru_cache(maxsize=4)
@@ -47,6 +49,6 @@ def load_text_encoder(name: str, weights: str = "pretrained", seed: int = 0):
     if weights == "pretrained":
         return AutoModel.from_pretrained(path, local_files_only=True).eval()
     if weights != "random":
-        raise ValueError(f"model.tiny.text_encoder_weights={weights!r}: expected 'pretrained' or 'random'")
+        raise UserError(f"model.tiny.text_encoder_weights={weights!r}: expected 'pretrained' or 'random'")
     torch.manual_seed(seed)
     return AutoModel.from_config(AutoConfig.from_pretrained(path, local_files_only=True)).eval()

@@ -6,6 +6,7 @@ tokenizers are real and offline (MiniLM's WordPiece, see text_encoders.py).
 
 from __future__ import annotations
 
+from jobs.errors import UserError
 from jobs.models import text_encoders
 
 
@@ -28,7 +29,7 @@ def tiny_text_encoder(spec: dict):
     hf_logging.disable_progress_bar()
     cls = getattr(transformers, spec["class_name"], None)
     if cls is None:
-        raise ValueError(f"model.tiny.text_encoder.class_name={spec['class_name']!r} is not a transformers class; "
+        raise UserError(f"model.tiny.text_encoder.class_name={spec['class_name']!r} is not a transformers class; "
                          f"use e.g. Qwen2_5_VLForConditionalGeneration, Qwen3Model, T5EncoderModel")
     config = cls.config_class(**dict(spec["config"]))
     return cls(config).eval()

@@ -1,0 +1,132 @@
+"""The command line checked before Hydra's main runs: every config problem as one UserError.
+
+Hydra composes the config inside `@hydra.main`, before any of our code runs, and reports its own
+errors (a typo'd key, an unknown preset) with exit 1; it also creates `hydra.run.dir` (under
+output_dir) before the task starts, so an output_dir that is a file fails inside Hydra. Composing
+the same config here first, with Hydra's compose API and its own argument and sweep parsers,
+turns each of these into a message that names the key, the value and the fix, and exit 2. The
+config is composed again by Hydra afterwards: composition is cheap and pure.
+
+Only plain runs and sweeps are checked; `--help`, `--cfg`, `--info` and a different config
+location are left to Hydra as they are.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import List, Sequence
+
+from jobs.errors import UserError
+
+log = logging.getLogger(__name__)
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+CONFIG_NAME = "generate"
+MAX_SWEEP_CHECKED = 256  # a sweep bigger than this is checked on its first jobs only
+
+
+def check_command_line(argv: Sequence[str]) -> None:
+    """Raise UserError for the first problem in the config these arguments compose."""
+    from hydra._internal.utils import get_args_parser
+
+    try:
+        args = get_args_parser().parse_args(list(argv))
+    except SystemExit:
+        return  # argparse already printed its usage error; Hydra prints it again and exits
+    if (args.help or args.hydra_help or args.cfg or args.info or args.shell_completion or args.experimental_rerun
+            or args.config_path or args.config_name or args.config_dir):
+        return
+    for overrides in _runs(args.overrides, args.multirun)[:MAX_SWEEP_CHECKED]:
+        _check_one(overrides, args.multirun)
+
+
+def _runs(overrides: List[str], multirun: bool) -> List[List[str]]:
+    """The override list of each job the command starts (one, or one per sweep point)."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except HydraException as e:
+        raise UserError(f"command line: {_first_line(e)}; write overrides as key=value") from None
+    if not multirun:
+        sweeps = [o.input_line for o in parsed if o.is_sweep_override()]
+        if sweeps:
+            raise UserError(f"command line: {sweeps[0]!r} sweeps over several values; add -m (--multirun) to run "
+                            f"one job per value, or give one value")
+        return [list(overrides)]
+    batches = BasicSweeper.split_arguments(parsed, None)
+    return [list(job) for batch in batches for job in batch]
+
+
+def _check_one(overrides: List[str], multirun: bool) -> None:
+    from hydra import compose, initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.errors import HydraException, MissingConfigException
+    from omegaconf import OmegaConf, open_dict
+    from omegaconf.errors import OmegaConfBaseException
+
+    from jobs.config import register_configs, to_typed
+    from jobs.resume import check_writable
+
+    register_configs()
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose(CONFIG_NAME, overrides=overrides, return_hydra_config=True)
+            HydraConfig.instance().set_config(cfg)  # `${hydra:...}` in output_dir resolves against it
+            log_dir = cfg.hydra.sweep.dir if multirun else cfg.hydra.run.dir
+            with open_dict(cfg):
+                del cfg["hydra"]
+            typed = to_typed(cfg)
+    except MissingConfigException as e:
+        raise UserError(f"config: {_missing_config(e)}") from None
+    except (HydraException, OmegaConfBaseException) as e:
+        raise UserError(f"config: {_composition_message(e)}") from None
+    _check_no_file_above(Path(log_dir), "hydra.sweep.dir" if multirun else "hydra.run.dir (Hydra's log folder)")
+    check_writable(Path(typed.output_dir))
+
+
+def _first_line(e: BaseException) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+
+
+def _missing_config(e: BaseException) -> str:
+    # Hydra's message lists the available options on the following lines: keep them, drop the search path.
+    text = str(e).split("Config search path:")[0].strip()
+    return " ".join(line.strip() for line in text.splitlines() if line.strip()).replace(
+        "Available options in", "; available options in")
+
+
+def _composition_message(e: BaseException) -> str:
+    head = _first_line(e)
+    cause = e.__cause__
+    if cause is not None:
+        # Hydra suggests `+key=value` for an unknown key; the schema refuses added keys, so say what exists.
+        head = head.rstrip(".")
+        detail = _first_line(cause)
+        head = f"{head}: {detail}"
+        known = _known_keys_of(cause)
+        if known:
+            head += f"; known keys there: {known}"
+    return head
+
+
+def _known_keys_of(cause: BaseException) -> str:
+    import dataclasses
+
+    object_type = getattr(cause, "object_type", None)
+    if object_type is not None and dataclasses.is_dataclass(object_type) and "not in" in str(cause):
+        return ", ".join(sorted(f.name for f in dataclasses.fields(object_type)))
+    return ""
+
+
+def _check_no_file_above(path: Path, key: str) -> None:
+    """Hydra creates this folder before our task starts: a file in its way fails inside Hydra."""
+    for parent in [path, *path.parents]:
+        if parent.exists():
+            if not parent.is_dir():
+                raise UserError(f"{key}={str(path)!r} cannot be created: {str(parent)!r} is a file, not a "
+                                f"directory; choose another output_dir (or move the file)")
+            return

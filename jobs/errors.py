@@ -1,0 +1,16 @@
+"""The one user-error type: bad config, bad data or a bad environment.
+
+Raised wherever such a problem is found, with a message that names the key or `file:line`, the
+value and the fix; caught once, at the top (jobs/generate.py), which logs the message and exits 2
+without a traceback. Anything else raised during a job is a crash and keeps its traceback (exit 1):
+a ValueError from inside diffusers is a bug to report, not a typo to fix.
+
+It subclasses ValueError so that library callers who catch ValueError for bad input keep
+working; the top level catches only UserError, never a bare ValueError.
+"""
+
+from __future__ import annotations
+
+
+class UserError(ValueError):
+    """Bad config, data or environment; the message says where, what, and how to fix it."""
