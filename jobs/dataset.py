@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Iterable
 
 from jobs.dataset_formats import READERS
+from jobs.dataset_lines import DEFAULT_MAX_LINE_BYTES
+from jobs.dataset_paths import check_file, dataset_files
 from jobs.dataset_validate import DatasetError, Record, RowError, RowValidator
 
 __all__ = [
@@ -44,7 +46,8 @@ class DatasetConfig:
     """The `dataset` config node: which file of prompts, and what to do with bad rows."""
 
     path: str = ""
-    """The prompt file; empty means the bundled set, jobs/data/prompts.jsonl."""
+    """The prompt file, a directory of them, or a brace list (`prompts-{000..099}.jsonl`), read in
+    sorted order; empty means the bundled set, jobs/data/prompts.jsonl."""
     format: str = "auto"
     """auto | jsonl | txt | csv | parquet | wds. auto picks by extension (.tar is wds)."""
     on_error: str = "fail"
@@ -56,6 +59,8 @@ class DatasetConfig:
     """The field (JSONL, tar .json) or column (CSV, Parquet) holding the prompt."""
     key_field: str = "key"
     """The field or column holding the key; rows without one get `<file stem>-<line:06d>`."""
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
+    """A longer line (JSONL, TXT, CSV) or caption (tar, Parquet) is a bad row; memory stays bounded."""
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
@@ -64,6 +69,9 @@ class DatasetConfig:
         if self.on_error not in ON_ERROR:
             raise DatasetError(f"dataset.on_error={self.on_error!r} is not allowed; "
                              f"allowed: {', '.join(ON_ERROR)}")
+        if type(self.max_line_bytes) is not int or self.max_line_bytes < 1:
+            raise DatasetError(f"dataset.max_line_bytes={self.max_line_bytes!r} must be an integer >= 1 "
+                               f"(default {DEFAULT_MAX_LINE_BYTES}, 1 MiB)")
         if type(self.limit) is not int or self.limit < 0:
             raise DatasetError(f"dataset.limit={self.limit!r} must be an integer >= 0 (0 = all rows)")
         for name in ("prompt_field", "key_field"):
@@ -110,39 +118,48 @@ def _check_readable(path: Path, bundled: bool) -> None:
         raise DatasetError(f"dataset.path={str(path)!r}: no such file (working directory "
                            f"{os.getcwd()}); give an existing file, or leave dataset.path empty "
                            f"for the bundled prompts")
-    if path.is_dir():
-        raise DatasetError(f"dataset.path={str(path)!r} is a directory; give one file")
+    check_file(path, str(path))
 
 
 def load_dataset(cfg: DatasetConfig) -> LoadResult:
-    """Read and validate the whole file. Raises DatasetError for a file that cannot be read,
-    has no prompts, or (under on_error=fail) has any bad row."""
-    path = resolve_path(cfg)
-    fmt = resolve_format(cfg, path)
-    _check_readable(path, bundled=not cfg.path)
-    label = str(path)
-    validator = RowValidator(label, path.stem, cfg.prompt_field, cfg.key_field)
+    """Read and validate every file. Raises DatasetError for a file that cannot be read, no
+    prompts at all, or (under on_error=fail) any bad row."""
+    if cfg.path:
+        paths = dataset_files(cfg.path, _EXTENSIONS, any_extension=cfg.format != "auto")
+    else:
+        paths = [BUNDLED_PROMPTS]
+    label = str(paths[0]) if len(paths) == 1 else f"{cfg.path} ({len(paths)} files)"
+    formats = [resolve_format(cfg, path) for path in paths]
+    for path in paths:
+        _check_readable(path, bundled=not cfg.path)
     records: list[Record] = []
     errors: list[RowError] = []
-    check = validator.check
+    keys: dict = {}  # shared by every file's validator: keys are unique across the whole list
+    unknown: set = set()
     # A million new records would trigger the cyclic GC thousands of times, and none of
     # them can be garbage: pausing it nearly halves the load time of a large file.
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        for line, value in READERS[fmt](path, cfg.prompt_field, cfg.key_field):
-            out = check(line, value)
-            (records if type(out) is Record else errors).append(out)
-    except OSError as exc:
-        raise DatasetError(f"dataset.path={label!r}: cannot read it: "
-                           f"{exc.strerror or exc}") from exc
+        for path, fmt in zip(paths, formats):
+            validator = RowValidator(str(path), path.stem, cfg.prompt_field, cfg.key_field, seen=keys)
+            check = validator.check
+            try:
+                for line, value in READERS[fmt](path, cfg.prompt_field, cfg.key_field, cfg.max_line_bytes):
+                    out = check(line, value)
+                    (records if type(out) is Record else errors).append(out)
+            except OSError as exc:
+                raise DatasetError(f"dataset.path={str(path)!r}: cannot read it: "
+                                   f"{exc.strerror or exc}") from exc
+            unknown |= validator.unknown_fields
     finally:
         if gc_was_enabled:
             gc.enable()
-    if validator.unknown_fields:
+    if unknown:
         log.warning("%s: ignoring fields %s (known: %s, %s, negative_prompt, seed, width, height, "
-                    "steps, guidance_scale)", label, ", ".join(sorted(map(repr, validator.unknown_fields))),
+                    "steps, guidance_scale)", label, ", ".join(sorted(map(repr, unknown))),
                     cfg.prompt_field, cfg.key_field)
+    fmt = formats[0] if len(set(formats)) == 1 else "+".join(sorted(set(formats)))
     _apply_policy(cfg, label, records, errors)
     if cfg.limit:
         records = records[: cfg.limit]

@@ -4,6 +4,8 @@ Scope: parsing only. Each reader yields `(line, value)` where value is a dict of
 fields, a bare prompt string, or a `Bad` naming what could not be parsed (bad JSON, bytes
 that are not UTF-8, a CSV row with too many cells). Field rules live in `dataset_validate.py`.
 A problem with the whole file (no prompt column, not a tar) raises `DatasetError` at once.
+Text formats read lines through `dataset_lines.read_lines`: LF, CRLF and CR end lines, a BOM picks
+the encoding, and a line longer than `max_line_bytes` is a row error read in bounded memory.
 
 `line` is 1-based: the file line (JSONL, TXT, CSV, where a quoted CSV field may span lines and
 the row's first line counts), the row (Parquet), or the index of the sample's first member
@@ -20,6 +22,7 @@ import tarfile
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Union
 
+from jobs.dataset_lines import LineTooLong, read_lines
 from jobs.dataset_validate import (
     FLOAT_FIELDS,
     INT_FIELDS,
@@ -32,11 +35,10 @@ from jobs.dataset_validate import (
 log = logging.getLogger(__name__)
 
 Row = tuple[int, Union[dict, str, Bad]]
-Reader = Callable[[Path, str, str], Iterator[Row]]
+Reader = Callable[[Path, str, str, int], Iterator[Row]]
 
 _JSON_TYPE = {dict: "object", list: "array", str: "string", int: "number", float: "number",
               bool: "boolean", type(None): "null"}
-_UTF8_BOM = b"\xef\xbb\xbf"
 # webdataset's own split (webdataset.tariterators.base_plus_ext): the sample key is the
 # member path up to the first dot of its file name, the rest is the extension.
 _WDS_NAME = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
@@ -51,46 +53,47 @@ def _decode_error(exc: UnicodeDecodeError, where: str = "", key: Optional[str] =
 
 # --- JSONL -------------------------------------------------------------------------------
 
-def read_jsonl(path: Path, prompt_field: str, key_field: str) -> Iterator[Row]:
+def read_jsonl(path: Path, prompt_field: str, key_field: str, max_line_bytes: int) -> Iterator[Row]:
     # Bytes in, so that one bad line is a row error rather than a decode crash of the file.
-    with open(path, "rb") as f:
-        for line, raw in enumerate(f, 1):
-            if raw.isspace():
-                continue
-            try:
-                value = json.loads(raw)
-            except UnicodeDecodeError as exc:
-                yield line, _decode_error(exc)
-                continue
-            except json.JSONDecodeError as exc:
-                # Not colno: an error at the line's end would count as column 1 of the next
-                # line, after the newline that is part of `raw`.
-                column = min(exc.pos, len(raw.rstrip(b"\r\n"))) + 1
-                yield line, Bad(f"malformed JSON: {exc.msg} (column {column})")
-                continue
-            except RecursionError:
-                yield line, Bad("malformed JSON: nested too deeply")
-                continue
-            if type(value) is dict or type(value) is str:
-                yield line, value
-            else:
-                kind = _JSON_TYPE.get(type(value), type(value).__name__)
-                yield line, Bad(f"expected a JSON object or a string, got a JSON {kind}")
+    for line, raw, _ in read_lines(path, max_line_bytes):
+        if type(raw) is LineTooLong:
+            yield line, Bad(raw.reason)
+            continue
+        if not raw or raw.isspace():
+            continue
+        try:
+            value = json.loads(raw)
+        except UnicodeDecodeError as exc:
+            yield line, _decode_error(exc)
+            continue
+        except json.JSONDecodeError as exc:
+            # Not colno: a message about the line's end should not point past it.
+            column = min(exc.pos, len(raw)) + 1
+            yield line, Bad(f"malformed JSON: {exc.msg} (column {column})")
+            continue
+        except RecursionError:
+            yield line, Bad("malformed JSON: nested too deeply")
+            continue
+        if type(value) is dict or type(value) is str:
+            yield line, value
+        else:
+            kind = _JSON_TYPE.get(type(value), type(value).__name__)
+            yield line, Bad(f"expected a JSON object or a string, got a JSON {kind}")
 
 
 # --- TXT ---------------------------------------------------------------------------------
 
-def read_txt(path: Path, prompt_field: str, key_field: str) -> Iterator[Row]:
-    with open(path, "rb") as f:
-        for line, raw in enumerate(f, 1):
-            if raw.isspace():
-                continue
-            if line == 1 and raw.startswith(_UTF8_BOM):
-                raw = raw[len(_UTF8_BOM):]
-            try:
-                yield line, raw.rstrip(b"\r\n").decode("utf-8")
-            except UnicodeDecodeError as exc:
-                yield line, _decode_error(exc)
+def read_txt(path: Path, prompt_field: str, key_field: str, max_line_bytes: int) -> Iterator[Row]:
+    for line, raw, _ in read_lines(path, max_line_bytes):
+        if type(raw) is LineTooLong:
+            yield line, Bad(raw.reason)
+            continue
+        if not raw or raw.isspace():
+            continue
+        try:
+            yield line, raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            yield line, _decode_error(exc)
 
 
 # --- CSV ---------------------------------------------------------------------------------
@@ -147,28 +150,44 @@ def _csv_row(row: list[str], columns: dict, width: int, prompt_field: str) -> Un
     return fields
 
 
-def read_csv(path: Path, prompt_field: str, key_field: str) -> Iterator[Row]:
-    # surrogateescape: bad bytes become lone surrogates that _csv_row reports per row.
-    with open(path, newline="", encoding="utf-8-sig", errors="surrogateescape") as f:
-        reader = csv.reader(f, strict=True)
-        header = next(reader, None)
-        if header is None:
-            return
-        columns = _csv_columns(header, path, prompt_field, key_field)
-        done = reader.line_num  # lines consumed so far; the next row starts on done + 1
-        while True:
-            start = done + 1
-            try:
-                row = next(reader)
-            except StopIteration:
-                return
-            except csv.Error as exc:
-                done = reader.line_num
-                yield start, Bad(f"malformed CSV: {exc}")
-                continue
+def _csv_text(path: Path, max_line_bytes: int, too_long: list) -> Iterator[str]:
+    """The file's lines as text for csv.reader, one item a line so its line_num stays the file's.
+    A line too long to read is noted in `too_long` and handed over as a blank line."""
+    for line, raw, ending in read_lines(path, max_line_bytes):
+        if type(raw) is LineTooLong:
+            too_long.append((line, raw))
+            yield "\n"
+            continue
+        # surrogateescape: bad bytes become lone surrogates that _csv_row reports per row.
+        yield (raw + ending).decode("utf-8", errors="surrogateescape")
+
+
+def read_csv(path: Path, prompt_field: str, key_field: str, max_line_bytes: int) -> Iterator[Row]:
+    too_long: list = []
+    reader = csv.reader(_csv_text(path, max_line_bytes, too_long), strict=True)
+    header = next(reader, None)
+    if header is None:
+        return
+    columns = _csv_columns(header, path, prompt_field, key_field)
+    done = reader.line_num  # lines consumed so far; the next row starts on done + 1
+    while True:
+        start = done + 1
+        try:
+            row = next(reader)
+        except StopIteration:
+            row = None
+        except csv.Error as exc:
             done = reader.line_num
-            if row:  # [] is a blank line
-                yield start, _csv_row(row, columns, len(header), prompt_field)
+            yield start, Bad(f"malformed CSV: {exc}")
+            continue
+        while too_long:
+            line, bad = too_long.pop(0)
+            yield line, Bad(bad.reason)
+        if row is None:
+            return
+        done = reader.line_num
+        if row:  # [] is a blank line
+            yield start, _csv_row(row, columns, len(header), prompt_field)
 
 
 # --- Parquet -----------------------------------------------------------------------------
@@ -201,7 +220,7 @@ def _parquet_text(value: object, name: str) -> Union[object, Bad]:
     return value
 
 
-def read_parquet(path: Path, prompt_field: str, key_field: str) -> Iterator[Row]:
+def read_parquet(path: Path, prompt_field: str, key_field: str, max_line_bytes: int) -> Iterator[Row]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -230,6 +249,10 @@ def read_parquet(path: Path, prompt_field: str, key_field: str) -> Iterator[Row]
                         if type(value) is Bad:
                             bad = value
                             break
+                    if type(value) is str and len(value) > max_line_bytes:
+                        bad = Bad(f"column {name!r} holds {len(value)} characters, more than "
+                                  f"dataset.max_line_bytes={max_line_bytes}")
+                        break
                     row[name] = value
                 yield line, bad if bad is not None else row
     except (pa.ArrowException, OSError) as exc:
@@ -243,6 +266,9 @@ def _wds_sample(key: str, first: int, parts: dict, prompt_field: str, key_field:
     if "txt" not in parts:
         members = ", ".join(f"{key}.{ext}" for ext in parts) or "none"
         return first, Bad(f"sample {key!r} has no .txt caption (members: {members})", key)
+    for ext in ("txt", "json"):
+        if type(parts.get(ext)) is LineTooLong:
+            return first, Bad(f"{key}.{ext} is larger than dataset.max_line_bytes={parts[ext].limit} bytes", key)
     try:
         caption = parts["txt"].decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -265,7 +291,7 @@ def _wds_sample(key: str, first: int, parts: dict, prompt_field: str, key_field:
     return first, fields
 
 
-def read_wds(path: Path, prompt_field: str, key_field: str) -> Iterator[Row]:
+def read_wds(path: Path, prompt_field: str, key_field: str, max_line_bytes: int) -> Iterator[Row]:
     try:
         # Stream mode: members in order, and bodies we never read (images) are skipped.
         tar = tarfile.open(path, "r|*")
@@ -285,7 +311,11 @@ def read_wds(path: Path, prompt_field: str, key_field: str) -> Iterator[Row]:
                     if key is not None:
                         yield _wds_sample(key, first, parts, prompt_field, key_field)
                     key, first, parts = prefix, index, {}
-                parts[ext] = tar.extractfile(member).read() if ext in ("txt", "json") else b""
+                if ext in ("txt", "json") and member.size > max_line_bytes:
+                    # Bounded like a text line: a caption member is never read whole past the limit.
+                    parts[ext] = LineTooLong(max_line_bytes)
+                else:
+                    parts[ext] = tar.extractfile(member).read() if ext in ("txt", "json") else b""
         except (tarfile.TarError, EOFError) as exc:
             raise DatasetError(f"dataset.path={path}: the tar is truncated or corrupt after "
                                f"member {index} ({exc})") from exc

@@ -170,16 +170,18 @@ assert tuple(name for name, _ in _OPTIONAL_CHECKS) == OPTIONAL_FIELDS
 
 
 class RowValidator:
-    """Checks rows of one file in order and keeps keys unique across the whole file."""
+    """Checks rows of one file in order and keeps keys unique across the whole file, or across
+    every file that shares one `seen` registry."""
 
-    def __init__(self, file: str, stem: str, prompt_field: str, key_field: str):
+    def __init__(self, file: str, stem: str, prompt_field: str, key_field: str,
+                 seen: Optional[dict] = None):
         self.file = file
         self._stem = stem
         self._prompt_field = prompt_field
         self._key_field = key_field
         self._known = frozenset((prompt_field, key_field, *OPTIONAL_FIELDS))
-        # key -> (line, derived?): enough to name the first holder in a duplicate message.
-        self._seen: dict[str, tuple[int, bool]] = {}
+        # key -> ("file:line", derived?): enough to name the first holder in a duplicate message.
+        self._seen: dict[str, tuple[str, bool]] = {} if seen is None else seen
         self.unknown_fields: set[str] = set()
 
     def derived_key(self, line: int) -> str:
@@ -230,10 +232,9 @@ class RowValidator:
         key = record.key
         first = self._seen.get(key)
         if first is None:
-            self._seen[key] = (line, derived)
+            self._seen[key] = (record.source, derived)
             return record
-        first_line, first_derived = first
-        where = f"{self.file}:{first_line}"
+        where, first_derived = first
         if derived:
             reason = (f"the key derived for this keyless row, {key!r}, is already the given key at "
                       f"{where}: give this row a key")

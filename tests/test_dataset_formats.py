@@ -186,7 +186,8 @@ def test_missing_file_and_directory(tmp_path):
     with pytest.raises(DatasetError) as info:
         load(tmp_path / "nope.jsonl")
     assert f"dataset.path='{tmp_path / 'nope.jsonl'}': no such file" in str(info.value)
-    with pytest.raises(DatasetError, match=r"is a directory; give one file"):
+    # A directory is a list of prompt files (tests/test_dataset_inputs.py); an empty one is an error.
+    with pytest.raises(DatasetError, match=r"is a directory with no files; point dataset.path at"):
         load(tmp_path, format="jsonl")
 
 

@@ -86,7 +86,7 @@ def test_undecodable_bytes_are_a_row_error_in_jsonl_txt_and_csv(tmp_path):
     csv = tmp_path / "b.csv"
     csv.write_bytes(b"prompt,key\nok,a\ncaf\xe9,b\n")
     reasons = {
-        jsonl: "undecodable bytes: not UTF-8 at byte offset 15 (b'\\xe9\"}\\n'); re-encode the file as UTF-8",
+        jsonl: "undecodable bytes: not UTF-8 at byte offset 15 (b'\\xe9\"}'); re-encode the file as UTF-8",
         txt: "undecodable bytes: not UTF-8 at byte offset 3 (b'\\xe9'); re-encode the file as UTF-8",
         csv: "undecodable bytes in column 'prompt': not UTF-8; re-encode the file as UTF-8",
     }

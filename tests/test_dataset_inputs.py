@@ -1,0 +1,130 @@
+"""Every input is bounded: line endings, encodings, line length (even /dev/zero), file lists."""
+
+from __future__ import annotations
+
+import codecs
+import json
+import os
+import threading
+import time
+import tracemalloc
+
+import pytest
+
+from jobs.dataset import DatasetConfig, DatasetError, load_dataset
+from jobs.dataset_formats import read_txt
+from jobs.dataset_lines import read_lines
+
+
+def load(path, **kw):
+    return load_dataset(DatasetConfig(path=str(path), **kw))
+
+
+@pytest.mark.parametrize("eol", [b"\n", b"\r\n", b"\r"], ids=["LF", "CRLF", "CR"])
+def test_every_line_ending_ends_a_line(tmp_path, eol):
+    txt = tmp_path / "p.txt"
+    txt.write_bytes(eol.join([b"a red fox", b"", b"snow", b"last"]))
+    assert [(r.key, r.prompt) for r in load(txt).records] == [("p-000001", "a red fox"), ("p-000003", "snow"),
+                                                             ("p-000004", "last")]
+    jsonl = tmp_path / "p.jsonl"
+    jsonl.write_bytes(eol.join([b'{"prompt": "one"}', b'{"prompt": "two"}']) + eol)
+    assert [r.prompt for r in load(jsonl).records] == ["one", "two"]
+
+
+def test_cr_then_lf_split_across_read_chunks_is_one_ending(tmp_path, monkeypatch):
+    import jobs.dataset_lines as lines
+
+    monkeypatch.setattr(lines, "CHUNK", 4)  # "abc\r" | "\ndef" | "\r\rg": endings across chunk edges
+    path = tmp_path / "p.txt"
+    path.write_bytes(b"abc\r\ndef\r\rg")
+    assert [(n, text) for n, text, _ in read_lines(path)] == [(1, b"abc"), (2, b"def"), (3, b""), (4, b"g")]
+
+
+@pytest.mark.parametrize("encoding", ["utf-8-sig", "utf-16", "utf-16-be", "utf-32", "utf-32-be"])
+def test_byte_order_mark_picks_the_encoding(tmp_path, encoding):
+    text = '{"key": "k", "prompt": "café ❄"}\n"second"\r\n'
+    bom = {"utf-16-be": codecs.BOM_UTF16_BE, "utf-32-be": codecs.BOM_UTF32_BE}.get(encoding, b"")
+    path = tmp_path / "p.jsonl"
+    path.write_bytes(bom + text.encode(encoding))
+    assert [(r.key, r.prompt) for r in load(path).records] == [("k", "café ❄"), ("p-000002", "second")]
+
+
+def test_invalid_utf16_is_a_file_error_naming_the_encoding(tmp_path):
+    path = tmp_path / "p.txt"
+    path.write_bytes(codecs.BOM_UTF16_LE + "ok\n".encode("utf-16-le") + b"\x00\xd8" + "x".encode("utf-16-le"))
+    with pytest.raises(DatasetError) as e:
+        load(path)
+    assert f"{path}: the file starts with a UTF-16-LE byte order mark but is not valid UTF-16-LE" in str(e.value)
+    assert "re-encode it as UTF-8" in str(e.value)
+
+
+def test_a_line_longer_than_the_limit_is_a_row_error(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_bytes(b'{"prompt": "ok"}\n' + b'{"prompt": "' + b"x" * 5000 + b'"}\n{"prompt": "after"}\n')
+    result = load(path, on_error="skip", max_line_bytes=1000)
+    assert [r.prompt for r in result.records] == ["ok", "after"]
+    assert [str(e) for e in result.errors] == [
+        f"{path}:2: line longer than 1000 bytes (dataset.max_line_bytes): is this a text file of prompts? "
+        f"Split the line, or raise dataset.max_line_bytes"]
+    csv = tmp_path / "p.csv"
+    csv.write_bytes(b"prompt\nok\n" + b"y" * 5000 + b"\nafter\n")
+    result = load(csv, on_error="skip", max_line_bytes=1000)
+    assert [r.prompt for r in result.records] == ["ok", "after"] and [e.line for e in result.errors] == [3]
+
+
+def test_dev_zero_fails_fast_in_bounded_memory():
+    """The reader on an endless line: the first row is the row error, within a second and one
+    line's memory (it grew to 5.6 GB before)."""
+    if not os.path.exists("/dev/zero"):
+        pytest.skip("no /dev/zero")
+    out = {}
+
+    def first_row():
+        tracemalloc.start()
+        t0 = time.perf_counter()
+        out["row"] = next(read_txt("/dev/zero", "prompt", "key", 1 << 20))
+        out["seconds"] = time.perf_counter() - t0
+        out["peak"] = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+
+    reader = threading.Thread(target=first_row, daemon=True)  # a hang fails the test, not the suite
+    reader.start()
+    reader.join(timeout=30)
+    assert "row" in out, "the reader did not yield within 30 s"
+    line, bad = out["row"]
+    assert line == 1 and bad.reason.startswith("line longer than 1048576 bytes (dataset.max_line_bytes)")
+    assert out["seconds"] < 5 and out["peak"] < 8 * (1 << 20), out
+    # The job refuses the device before reading it at all.
+    with pytest.raises(DatasetError) as e:
+        load("/dev/zero", format="txt")
+    assert "dataset.path='/dev/zero': /dev/zero is a device, not a file of prompts" in str(e.value)
+
+
+def test_directory_of_files_in_sorted_order_with_unique_keys(tmp_path):
+    folder = tmp_path / "prompts"
+    folder.mkdir()
+    (folder / "b.jsonl").write_text('{"prompt": "b1"}\n{"key": "x", "prompt": "b2"}\n')
+    (folder / "a.txt").write_text("a1\na2\n")
+    (folder / ".hidden.jsonl").write_text('{"prompt": "never"}\n')
+    (folder / "notes.md").write_text("not a prompt file\n")
+    result = load(folder)
+    assert [(r.key, r.prompt, r.source) for r in result.records] == [
+        ("a-000001", "a1", f"{folder / 'a.txt'}:1"), ("a-000002", "a2", f"{folder / 'a.txt'}:2"),
+        ("b-000001", "b1", f"{folder / 'b.jsonl'}:1"), ("x", "b2", f"{folder / 'b.jsonl'}:2")]
+    assert load(folder).records == result.records  # stable
+
+
+def test_brace_list_reads_in_order_and_names_file_and_line(tmp_path):
+    for i in range(3):
+        rows = [{"key": f"k{i}", "prompt": f"p{i}"}] + ([{"key": "k0", "prompt": "dup"}] if i == 2 else [])
+        (tmp_path / f"prompts-{i:03d}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    pattern = str(tmp_path / "prompts-{000..002}.jsonl")
+    with pytest.raises(DatasetError) as e:
+        load(pattern)
+    first, dup = tmp_path / "prompts-000.jsonl", tmp_path / "prompts-002.jsonl"
+    assert f"{dup}:2: duplicate key 'k0' (first at {first}:1)" in str(e.value)
+    result = load(pattern, on_error="skip")
+    assert [r.key for r in result.records] == ["k0", "k1", "k2"]
+    with pytest.raises(DatasetError) as e:
+        load(str(tmp_path / "prompts-{000..004}.jsonl"))
+    assert "names 5 files and 2 do not exist" in str(e.value) and "prompts-003.jsonl" in str(e.value)
