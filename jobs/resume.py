@@ -147,29 +147,44 @@ def wipe(output_dir: Path, shard_glob: str) -> None:
         (output_dir / name).unlink(missing_ok=True)
     from jobs.distributed import SUMMARY_DIR
     from sinks.manifest import MANIFEST_DIR
+    from sinks.quarantine import QUARANTINE_DIR
 
-    for name in (MANIFEST_DIR, SUMMARY_DIR):
+    for name in (MANIFEST_DIR, SUMMARY_DIR, QUARANTINE_DIR):
         if (output_dir / name).is_dir():
             shutil.rmtree(output_dir / name)
     log.warning("job.overwrite=true: removed %d shard file(s) and the old run's index/summary in %s",
                 removed, output_dir)
 
 
-def committed_records(output_dir: Path, own_glob: str, all_glob: str = "shard-*.tar") -> list:
-    """Every committed shard's record. Only this writer's own torn temps are removed: another
-    rank or array task may be writing right now, and its temp file is its shard in progress."""
-    from sinks import scan_output
+def committed_records(output_dir: Path, own_glob: str, all_glob: str = "shard-*.tar", verify: str = "members",
+                      within: Optional[Set[str]] = None, quarantined: Optional[list] = None) -> list:
+    """Every committed shard's record, each checked against its manifest (`verify`: members | full);
+    a shard that differs is moved to _quarantine/ (entries appended to `quarantined`) and left out,
+    so its keys are generated again. With `within`, another writer's shard holding none of those
+    keys is not checked: this process would not use its keys anyway.
 
-    scan = scan_output(output_dir, own_glob)
+    Only this writer's own torn temps are removed and only its own missing manifests rewritten:
+    another rank or array task may be writing right now, and its temp file is its shard in progress.
+    Moving a damaged committed shard aside is safe whoever wrote it: writers never reopen one."""
+    from sinks import scan_output
+    from sinks.manifest import checked_record, is_shard_name, load_manifest
+
+    moved = [] if quarantined is None else quarantined
+    scan = scan_output(output_dir, own_glob, verify)
+    moved += scan.quarantined
     if scan.removed_temps:
         log.info("resume: removed %d torn shard temp file(s): %s", len(scan.removed_temps),
                  ", ".join(scan.removed_temps[:5]))
     records = {r.url: r for r in scan.records}
+    seen = set(records) | set(scan.strays) | {q["url"] for q in scan.quarantined}
     for path in sorted(output_dir.glob(all_glob)):
-        if path.name not in records:
-            rec = read_record(output_dir, path.name)
-            if rec is not None:
-                records[path.name] = rec
+        if path.name in seen or not is_shard_name(path.name):
+            continue
+        rec = load_manifest(output_dir, path.name)
+        if rec is None or within is None or not within.isdisjoint(rec.keys):
+            rec = checked_record(output_dir, path.name, verify, moved) if path.exists() else None
+        if rec is not None:
+            records[path.name] = rec
     return [records[url] for url in sorted(records)]
 
 
@@ -183,11 +198,12 @@ def read_record(output_dir: Path, url: str):
         return None
 
 
-def committed_keys(output_dir: Path, own_glob: str = "shard-*.tar", within: Optional[Set[str]] = None) -> Set[str]:
-    """Keys already in committed shards (any writer's), restricted to `within` when given, so a
-    rank holds only its own share's keys in memory."""
+def committed_keys(output_dir: Path, own_glob: str = "shard-*.tar", within: Optional[Set[str]] = None,
+                   verify: str = "members", quarantined: Optional[list] = None) -> Set[str]:
+    """Keys already in committed shards (any writer's) that still match their manifests, restricted
+    to `within` when given, so a rank holds only its own share's keys in memory."""
     keys: Set[str] = set()
-    for rec in committed_records(output_dir, own_glob):
+    for rec in committed_records(output_dir, own_glob, verify=verify, within=within, quarantined=quarantined):
         keys.update(rec.keys if within is None else (k for k in rec.keys if k in within))
     return keys
 

@@ -30,7 +30,7 @@ from jobs.models.lora import check_loras
 from jobs.models.registry import get_family
 from jobs.partition import take_partition
 from jobs.plan import ItemDefaults, Plan, build_plan, resolve_items, text_length_table, without_keys
-from jobs.resume import (WriterLock, check_writable, committed_keys, committed_records, dataset_digest, dir_lock,
+from jobs.resume import (WriterLock, check_writable, committed_keys, dataset_digest, dir_lock,
                          kill_hook, open_run, run_identity)
 from jobs.summary import JobStats, StageTimer
 from padding import get_padder
@@ -118,13 +118,19 @@ def prepare(cfg: GenerateConfig, timer: StageTimer, group: Group, device: torch.
     group.agree(claim, leader_only=True)
     mine = take_partition(plan, topo.part, topo.parts)
     held = {}
+    quarantined: list = []
 
     def lock_and_scan():
         held["lock"] = WriterLock(output_dir, writer_name(topo.part, topo.parts))
-        held["done"] = committed_keys(output_dir, shard_glob(topo.part, topo.parts), within=set(mine.keys()))
+        held["done"] = committed_keys(output_dir, shard_glob(topo.part, topo.parts), within=set(mine.keys()),
+                                      verify=cfg.job.verify, quarantined=quarantined)
 
     group.agree(lock_and_scan)
     done = held["done"]
+    if quarantined:
+        log.warning("resume: %d committed shard(s) no longer match their manifests and were moved to %s/_quarantine/ "
+                    "(listed in summary.json): %s; their samples are generated again", len(quarantined), output_dir,
+                    ", ".join(q["url"] for q in quarantined[:10]))
     todo = without_keys(mine, done, cfg.bcg.batch_sizes, cfg.bcg.pad_short_batches)
     if topo.parts > 1:
         log.info("%s: %d of %d planned items, %d already committed", topo, mine.n_items, plan.n_items, len(done))
@@ -239,17 +245,20 @@ def finish(prep: Prepared, stats: JobStats, group: Group, met: bool) -> None:
 def write_index_and_summary(out: Path, topo: Topology) -> JobStats:
     import json
 
-    from sinks import scan_output, write_wids_index
+    from sinks import write_wids_index
     from sinks.atomic import atomic_write_bytes
+    from sinks.manifest import indexed_records, remove_temps
+    from sinks.quarantine import quarantine_log
 
     if topo.task_count == 1:  # no other writer can be alive: clean every torn temp, any layout's
-        records = scan_output(out).records
-    else:
-        records = committed_records(out, shard_glob(topo.part, topo.parts))
-    write_wids_index(out, records)
+        remove_temps(out, "shard-*.tar")
+    # From manifests only (each shard was checked when this run resumed, or written by it): a stray
+    # .tar in output_dir is never indexed.
+    write_wids_index(out, indexed_records(out))
     parts = read_part_summaries(out, topo.parts)
     merged = merge_stats(parts, topo.parts)
     data = merged.to_json()
+    data["quarantined"] = quarantine_log(out)  # every shard moved aside in this output_dir, and why
     if topo.parts > 1:
         data["parts"] = [{"part": p["part"], "status": p["status"], "items_written": p["items_written"],
                           "generate_s": p["stage_seconds"].get("generate", 0.0)} for p in parts]

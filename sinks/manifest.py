@@ -1,33 +1,41 @@
 """Per-shard manifests and the resume scan.
 
-A manifest is a cache of facts about one committed shard (`ShardRecord`), kept in
-`OUTPUT_DIR/_manifest/NAME.json` and written atomically right after the shard's commit. The shard
-tar at its final name is the truth: a manifest that is missing (a crash between commit and
-manifest write), unreadable, or disagrees with the file's size is rebuilt by reading the tar.
+A manifest records the facts of one committed shard (`ShardRecord`: keys, size, sha256, member
+names and sizes), kept in `OUTPUT_DIR/_manifest/NAME.json` and written atomically right after the
+shard's commit. It is the witness of what was committed: a shard that no longer matches it was
+changed afterwards, and is moved to `_quarantine/` (sinks/verify.py, sinks/quarantine.py) so its
+samples are generated again. A manifest that is missing (a crash between commit and manifest
+write) or unreadable is rebuilt from the tar, if the tar has the layout every shard has.
 The `_manifest/` folder keeps output_dir's `shard-*.tar` listing to shards only.
 
 `scan_output` is the resume entry point. It deletes the temp files (`.NAME.tmp`) that match its
 pattern. Run it before any writer of that pattern starts, or give each rank its own pattern:
-the scan cannot tell a dead run's temp from a live writer's.
+the scan cannot tell a dead run's temp from a live writer's. The index is built from manifests
+only (`indexed_records`): a `.tar` without one (a copy of a shard, say) is never indexed.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
+import re
 import tarfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Optional
 
 from sinks.atomic import atomic_write_bytes
 from sinks.errors import CorruptShardError
 from sinks.keys import key_from_stem
+from sinks.verify import check_against_manifest, check_layout, sha256_file
 
 log = logging.getLogger(__name__)
 
 MANIFEST_DIR = "_manifest"
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2  # 2 added `members`; version 1 manifests are still read (size and sha256 only)
+# The names this package's writers give shards (DEFAULT_NAME_PATTERN, or one per rank, shard-rPPPP-NNNNNN):
+# a file matching a shard glob but not this (`shard-000001 (copy).tar`) is a stray, never adopted.
+SHARD_NAME = re.compile(r"shard-(?:r[0-9]{4}-)?[0-9]{6,}\.tar")
 
 
 @dataclass
@@ -41,6 +49,8 @@ class ShardRecord:
     sha256: str
     keys: list[str] = field(default_factory=list)
     """Original sample keys, in shard order."""
+    members: list[list] = field(default_factory=list)
+    """[member name, payload size] of every tar member, in order: checked against the tar headers."""
 
 
 @dataclass
@@ -50,7 +60,11 @@ class ScanResult:
     removed_temps: list[str]
     """Temp files (partial shards or manifests) deleted, relative to output_dir."""
     rebuilt: list[str] = field(default_factory=list)
-    """Urls whose manifest was missing or stale and was rebuilt from the tar."""
+    """Urls whose manifest was missing or unreadable and was rebuilt from the tar."""
+    quarantined: list[dict] = field(default_factory=list)
+    """Shards that did not match their manifest (or were not readable shards), moved to _quarantine/."""
+    strays: list[str] = field(default_factory=list)
+    """Files matching the glob that are not shard names this package writes: left alone, not indexed."""
 
 
 def manifest_path(output_dir: Path, url: str) -> Path:
@@ -65,30 +79,25 @@ def write_manifest(output_dir: Path, record: ShardRecord) -> None:
 
 
 def load_manifest(output_dir: Path, url: str) -> ShardRecord | None:
-    """The cached record, or None when it is missing, unreadable or disagrees with the shard."""
+    """The manifest's record as written, or None when it is missing or unreadable. Whether the
+    shard still matches it is `verify_shard`'s question."""
     path = manifest_path(output_dir, url)
     try:
         data = json.loads(path.read_bytes())
-        assert data.pop("manifest_version") == MANIFEST_VERSION
+        assert data.pop("manifest_version") in (1, MANIFEST_VERSION)
         record = ShardRecord(**data)
+        assert record.url == url and record.nsamples == len(record.keys)
     except FileNotFoundError:
         return None
     except (OSError, ValueError, TypeError, KeyError, AssertionError) as err:
-        log.warning("manifest %s is unreadable (%s); rebuilding it from the shard", path, err)
-        return None
-    shard_size = (Path(output_dir) / url).stat().st_size
-    if record.url != url or record.filesize != shard_size or record.nsamples != len(record.keys):
-        log.warning("manifest %s disagrees with %s; rebuilding it from the shard", path, url)
+        log.warning("manifest %s is unreadable (%s); rebuilding it from the shard", path, err or type(err).__name__)
         return None
     return record
 
 
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+def verify_shard(output_dir: Path, record: ShardRecord, level: str = "members") -> list[str]:
+    """What differs between the shard and its manifest record ([] when it matches)."""
+    return check_against_manifest(Path(output_dir) / record.url, record.filesize, record.members, record.sha256, level)
 
 
 def _stem_of(member_name: str) -> str:
@@ -96,34 +105,72 @@ def _stem_of(member_name: str) -> str:
 
 
 def record_from_tar(output_dir: Path, url: str) -> ShardRecord:
-    """Rebuild a shard's record by reading the tar: keys from each sample's json."""
-    path = Path(output_dir) / url
+    """Rebuild a shard's record by reading the tar: keys from each sample's json. Raises
+    CorruptShardError when the file does not have a complete shard's layout."""
+    record, problems = _read_tar_record(Path(output_dir) / url)
+    if problems:
+        raise CorruptShardError(
+            f"{Path(output_dir) / url} cannot be read as a shard ({'; '.join(problems)}). Interrupted runs never leave "
+            f"a partial file under a final name, so it was damaged afterwards: move it aside and rerun to regenerate "
+            f"its samples.")
+    return record
+
+
+def _read_tar_record(path: Path) -> tuple[Optional[ShardRecord], list[str]]:
+    url = path.name
     stems: list[str] = []
     keys: dict[str, str] = {}
+    members: list[list] = []
+    problems = check_layout(path)
     try:
-        with tarfile.open(path, mode="r:") as tar:
-            for member in tar:
-                stem = _stem_of(member.name)
-                if not stems or stems[-1] != stem:
-                    stems.append(stem)
-                if member.name == f"{stem}.json":
-                    keys[stem] = json.loads(tar.extractfile(member).read())["key"]
+        if not problems:
+            with tarfile.open(path, mode="r:") as tar:
+                for member in tar:
+                    stem = _stem_of(member.name)
+                    members.append([member.name, member.size])
+                    if not stems or stems[-1] != stem:
+                        stems.append(stem)
+                    if member.name == f"{stem}.json":
+                        keys[stem] = json.loads(tar.extractfile(member).read())["key"]
     except (OSError, tarfile.TarError, ValueError, KeyError, TypeError) as err:
-        raise CorruptShardError(
-            f"{path} cannot be read as a shard ({type(err).__name__}: {err}). Interrupted runs never leave a partial "
-            f"file under a final name, so it was damaged afterwards: move it aside and rerun to regenerate its samples."
-        ) from err
+        problems.append(f"{type(err).__name__}: {err}")
+    if problems:
+        return None, problems
     ordered = [keys[stem] if stem in keys else key_from_stem(stem) for stem in stems]
-    return ShardRecord(url, len(ordered), path.stat().st_size, _sha256_file(path), ordered)
+    return ShardRecord(url, len(ordered), path.stat().st_size, sha256_file(path), ordered, members), []
 
 
 def read_record(output_dir: Path, url: str) -> ShardRecord:
     """A committed shard's record, read-only: the manifest, or the tar itself when the manifest is
-    missing or stale. Writes nothing, so it is safe while other writers are alive."""
+    missing. Writes nothing, so it is safe while other writers are alive."""
     return load_manifest(output_dir, url) or record_from_tar(output_dir, url)
 
 
-def _remove_temps(output_dir: Path, pattern_glob: str) -> list[str]:
+def checked_record(output_dir: Path, url: str, level: str, quarantined: list, rebuilt: Optional[list] = None):
+    """The record of a shard that still matches its manifest (or, without one, has a shard's layout);
+    None after moving a shard that does not to _quarantine/ (its entry appended to `quarantined`).
+    `rebuilt` given: a missing or unreadable manifest is rewritten from the tar and the url appended."""
+    from sinks.quarantine import quarantine
+
+    record = load_manifest(output_dir, url)
+    has_manifest = record is not None
+    if has_manifest:
+        problems = verify_shard(output_dir, record, level)
+    else:
+        record, problems = _read_tar_record(Path(output_dir) / url)
+    if problems:
+        entry = quarantine(output_dir, url, "; ".join(problems), None if record is None else record.nsamples)
+        if entry is not None:
+            quarantined.append(entry)
+        return None
+    if rebuilt is not None and not has_manifest:
+        write_manifest(output_dir, record)
+        rebuilt.append(url)
+    return record
+
+
+def remove_temps(output_dir: Path, pattern_glob: str) -> list[str]:
+    """Delete the temp files of shards and manifests matching `pattern_glob` (no live writer may own them)."""
     removed = []
     for directory, glob in ((output_dir, f".{pattern_glob}.tmp"), (output_dir / MANIFEST_DIR, f".{pattern_glob}.json.tmp")):
         for path in sorted(directory.glob(glob)):
@@ -133,26 +180,47 @@ def _remove_temps(output_dir: Path, pattern_glob: str) -> list[str]:
     return removed
 
 
-def scan_output(output_dir: str | Path, pattern_glob: str = "shard-*.tar", verify: bool = False) -> ScanResult:
+def is_shard_name(name: str) -> bool:
+    return SHARD_NAME.fullmatch(name) is not None
+
+
+def scan_output(output_dir: str | Path, pattern_glob: str = "shard-*.tar", verify: str = "members") -> ScanResult:
     """Committed shards under output_dir matching `pattern_glob`, after deleting leftover temps.
 
-    `verify=True` rehashes every shard (reads all bytes); by default a manifest is trusted when
-    its size matches the file, so a resume scan costs one stat and one small read per shard.
+    Every shard is checked against its manifest (`verify`: members = size + tar headers, one stat
+    and a header read per member; full = also sha256, reads every byte); one that differs is moved
+    to _quarantine/ and left out, so its samples are generated again.
     """
     output_dir = Path(output_dir)
     if not output_dir.is_dir():
         return ScanResult([], [])
-    removed = _remove_temps(output_dir, pattern_glob)
-    records, rebuilt = [], []
+    removed = remove_temps(output_dir, pattern_glob)
+    result = ScanResult([], removed)
     for path in sorted(output_dir.glob(pattern_glob)):
-        url = path.name
+        if not is_shard_name(path.name):
+            log.warning("%s matches %s but is not a shard name this job writes (a copy?): left alone, never indexed; "
+                        "move it out of output_dir", path, pattern_glob)
+            result.strays.append(path.name)
+            continue
+        record = checked_record(output_dir, path.name, verify, result.quarantined, result.rebuilt)
+        if record is not None:
+            result.records.append(record)
+    return result
+
+
+def indexed_records(output_dir: str | Path) -> list[ShardRecord]:
+    """What the index lists: every manifest whose shard exists with the size it records, by url.
+    Any other `.tar` in output_dir gets a warning and stays out of the index."""
+    output_dir = Path(output_dir)
+    records = {}
+    for path in sorted((output_dir / MANIFEST_DIR).glob("*.tar.json")):
+        url = path.name[: -len(".json")]
         record = load_manifest(output_dir, url)
-        if record is not None and verify and record.sha256 != _sha256_file(path):
-            log.warning("shard %s does not match its manifest's sha256; rebuilding the manifest", url)
-            record = None
-        if record is None:
-            record = record_from_tar(output_dir, url)
-            write_manifest(output_dir, record)
-            rebuilt.append(url)
-        records.append(record)
-    return ScanResult(records, removed, rebuilt)
+        shard = output_dir / url
+        if record is not None and shard.is_file() and shard.stat().st_size == record.filesize:
+            records[url] = record
+    for path in sorted(output_dir.glob("*.tar")):
+        if path.name not in records:
+            log.warning("%s has no manifest, so it is not indexed: a stray file (a copy of a shard?) or a shard whose "
+                        "writer died before writing its manifest (rerun the job to check and adopt it)", path)
+    return [records[url] for url in sorted(records)]

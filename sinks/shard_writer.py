@@ -136,9 +136,10 @@ class ShardWriter:
         self._step = f"committing shard {shard.temp_path} to {shard.final_path.name}"
         filesize, sha256 = shard.commit()  # on OSError the shard stays open, so _fail discards it
         self._shard = None
-        record = ShardRecord(shard.final_path.name, shard.nsamples, filesize, sha256, list(shard.keys))
+        record = ShardRecord(shard.final_path.name, shard.nsamples, filesize, sha256, list(shard.keys),
+                             list(shard.members))
         self.records.append(record)
-        # A crash or error from here on loses only the manifest, a cache that scan_output rebuilds.
+        # A crash or error from here on loses only the manifest, which scan_output rebuilds from the tar.
         self._step = f"writing the manifest of {record.url} (the shard itself is committed)"
         write_manifest(self.output_dir, record)
         if self.on_commit is not None:

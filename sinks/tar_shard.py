@@ -67,6 +67,7 @@ class TarShard:
         self.final_path = Path(final_path)
         self.temp_path = temp_path_for(self.final_path)
         self.keys: list[str] = []
+        self.members: list[list] = []  # [name, payload size]: the manifest's witness of this tar's headers
         self._stems: set[str] = set()
         # "wb", not "xb": a leftover temp of the same name is a dead run's partial shard.
         self._file = open(self.temp_path, "wb")
@@ -94,6 +95,7 @@ class TarShard:
             info.uid = info.gid = 0
             info.uname = info.gname = _OWNER
             self._tar.addfile(info, io.BytesIO(data))
+            self.members.append([name, len(data)])
         self._stems.add(sample.stem)
         self.keys.append(sample.key)
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sinks import AsyncSink, CorruptShardError, Sample, SinkConfig, scan_output
+from sinks import AsyncSink, CorruptShardError, Sample, SinkConfig, record_from_tar, scan_output
 from sinks.manifest import manifest_path
 from sinks.tar_shard import TarShard
 
@@ -97,7 +97,7 @@ def test_resume_skips_committed_names_and_keeps_their_bytes(tmp_path):
     assert [r.url for r in sink.records] == ["shard-000002.tar"]
     after = digests(tmp_path)
     assert {name: after[name] for name in before} == before
-    assert sorted(k for r in scan_output(tmp_path, verify=True).records for k in r.keys) == sorted(f"k{i}" for i in range(12))
+    assert sorted(k for r in scan_output(tmp_path, verify="full").records for k in r.keys) == sorted(f"k{i}" for i in range(12))
 
 
 def test_missing_or_corrupt_manifest_is_rebuilt_from_the_tar(tmp_path):
@@ -107,24 +107,42 @@ def test_missing_or_corrupt_manifest_is_rebuilt_from_the_tar(tmp_path):
     truth = sink.records
     manifest_path(tmp_path, "shard-000000.tar").unlink()  # crash between commit and manifest
     manifest_path(tmp_path, "shard-000001.tar").write_text("{not json")
-    stale = json.loads(manifest_path(tmp_path, "shard-000002.tar").read_text())
-    stale["filesize"] += 512  # a manifest that disagrees with the file it describes
-    manifest_path(tmp_path, "shard-000002.tar").write_text(json.dumps(stale))
     scan = scan_output(tmp_path)
-    assert scan.records == truth
-    assert scan.rebuilt == ["shard-000000.tar", "shard-000001.tar", "shard-000002.tar"]
+    assert scan.records == truth and scan.quarantined == []
+    assert scan.rebuilt == ["shard-000000.tar", "shard-000001.tar"]
     assert scan_output(tmp_path).rebuilt == []  # rewritten manifests are trusted next time
 
 
-def test_damaged_final_shard_is_reported_not_silently_dropped(tmp_path):
+def test_a_shard_that_disagrees_with_its_manifest_is_quarantined(tmp_path):
+    """The manifest is the witness of the commit: the shard is not trusted over it."""
     with AsyncSink(tmp_path, SinkConfig(format="png", maxcount=3)) as sink:
-        for s in samples(3):
+        for s in samples(7):
+            sink.put(s)
+    stale = json.loads(manifest_path(tmp_path, "shard-000002.tar").read_text())
+    stale["filesize"] += 512
+    manifest_path(tmp_path, "shard-000002.tar").write_text(json.dumps(stale))
+    scan = scan_output(tmp_path)
+    assert [r.url for r in scan.records] == ["shard-000000.tar", "shard-000001.tar"]
+    assert [(q["url"], q["moved_to"], q["reason"]) for q in scan.quarantined] == [
+        ("shard-000002.tar", "_quarantine/shard-000002.tar", "file size 10240 bytes, manifest says 10752")]
+    assert (tmp_path / "_quarantine" / "shard-000002.tar").exists() and not (tmp_path / "shard-000002.tar").exists()
+    assert (tmp_path / "_quarantine" / "shard-000002.tar.manifest.json").exists()
+
+
+def test_damaged_shard_without_manifest_is_quarantined_not_adopted(tmp_path):
+    with AsyncSink(tmp_path, SinkConfig(format="png", maxcount=3)) as sink:
+        for s in samples(6):
             sink.put(s)
     path = tmp_path / "shard-000000.tar"
     path.write_bytes(path.read_bytes()[:700])  # damaged after commit: truncated copy
     manifest_path(tmp_path, path.name).unlink()
-    with pytest.raises(CorruptShardError, match=r"shard-000000.tar cannot be read as a shard.*move it aside and rerun"):
-        scan_output(tmp_path)
+    scan = scan_output(tmp_path)
+    assert [r.url for r in scan.records] == ["shard-000001.tar"]
+    assert scan.quarantined[0]["url"] == "shard-000000.tar"
+    assert "cannot be read as a tar (ReadError: unexpected end of data)" in scan.quarantined[0]["reason"]
+    with pytest.raises(CorruptShardError, match=r"shard-000001.tar cannot be read as a shard.*move it aside and rerun"):
+        (tmp_path / "shard-000001.tar").write_bytes(b"\0" * 10240)
+        record_from_tar(tmp_path, "shard-000001.tar")
 
 
 CHILD = textwrap.dedent(

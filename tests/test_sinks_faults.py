@@ -64,7 +64,7 @@ def test_dev_full_behind_the_temp_name(tmp_path):
         sink.put(noise_samples(1)[0])  # stays failed
     with pytest.raises(SinkError):
         sink.close()
-    assert [r.url for r in scan_output(tmp_path, verify=True).records] == sorted(committed)
+    assert [r.url for r in scan_output(tmp_path, verify="full").records] == sorted(committed)
 
 
 def test_output_dir_removed_under_a_running_sink(tmp_path):

@@ -144,7 +144,7 @@ def test_commit_now_closes_the_shard_early_and_continues(tmp_path):
 
 def test_manifests_match_shards_and_scan_reloads_them(tmp_path):
     records = write_all(tmp_path, make_samples()).records
-    scan = scan_output(tmp_path, verify=True)
+    scan = scan_output(tmp_path, verify="full")
     assert scan.records == records and scan.rebuilt == [] and scan.removed_temps == []
     assert sorted(p.name for p in tmp_path.iterdir()) == ["_manifest"] + [r.url for r in records]
 

@@ -1,0 +1,60 @@
+"""Move a damaged committed shard (and its manifest) aside, into `OUTPUT_DIR/_quarantine/`.
+
+Moved, not deleted: the bytes may be worth a look, and nothing under `_quarantine/` matches a
+shard glob, so no index, resume scan or `webdataset` glob of output_dir sees it again. Each move
+appends one line to `_quarantine/log.jsonl` (url, where it went, why, how many samples), which
+the job's summary.json repeats.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import List, Optional
+
+from sinks.manifest import MANIFEST_DIR
+
+log = logging.getLogger(__name__)
+
+QUARANTINE_DIR = "_quarantine"
+LOG_NAME = "log.jsonl"
+
+
+def _free_name(directory: Path, name: str) -> Path:
+    path, n = directory / name, 1
+    while path.exists():  # the same name was quarantined before (a regenerated shard damaged again)
+        path, n = directory / f"{name}.{n}", n + 1
+    return path
+
+
+def quarantine(output_dir: Path, url: str, reason: str, nsamples: Optional[int]) -> Optional[dict]:
+    """Move shard `url` and its manifest into _quarantine/; None when another process moved it first."""
+    output_dir = Path(output_dir)
+    target_dir = output_dir / QUARANTINE_DIR
+    target_dir.mkdir(exist_ok=True)
+    target = _free_name(target_dir, url)
+    try:
+        os.rename(output_dir / url, target)
+    except FileNotFoundError:
+        return None  # a rank or array task checking the same shard moved it already
+    manifest = output_dir / MANIFEST_DIR / f"{url}.json"
+    if manifest.exists():
+        os.replace(manifest, target.with_name(target.name + ".manifest.json"))
+    entry = {"url": url, "moved_to": str(target.relative_to(output_dir)), "reason": reason,
+             "nsamples": nsamples, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    with open(target_dir / LOG_NAME, "a", encoding="utf-8") as f:  # one short line: an atomic append
+        f.write(json.dumps(entry) + "\n")
+    log.warning("shard %s does not match what was committed (%s): moved to %s; its %s sample(s) will be "
+                "generated again", url, reason, entry["moved_to"], "?" if nsamples is None else nsamples)
+    return entry
+
+
+def quarantine_log(output_dir: Path) -> List[dict]:
+    """Every shard ever quarantined in output_dir, oldest first."""
+    path = Path(output_dir) / QUARANTINE_DIR / LOG_NAME
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
