@@ -1,0 +1,142 @@
+"""Committed shards are checked, not trusted: corrupt them two ways, rerun, and read everything back.
+
+One output_dir through: a clean job, `jobs.verify` (OK), a same-size byte flip in one shard's image
+and the last members cut from another's, `jobs.verify` (names both), a rerun with job.verify=full
+(moves both to _quarantine/, generates their keys again, leaves the third shard's bytes alone),
+`jobs.verify` (OK again).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import tarfile
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from sinks import AsyncSink, Sample, SinkConfig, scan_output
+from sinks.manifest import indexed_records
+from tests.helpers import prompts, write_jsonl
+from tests.test_resume_kill import FAST, cli, log_of, shard_bytes, shard_keys
+
+
+def verify_cli(out: Path):
+    return cli(str(out), module=("-m", "jobs.verify"))
+
+
+def flip_image_byte(path: Path) -> None:
+    """Same size, same headers: one payload byte of the first image changes."""
+    with tarfile.open(path) as tar:
+        image = next(m for m in tar if m.name.endswith(".jpg"))
+    data = bytearray(path.read_bytes())
+    data[image.offset_data + image.size // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def cut_last_members(path: Path, n: int) -> None:
+    """Drop the last n members and close the tar again: a valid tar, often of the very same size
+    (tar pads to 10 KiB records), whose last sample has no json or txt."""
+    with tarfile.open(path) as tar:
+        members = tar.getmembers()
+    end = members[-n].offset
+    data = path.read_bytes()[:end] + b"\0" * (2 * tarfile.BLOCKSIZE)
+    data += b"\0" * (-len(data) % tarfile.RECORDSIZE)
+    path.write_bytes(data)
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("verify")
+    rows = prompts(8)
+    data = write_jsonl(tmp / "prompts.jsonl", rows)
+    out = tmp / "out"
+    args = [f"dataset.path={data}", f"output_dir={out}", *FAST]
+    steps = {"first": cli(*args)}
+    steps["verify_clean"] = verify_cli(out)
+    steps["bytes_before"] = shard_bytes(out)
+    flip_image_byte(out / "shard-000000.tar")
+    cut_last_members(out / "shard-000001.tar", 2)
+    steps["size_after_cut"] = (out / "shard-000001.tar").stat().st_size
+    steps["verify_corrupt"] = verify_cli(out)
+    steps["rerun"] = cli(*args, "job.verify=full")
+    steps["verify_after"] = verify_cli(out)
+    return {"rows": rows, "out": out, "args": args, **steps}
+
+
+def test_clean_output_verifies(chain):
+    proc = chain["verify_clean"]
+    assert proc.returncode == 0, log_of(proc)
+    assert "OK; 3 shard(s), 8 sample(s) read back" in log_of(proc)
+
+
+def test_verify_names_both_corruptions(chain):
+    proc = chain["verify_corrupt"]
+    assert proc.returncode == 1, log_of(proc)
+    text = log_of(proc)
+    assert "shard-000000.tar: does not match its manifest: sha256 differs from the manifest's" in text
+    assert "shard-000001.tar: does not match its manifest: " in text
+    assert re.search(r"7 members, manifest lists 9: missing (k\d+)\.json, \1\.txt \(rerun the job", text)
+    assert "2 problem(s)" in text
+
+
+def test_rerun_quarantines_both_and_generates_their_keys_again(chain):
+    proc, out = chain["rerun"], chain["out"]
+    assert proc.returncode == 0, log_of(proc)
+    text = log_of(proc)
+    assert "shard shard-000000.tar does not match what was committed (sha256 differs" in text
+    assert "shard shard-000001.tar does not match what was committed (" in text
+    assert re.search(r"7 members, manifest lists 9: missing (k\d+)\.json, \1\.txt\)", text)
+    assert "resume: 2 committed shard(s) no longer match their manifests" in text
+    assert shard_keys(out) == Counter({r["key"]: 1 for r in chain["rows"]})
+    # The untouched shard keeps its bytes; the regenerated keys are in new shards.
+    after = shard_bytes(out)
+    assert after["shard-000002.tar"] == chain["bytes_before"]["shard-000002.tar"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert sorted(q["url"] for q in summary["quarantined"]) == ["shard-000000.tar", "shard-000001.tar"]
+    assert summary["items_written"] == 6 and summary["items_skipped_done"] == 2
+    assert sorted(p.name for p in (out / "_quarantine").glob("*.tar")) == ["shard-000000.tar", "shard-000001.tar"]
+
+
+def test_verify_is_clean_after_the_rerun(chain):
+    proc = chain["verify_after"]
+    assert proc.returncode == 0, log_of(proc)
+    assert "8 sample(s) read back" in log_of(proc)
+
+
+def test_stray_tar_is_never_indexed_and_verify_names_it(chain, tmp_path):
+    out = tmp_path / "out"
+    shutil.copytree(chain["out"], out)
+    shutil.copy(out / "shard-000002.tar", out / "shard-000002 (copy).tar")
+    shutil.copy(out / "shard-000002.tar", out / "backup.tar")
+    assert [r.url for r in indexed_records(out)] == [r.url for r in indexed_records(chain["out"])]
+    scan = scan_output(out)
+    assert scan.strays == ["shard-000002 (copy).tar"] and scan.quarantined == []
+    proc = verify_cli(out)
+    assert proc.returncode == 1, log_of(proc)
+    assert "backup.tar: a .tar with no manifest" in log_of(proc)
+    assert "shard-000002 (copy).tar: a .tar with no manifest" in log_of(proc)
+
+
+def test_members_level_catches_cut_members_of_the_same_size_but_not_payload_flips(tmp_path):
+    """job.verify=members reads headers only: cheap, and blind to a changed image byte (that is `full`)."""
+    import numpy as np
+
+    with AsyncSink(tmp_path, SinkConfig(format="png", maxcount=4)) as sink:
+        for i in range(8):
+            sink.put(Sample(f"k{i}", np.full((8, 8, 3), i, np.uint8), caption=f"c{i}"))
+    size = (tmp_path / "shard-000001.tar").stat().st_size
+    cut_last_members(tmp_path / "shard-000001.tar", 2)
+    assert (tmp_path / "shard-000001.tar").stat().st_size == size  # the size alone cannot tell
+    data = bytearray((tmp_path / "shard-000000.tar").read_bytes())
+    with tarfile.open(tmp_path / "shard-000000.tar") as tar:
+        png = next(m for m in tar if m.name.endswith(".png"))
+    data[png.offset_data + 20] ^= 0x01
+    (tmp_path / "shard-000000.tar").write_bytes(bytes(data))
+    scan = scan_output(tmp_path)  # members
+    assert [q["url"] for q in scan.quarantined] == ["shard-000001.tar"]
+    assert [r.url for r in scan.records] == ["shard-000000.tar"]
+    scan = scan_output(tmp_path, verify="full")
+    assert [q["url"] for q in scan.quarantined] == ["shard-000000.tar"] and scan.records == []
