@@ -84,8 +84,8 @@ def _check_one(overrides: List[str], multirun: bool) -> None:
         raise UserError(f"config: {_missing_config(e)}") from None
     except (HydraException, OmegaConfBaseException) as e:
         raise UserError(f"config: {_composition_message(e)}") from None
-    _check_no_file_above(Path(log_dir), "hydra.sweep.dir" if multirun else "hydra.run.dir (Hydra's log folder)")
     check_writable(Path(typed.output_dir))
+    _check_no_file_above(Path(log_dir), "hydra.sweep.dir" if multirun else "hydra.run.dir (Hydra's log folder)")
 
 
 def _first_line(e: BaseException) -> str:

@@ -1,0 +1,102 @@
+"""One clean exit path: bad config, data or environment exits 2 with one message (key or
+file:line, value, fix) and no traceback, before anything is created; a crash exits 1 with its
+traceback."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from tests.helpers import write_jsonl
+from tests.test_resume_kill import FAST, ROOT, cli, log_of
+
+
+def refused(*args: str) -> str:
+    proc = cli(*args)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 2, log_of(proc)
+    assert "Traceback" not in text, text
+    assert text.count("[ERROR]") == 1, text  # one message
+    return text
+
+
+@pytest.mark.parametrize("override,message", [
+    ("sampling.stpes=4", "config: Could not override 'sampling.stpes': Key 'stpes' not in 'SamplingConfig'; known keys "
+                         "there: guidance_scale, height, negative_prompt, seed, steps, width"),
+    ("model=sana_huge", "config: In 'generate': Could not find 'model/sana_huge' ; available options in 'model': flux"),
+    ("+foo=1", "foo is not a config key (from `+foo=...` or a yaml file?); known keys: bcg, dataset, device, job"),
+    ("+sampling.stpes=4", "sampling.stpes is not a config key (from `+sampling.stpes=...` or a yaml file?); known keys "
+                          "under sampling: guidance_scale, height, negative_prompt, seed, steps, width. Remove it"),
+    ("sampling.steps=1000000000", "sampling.steps=1000000000 is invalid: expected an int in [1, 1000]"),
+    ("sampling.height=1000000000", "sampling.height=1000000000 is invalid: expected an int in [1, 8192]"),
+    ("bcg.batch_sizes=[1,100000]", "bcg.batch_sizes=[1, 100000] is invalid: expected a non-empty list of ints in [1, 1024]"),
+    ("sampling.steps=2,4", "command line: 'sampling.steps=2,4' sweeps over several values; add -m (--multirun)"),
+])
+def test_config_errors_exit_2_before_anything_is_created(tmp_path, override, message):
+    out = tmp_path / "out"
+    text = refused(f"output_dir={out}", *FAST, override)  # last: FAST sets sampling.steps too
+    assert message in text
+    assert not out.exists()  # refused before Hydra made its log folder
+
+
+def test_a_bad_value_in_a_sweep_is_refused_before_any_job_starts(tmp_path):
+    text = refused("-m", *FAST, "sampling.steps=2,0", f"output_dir={tmp_path}/out", f"hydra.sweep.dir={tmp_path}/sweep")
+    assert "sampling.steps=0 is invalid: expected an int in [1, 1000]" in text
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_output_dir_that_is_a_file(tmp_path):
+    blocker = tmp_path / "taken"
+    blocker.write_bytes(b"precious")
+    text = refused(f"output_dir={blocker}", *FAST)
+    assert (f"output_dir='{blocker}' cannot be a directory: '{blocker}' is a file; choose another output_dir "
+            f"(or move the file)") in text
+    assert blocker.read_bytes() == b"precious"
+
+
+def test_output_dir_not_writable(tmp_path):
+    target = "/sys/bcgen-out" if os.path.isdir("/sys") else None
+    if target is None or os.access("/sys", os.W_OK) and os.geteuid() != 0:
+        pytest.skip("needs /sys, which refuses new folders even to root")
+    text = refused(f"output_dir={target}", *FAST)
+    assert f"output_dir='{target}' is not writable (Operation not permitted); choose a directory you can write to" in text
+
+
+def test_read_only_output_dir_for_a_normal_user(tmp_path):
+    if os.geteuid() == 0:
+        pytest.skip("root writes into read-only folders; /sys covers the case for root")
+    ro = tmp_path / "ro"
+    ro.mkdir(mode=0o555)
+    text = refused(f"output_dir={ro}/out", *FAST)
+    assert "is not writable (Permission denied)" in text
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_device_cuda_without_cuda(tmp_path):
+    data = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "a"}])
+    text = refused("device=cuda", f"dataset.path={data}", f"output_dir={tmp_path / 'out'}", *FAST)
+    assert "device=cuda but no CUDA device is visible here (torch.cuda.is_available() is False); use device=auto or " \
+           "device=cpu" in text
+    assert not list((tmp_path / "out").glob("shard-*"))
+
+
+def test_bad_dataset_exits_2_naming_file_and_line(tmp_path):
+    data = tmp_path / "p.txt"
+    data.write_bytes(b"ok\r" + b"x" * 3000 + b"\rfine\r")
+    text = refused(f"dataset.path={data}", "dataset.max_line_bytes=1000", f"output_dir={tmp_path / 'out'}", *FAST)
+    assert f"{data}:2: line longer than 1000 bytes (dataset.max_line_bytes)" in text
+    assert "dataset.on_error=skip" in text
+
+
+def test_a_value_error_inside_diffusers_is_a_crash_with_its_traceback(tmp_path):
+    """SanaPipeline.check_inputs wants sides divisible by 32; the tiny preset's own divisor (4) lets
+    72 through, so diffusers raises ValueError while generating. That is a bug to report (exit 1,
+    traceback), not a user error to hide behind exit 2."""
+    data = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "a"}])
+    proc = cli(f"dataset.path={data}", f"output_dir={tmp_path / 'out'}", "sampling.steps=2", "sampling.height=72",
+               "sampling.width=72", "job.progress=false")
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 1, log_of(proc)
+    assert "Traceback" in text and "ValueError: `height` and `width` have to be divisible by 32" in text
