@@ -8,6 +8,7 @@ import os
 import pytest
 
 from jobs.dataset import DatasetError, load_dataset
+from jobs.errors import UserError
 from jobs.run import build_full_plan, check_config
 from tests.helpers import compose_cfg, write_jsonl
 from tests.test_job_e2e import FAST, run_cli
@@ -31,7 +32,7 @@ def test_output_dir_not_writable(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
     cfg = compose_cfg([f"output_dir={blocker}/out"])
-    with pytest.raises(ValueError, match="is not writable"):
+    with pytest.raises(UserError, match=f"'{blocker}' is a file; choose another output_dir"):
         check_config(cfg)
 
 
