@@ -263,19 +263,20 @@ def check_known_keys(cfg, where: str = "") -> None:
     """Refuse keys the schema does not have. `+foo=1` forces a key past Hydra's struct check, and
     the dataclasses would then drop it silently: a typo'd `+sampling.stpes=4` would change nothing."""
     import dataclasses
+    import typing
 
-    from omegaconf import DictConfig, OmegaConf
+    from omegaconf import OmegaConf
 
     schema = OmegaConf.get_type(cfg)
     if not dataclasses.is_dataclass(schema):
         return  # a free-form mapping (model.tiny): its keys are the loader's to check
     known = {f.name for f in dataclasses.fields(schema)}
     for key in cfg.keys():
-        name = f"{where}{key}"
         if key not in known:
+            name = f"{where}{key}"
             raise UserError(f"{name} is not a config key (from `+{name}=...` or a yaml file?); "
                             f"known keys{' under ' + where.rstrip('.') if where else ''}: {', '.join(sorted(known))}. "
                             f"Remove it, or fix its spelling")
-        node = cfg._get_node(key)
-        if isinstance(node, DictConfig) and not node._is_missing() and not node._is_none():
-            check_known_keys(node, f"{name}.")
+    for name, hint in typing.get_type_hints(schema).items():  # the sub-config sections
+        if dataclasses.is_dataclass(hint) and name in cfg and not OmegaConf.is_missing(cfg, name):
+            check_known_keys(cfg[name], f"{where}{name}.")
