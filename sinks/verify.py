@@ -17,12 +17,15 @@ each hold a json. The problems come back as text; what to do about them is the c
 from __future__ import annotations
 
 import hashlib
+import os
 import tarfile
 from pathlib import Path
 from typing import List, Tuple
 
 Member = Tuple[str, int]
 LEVELS = ("members", "full")
+_ZERO_BLOCK = bytes(tarfile.BLOCKSIZE)
+_PLAIN_TYPES = (tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.DIRTYPE)
 
 
 def sha256_file(path: Path) -> str:
@@ -35,7 +38,42 @@ def sha256_file(path: Path) -> str:
 
 def tar_members(path: Path) -> Tuple[List[Member], int]:
     """(name, size) of every member from the headers alone, and the offset where the last one ends.
-    Raises tarfile.TarError / OSError when the file is not a readable tar."""
+    Raises tarfile.TarError / OSError when the file is not a readable tar.
+
+    Headers are parsed here rather than by tarfile, which costs several times more per member:
+    a resume checks every committed member this way. Shards this package writes are plain USTAR;
+    anything else (PAX or GNU long names) goes through tarfile."""
+    members: List[Member] = []
+    with open(path, "rb") as f:
+        filesize = os.fstat(f.fileno()).st_size
+        offset = 0
+        while True:
+            if offset + tarfile.BLOCKSIZE > filesize:
+                raise tarfile.ReadError(
+                    f"unexpected end of data: the file ends at byte {filesize}, inside member {len(members) - 1}"
+                    if offset > filesize else f"unexpected end of data: no end-of-archive block at byte {offset}")
+            f.seek(offset)  # within the read buffer for small members: no system call
+            header = f.read(tarfile.BLOCKSIZE)
+            if header == _ZERO_BLOCK:
+                return members, offset
+            if header[156:157] not in _PLAIN_TYPES:
+                return _tarfile_members(path)
+            try:
+                stored = int(header[148:156].strip(b" \0") or b"0", 8)
+                size = int(header[124:136].strip(b" \0") or b"0", 8)
+            except ValueError:
+                raise tarfile.ReadError(f"invalid header at byte {offset}") from None
+            if stored != sum(header[:148]) + 8 * 32 + sum(header[156:]):
+                raise tarfile.ReadError(f"bad header checksum at byte {offset}")
+            name = header[:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+            prefix = header[345:500].split(b"\0", 1)[0]
+            if prefix:
+                name = prefix.decode("utf-8", "surrogateescape") + "/" + name
+            members.append((name, size))
+            offset += tarfile.BLOCKSIZE + -(-size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
+
+
+def _tarfile_members(path: Path) -> Tuple[List[Member], int]:
     with tarfile.open(path, mode="r:") as tar:
         members = [(m.name, m.size) for m in tar]  # seeks over payloads: headers only
         end = tar.offset

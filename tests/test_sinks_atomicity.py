@@ -139,7 +139,8 @@ def test_damaged_shard_without_manifest_is_quarantined_not_adopted(tmp_path):
     scan = scan_output(tmp_path)
     assert [r.url for r in scan.records] == ["shard-000001.tar"]
     assert scan.quarantined[0]["url"] == "shard-000000.tar"
-    assert "cannot be read as a tar (ReadError: unexpected end of data)" in scan.quarantined[0]["reason"]
+    assert scan.quarantined[0]["reason"] == ("cannot be read as a tar (ReadError: unexpected end of data: the file ends at "
+                                             "byte 700, inside member 0)")
     with pytest.raises(CorruptShardError, match=r"shard-000001.tar cannot be read as a shard.*move it aside and rerun"):
         (tmp_path / "shard-000001.tar").write_bytes(b"\0" * 10240)
         record_from_tar(tmp_path, "shard-000001.tar")

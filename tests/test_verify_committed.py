@@ -140,3 +140,22 @@ def test_members_level_catches_cut_members_of_the_same_size_but_not_payload_flip
     assert [r.url for r in scan.records] == ["shard-000000.tar"]
     scan = scan_output(tmp_path, verify="full")
     assert [q["url"] for q in scan.quarantined] == ["shard-000000.tar"] and scan.records == []
+
+
+def test_header_reader_agrees_with_tarfile_and_checks_checksums(tmp_path):
+    import numpy as np
+
+    from sinks.verify import _tarfile_members, tar_members
+
+    with AsyncSink(tmp_path, SinkConfig(format="png", maxcount=10)) as sink:
+        for i, key in enumerate(["a", "b/../c.d", "é" * 40, "k" * 150]):
+            sink.put(Sample(key, np.full((8, 8, 3), i, np.uint8), caption="x" * (i * 300)))
+    path = tmp_path / "shard-000000.tar"
+    assert tar_members(path) == _tarfile_members(path)
+    with tarfile.open(path) as tar:
+        second = tar.getmembers()[1]
+    data = bytearray(path.read_bytes())
+    data[second.offset] ^= 0x01  # one bit of the second member's name
+    path.write_bytes(bytes(data))
+    with pytest.raises(tarfile.ReadError, match=f"bad header checksum at byte {second.offset}"):
+        tar_members(path)
