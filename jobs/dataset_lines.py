@@ -15,7 +15,7 @@ from __future__ import annotations
 import codecs
 import re
 from dataclasses import dataclass
-from itertools import chain
+from itertools import chain, repeat
 from pathlib import Path
 from typing import BinaryIO, Iterator, Optional, Union
 
@@ -86,9 +86,14 @@ def split_lines(chunks: Iterator[bytes], max_line_bytes: int) -> Iterator[Line]:
         if after_cr and chunk.startswith(b"\n"):
             chunk = chunk[1:]
         after_cr = False
-        parts = _EOL.split(chunk)  # text, ending, text, ending, ..., text
-        for i in range(0, len(parts) - 1, 2):
-            text, ending = parts[i], parts[i + 1]
+        if b"\r" in chunk:
+            parts = _EOL.split(chunk)  # text, ending, text, ending, ..., text
+            lines, rest = zip(parts[0:-1:2], parts[1::2]), parts[-1]
+            after_cr = len(parts) > 1 and not rest and parts[-2] == b"\r"
+        else:  # the common case, split in C: every ending is \n
+            texts = chunk.split(b"\n")
+            lines, rest = zip(texts[:-1], repeat(b"\n")), texts[-1]
+        for text, ending in lines:
             if too_long:
                 too_long = False
             elif len(buf) + len(text) > max_line_bytes:
@@ -97,8 +102,6 @@ def split_lines(chunks: Iterator[bytes], max_line_bytes: int) -> Iterator[Line]:
                 yield line, (bytes(buf) + text if buf else text), ending
             buf.clear()
             line += 1
-        rest = parts[-1]
-        after_cr = len(parts) > 1 and not rest and parts[-2] == b"\r"
         if too_long:
             continue
         if len(buf) + len(rest) > max_line_bytes:
