@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Sequence
 
 from jobs.config import LoraConfig
+from jobs.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -35,10 +36,10 @@ def check_loras(loras: Sequence[LoraConfig], pipeline_class: str) -> None:
     from diffusers.utils import USE_PEFT_BACKEND
 
     if not hasattr(getattr(diffusers, pipeline_class), "load_lora_weights"):
-        raise ValueError(f"model.loras is set, but diffusers {diffusers.__version__}'s {pipeline_class} has no LoRA "
+        raise UserError(f"model.loras is set, but diffusers {diffusers.__version__}'s {pipeline_class} has no LoRA "
                          f"loader (load_lora_weights); remove model.loras for this model")
     if not USE_PEFT_BACKEND:
-        raise ValueError("model.loras needs peft>=0.17 (diffusers' PEFT backend) and it is not installed or too old; "
+        raise UserError("model.loras needs peft>=0.17 (diffusers' PEFT backend) and it is not installed or too old; "
                          "pip install 'bcgen[lora]'")
     for i, lora in enumerate(loras):
         check_lora_file(f"model.loras[{i}].path", Path(lora.path).expanduser())
@@ -48,17 +49,17 @@ def check_lora_file(key: str, path: Path) -> None:
     from safetensors import SafetensorError, safe_open
 
     if not path.is_file():
-        raise ValueError(f"{key}={str(path)!r} does not exist or is not a file; pass a local LoRA .safetensors file")
+        raise UserError(f"{key}={str(path)!r} does not exist or is not a file; pass a local LoRA .safetensors file")
     if path.suffix != ".safetensors":
-        raise ValueError(f"{key}={str(path)!r}: LoRAs load from safetensors only (a pickled .bin/.pt runs code when "
+        raise UserError(f"{key}={str(path)!r}: LoRAs load from safetensors only (a pickled .bin/.pt runs code when "
                          f"it loads); convert it with safetensors.torch.save_file")
     try:
         with safe_open(str(path), framework="pt") as f:
             keys = list(f.keys())
     except (SafetensorError, OSError) as e:
-        raise ValueError(f"{key}={str(path)!r} is not a readable safetensors file ({e})") from None
+        raise UserError(f"{key}={str(path)!r} is not a readable safetensors file ({e})") from None
     if not any("lora" in k.lower() for k in keys):
-        raise ValueError(f"{key}={str(path)!r} holds no LoRA weights (no tensor name contains 'lora', e.g. "
+        raise UserError(f"{key}={str(path)!r} holds no LoRA weights (no tensor name contains 'lora', e.g. "
                          f"{keys[:2]}); is it a model checkpoint? Pass a LoRA file")
 
 
