@@ -185,6 +185,12 @@ class JobConfig:
     verify: str = "members"
     """On resume, check each committed shard against its manifest: members (file size and the member
     list with sizes, from the tar headers; cheap) | full (also sha256: reads every byte)."""
+    lease_ttl_s: float = 600.0
+    """A worker's lease on a work unit expires this long after its last heartbeat (heartbeats
+    every ttl/4); another worker then takes the unit over. Longer than any stall of a live worker."""
+    wait_for_leases: bool = True
+    """With nothing left to lease, wait for the units other workers hold (taking over any whose
+    lease expires) until every unit is done; false: exit and leave them to their holders."""
 
     def __post_init__(self) -> None:
         if self.partition != "slurm_array":
@@ -195,6 +201,25 @@ class JobConfig:
         check_choice("job.on_nonfinite", self.on_nonfinite, NONFINITE)
         check_choice("job.verify", self.verify, VERIFY)
         check("job.dist_timeout_min", self.dist_timeout_min > 0, self.dist_timeout_min, "minutes > 0")
+        check("job.lease_ttl_s", self.lease_ttl_s > 0, self.lease_ttl_s, "seconds > 0, e.g. 600")
+
+
+@dataclass
+class PlanConfig:
+    """`python -m jobs.plan` (and the implicit plan of jobs.generate): how work units are cut."""
+
+    unit_items: int = 5000
+    """Items per work unit at most (1,000-10,000 suits a GPU: minutes of work, one graph capture).
+    Each signature's run is cut into equal units, so a unit never mixes signatures."""
+    workers: int = 0
+    """Processes that parse, validate and tokenize chunks of the dataset; 0 = one per CPU."""
+    chunk_mb: float = 4.0
+    """Bytes of the dataset handed to a process at a time (JSONL/TXT); bounds the planner's memory."""
+
+    def __post_init__(self) -> None:
+        check("plan.unit_items", self.unit_items >= 1, self.unit_items, "an int >= 1 (1,000-10,000 suits a GPU)")
+        check("plan.workers", self.workers >= 0, self.workers, "an int >= 0 (0 = one per CPU)")
+        check("plan.chunk_mb", 0 < self.chunk_mb <= 256, self.chunk_mb, "megabytes in (0, 256]")
 
 
 def parse_partition(text: str) -> tuple[int, int]:
@@ -215,6 +240,7 @@ class GenerateConfig:
     bcg: BcgConfig = field(default_factory=BcgConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     job: JobConfig = field(default_factory=JobConfig)
+    plan: PlanConfig = field(default_factory=PlanConfig)
     output_dir: str = "outputs/sana_tiny"
     """Shards, index, summary and error ledger go here; stable across reruns (resume)."""
     device: str = "auto"

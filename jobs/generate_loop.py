@@ -1,4 +1,4 @@
-"""The generation loop: batches in plan order -> stage pipeline -> sink, with progress and clean stops.
+"""The generation loop: the batches of each leased unit -> stage pipeline -> sink, with progress and clean stops.
 
 A stop signal (StopFlag) is honoured between batches: no new batch starts, the batches in flight
 finish and are handed to the sink, and close() commits every complete sample, so a rerun
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 
-from jobs.distributed import shard_pattern, writer_name
 from jobs.capture_policy import CapturePolicy
 from jobs.engine import Engine, attach_runner, load_pipeline
 from jobs.gpu_monitor import GpuMonitor
@@ -38,10 +38,10 @@ def generate_all(prep, stats: JobStats, timer: StageTimer, stop) -> None:
     from jobs.dataset import RowError, write_error_ledger
     from jobs.resume import KILL_AT_ENV, kill_hook
     from jobs.run import ERRORS_FILE
-    from sinks import AsyncSink, Sample, SinkError
+    from sinks import Sample, SinkError
 
     cfg = prep.cfg
-    if not prep.plan.batches:
+    if not prep.plan.n_items:
         stats.status = "complete"
         log.info("nothing to generate: every planned item is already committed")
         return
@@ -55,8 +55,9 @@ def generate_all(prep, stats: JobStats, timer: StageTimer, stop) -> None:
     overlap = cfg.job.overlap if cfg.job.overlap is not None else device.type == "cuda"
     stages = StagePipeline(engine, policy, overlap=overlap)
     topo = prep.topo
-    timeline = Timeline(prep.output_dir, writer_name(topo.part, topo.parts))  # for `python -m jobs.inspect`
-    sink = AsyncSink(prep.output_dir, cfg.sink, name_pattern=shard_pattern(topo.part, topo.parts))
+    # One timeline file per worker process (`python -m jobs.inspect`): workers of one part may run at once.
+    timeline = Timeline(prep.output_dir, f"part{topo.part:04d}-{socket.gethostname()}-{os.getpid()}")
+    sink = prep.open_sink()  # one sink over the units this worker leases (jobs/worker/unit_sink.py)
     # One bar per node: other ranks still log progress lines every log_every_s.
     progress = Progress(prep.plan.n_items, cfg.job.progress and topo.local_rank == 0, cfg.job.log_every_s)
     hooked = KILL_AT_ENV in os.environ  # kill tests only
@@ -69,33 +70,43 @@ def generate_all(prep, stats: JobStats, timer: StageTimer, stop) -> None:
         return stopped
 
     try:
-        results = stages.run(prep.plan.batches, should_stop)
         # "generate" is the whole stage loop, sink hand-off included: what images/s is measured on.
+        # One stage run per unit: a unit is one signature's run, which the capture policy weighs.
+        number, current = 0, None
         with timer("generate"), monitor:
             timeline.start()
-            for number, result in enumerate(results, start=1):
-                ledger = []
-                for i, (it, image, finite) in enumerate(zip(result.items, result.images, result.finite)):
-                    if not finite:
-                        stats.nonfinite_keys.append(it.key)
-                        if cfg.job.on_nonfinite == "ledger":
-                            path, _, line = it.source.rpartition(":")
-                            ledger.append(RowError(file=path, line=int(line or 0), key=it.key,
-                                                   reason="generated image has NaN/Inf values"))
-                            continue
-                    meta = item_meta(it, cfg.model.name, result.mode, result.batch_size, finite)
-                    with timer("sink_wait"):
-                        sink.put(Sample(key=it.key, image=image, caption=it.prompt, meta=meta))
-                    stats.items_written += 1
-                    stats.modes[result.mode] += 1
-                    if hooked:  # mid-batch: after the batch's first item; mid-shard: while a shard is open
-                        kill_hook("batch", number if i == 0 else -1)
-                        kill_hook("shard-write", len(sink.records), prep.output_dir)
-                if ledger:
-                    write_error_ledger(prep.output_dir / ERRORS_FILE, ledger)
-                progress.update(len(result.items), str(result.items[0].signature), runner.stats() if runner else {})
-                timeline.record(len(result.items), str(result.items[0].signature), result.mode, result.batch_size,
-                                runner.counters if runner else None)
+            for unit_batches in prep.plan.units():
+                if should_stop():
+                    break
+                if current is not None and unit_batches[0].signature != current:
+                    engine.end_run()  # the previous unit's signature: its graphs are not needed now
+                current = unit_batches[0].signature
+                results = stages.run(unit_batches, should_stop)
+                for result in results:
+                    number += 1
+                    ledger = []
+                    for i, (it, image, finite) in enumerate(zip(result.items, result.images, result.finite)):
+                        if not finite:
+                            stats.nonfinite_keys.append(it.key)
+                            if cfg.job.on_nonfinite == "ledger":
+                                path, _, line = it.source.rpartition(":")
+                                ledger.append(RowError(file=path, line=int(line or 0), key=it.key,
+                                                       reason="generated image has NaN/Inf values"))
+                                sink.skip(it.key)  # its unit still completes
+                                continue
+                        meta = item_meta(it, cfg.model.name, result.mode, result.batch_size, finite)
+                        with timer("sink_wait"):
+                            sink.put(Sample(key=it.key, image=image, caption=it.prompt, meta=meta))
+                        stats.items_written += 1
+                        stats.modes[result.mode] += 1
+                        if hooked:  # mid-batch: after the batch's first item; mid-shard: while a shard is open
+                            kill_hook("batch", number if i == 0 else -1)
+                            kill_hook("shard-write", len(sink.records), prep.output_dir)
+                    if ledger:
+                        write_error_ledger(prep.output_dir / ERRORS_FILE, ledger)
+                    progress.update(len(result.items), str(result.items[0].signature), runner.stats() if runner else {})
+                    timeline.record(len(result.items), str(result.items[0].signature), result.mode, result.batch_size,
+                                    runner.counters if runner else None)
         with timer("sink_close"):
             sink.close()
         stats.status = "preempted" if stopped else "complete"

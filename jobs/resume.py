@@ -139,6 +139,16 @@ def _publish_once(path: Path, data: bytes) -> bool:
 
 
 def wipe(output_dir: Path, shard_glob: str) -> None:
+    # A live lease means a worker is writing into this run right now: deleting under it would
+    # leave a half-deleted folder that the worker keeps filling. Refuse before touching anything.
+    from jobs.plan.units import PLAN_DIR
+    from jobs.worker.lease import live_leases
+
+    live = live_leases(output_dir / PLAN_DIR)
+    if live:
+        raise UserError(f"job.overwrite=true refused: {len(live)} worker lease(s) in output_dir={str(output_dir)!r} "
+                         f"are live ({'; '.join(l.describe() for l in live[:3])}). Nothing was deleted. Stop those "
+                         f"workers (or wait for their leases to expire), then rerun with job.overwrite=true")
     removed = 0
     for p in list(output_dir.glob(shard_glob)) + list(output_dir.glob("." + shard_glob + "*")):
         p.unlink()
@@ -149,10 +159,10 @@ def wipe(output_dir: Path, shard_glob: str) -> None:
     from sinks.manifest import MANIFEST_DIR
     from sinks.quarantine import QUARANTINE_DIR
 
-    for name in (MANIFEST_DIR, SUMMARY_DIR, QUARANTINE_DIR):
+    for name in (MANIFEST_DIR, SUMMARY_DIR, QUARANTINE_DIR, PLAN_DIR):
         if (output_dir / name).is_dir():
             shutil.rmtree(output_dir / name)
-    log.warning("job.overwrite=true: removed %d shard file(s) and the old run's index/summary in %s",
+    log.warning("job.overwrite=true: removed %d shard file(s), the plan and the old run's index/summary in %s",
                 removed, output_dir)
 
 

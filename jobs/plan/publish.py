@@ -1,0 +1,124 @@
+"""Join or make the plan of an output_dir: the one place where a job meets the run already there.
+
+    lock `plan` ─▶ _plan/plan.json there?  ─ yes ─▶ same identity? ─ yes ─▶ join it
+                        │ no                            │ no: refuse, naming what differs
+                        ▼                               │     (job.overwrite: wipe, unless a lease is live)
+                  plan into _plan.tmp-PID ─▶ claim run.json ─▶ rename to _plan/ ─▶ errors.jsonl
+
+The lock makes concurrent jobs plan once (the others wait, then join); the claim (run.json,
+published with a hard link) and the directory rename keep it exclusive even where flock is a
+no-op. A job's identity needs the dataset's digest; a worker takes it from plan.json when the
+file's size and mtime are unchanged, so joining a 10M-prompt plan does not read the dataset.
+"""
+
+from __future__ import annotations
+
+from jobs.errors import UserError
+
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Optional
+
+from jobs.config import GenerateConfig
+from jobs.plan.units import PLAN_DIR, PLAN_FILE, PlanManifest, read_manifest, write_manifest
+
+log = logging.getLogger("jobs.plan")
+
+
+def plan_identity(cfg: GenerateConfig, digest: str, records: int) -> dict:
+    from jobs.resume import run_identity
+
+    ident = run_identity(cfg, digest, records)
+    ident["plan"] = {"unit_items": cfg.plan.unit_items, "dataset_limit": cfg.dataset.limit,
+                     "dataset_on_error": cfg.dataset.on_error}
+    return ident
+
+
+def _digest_now(cfg: GenerateConfig, existing: PlanManifest) -> str:
+    """The dataset's digest: the planned one if the file looks unchanged (size, mtime), else re-read."""
+    from jobs.plan.build import dataset_file, file_digest
+
+    path, _ = dataset_file(cfg)
+    st = path.stat()
+    d = existing.dataset
+    if d["path"] == str(path) and d["bytes"] == st.st_size and d["mtime_ns"] == st.st_mtime_ns:
+        return d["digest"]
+    log.info("dataset %s changed size or mtime since it was planned: hashing it to compare", path)
+    return file_digest(path)
+
+
+def open_plan(cfg: GenerateConfig, output_dir: Path, divisor: int) -> PlanManifest:
+    """The plan this job works on (joined or made); raises ValueError when the job must be refused."""
+    from jobs.resume import dir_lock, open_run
+
+    plan_dir = output_dir / PLAN_DIR
+    with dir_lock(output_dir, "plan"):
+        if (plan_dir / PLAN_FILE).exists():
+            existing = read_manifest(plan_dir)
+            ident = plan_identity(cfg, _digest_now(cfg, existing), existing.dataset["records"])
+            open_run(output_dir, ident, cfg.job.overwrite)  # same: joins; different: refuses or wipes
+            if (plan_dir / PLAN_FILE).exists():
+                log.info("joining the plan in %s: %d items in %d units", plan_dir, existing.n_items,
+                         len(existing.units))
+                return existing
+        elif (output_dir / "run.json").exists() and any(output_dir.glob("shard-*.tar")):
+            if not cfg.job.overwrite:
+                raise UserError(f"output_dir={str(output_dir)!r} holds shards of a run without a plan (an older "
+                                 f"bcgen, or a plan deleted by hand): its items cannot be matched to units. Use "
+                                 f"another output_dir, or job.overwrite=true to delete them and start over.")
+            from jobs.resume import wipe
+
+            wipe(output_dir, "shard-*.tar")
+        return _make(cfg, output_dir, plan_dir, divisor)
+
+
+def _make(cfg: GenerateConfig, output_dir: Path, plan_dir: Path, divisor: int) -> PlanManifest:
+    from jobs.dataset import write_error_ledger
+    from jobs.plan.build import plan_dataset
+    from jobs.resume import kill_hook, open_run
+
+    work = output_dir / f"{PLAN_DIR}.tmp-{os.getpid()}"
+    shutil.rmtree(work, ignore_errors=True)
+    try:
+        result = plan_dataset(cfg, divisor, work)
+        kill_hook("plan")
+        manifest = result.manifest
+        manifest.identity = plan_identity(cfg, manifest.dataset["digest"], manifest.dataset["records"])
+        write_manifest(work, manifest)
+        open_run(output_dir, manifest.identity, cfg.job.overwrite)
+        errors_file = output_dir / "errors.jsonl"
+        errors_file.unlink(missing_ok=True)
+        if result.errors:
+            write_error_ledger(errors_file, result.errors)
+        try:
+            os.rename(work, plan_dir)
+        except OSError:  # an identical job published first (its claim matched ours): use its plan
+            if not (plan_dir / PLAN_FILE).exists():
+                raise
+            manifest = read_manifest(plan_dir)
+        log.info("plan written to %s: %d items in %d units", plan_dir, manifest.n_items, len(manifest.units))
+        for line in summary_lines(manifest):
+            log.info(line)
+        return manifest
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def summary_lines(manifest: PlanManifest, limit: int = 12) -> list:
+    ranked = sorted(manifest.signatures.items(), key=lambda kv: -kv[1])
+    lines = [f"plan: {manifest.n_items} items, {len(manifest.units)} units, {len(ranked)} signatures"
+             + (f", {manifest.truncated} prompts truncated" if manifest.truncated else "")]
+    for sig, n in ranked[:limit]:
+        units = sum(1 for u in manifest.units if str(u.signature) == sig)
+        lines.append(f"  {sig:40s} {n:9d} items  {units} unit(s)")
+    if len(ranked) > limit:
+        lines.append(f"  ... and {len(ranked) - limit} more signatures")
+    return lines
+
+
+def read_plan_errors(output_dir: Path) -> Optional[int]:
+    p = output_dir / PLAN_DIR / PLAN_FILE
+    return json.loads(p.read_text())["dataset"]["bad_rows"] if p.exists() else None

@@ -1,0 +1,105 @@
+"""The plan on disk: `output_dir/_plan/plan.json` and signature-pure `unit-NNNNNNN.parquet` files.
+
+The planner writes them once; workers only read them. A unit holds the items of ONE signature
+(so a worker captures one graph per unit) in dataset order, with everything a worker needs to
+generate them without the dataset: key, prompt, negative prompt, seed, size, steps, guidance,
+text tokens and estimated cost. plan.json is small (one entry per unit) and is all a worker
+reads at start-up, whatever the dataset's size.
+"""
+
+from __future__ import annotations
+
+from jobs.errors import UserError
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Dict, List
+
+from jobs.plan import Item, Signature
+
+PLAN_DIR = "_plan"
+PLAN_FILE = "plan.json"
+PLAN_VERSION = 1
+
+# The columns of a unit file (and of the planner's spill files, which add `key_hash`).
+SIGNATURE_COLUMNS = ("height", "width", "text_bucket", "steps", "guidance_scale", "cfg")
+ITEM_COLUMNS = ("key", "prompt", "negative_prompt", "seed", "line", "text_tokens", "truncated", "cost")
+
+
+def unit_name(unit: int) -> str:
+    return f"unit-{unit:07d}"
+
+
+def item_cost(sig: Signature) -> float:
+    """Estimated work of one item in megapixel-steps: transformer FLOPs grow ~linearly with
+    pixels x steps (x2 rows with CFG). Good enough to balance; not a time estimate."""
+    return sig.height * sig.width * sig.steps * (2 if sig.cfg else 1) / 1e6
+
+
+@dataclass(frozen=True)
+class UnitInfo:
+    id: int
+    signature: Signature
+    count: int
+    cost: float
+
+    def to_json(self) -> dict:
+        return {"id": self.id, "signature": asdict(self.signature), "count": self.count, "cost": round(self.cost, 3)}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "UnitInfo":
+        return cls(id=d["id"], signature=Signature(**d["signature"]), count=d["count"], cost=d["cost"])
+
+
+@dataclass
+class PlanManifest:
+    """plan.json: what was planned from what. `identity` is the run identity (resume.run_identity)."""
+
+    identity: dict
+    dataset: dict  # path, format, digest, bytes, mtime_ns, records, bad_rows
+    unit_items: int
+    units: List[UnitInfo] = field(default_factory=list)
+    truncated: int = 0
+    signatures: Dict[str, int] = field(default_factory=dict)
+
+    @property
+    def n_items(self) -> int:
+        return sum(u.count for u in self.units)
+
+    def to_json(self) -> dict:
+        return {"plan_version": PLAN_VERSION, "identity": self.identity, "dataset": self.dataset,
+                "unit_items": self.unit_items, "items": self.n_items, "truncated": self.truncated,
+                "signatures": self.signatures, "units": [u.to_json() for u in self.units]}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "PlanManifest":
+        if d.get("plan_version") != PLAN_VERSION:
+            raise UserError(f"plan.json has plan_version {d.get('plan_version')!r}, this bcgen reads "
+                             f"{PLAN_VERSION}; plan again into a new output_dir (or job.overwrite=true)")
+        return cls(identity=d["identity"], dataset=d["dataset"], unit_items=d["unit_items"],
+                   units=[UnitInfo.from_json(u) for u in d["units"]], truncated=d["truncated"],
+                   signatures=d["signatures"])
+
+
+def read_manifest(plan_dir: Path) -> PlanManifest:
+    return PlanManifest.from_json(json.loads((plan_dir / PLAN_FILE).read_text()))
+
+
+def write_manifest(plan_dir: Path, manifest: PlanManifest) -> None:
+    from sinks.atomic import atomic_write_bytes
+
+    atomic_write_bytes(plan_dir / PLAN_FILE, (json.dumps(manifest.to_json(), indent=1) + "\n").encode())
+
+
+def read_unit(plan_dir: Path, info: UnitInfo, source_label: str, dtype: str) -> List[Item]:
+    """A unit's items, in plan order. Memory: one unit."""
+    import pyarrow.parquet as pq
+
+    cols = pq.read_table(plan_dir / f"{unit_name(info.id)}.parquet").to_pydict()
+    sig = Signature(**asdict(info.signature))
+    assert sig.dtype == dtype, f"unit {info.id} was planned for {sig.dtype}, the job runs {dtype}"
+    return [Item(key=k, prompt=p, negative_prompt=n, seed=s, signature=sig, text_tokens=t, truncated=tr,
+                 source=f"{source_label}:{line}")
+            for k, p, n, s, t, tr, line in zip(cols["key"], cols["prompt"], cols["negative_prompt"], cols["seed"],
+                                                cols["text_tokens"], cols["truncated"], cols["line"])]

@@ -1,0 +1,110 @@
+"""The worker's plan: batches of the units it leases, one unit at a time, for as long as any is left.
+
+`units()` is what the generation loop iterates: lease a unit, read its items (one unit in memory),
+drop the keys its earlier holders already committed (one glob of the unit's own shards), cut them
+into pool-sized batches, register the unit with the sink, yield the unit's batches (a run of one
+signature, which the stage pipeline and its capture policy take as a whole). Order of units: the signature
+this worker has warm first (its graphs stay captured), then the costliest (longest-processing-
+time-first balances the tail), rotated by the worker's part so workers started together try
+different units first.
+
+When no unit is free but others hold some, the worker waits (job.wait_for_leases) and takes over
+any whose lease expires: a dead worker's unit is finished by a live one.
+"""
+
+from __future__ import annotations
+
+from jobs.errors import UserError
+
+import logging
+import time
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional
+
+from jobs.plan import Batch, Signature, cut_batches
+from jobs.plan.units import PlanManifest, UnitInfo, read_unit
+from jobs.worker.done import done_units
+from jobs.worker.lease import Leaser, live_leases
+from jobs.worker.unit_sink import UnitSink, unit_shard_glob
+
+log = logging.getLogger("jobs.run")
+
+
+class LeasedPlan:
+    def __init__(self, manifest: PlanManifest, plan_dir: Path, output_dir: Path, leaser: Leaser, sink: UnitSink,
+                 batch_sizes, pad_short: bool, dtype: str, part: int, wait: bool, stop=None, verify: str = "members"):
+        self.manifest, self.plan_dir, self.output_dir = manifest, plan_dir, output_dir
+        self.leaser, self.sink = leaser, sink
+        self.batch_sizes, self.pad_short, self.dtype = list(batch_sizes), pad_short, dtype
+        self.wait, self.stop, self.verify = wait, stop, verify
+        done = done_units(plan_dir)
+        self.n_items = sum(u.count for u in manifest.units if u.id not in done)  # left at start (progress)
+        self.done_at_start = manifest.n_items - self.n_items
+        order = sorted((u for u in manifest.units if u.id not in done), key=lambda u: (-u.cost, u.id))
+        k = part % len(order) if order else 0
+        self._order: List[UnitInfo] = order[k:] + order[:k]
+        # Filled as units are leased, for the summary.
+        self.planned = 0
+        self.skipped_done = 0
+        self.truncated = 0
+        self.units: List[int] = []
+        self.signature_counts: Dict[Signature, int] = {}
+        self._last: Optional[Signature] = None
+
+    def units(self) -> Iterator[List[Batch]]:
+        """The batches of each unit this worker leases, a unit at a time (leased when asked for)."""
+        while True:
+            info = self._next_unit()
+            if info is None:
+                return
+            batches = self._unit_batches(info)
+            if batches:  # a unit whose items were all committed is marked done, not generated
+                yield batches
+
+    def _unit_batches(self, info: UnitInfo) -> List[Batch]:
+        from sinks import scan_output
+
+        items = read_unit(self.plan_dir, info, self.manifest.dataset["path"], self.dtype)
+        # Ours to check and clean: we hold its lease. A shard that no longer matches its manifest is
+        # quarantined by the scan, and its samples are generated again.
+        prior = scan_output(self.output_dir, unit_shard_glob(info.id), self.verify).records
+        committed = {k for r in prior for k in r.keys}
+        todo = [it for it in items if it.key not in committed]
+        self.units.append(info.id)
+        self.planned += len(todo)
+        self.skipped_done += len(items) - len(todo)
+        self.truncated += sum(1 for it in todo if it.truncated)
+        self.signature_counts[info.signature] = self.signature_counts.get(info.signature, 0) + len(todo)
+        self._last = info.signature
+        log.info("unit %d: %d items of %s%s", info.id, len(todo), info.signature,
+                 f" ({len(committed)} already committed)" if committed else "")
+        self.sink.begin_unit(info.id, [it.key for it in todo], prior)
+        return [Batch(signature=info.signature, items=chunk, size=size)
+                for chunk, size in cut_batches(todo, self.batch_sizes, self.pad_short)]
+
+    def _next_unit(self) -> Optional[UnitInfo]:
+        waited = False
+        while self.stop is None or not self.stop.reason:
+            done = done_units(self.plan_dir)
+            left = [u for u in self._order if u.id not in done and u.id not in self.leaser.held]
+            if not left:
+                return None
+            warm = [u for u in left if u.signature == self._last]
+            for info in warm + [u for u in left if u.signature != self._last]:
+                lease = self.leaser.try_take(info.id)
+                if lease is None:
+                    continue
+                if info.id in done_units(self.plan_dir):  # finished between our listing and our lease
+                    self.leaser.release(info.id)
+                    continue
+                return info
+            if not self.wait:
+                log.info("%d unit(s) left, all leased by other workers; exiting (job.wait_for_leases=false)", len(left))
+                return None
+            if not waited:
+                holders = live_leases(self.plan_dir)
+                log.info("%d unit(s) left, leased by other workers (%s); waiting for them or their expiry",
+                         len(left), "; ".join(h.describe() for h in holders[:3]))
+                waited = True
+            time.sleep(min(self.leaser.ttl_s / 4, 5.0))
+        return None

@@ -1,0 +1,131 @@
+"""`UnitSink`: the job's sink, one AsyncSink per leased unit, and the unit's commit.
+
+Each unit writes its own shards, `shard-uNNNNNNN-IIII.tar`, so a unit's shards are found by one
+glob and no two units (or workers) ever share a shard name. The generation loop sees one sink:
+`put` routes a sample by its key to its unit; once every item of the unit is accounted for
+(put, or `skip`ped to the NaN ledger), the unit's shards are committed, its done marker is
+written and its lease released, before the loop asks for the next batch. Committing as soon as
+the unit is complete matters: a worker that holds a finished but unmarked unit while it waits for
+others' leases would make them wait for it.
+
+A unit whose lease was lost (taken over as expired while this worker stalled) stops being
+written: its open shard is dropped and it is never marked done by this worker.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List
+
+from jobs.worker.done import mark_done
+from jobs.worker.lease import Leaser
+from sinks import AsyncSink, Sample, ShardRecord, SinkConfig
+
+log = logging.getLogger(__name__)
+
+
+def unit_shard_pattern(unit: int) -> str:
+    return f"shard-u{unit:07d}-{{index:04d}}.tar"
+
+
+def unit_shard_glob(unit: int) -> str:
+    return f"shard-u{unit:07d}-*.tar"
+
+
+@dataclass
+class _Open:
+    sink: AsyncSink
+    expected: int
+    prior: List[ShardRecord]  # committed by earlier holders of the unit
+    accounted: int = 0
+    keys: set = field(default_factory=set)
+
+
+class UnitSink:
+    def __init__(self, output_dir: Path, config: SinkConfig, plan_dir: Path, leaser: Leaser, owner: str):
+        self.output_dir, self.config, self.plan_dir = Path(output_dir), config, plan_dir
+        self.leaser, self.owner = leaser, owner
+        self._open: Dict[int, _Open] = {}
+        self._unit_of: Dict[str, int] = {}
+        self.records: List[ShardRecord] = []  # committed by this worker, every unit
+        self.units_done: List[int] = []
+        self._stats: List[dict] = []
+
+    def begin_unit(self, unit: int, keys: List[str], prior: List[ShardRecord]) -> None:
+        """Register a leased unit's items still to write; with none left, mark it done now."""
+        if not keys:
+            self._mark(unit, prior)
+            return
+        sink = AsyncSink(self.output_dir, self.config, name_pattern=unit_shard_pattern(unit))
+        self._open[unit] = _Open(sink=sink, expected=len(keys), prior=prior, keys=set(keys))
+        for k in keys:
+            self._unit_of[k] = unit
+
+    def put(self, sample: Sample) -> None:
+        unit = self._unit_of.pop(sample.key)
+        u = self._open[unit]
+        if unit in self.leaser.lost:
+            self._drop(unit)
+            return
+        u.sink.put(sample)
+        self._account(unit, u)
+
+    def skip(self, key: str) -> None:
+        """An item that will not be written (its image went to the NaN ledger): the unit still ends."""
+        unit = self._unit_of.pop(key)
+        self._account(unit, self._open[unit])
+
+    def _account(self, unit: int, u: _Open) -> None:
+        u.accounted += 1
+        if u.accounted == u.expected:
+            del self._open[unit]
+            records = u.sink.close()
+            self._collect(u.sink, records)
+            if self.leaser.still_held(unit):
+                self._mark(unit, u.prior + records)
+            else:
+                log.error("unit %d: lease lost before its commit; its new holder finishes it", unit)
+
+    def _mark(self, unit: int, records: List[ShardRecord]) -> None:
+        mark_done(self.plan_dir, unit, records, self.owner)
+        self.units_done.append(unit)
+        self.leaser.release(unit)
+
+    def _collect(self, sink: AsyncSink, records: List[ShardRecord]) -> None:
+        self.records += records
+        self._stats.append(sink.stats())
+
+    def _drop(self, unit: int) -> None:
+        u = self._open.pop(unit, None)
+        if u is not None:
+            u.sink.abort()
+            self._collect(u.sink, u.sink.records)
+            for k in u.keys:
+                self._unit_of.pop(k, None)
+
+    def close(self) -> List[ShardRecord]:
+        """Commit every complete sample of unfinished units (a stop): they stay leased to nobody,
+        so a rerun continues them after their committed shards."""
+        try:
+            for unit in list(self._open):
+                u = self._open.pop(unit)
+                self._collect(u.sink, u.sink.close())
+        finally:
+            self.abort()
+        return self.records
+
+    def abort(self) -> None:
+        for unit in list(self._open):
+            u = self._open.pop(unit)
+            u.sink.abort()
+            self._collect(u.sink, u.sink.records)
+        self.leaser.release_all()
+
+    def stats(self) -> dict:
+        out: dict = {}
+        for s in self._stats + [u.sink.stats() for u in self._open.values()]:
+            for k, v in s.items():
+                out[k] = round(out.get(k, 0) + v, 6)
+        return out
