@@ -2,11 +2,11 @@
 
     global part = task_index * world + rank        of        task_count * world
 
-Every process computes the same plan and takes its own contiguous share (jobs/partition.py), so
-processes never exchange work. They meet only where output_dir must agree: rank 0 claims the
-folder (run.json) before the others look at it, and rank 0 writes index + summary.json after
-every rank's shards are committed. Each rank writes shards under its own name pattern, so names
-cannot collide across ranks or array tasks (a single part keeps plain `shard-NNNNNN.tar`).
+Every process is a worker that leases work units of the one plan of output_dir (jobs/worker/),
+so processes never exchange work and need no fixed share. They meet only where output_dir must
+agree: rank 0 joins or makes the plan (and claims run.json) before the others read it, and rank 0
+writes index + summary.json after every rank is done. The part names a worker's summary file and
+staggers where workers start leasing; shards are named by unit, so names never collide.
 
 The process group (nccl on CUDA, gloo on CPU) carries nothing but these meetings; a separate gloo
 group carries them even under nccl, so a barrier never holds a GPU stream and needs no device.
@@ -55,21 +55,6 @@ class Topology:
 
     def __str__(self) -> str:
         return f"part {self.part} of {self.parts} (task {self.task_index}/{self.task_count}, rank {self.rank}/{self.world})"
-
-
-def shard_pattern(part: int, parts: int) -> str:
-    """ShardWriter name pattern; every name matches `shard-*.tar`, and no two parts share one."""
-    return "shard-{index:06d}.tar" if parts == 1 else f"shard-r{part:04d}-{{index:06d}}.tar"
-
-
-def shard_glob(part: int, parts: int) -> str:
-    """The glob of exactly this part's shards (a single part's digits never start with `r`)."""
-    return "shard-[0-9]*.tar" if parts == 1 else f"shard-r{part:04d}-*.tar"
-
-
-def writer_name(part: int, parts: int) -> str:
-    """The name this part's writer lock goes by: its pattern's prefix (`shard`, `shard-r0003`)."""
-    return shard_pattern(part, parts).split("{", 1)[0].rstrip("-")
 
 
 def _env_int(environ: Mapping[str, str], name: str) -> int:

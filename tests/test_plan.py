@@ -7,7 +7,6 @@ import random
 import pytest
 
 from jobs.plan import Item, Signature, build_plan, cut_batches, derive_seed, without_keys
-from jobs.partition import take_partition
 
 
 def sig(bucket=64, h=128, steps=8, cfg=True):
@@ -73,13 +72,3 @@ def test_resume_filter_recuts_batches():
     rest = without_keys(plan, {f"k{i:02d}" for i in range(7)}, [1, 2, 4, 8], True)
     assert rest.keys() == ["k07", "k08", "k09"]
     assert [b.size for b in rest.batches] == [2, 1]
-
-
-def test_partitions_cover_plan_once_and_keep_runs_together():
-    plan = build_plan(mixed_items(200), [1, 2, 4, 8], True)
-    parts = [take_partition(plan, i, 3) for i in range(3)]
-    keys = [k for p in parts for k in p.keys()]
-    assert sorted(keys) == sorted(plan.keys()) and len(keys) == len(set(keys))
-    # contiguous shares: at most count-1 signature runs are cut in two
-    seen = [len(p.signature_counts) for p in parts]
-    assert sum(seen) <= len(plan.signature_counts) + 2

@@ -1,4 +1,4 @@
-"""Who does which part: torchrun / Slurm environments, shard names, partition shares, summaries, configs."""
+"""Who is which part: torchrun / Slurm environments, unit shard names, summaries, configs."""
 
 from __future__ import annotations
 
@@ -6,10 +6,8 @@ import fnmatch
 
 import pytest
 
-from jobs.distributed import (Topology, merge_stats, ranks_from_env, shard_glob, shard_pattern, task_from_config,
-                              topology)
-from jobs.partition import batch_work, take_partition
-from jobs.plan import Item, Signature, build_plan
+from jobs.distributed import Topology, merge_stats, ranks_from_env, task_from_config, topology
+from jobs.worker.unit_sink import unit_shard_glob, unit_shard_pattern
 from tests.helpers import CONF_DIR, compose_cfg
 
 ARRAY = {"SLURM_ARRAY_TASK_ID": "7", "SLURM_ARRAY_TASK_MIN": "4", "SLURM_ARRAY_TASK_MAX": "11",
@@ -45,40 +43,14 @@ def test_slurm_array_is_opt_in_and_checked():
     assert compose_cfg(["job.partition=slurm_array", "output_dir=/tmp/x"]).job.partition == "slurm_array"
 
 
-def test_shard_names_match_the_common_glob_and_never_collide():
-    names = {(part, parts): [shard_pattern(part, parts).format(index=i) for i in (0, 1, 1234567)]
-             for parts in (1, 3, 1000, 12000) for part in {0, 1, parts - 1} if part < parts}
-    flat = [n for ns in names.values() for n in ns]
-    assert all(fnmatch.fnmatch(n, "shard-*.tar") for n in flat)
-    assert names[(0, 1)][0] == "shard-000000.tar"
-    for (part, parts), ns in names.items():
-        own = shard_glob(part, parts)
-        assert all(fnmatch.fnmatch(n, own) for n in ns)
-        # another layout may share the name pattern (resume with a new world size), never the same
-        # names within one layout
-        others = [n for (p, ps), m in names.items() if ps == parts and p != part for n in m]
-        assert not any(fnmatch.fnmatch(n, own) for n in others), (own, others)
-    assert not fnmatch.fnmatch("shard-r0001-000000.tar", shard_glob(0, 1))
-
-
-def _plan(n: int):
-    sigs = [Signature(64, 64, 64, 2, 4.5, True, "float32"), Signature(128, 128, 64, 2, 4.5, True, "float32")]
-    items = [Item(f"k{i:04d}", "p", "", i, sigs[i % 3 == 0], 4, False, f"f:{i}") for i in range(n)]
-    return build_plan(items, [1, 2, 4, 8], True)
-
-
-def test_parts_of_tasks_x_ranks_cover_the_plan_once_and_balance_work():
-    plan = _plan(500)
-    tasks, world = 3, 4
-    shares = [take_partition(plan, Topology(rank=r, world=world, task_index=t, task_count=tasks).part, tasks * world)
-              for t in range(tasks) for r in range(world)]
-    keys = [k for s in shares for k in s.keys()]
-    assert sorted(keys) == sorted(plan.keys())
-    work = [sum(batch_work(b) for b in s.batches) for s in shares]
-    ideal, biggest = sum(work) / len(work), max(batch_work(b) for b in plan.batches)
-    # A batch belongs to the share holding its midpoint: each of a share's two ends is off by at
-    # most half a batch, so balance is by work (a 128^2 batch weighs 4 of 64^2), not item count.
-    assert all(abs(w - ideal) <= biggest for w in work), (work, ideal, biggest)
+def test_unit_shard_names_match_the_common_glob_and_never_collide():
+    names = {unit: [unit_shard_pattern(unit).format(index=i) for i in (0, 1, 9999)] for unit in (0, 1, 12, 9_999_999)}
+    assert names[0][0] == "shard-u0000000-0000.tar"
+    for unit, ns in names.items():
+        assert all(fnmatch.fnmatch(n, "shard-*.tar") for n in ns)
+        assert all(fnmatch.fnmatch(n, unit_shard_glob(unit)) for n in ns)
+        others = [n for u, m in names.items() if u != unit for n in m]
+        assert not any(fnmatch.fnmatch(n, unit_shard_glob(unit)) for n in others)
 
 
 def _part(part: int, status: str, written: int, gen: float) -> dict:

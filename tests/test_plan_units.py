@@ -1,0 +1,116 @@
+"""The planner (jobs/plan/): exact token counts, deterministic signature-pure units, whole-file key checks."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pyarrow.parquet as pq
+import pytest
+
+from jobs.dataset import DatasetError
+from jobs.models.registry import get_family
+from jobs.plan.build import plan_dataset
+from jobs.plan.units import read_unit, unit_name
+from tests.helpers import compose_cfg, prompts, write_jsonl
+
+
+def test_length_tokenizer_counts_equal_the_real_tokenizer():
+    from jobs.models.text_encoders import load_tokenizer
+    from jobs.plan.lengths import LengthTokenizer
+
+    tok = load_tokenizer("minilm")
+    fast = LengthTokenizer(tok)
+    assert fast.fast
+    words = ["red", "Fox", "don't", "4K!", "(octane_render)", "café", "naïve", "東京", "emoji😀", "x" * 101,
+             "supercalifragilisticexpialidocious", "a.b,c;d", "UPPER", "12ab34", "\t", "\x01ctl", "--", "~`^|"]
+    rng = random.Random(3)
+    texts = ["", " ", "a\tb\nc\r"] + [" ".join(rng.choice(words) for _ in range(rng.randint(1, 30)))
+                                      for _ in range(400)]
+    for special in (True, False):
+        want = [len(ids) for ids in tok(texts, add_special_tokens=special)["input_ids"]]
+        assert fast.counts(texts, special) == want
+    assert fast.fast_hits > 0 and fast.slow_calls > 0  # both paths ran
+
+
+def _cfg(tmp_path, data, *extra):
+    return compose_cfg([f"dataset.path={data}", f"output_dir={tmp_path / 'out'}", "sampling.height=64",
+                        "sampling.width=64", "sampling.steps=2", *extra])
+
+
+def _plan(cfg, work):
+    divisor = get_family(cfg.model.family).spatial_divisor(cfg.model)
+    return plan_dataset(cfg, divisor, work)
+
+
+def _rows(n):
+    rows = prompts(n)
+    for i, r in enumerate(rows):
+        if i % 5 == 0:
+            r["width"] = 128  # a second signature, interleaved with the first
+        if i % 7 == 0:
+            r["prompt"] = " ".join(["long"] * 70)  # a third: text bucket 128
+    return rows
+
+
+def _units(work, manifest):
+    return [(u.signature, [it.key for it in read_unit(work, u, "x", "float32")]) for u in manifest.units]
+
+
+def test_units_are_signature_pure_equal_in_dataset_order_and_cover_every_row_once(tmp_path):
+    rows = _rows(100)
+    data = write_jsonl(tmp_path / "p.jsonl", rows)
+    result = _plan(_cfg(tmp_path, data, "plan.unit_items=7"), tmp_path / "w")
+    m = result.manifest
+    units = _units(tmp_path / "w", m)
+    keys = [k for _, ks in units for k in ks]
+    assert sorted(keys) == sorted(r["key"] for r in rows) and len(keys) == len(set(keys))
+    order = {r["key"]: i for i, r in enumerate(rows)}
+    by_sig = {}
+    for sig, ks in units:
+        by_sig.setdefault(sig, []).append(len(ks))
+        assert [order[k] for k in ks] == sorted(order[k] for k in ks)  # dataset order inside a unit
+    assert len(by_sig) == 4 and list(by_sig) == sorted(by_sig)  # 2 sizes x 2 text buckets, in signature order
+    for sizes in by_sig.values():
+        assert max(sizes) <= 7 and max(sizes) - min(sizes) <= 1  # equal units, no stub tail
+    assert [u.id for u in m.units] == list(range(len(m.units)))
+    assert all(u.cost == pytest.approx(u.count * u.signature.height * u.signature.width * 2 * 2 / 1e6)
+               for u in m.units)
+    cols = pq.read_table(tmp_path / "w" / f"{unit_name(0)}.parquet").column_names
+    assert {"key", "prompt", "seed", "height", "width", "cost"} <= set(cols)
+
+
+def test_plan_is_the_same_for_any_number_of_processes_and_chunk_size(tmp_path):
+    rows = _rows(300)
+    data = write_jsonl(tmp_path / "p.jsonl", rows)
+    one = _plan(_cfg(tmp_path, data, "plan.unit_items=40", "plan.workers=1"), tmp_path / "a")
+    many = _plan(_cfg(tmp_path, data, "plan.unit_items=40", "plan.workers=2", "plan.chunk_mb=0.002"), tmp_path / "b")
+    assert one.manifest.to_json() == many.manifest.to_json()
+    for u in one.manifest.units:
+        name = f"{unit_name(u.id)}.parquet"
+        assert pq.read_table(tmp_path / "a" / name).equals(pq.read_table(tmp_path / "b" / name))
+
+
+def test_duplicate_keys_are_found_across_chunks(tmp_path):
+    rows = prompts(60)
+    rows[50]["key"] = rows[3]["key"]
+    data = write_jsonl(tmp_path / "p.jsonl", rows)
+    with pytest.raises(DatasetError, match=rf"p.jsonl:51: duplicate key 'k003' \(first at .*p.jsonl:4\)"):
+        _plan(_cfg(tmp_path, data, "plan.workers=1", "plan.chunk_mb=0.001"), tmp_path / "a")
+    kept = _plan(_cfg(tmp_path, data, "plan.workers=1", "plan.chunk_mb=0.001", "dataset.on_error=skip"),
+                 tmp_path / "b")
+    assert kept.manifest.n_items == 59 and [e.line for e in kept.errors] == [51]
+    items = [it for u in kept.manifest.units for it in read_unit(tmp_path / "b", u, "p", "float32")]
+    assert [it.source for it in items if it.key == "k003"] == ["p:4"]  # the first holder wins
+
+
+def test_bad_rows_and_limit(tmp_path):
+    path = tmp_path / "p.jsonl"
+    lines = [json.dumps(r) for r in prompts(10)]
+    lines[2] = "{not json"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(DatasetError, match="p.jsonl:3: malformed JSON"):
+        _plan(_cfg(tmp_path, path), tmp_path / "a")
+    res = _plan(_cfg(tmp_path, path, "dataset.on_error=skip", "dataset.limit=4"), tmp_path / "b")
+    keys = sorted(it.key for u in res.manifest.units for it in read_unit(tmp_path / "b", u, "p", "float32"))
+    assert keys == ["k000", "k001", "k003", "k004"] and res.manifest.dataset["bad_rows"] == 1
