@@ -7,18 +7,22 @@ import os
 
 import pytest
 
-from jobs.dataset import DatasetError, load_dataset
+import tempfile
+from pathlib import Path
+
+from jobs.dataset import DatasetError
 from jobs.errors import UserError
-from jobs.run import build_full_plan, check_config
+from jobs.plan.build import plan_dataset
+from jobs.run import check_config
 from tests.helpers import compose_cfg, write_jsonl
 from tests.test_job_e2e import FAST, run_cli
 
 
 def plan_of(cfg):
-    """Everything the job decides before a model loads: config checks, dataset, plan."""
+    """Everything the job decides before a model loads: config checks, dataset, plan (its manifest)."""
     family, padder, _, divisor = check_config(cfg)
-    plan, _ = build_full_plan(cfg, family, padder, divisor, load_dataset(cfg.dataset))
-    return plan
+    with tempfile.TemporaryDirectory() as work:
+        return plan_dataset(cfg, divisor, Path(work) / "plan").manifest
 
 
 def test_resolution_not_divisible_names_key_and_fix(tmp_path):

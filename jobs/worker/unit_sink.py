@@ -49,7 +49,7 @@ class UnitSink:
         self.leaser, self.owner = leaser, owner
         self._open: Dict[int, _Open] = {}
         self._unit_of: Dict[str, int] = {}
-        self.records: List[ShardRecord] = []  # committed by this worker, every unit
+        self._records: List[ShardRecord] = []  # committed by this worker, units closed
         self.units_done: List[int] = []
         self._stats: List[dict] = []
 
@@ -93,8 +93,13 @@ class UnitSink:
         self.units_done.append(unit)
         self.leaser.release(unit)
 
+    @property
+    def records(self) -> List[ShardRecord]:
+        """Every shard this worker committed, in closed and open units."""
+        return self._records + [r for u in self._open.values() for r in u.sink.records]
+
     def _collect(self, sink: AsyncSink, records: List[ShardRecord]) -> None:
-        self.records += records
+        self._records += records
         self._stats.append(sink.stats())
 
     def _drop(self, unit: int) -> None:
@@ -114,7 +119,7 @@ class UnitSink:
                 self._collect(u.sink, u.sink.close())
         finally:
             self.abort()
-        return self.records
+        return self._records
 
     def abort(self) -> None:
         for unit in list(self._open):

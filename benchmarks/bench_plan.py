@@ -1,0 +1,183 @@
+"""Planning at scale on the CPU: `python -m jobs.plan` over 1M and 10M synthetic prompts, and what a
+worker pays to join such a plan.
+
+    python benchmarks/bench_plan.py --sizes 1000000,10000000 --out benchmarks/results --data /tmp/bench_plan
+
+For each size it writes a JSONL of synthetic captions (distinct prompts: two fragments drawn from
+200k-word-ish pools, a row number; 2% carry non-ASCII words, which take the tokenizer's slow path;
+10% ask for another size, so there are several signatures), runs the real planner CLI in a
+subprocess and samples the RSS of its whole process tree (main + tokenizing processes) every
+0.1 s. Then it starts a worker probe in a fresh interpreter: everything `jobs.generate` does before
+loading the model (config, join the plan, lease a unit, read it, cut the first batch); its
+start-up time and peak RSS are compared between sizes (the model load is the same for any plan).
+
+Targets (issue 11, 2 cores): >= 50k prompts/s with the tiny preset's tokenizer; planner peak RSS
+<= 1.5 GB at 10M; worker RSS and start-up within 10% between 1M and 10M.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+log = logging.getLogger("bench_plan")
+
+WORKER_PROBE = r"""
+import resource, sys, time
+t0 = time.perf_counter()
+from tests.helpers import compose_cfg
+from jobs.distributed import Group, Topology
+from jobs.run import prepare
+from jobs.summary import StageTimer
+import torch
+cfg = compose_cfg(sys.argv[1:])
+prep = prepare(cfg, StageTimer(), Group(Topology(), torch.device("cpu"), 1.0), torch.device("cpu"))
+batch = next(iter(prep.plan.batches))
+ready = time.perf_counter() - t0
+rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+prep.sink.abort()
+print("PROBE", ready, rss, len(batch.items), prep.plan.units[0])
+"""
+
+
+def write_prompts(path: Path, n: int, seed: int = 0) -> None:
+    rng = random.Random(seed)
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    vocab = ["a", "the", "of", "in", "with", "and", "on", "photo", "painting", "light", "portrait", "city", "night",
+             "red", "blue", "old", "small", "misty", "forest", "river", "castle", "cat", "dog", "woman", "man"]
+    vocab += ["".join(rng.choice(letters) for _ in range(rng.randint(3, 10))) for _ in range(20000)]
+    weights = [1.0 / (i + 1) for i in range(len(vocab))]  # Zipf-like: a few words are most of the text
+
+    def fragment() -> str:
+        return " ".join(rng.choices(vocab, weights, k=rng.randint(3, 18)))
+
+    frags = [fragment() for _ in range(4096)]
+    exotic = [f + " café naïve" for f in frags[:64]]
+    with open(path, "w") as f:
+        for i in range(n):
+            r = rng.random()
+            a = exotic[i % 64] if r < 0.02 else frags[rng.randrange(4096)]
+            size = ', "width": 768' if r > 0.9 else ""
+            f.write(f'{{"key": "k{i:010d}", "prompt": "{a}, {frags[rng.randrange(4096)]}, {i}"{size}}}\n')
+
+
+def tree_rss(pid: int) -> int:
+    """RSS of a process and its descendants, from /proc (bytes)."""
+    children: dict = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                children.setdefault(ppid, []).append(int(entry))
+            except (OSError, ValueError):
+                pass
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        todo += children.get(p, [])
+        try:
+            with open(f"/proc/{p}/statm") as f:
+                total += int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except OSError:
+            pass
+    return total
+
+
+def run_planner(args: list, env: dict) -> dict:
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "jobs.plan", *args], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    peak = 0
+    while proc.poll() is None:
+        peak = max(peak, tree_rss(proc.pid))
+        time.sleep(0.1)
+    out = proc.stdout.read()
+    wall = time.perf_counter() - t0
+    if proc.returncode:
+        raise SystemExit(f"planner failed ({proc.returncode}):\n{out[-4000:]}")
+    return {"wall_s": wall, "peak_tree_rss_bytes": peak, "log_tail": out.strip().splitlines()[-8:]}
+
+
+def run_probe(args: list, env: dict) -> dict:
+    out = subprocess.run([sys.executable, "-c", WORKER_PROBE, *args], cwd=ROOT, env=env, capture_output=True,
+                         text=True, check=True).stdout
+    line = next(ln for ln in out.splitlines() if ln.startswith("PROBE"))
+    _, ready, rss, n, unit = line.split()
+    return {"startup_s": float(ready), "peak_rss_bytes": int(rss), "first_batch_items": int(n), "unit": int(unit)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", default="1000000,10000000")
+    p.add_argument("--data", default="/tmp/bench_plan", help="scratch folder for prompts and plans")
+    p.add_argument("--out", default="benchmarks/results")
+    p.add_argument("--unit-items", type=int, default=5000)
+    p.add_argument("--probes", type=int, default=3, help="worker probes per size (the median is kept)")
+    a = p.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    data = Path(a.data)
+    data.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")])),
+               HYDRA_FULL_ERROR="1")
+    rows = []
+    for n in (int(s) for s in a.sizes.split(",")):
+        prompts = data / f"prompts_{n}.jsonl"
+        if not prompts.exists():
+            t0 = time.perf_counter()
+            write_prompts(prompts, n)
+            log.info("wrote %s (%d rows, %.0f MB) in %.0fs", prompts, n, prompts.stat().st_size / 1e6,
+                     time.perf_counter() - t0)
+        out_dir = data / f"run_{n}"
+        subprocess.run(["rm", "-rf", str(out_dir)], check=True)
+        cfg = [f"dataset.path={prompts}", f"output_dir={out_dir}", f"plan.unit_items={a.unit_items}",
+               "hydra.run.dir=" + str(data / "hydra")]
+        load = os.getloadavg()[0]
+        planner = run_planner(cfg, env)
+        plan = json.loads((out_dir / "_plan" / "plan.json").read_text())
+        probes = sorted((run_probe([c for c in cfg if not c.startswith("hydra.")], env) for _ in range(a.probes)),
+                        key=lambda r: r["startup_s"])
+        row = {"prompts": n, "dataset_mb": round(prompts.stat().st_size / 1e6, 1),
+               "plan_s": round(planner["wall_s"], 2), "prompts_per_s": round(n / planner["wall_s"]),
+               "planner_peak_rss_mb": round(planner["peak_tree_rss_bytes"] / 2**20),
+               "units": len(plan["units"]), "signatures": len(plan["signatures"]),
+               "plan_json_kb": round((out_dir / "_plan" / "plan.json").stat().st_size / 1024),
+               "worker_startup_s": round(probes[len(probes) // 2]["startup_s"], 3),
+               "worker_peak_rss_mb": round(probes[len(probes) // 2]["peak_rss_bytes"] / 2**20, 1),
+               "worker_startup_all_s": [round(r["startup_s"], 3) for r in probes],
+               "load_avg_1m_before": round(load, 2), "cpus": os.cpu_count(), "planner_log": planner["log_tail"]}
+        log.info("%s", {k: v for k, v in row.items() if k != "planner_log"})
+        rows.append(row)
+    write_results(Path(a.out), rows, " ".join(sys.argv))
+
+
+def write_results(out: Path, rows: list, command: str) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    (out / "plan_cpu.json").write_text(json.dumps({"command": command, "date": stamp, "rows": rows}, indent=1) + "\n")
+    lines = [f"# bench_plan (CPU, {os.cpu_count()} cores shared)", "", f"`{command}` — {stamp}", "",
+             "| prompts | dataset MB | plan s | prompts/s | planner peak RSS MB (all processes) | units | "
+             "worker start-up s (median) | worker peak RSS MB | load avg before |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['prompts']:,} | {r['dataset_mb']} | {r['plan_s']} | {r['prompts_per_s']:,} | "
+                     f"{r['planner_peak_rss_mb']} | {r['units']} | {r['worker_startup_s']} | "
+                     f"{r['worker_peak_rss_mb']} | {r['load_avg_1m_before']} |")
+    if len(rows) >= 2:
+        a, b = rows[0], rows[-1]
+        lines += ["", f"Worker at {b['prompts']:,} vs {a['prompts']:,} planned: start-up "
+                      f"{100 * (b['worker_startup_s'] / a['worker_startup_s'] - 1):+.1f}%, peak RSS "
+                      f"{100 * (b['worker_peak_rss_mb'] / a['worker_peak_rss_mb'] - 1):+.1f}% (target: within 10%)."]
+    (out / "plan_cpu.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,133 @@
+"""Workers leasing units of one plan, through the real CLI: started at different times, killed and
+restarted, mixed layouts at once, a hung worker's lease expiring, job.overwrite against a live lease.
+
+Every test reads the shards back with webdataset and asserts each dataset key exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import prompts, write_jsonl
+from tests.test_resume_kill import FAST, ROOT, cli, log_of, shard_keys
+
+pytestmark = pytest.mark.slow
+
+
+def start(*args: str, env: dict | None = None, module: str = "jobs.generate") -> subprocess.Popen:
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    full_env = dict(os.environ, PYTHONPATH=path, HYDRA_FULL_ERROR="1", OMP_NUM_THREADS="1", **(env or {}))
+    return subprocess.Popen([sys.executable, "-m", module, *args], cwd=ROOT, env=full_env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def finish(proc: subprocess.Popen, timeout: float = 400) -> tuple:
+    out, _ = proc.communicate(timeout=timeout)
+    return proc.returncode, out[-6000:]
+
+
+def wait_stopped(proc: subprocess.Popen, timeout: float = 200) -> None:
+    """Until the process has stopped itself (SIGSTOP from the test hook)."""
+    end = time.time() + timeout
+    while time.time() < end:
+        assert proc.poll() is None, f"exited {proc.returncode}: {proc.stdout.read()[-4000:]}"
+        with open(f"/proc/{proc.pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "T":
+                return
+        time.sleep(0.2)
+    raise AssertionError("the worker never reached its stop point")
+
+
+def files(out: Path) -> dict:
+    return {str(p.relative_to(out)): p.stat().st_size for p in sorted(out.rglob("*"))
+            if p.is_file() and "logs" not in p.parts and "_locks" not in p.parts}
+
+
+@pytest.fixture
+def job(tmp_path):
+    rows = prompts(12)
+    rows[5]["width"] = 128  # two signatures
+    data = write_jsonl(tmp_path / "prompts.jsonl", rows)
+    out = tmp_path / "out"
+    args = [f"dataset.path={data}", f"output_dir={out}", *FAST, "plan.unit_items=2"]
+    return rows, out, args
+
+
+def every_key_once(rows, out) -> None:
+    assert shard_keys(out) == Counter({r["key"]: 1 for r in rows})
+    index = json.loads((out / "index.wids.json").read_text())
+    assert sum(s["nsamples"] for s in index["shardlist"]) == len(rows)
+
+
+def test_four_workers_at_different_times_two_killed_and_restarted(job):
+    rows, out, args = job
+    planned = cli(*args, module=("-m", "jobs.plan"))
+    assert planned.returncode == 0, log_of(planned)
+    plan = json.loads((out / "_plan" / "plan.json").read_text())
+    assert len(plan["units"]) == 7 and plan["items"] == 12  # 11 items of one signature in 6 units, 1 of the other
+    kill = {1: "batch:2", 3: "batch:1"}
+    procs = {}
+    for w in range(4):
+        procs[w] = start(*args, f"job.partition={w}/4",
+                         env={"BCGEN_TEST_KILL_AT": kill[w]} if w in kill else None)
+        time.sleep(3)
+    results = {w: finish(p) for w, p in procs.items()}
+    for w in kill:
+        assert results[w][0] == -signal.SIGKILL, results[w][1]
+    restarted = {w: start(*args, f"job.partition={w}/4") for w in kill}
+    results.update({f"{w}-again": finish(p) for w, p in restarted.items()})
+    for w, (code, log) in results.items():
+        assert w in kill or code == 0, log
+    every_key_once(rows, out)
+    assert len(os.listdir(out / "_plan" / "done")) == 7 and os.listdir(out / "_plan" / "leases") == []
+
+
+def test_plain_and_partitioned_jobs_at_once_write_each_key_once(job):
+    rows, out, args = job
+    procs = [start(*args), start(*args, "job.partition=0/2"), start(*args, "job.partition=1/2")]
+    results = [finish(p) for p in procs]
+    assert all(code == 0 for code, _ in results), results
+    every_key_once(rows, out)
+    plans = sum("plan written to" in log for _, log in results)
+    assert plans == 1, [log for _, log in results]  # one planned, the others joined
+
+
+def test_overwrite_while_a_lease_is_live_is_refused_and_deletes_nothing(job):
+    rows, out, args = job
+    holder = start(*args, env={"BCGEN_TEST_KILL_AT": "batch:1", "BCGEN_TEST_KILL_SIGNAL": "STOP"})
+    try:
+        wait_stopped(holder)  # it holds a unit's lease, with items in flight
+        before = files(out)
+        refused = cli(*args, "sampling.steps=3", "job.overwrite=true")
+        assert refused.returncode == 2, log_of(refused)
+        assert "job.overwrite=true refused" in log_of(refused) and "Nothing was deleted" in log_of(refused)
+        assert files(out) == before
+    finally:
+        holder.kill()
+        holder.communicate()
+    fresh = cli(*args, "sampling.steps=3", "job.overwrite=true")  # the holder is gone: allowed
+    assert fresh.returncode == 0, log_of(fresh)
+    every_key_once(rows, out)
+
+
+def test_a_hung_workers_lease_expires_and_another_worker_finishes_its_unit(job):
+    rows, out, args = job
+    hung = start(*args, "job.lease_ttl_s=4", env={"BCGEN_TEST_KILL_AT": "batch:1", "BCGEN_TEST_KILL_SIGNAL": "STOP"})
+    try:
+        wait_stopped(hung)  # alive (same host, same pid) but silent: only expiry frees its unit
+        other = cli(*args, "job.lease_ttl_s=4")
+        assert other.returncode == 0, log_of(other)
+        assert "taking over unit" in log_of(other) and "no heartbeat" in log_of(other)
+    finally:
+        hung.kill()
+        hung.communicate()
+    every_key_once(rows, out)
