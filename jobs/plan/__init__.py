@@ -1,9 +1,11 @@
-"""The plan: every item's graph signature, sorted, cut into pool-sized batches.
+"""The plan's vocabulary, shared by both roles: Signature, Item, Batch, and cutting a run into batches.
 
 Sorting by signature is what makes graphs pay: each captured graph replays across one long run of
-same-signature batches, and is released when the run ends. The plan is a pure function of the
-dataset, the config and the tokenizer, so the same inputs give the same plan on any machine, and
-every rank or array task can compute it independently and take its own partition.
+same-signature batches, and is released when the run ends. The planner role lives in this package
+(`python -m jobs.plan`: build.py streams the dataset into signature-pure work units, units.py is
+their format); the worker role (jobs/worker/, jobs/run.py) leases units and cuts them into batches.
+The plan is a pure function of the dataset, the config and the tokenizer: the same inputs give
+the same units on any machine, with any number of planner processes.
 """
 
 from __future__ import annotations
@@ -11,12 +13,7 @@ from __future__ import annotations
 import hashlib
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Dict, Iterable, List, Sequence, Tuple
-
-from jobs.dataset import Record, RowError
-
-if TYPE_CHECKING:
-    from jobs.models.base import TextLength
+from typing import Dict, Iterable, List, Sequence, Tuple
 
 
 @dataclass(frozen=True, order=True, slots=True)
@@ -126,65 +123,3 @@ def without_keys(plan: Plan, done: set, batch_sizes: Sequence[int], pad_short: b
         return plan
     items = [it for b in plan.batches for it in b.items if it.key not in done]
     return build_plan(items, batch_sizes, pad_short, truncated=sum(1 for it in items if it.truncated))
-
-
-@dataclass
-class ItemDefaults:
-    height: int
-    width: int
-    steps: int
-    guidance_scale: float
-    negative_prompt: str
-    job_seed: int
-    dtype: str
-    spatial_divisor: int
-    on_long_prompt: str  # truncate | fail
-
-
-def resolve_items(records: Sequence[Record], defaults: ItemDefaults, lengths: Dict[Tuple[str, str], "TextLength"],
-                  bucket_for) -> Tuple[List[Item], List[RowError]]:
-    """Records + defaults -> items with signatures. Row-level problems become RowErrors (file:line)."""
-    items, errors = [], []
-    d = defaults.spatial_divisor
-    for r in records:
-        h = r.height or defaults.height
-        w = r.width or defaults.width
-        if h % d or w % d:
-            errors.append(_row_error(r, f"size {h}x{w} is not a multiple of {d} (VAE downsampling x patch size); "
-                                        f"use e.g. {round(h / d) * d or d}x{round(w / d) * d or d}"))
-            continue
-        guidance = defaults.guidance_scale if r.guidance_scale is None else float(r.guidance_scale)
-        cfg = guidance > 1.0
-        negative = r.negative_prompt if r.negative_prompt is not None else defaults.negative_prompt
-        pos = lengths[("+", r.prompt)]
-        tokens = pos.used
-        if cfg:
-            tokens = max(tokens, lengths[("-", negative)].used)
-        if pos.truncated and defaults.on_long_prompt == "fail":
-            errors.append(_row_error(r, f"prompt has {pos.raw} tokens, more than the model's {pos.limit}; "
-                                        f"shorten it or set model.on_long_prompt=truncate"))
-            continue
-        sig = Signature(height=h, width=w, text_bucket=bucket_for(tokens), steps=r.steps or defaults.steps,
-                        guidance_scale=guidance if cfg else 1.0, cfg=cfg, dtype=defaults.dtype)
-        seed = r.seed if r.seed is not None else derive_seed(defaults.job_seed, r.key)
-        items.append(Item(key=r.key, prompt=r.prompt, negative_prompt=negative if cfg else "", seed=seed,
-                          signature=sig, text_tokens=tokens, truncated=pos.truncated, source=r.source))
-    return items, errors
-
-
-def _row_error(r: Record, reason: str) -> RowError:
-    path, _, line = r.source.rpartition(":")
-    return RowError(file=path, line=int(line) if line.isdigit() else 0, key=r.key, reason=reason)
-
-
-def text_length_table(records: Sequence[Record], defaults: ItemDefaults, measure) -> Dict[Tuple[str, str], "TextLength"]:
-    """Tokenize each distinct prompt once ('+' positive with the instruction prefix, '-' negative)."""
-    pos = sorted({r.prompt for r in records})
-    neg = sorted({(r.negative_prompt if r.negative_prompt is not None else defaults.negative_prompt) for r in records})
-    table: Dict[Tuple[str, str], "TextLength"] = {}
-    for sign, texts, instruction in (("+", pos, True), ("-", neg, False)):
-        for start in range(0, len(texts), 4096):
-            chunk = texts[start:start + 4096]
-            for text, length in zip(chunk, measure(chunk, instruction)):
-                table[(sign, text)] = length
-    return table
