@@ -13,11 +13,11 @@ to the real tokenizer, so counts are exact either way (tests/test_plan_lengths.p
 from __future__ import annotations
 
 import re
-from typing import Dict, List, Sequence
+from typing import List, Sequence
 
 _NOT_SIMPLE = re.compile(r"[^\x20-\x7e\t\n\r]")  # printable ASCII + BERT's whitespace only
 _PUNCT = r"([^a-z0-9 \t\n\r])"  # after lowercasing: BERT splits every such character off alone
-_CACHE_LIMIT = 1_000_000  # distinct words kept; a bound on memory for corpora of random strings
+_CACHE_LIMIT = 500_000  # distinct words kept; bounds memory (and lookup cost) on a long tail of rare words
 
 
 def _is_bert_wordpiece(tokenizer) -> bool:
@@ -37,10 +37,10 @@ class LengthTokenizer:
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
         self.fast = _is_bert_wordpiece(tokenizer)
-        self._words: Dict[str, int] = {}
+        self._vocab = None  # words seen (Arrow strings) and their WordPiece lengths
+        self._vocab_len = None
         if self.fast:
-            self._model = tokenizer.backend_tokenizer.model
-            self._max_word = int(self._model.max_input_chars_per_word)
+            self._backend = tokenizer.backend_tokenizer
             self._special = {flag: len(tokenizer("", add_special_tokens=flag)["input_ids"]) for flag in (True, False)}
         self.fast_hits = 0
         self.slow_calls = 0
@@ -72,8 +72,7 @@ class LengthTokenizer:
         flat = pc.list_flatten(words)
         parents = pc.list_parent_indices(words).to_numpy()
         enc = flat.dictionary_encode()
-        per_word = np.fromiter((self._word_len(w) for w in enc.dictionary.to_pylist()), dtype=np.int64,
-                               count=len(enc.dictionary))
+        per_word = self._word_lengths(enc.dictionary)
         weights = per_word[enc.indices.to_numpy()] if len(per_word) else np.zeros(0, np.int64)
         out = (np.bincount(parents, weights=weights, minlength=len(texts)).astype(np.int64) + special).tolist()
         slow = np.flatnonzero(~simple_np).tolist()
@@ -85,12 +84,28 @@ class LengthTokenizer:
         self.fast_hits += len(texts) - len(slow)
         return out
 
-    def _word_len(self, word: str) -> int:
-        # WordPiece maps a word longer than max_input_chars_per_word to one [UNK].
-        n = self._words.get(word)
-        if n is not None:
-            return n
-        n = 1 if len(word) > self._max_word else len(self._model.tokenize(word))
-        if len(self._words) < _CACHE_LIMIT:
-            self._words[word] = n
-        return n
+    def _word_lengths(self, words):
+        """WordPiece length of each distinct word (an Arrow string array): known words by one
+        vectorized lookup, new ones by one batched call of the Rust tokenizer."""
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        out = np.zeros(len(words), np.int64)
+        if self._vocab is not None and len(words):
+            idx = pc.index_in(words, value_set=self._vocab)
+            known = idx.is_valid().to_numpy(zero_copy_only=False)
+            out[known] = self._vocab_len[idx.drop_null().to_numpy()]
+        else:
+            known = np.zeros(len(words), bool)
+        new = words.filter(pa.array(~known))
+        if len(new):
+            # A pre-token goes through normalizer and pre-tokenizer unchanged, so encoding it alone
+            # gives its WordPiece pieces (one [UNK] past max_input_chars_per_word, as in a prompt).
+            encs = self._backend.encode_batch(new.to_pylist(), add_special_tokens=False)
+            lengths = np.fromiter((len(e.ids) for e in encs), np.int64, count=len(encs))
+            out[~known] = lengths
+            if self._vocab is None or len(self._vocab) < _CACHE_LIMIT:
+                self._vocab = new if self._vocab is None else pa.concat_arrays([self._vocab, new])
+                self._vocab_len = lengths if self._vocab_len is None else np.concatenate([self._vocab_len, lengths])
+        return out
