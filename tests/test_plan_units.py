@@ -114,3 +114,39 @@ def test_bad_rows_and_limit(tmp_path):
     res = _plan(_cfg(tmp_path, path, "dataset.on_error=skip", "dataset.limit=4"), tmp_path / "b")
     keys = sorted(it.key for u in res.manifest.units for it in read_unit(tmp_path / "b", u, "p", "float32"))
     assert keys == ["k000", "k001", "k003", "k004"] and res.manifest.dataset["bad_rows"] == 1
+
+
+def test_arrow_fast_lane_plans_exactly_as_the_row_by_row_path(tmp_path, monkeypatch):
+    rows = _rows(120)
+    for i, r in enumerate(rows):
+        if i % 3 == 0:
+            r["seed"] = i * 1000
+        if i % 4 == 0:
+            r["guidance_scale"] = 1 if i % 8 else 7.5
+        if i % 6 == 0:
+            r["negative_prompt"] = "blurry, (low quality)"
+        if i % 11 == 0:
+            del r["key"]  # derived from file and line
+    data = write_jsonl(tmp_path / "p.jsonl", rows)
+    cfg = _cfg(tmp_path, data, "plan.unit_items=9", "plan.workers=1")
+    fast = _plan(cfg, tmp_path / "fast")
+    import jobs.plan.fast_jsonl as lane
+
+    calls = []
+    monkeypatch.setattr(lane, "arrow_rows", lambda *a: calls.append(1))  # returns None: the row-by-row path
+    slow = _plan(cfg, tmp_path / "slow")
+    assert calls and fast.manifest.to_json() == slow.manifest.to_json()
+    for u in fast.manifest.units:
+        name = f"{unit_name(u.id)}.parquet"
+        assert pq.read_table(tmp_path / "fast" / name).equals(pq.read_table(tmp_path / "slow" / name))
+
+
+@pytest.mark.parametrize("line", ['{"prompt": "x", "width": 100}', '{"prompt": "x", "seed": 1.5}',
+                                  '{"prompt": 3}', '"a bare string prompt"', '{"prompt": "x", "extra": 1}',
+                                  '{"prompt": "x", "key": ""}', '{"prompt": "\\ud800"}', ''])
+def test_arrow_fast_lane_declines_what_it_cannot_vouch_for(line):
+    from jobs.plan.fast_jsonl import arrow_rows
+
+    good = '{"key": "a", "prompt": "fine"}'
+    assert arrow_rows(f"{good}\n".encode(), 1, "p", "prompt", "key") is not None
+    assert arrow_rows(f"{good}\n{line}\n{good.replace('a', 'b')}\n".encode(), 1, "p", "prompt", "key") is None
