@@ -49,24 +49,42 @@ print("PROBE", ready, rss, len(batch.items), prep.plan.units[0])
 
 
 def write_prompts(path: Path, n: int, seed: int = 0) -> None:
+    import numpy as np
+
     rng = random.Random(seed)
     letters = "abcdefghijklmnopqrstuvwxyz"
     vocab = ["a", "the", "of", "in", "with", "and", "on", "photo", "painting", "light", "portrait", "city", "night",
              "red", "blue", "old", "small", "misty", "forest", "river", "castle", "cat", "dog", "woman", "man"]
     vocab += ["".join(rng.choice(letters) for _ in range(rng.randint(3, 10))) for _ in range(20000)]
     weights = [1.0 / (i + 1) for i in range(len(vocab))]  # Zipf-like: a few words are most of the text
-
-    def fragment() -> str:
-        return " ".join(rng.choices(vocab, weights, k=rng.randint(3, 18)))
-
-    frags = [fragment() for _ in range(4096)]
+    frags = [" ".join(rng.choices(vocab, weights, k=rng.randint(3, 18))) for _ in range(4096)]
     exotic = [f + " café naïve" for f in frags[:64]]
+    gen = np.random.default_rng(seed)
     with open(path, "w") as f:
-        for i in range(n):
-            r = rng.random()
-            a = exotic[i % 64] if r < 0.02 else frags[rng.randrange(4096)]
-            size = ', "width": 768' if r > 0.9 else ""
-            f.write(f'{{"key": "k{i:010d}", "prompt": "{a}, {frags[rng.randrange(4096)]}, {i}"{size}}}\n')
+        for start in range(0, n, 1 << 20):
+            m = min(1 << 20, n - start)
+            r = gen.random(m)
+            a_idx, b_idx = gen.integers(0, 4096, m).tolist(), gen.integers(0, 4096, m).tolist()
+            lines = []
+            for j in range(m):
+                i = start + j
+                a = exotic[i % 64] if r[j] < 0.02 else frags[a_idx[j]]
+                size = ', "width": 768' if r[j] > 0.9 else ""
+                lines.append(f'{{"key": "k{i:010d}", "prompt": "{a}, {frags[b_idx[j]]}, {i}"{size}}}\n')
+            f.write("".join(lines))
+
+
+def tokenizer_baseline(path: Path, sample: int = 20000) -> float:
+    """The preset's own batched fast tokenizer on the first `sample` prompts, in this process,
+    prompts/s: the machine's speed at the moment, to read the planner's number against."""
+    from jobs.models.text_encoders import load_tokenizer
+
+    with open(path) as f:
+        texts = [json.loads(next(f))["prompt"].lower().strip() for _ in range(sample)]
+    tok = load_tokenizer("minilm")
+    t0 = time.perf_counter()
+    tok(texts, add_special_tokens=True)
+    return sample / (time.perf_counter() - t0)
 
 
 def tree_rss(pid: int) -> int:
@@ -140,6 +158,7 @@ def main() -> None:
         subprocess.run(["rm", "-rf", str(out_dir)], check=True)
         cfg = [f"dataset.path={prompts}", f"output_dir={out_dir}", f"plan.unit_items={a.unit_items}",
                "hydra.run.dir=" + str(data / "hydra")]
+        baseline = tokenizer_baseline(prompts)
         load = os.getloadavg()[0]
         planner = run_planner(cfg, env)
         plan = json.loads((out_dir / "_plan" / "plan.json").read_text())
@@ -153,10 +172,11 @@ def main() -> None:
                "worker_startup_s": round(probes[len(probes) // 2]["startup_s"], 3),
                "worker_peak_rss_mb": round(probes[len(probes) // 2]["peak_rss_bytes"] / 2**20, 1),
                "worker_startup_all_s": [round(r["startup_s"], 3) for r in probes],
-               "load_avg_1m_before": round(load, 2), "cpus": os.cpu_count(), "planner_log": planner["log_tail"]}
+               "hf_tokenizer_prompts_per_s_1_process": round(baseline),
+               "load_avg_1m_before": round(load, 2), "load_avg_1m_after": round(os.getloadavg()[0], 2), "cpus": os.cpu_count(), "planner_log": planner["log_tail"]}
         log.info("%s", {k: v for k, v in row.items() if k != "planner_log"})
         rows.append(row)
-    write_results(Path(a.out), rows, " ".join(sys.argv))
+        write_results(Path(a.out), rows, " ".join(sys.argv))  # after each size: a long run keeps what it measured
 
 
 def write_results(out: Path, rows: list, command: str) -> None:
@@ -165,12 +185,14 @@ def write_results(out: Path, rows: list, command: str) -> None:
     (out / "plan_cpu.json").write_text(json.dumps({"command": command, "date": stamp, "rows": rows}, indent=1) + "\n")
     lines = [f"# bench_plan (CPU, {os.cpu_count()} cores shared)", "", f"`{command}` — {stamp}", "",
              "| prompts | dataset MB | plan s | prompts/s | planner peak RSS MB (all processes) | units | "
-             "worker start-up s (median) | worker peak RSS MB | load avg before |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "worker start-up s (median) | worker peak RSS MB | HF tokenizer alone, prompts/s (1 process) | "
+             "load avg before / after |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['prompts']:,} | {r['dataset_mb']} | {r['plan_s']} | {r['prompts_per_s']:,} | "
                      f"{r['planner_peak_rss_mb']} | {r['units']} | {r['worker_startup_s']} | "
-                     f"{r['worker_peak_rss_mb']} | {r['load_avg_1m_before']} |")
+                     f"{r['worker_peak_rss_mb']} | {r['hf_tokenizer_prompts_per_s_1_process']:,} | "
+                     f"{r['load_avg_1m_before']} / {r['load_avg_1m_after']} |")
     if len(rows) >= 2:
         a, b = rows[0], rows[-1]
         lines += ["", f"Worker at {b['prompts']:,} vs {a['prompts']:,} planned: start-up "
