@@ -5,8 +5,8 @@
     ──▶ key-uniqueness check over 64-bit key hashes ──▶ per signature, in signature order:
         concatenate its batches chunk by chunk (dataset order) and cut equal units ──▶ _plan/
 
-Memory: the chunks in flight, one unit being written, and 16 bytes per row (key hash + line)
-for the uniqueness check. Deterministic: units depend on the dataset and config only, not on
+Memory: the chunks in flight, one unit being written, and for the uniqueness check 8 bytes per
+row up to 64M rows (then several passes over hash ranges). Deterministic: units depend on the dataset and config only, not on
 the number of processes or the chunk size (a signature's run is in dataset order).
 """
 
@@ -120,21 +120,41 @@ def _map_ordered(tasks: Iterator[ChunkTask], workers: int, initargs: tuple) -> I
 class _Collected:
     results: List[ChunkResult] = field(default_factory=list)
     errors: List[RowError] = field(default_factory=list)
-    hashes: List[np.ndarray] = field(default_factory=list)
-    lines: List[np.ndarray] = field(default_factory=list)
+    rows: int = 0
     truncated: int = 0
     unknown: set = field(default_factory=set)
 
 
-def _duplicates(col: _Collected, label: str) -> Dict[int, set]:
-    """Rows whose key was already used by an earlier row: {chunk index: {line, ...}} to drop, with
-    a RowError each (first occurrence wins, as in load_dataset). Cheap when there are none: one
-    sort of the hashes."""
+def _spill_column(res: ChunkResult, name: str) -> np.ndarray:
     import pyarrow as pa
 
-    hashes = np.concatenate(col.hashes) if col.hashes else np.zeros(0, np.uint64)
-    s = np.sort(hashes)
-    candidates = np.unique(s[1:][s[1:] == s[:-1]])
+    with pa.memory_map(res.path) as src:
+        reader = pa.ipc.open_file(src)
+        parts = [reader.get_batch(b).column(name).to_numpy() for b in range(reader.num_record_batches)]
+    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+
+HASHES_PER_PASS = 64 << 20  # 512 MB of key hashes in memory at most
+
+
+def _duplicates(col: _Collected, label: str) -> Dict[int, set]:
+    """Rows whose key was already used by an earlier row: {chunk index: {line, ...}} to drop, with
+    a RowError each (first occurrence wins, as in load_dataset). The 64-bit key hashes are read
+    back from the spill files, in passes over disjoint hash ranges, so memory stays bounded at any
+    dataset size (one pass up to 64M rows). Cheap when there are none: one sort per pass."""
+    import pyarrow as pa
+
+    passes = max(1, -(-col.rows // HASHES_PER_PASS))
+    found = []
+    for p in range(passes):
+        parts = []
+        for res in col.results:
+            if res.groups:
+                h = _spill_column(res, "key_hash")
+                parts.append(h if passes == 1 else h[h % np.uint64(passes) == p])
+        s = np.sort(np.concatenate(parts)) if parts else np.zeros(0, np.uint64)
+        found.append(np.unique(s[1:][s[1:] == s[:-1]]))
+    candidates = np.concatenate(found)
     if not len(candidates):
         return {}
     seen: Dict[str, List[Tuple[int, int]]] = {}
@@ -186,11 +206,10 @@ def plan_dataset(cfg: GenerateConfig, divisor: int, work_dir: Path) -> PlanResul
     for res in _map_ordered(tasks, workers, initargs):
         col.results.append(res)
         col.errors += res.errors
-        col.hashes.append(res.key_hashes)
-        col.lines.append(res.lines)
         col.truncated += res.truncated
         col.unknown |= res.unknown_fields
-        n_rows += len(res.key_hashes)
+        n_rows += res.n_rows
+        col.rows = n_rows
         if res.index % 50 == 49:
             log.info("planned %d rows (%.0f rows/s)", n_rows, n_rows / (time.perf_counter() - t0))
     if col.unknown:
@@ -208,7 +227,6 @@ def plan_dataset(cfg: GenerateConfig, divisor: int, work_dir: Path) -> PlanResul
     if not n_valid:
         raise DatasetError(format_row_errors(label, col.errors) + "\nEvery row is bad, so there is nothing to generate.",
                            col.errors)
-    col.hashes = col.lines = []  # the uniqueness check is done: free 16 bytes a row
     units, signatures = _write_units(col.results, drop, keep_until, cfg, work_dir)
     shutil.rmtree(spill)
     stat = path.stat()
@@ -229,7 +247,8 @@ def _limit_line(col: _Collected, drop: Dict[int, set], limit: int) -> Optional[i
     if not limit:
         return None
     seen = 0
-    for res, lines in zip(col.results, col.lines):
+    for res in col.results:
+        lines = np.sort(_spill_column(res, "line")) if res.groups else []  # file order
         dropped = drop.get(res.index, ())
         for ln in lines:
             if ln in dropped:

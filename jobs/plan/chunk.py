@@ -39,8 +39,7 @@ class ChunkResult:
     index: int
     path: str
     groups: List[Tuple[tuple, int]]  # (signature fields, rows) per record batch, in batch order
-    key_hashes: np.ndarray  # uint64, one per valid row, file order
-    lines: np.ndarray  # int64, the same rows' lines
+    n_rows: int
     errors: List[RowError] = field(default_factory=list)
     truncated: int = 0
     unknown_fields: set = field(default_factory=set)
@@ -153,8 +152,7 @@ def process_chunk(ctx: ChunkContext, task: ChunkTask) -> ChunkResult:
             writer.write_batch(table.slice(start, end - start).combine_chunks().to_batches()[0])
             groups.append((sig, end - start))
             start = end
-    return ChunkResult(index=task.index, path=path, groups=groups, key_hashes=hashes,
-                       lines=np.asarray(res.lines, dtype=np.int64), errors=errors,
+    return ChunkResult(index=task.index, path=path, groups=groups, n_rows=n, errors=errors,
                        truncated=sum(res.truncated), unknown_fields=unknown)
 
 
