@@ -214,6 +214,7 @@ def plan_dataset(cfg: GenerateConfig, divisor: int, work_dir: Path) -> PlanResul
             log.info("planned %d rows (%.0f rows/s)", n_rows, n_rows / (time.perf_counter() - t0))
     if col.unknown:
         log.warning("%s: ignoring fields %s", label, ", ".join(sorted(map(repr, col.unknown))))
+    streamed = time.perf_counter() - t0
     drop = _duplicates(col, label)
     col.errors.sort(key=lambda e: e.line)
     keep_until = _limit_line(col, drop, cfg.dataset.limit)
@@ -236,9 +237,10 @@ def plan_dataset(cfg: GenerateConfig, divisor: int, work_dir: Path) -> PlanResul
     manifest = PlanManifest(identity={}, dataset=dataset, unit_items=cfg.plan.unit_items, units=units,
                             truncated=col.truncated, signatures=signatures)
     seconds = time.perf_counter() - t0
-    log.info("plan: %d rows -> %d items in %d units of %d signatures, %d bad rows, %.1fs (%.0f rows/s, %d processes)",
-             n_rows + len(col.errors), manifest.n_items, len(units), len(signatures), len(col.errors), seconds,
-             (n_rows + len(col.errors)) / max(seconds, 1e-9), workers)
+    log.info("plan: %d rows -> %d items in %d units of %d signatures, %d bad rows, %.1fs (%.0f rows/s, %d processes; "
+             "streaming %.1fs, key check + units %.1fs)", n_rows + len(col.errors), manifest.n_items, len(units),
+             len(signatures), len(col.errors), seconds, (n_rows + len(col.errors)) / max(seconds, 1e-9), workers,
+             streamed, seconds - streamed)
     return PlanResult(manifest=manifest, errors=col.errors, seconds=seconds)
 
 

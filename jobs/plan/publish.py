@@ -24,6 +24,7 @@ from typing import Optional
 
 from jobs.config import GenerateConfig
 from jobs.plan.units import PLAN_DIR, PLAN_FILE, PlanManifest, read_manifest, write_manifest
+from jobs.worker.lease import HOST, pid_alive
 
 log = logging.getLogger("jobs.plan")
 
@@ -80,8 +81,8 @@ def _make(cfg: GenerateConfig, output_dir: Path, plan_dir: Path, divisor: int) -
     from jobs.plan.build import plan_dataset
     from jobs.resume import kill_hook, open_run
 
-    work = output_dir / f"{PLAN_DIR}.tmp-{os.getpid()}"
-    shutil.rmtree(work, ignore_errors=True)
+    _remove_stale_work(output_dir)
+    work = output_dir / f"{PLAN_DIR}.tmp-{HOST}-{os.getpid()}"
     try:
         result = plan_dataset(cfg, divisor, work)
         kill_hook("plan")
@@ -105,6 +106,16 @@ def _make(cfg: GenerateConfig, output_dir: Path, plan_dir: Path, divisor: int) -
         return manifest
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _remove_stale_work(output_dir: Path) -> None:
+    """Work folders of planners killed mid-plan (their spill can be gigabytes). Only a dead
+    planner's: on a filesystem without flock another planner may be working right now."""
+    for work in output_dir.glob(f"{PLAN_DIR}.tmp-*"):
+        host, _, pid = work.name[len(PLAN_DIR) + 5:].rpartition("-")
+        if host == HOST and pid.isdigit() and not pid_alive(int(pid)):
+            log.info("removing %s, left by a planner that was killed", work)
+            shutil.rmtree(work, ignore_errors=True)
 
 
 def summary_lines(manifest: PlanManifest, limit: int = 12) -> list:

@@ -65,7 +65,7 @@ class LeaseInfo:
         """The holder ran on this host and its process is gone (or is another process now)."""
         if self.host != HOST:
             return False
-        return _start_time(self.pid) != self.start_time or self.start_time is None and not _pid_alive(self.pid)
+        return _start_time(self.pid) != self.start_time or self.start_time is None and not pid_alive(self.pid)
 
     def expired(self, now: Optional[float] = None) -> bool:
         return self.age(now) > self.ttl_s or self.holder_dead_here()
@@ -74,7 +74,7 @@ class LeaseInfo:
         return f"unit {self.unit} held by {self.owner} (pid {self.pid} on {self.host}, heartbeat {self.age():.0f}s ago)"
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
