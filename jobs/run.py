@@ -162,7 +162,7 @@ def _run(cfg: GenerateConfig, timer: StageTimer, group: Group, device: torch.dev
         log.warning("%d bad row(s) skipped (dataset.on_error=skip); see %s", stats.bad_rows,
                     prep.output_dir / ERRORS_FILE)
     log.info("%s: %d of %d planned items left in %d of %d units", prep.topo, plan.n_items, manifest.n_items,
-             sum(1 for _ in plan._order), len(manifest.units))
+             plan.units_left, len(manifest.units))
     if plan.done_at_start:
         log.info("resume: %d item(s) of done units in %s are skipped", plan.done_at_start, prep.output_dir)
     from jobs.generate_loop import generate_all

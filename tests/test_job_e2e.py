@@ -46,7 +46,9 @@ def job(tmp_path_factory):
 def test_cli_writes_complete_shards_index_and_summary(job):
     data, out, proc, rows = job
     shards = sorted(out.glob("shard-*.tar"))
-    assert [s.name for s in shards] == ["shard-000000.tar", "shard-000001.tar"]
+    # one unit (one signature, fewer items than plan.unit_items): its shards, rotated at maxcount 4
+    assert [s.name for s in shards] == ["shard-u0000000-0000.tar", "shard-u0000000-0001.tar"]
+    assert os.listdir(out / "_plan" / "done") == ["unit-0000000.json"]
     index = json.loads((out / "index.wids.json").read_text())
     assert index["__kind__"] == "wids-shard-index-v1"
     assert sum(s["nsamples"] for s in index["shardlist"]) == 7

@@ -50,6 +50,29 @@ class LeasedPlan:
         self.units: List[int] = []
         self.signature_counts: Dict[Signature, int] = {}
         self._last: Optional[Signature] = None
+        self._plan_stat = self._stat()
+
+    @property
+    def units_left(self) -> int:
+        return len(self._order)
+
+    def _stat(self) -> tuple:
+        from jobs.plan.units import PLAN_FILE
+
+        st = (self.plan_dir / PLAN_FILE).stat()
+        return st.st_ino, st.st_mtime_ns
+
+    def _check_plan_unchanged(self) -> None:
+        """A job.overwrite by another job replaces the plan while this worker waits between units
+        (it holds no lease then, so the overwrite is allowed): stop rather than generate the new
+        plan's units with this worker's old config."""
+        try:
+            same = self._stat() == self._plan_stat
+        except FileNotFoundError:
+            same = False
+        if not same:
+            raise RuntimeError(f"the plan in {self.plan_dir} was replaced or removed while this worker ran "
+                               f"(job.overwrite=true by another job?); this worker stops. Rerun it to join the new run.")
 
     def units(self) -> Iterator[List[Batch]]:
         """The batches of each unit this worker leases, a unit at a time (leased when asked for)."""
@@ -94,6 +117,7 @@ class LeasedPlan:
                 lease = self.leaser.try_take(info.id)
                 if lease is None:
                     continue
+                self._check_plan_unchanged()
                 if info.id in done_units(self.plan_dir):  # finished between our listing and our lease
                     self.leaser.release(info.id)
                     continue
