@@ -1,7 +1,8 @@
 """Many processes, one dataset: torchrun ranks (gloo on CPU) and submitit array tasks x ranks.
 
 Both runs go through the real CLI in subprocesses and are compared with a 1-process run: the same
-keys, the same image bytes, each key once, one index and one summary over every part.
+keys, the same image bytes, each key once, one index and one summary over every part. Ranks and
+array tasks are workers leasing the units of one plan, so which part writes which unit may vary.
 """
 
 from __future__ import annotations
@@ -52,12 +53,12 @@ def test_two_gloo_ranks_write_the_same_images_as_one(dataset, one_rank):
     assert proc.returncode == 0, log_of(proc)
     assert images_by_key(out) == images_by_key(one_rank)  # same keys, same bytes, each once
     names = sorted(shard_bytes(out))
-    assert {n[:12] for n in names} == {"shard-r0000-", "shard-r0001-"}  # each rank its own names
+    assert all(n.startswith("shard-u") for n in names)  # shards are named by unit, whoever wrote them
     index = json.loads((out / "index.wids.json").read_text())
     assert sorted(s["url"] for s in index["shardlist"]) == names
     summary = json.loads((out / "summary.json").read_text())
     assert (summary["status"], summary["items_written"]) == ("complete", len(rows))
-    assert [p["part"] for p in summary["parts"]] == [0, 1] and all(p["items_written"] for p in summary["parts"])
+    assert [p["part"] for p in summary["parts"]] == [0, 1]
 
     # A refused claim on rank 0 reaches every rank: all exit, none waits at a barrier.
     refused = cli(f"dataset.path={data}", f"output_dir={out}", *FAST, "sampling.steps=3", module=TORCHRUN, timeout=120)
@@ -84,7 +85,6 @@ def test_submitit_local_partitions_fill_one_output_dir(dataset, one_rank):
     assert len(folders) == 1, folders
     out = folders[0]
     assert images_by_key(out) == images_by_key(one_rank)
-    assert {n[:12] for n in shard_bytes(out)} == {"shard-r0000-", "shard-r0001-"}
     summary = json.loads((out / "summary.json").read_text())
     assert (summary["status"], summary["items_written"]) == ("complete", len(rows))
     assert sorted(p["part"] for p in summary["parts"]) == [0, 1]
