@@ -73,7 +73,9 @@ def test_a_killed_holder_on_this_host_is_taken_over_at_once(tmp_path):
     os.kill(proc.pid, signal.SIGKILL)
     proc.join(10)
     assert live_leases(tmp_path) == []  # its process is gone: no need to wait an hour
-    assert Leaser(tmp_path, "restart", ttl_s=60).try_take(5) is not None
+    restart = Leaser(tmp_path, "restart", ttl_s=60)
+    assert restart.try_take(5) is not None
+    restart.release_all()
 
 
 def test_a_taken_over_lease_is_seen_lost_by_its_old_holder(tmp_path):
@@ -88,6 +90,7 @@ def test_a_taken_over_lease_is_seen_lost_by_its_old_holder(tmp_path):
     assert read_lease(lease_path(tmp_path, 1)).owner == "new"
     old.release(1)  # and its release leaves the new lease in place
     assert new.still_held(1)
+    new.release_all()
 
 
 def test_a_unit_is_marked_done_once(tmp_path):
