@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger("bench_plan")
 
 WORKER_PROBE = r"""
-import resource, sys, time
+import sys, time
 t0 = time.perf_counter()
 from tests.helpers import compose_cfg
 from jobs.distributed import Group, Topology
@@ -40,11 +40,12 @@ from jobs.summary import StageTimer
 import torch
 cfg = compose_cfg(sys.argv[1:])
 prep = prepare(cfg, StageTimer(), Group(Topology(), torch.device("cpu"), 1.0), torch.device("cpu"))
-batch = next(iter(prep.plan.batches))
+batch = next(prep.plan.units())[0]
 ready = time.perf_counter() - t0
-rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+# VmHWM, not ru_maxrss: Linux carries the forking parent's RSS into a child's ru_maxrss across exec.
+rss = next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmHWM:"))
 prep.sink.abort()
-print("PROBE", ready, rss, len(batch.items), prep.plan.units[0])
+print("PROBE", ready, rss, len(batch.items), prep.plan.leased[0])
 """
 
 

@@ -99,3 +99,13 @@ def test_a_unit_is_marked_done_once(tmp_path):
     assert mark_done(tmp_path, 2, [], "w2") is False
     assert done_units(tmp_path) == {2}
     assert not [p for p in (tmp_path / "done").iterdir() if p.name.startswith(".")]
+
+
+def test_a_killed_holder_not_yet_reaped_counts_as_gone(tmp_path):
+    proc = _holder(tmp_path, 6, ttl=3600)
+    os.kill(proc.pid, signal.SIGKILL)
+    time.sleep(0.5)  # a zombie now: its parent (this test) has not waited for it
+    try:
+        assert live_leases(tmp_path) == []
+    finally:
+        proc.join(10)

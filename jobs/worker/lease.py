@@ -36,11 +36,16 @@ LEASE_DIR = "leases"
 
 
 def _start_time(pid: int) -> Optional[int]:
-    """Linux process start time (clock ticks since boot), to tell a pid from its reuse."""
+    """Linux process start time (clock ticks since boot), to tell a pid from its reuse; None for
+    a process that is gone, including a zombie (dead, not yet reaped by its parent)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
-            return int(f.read().rsplit(b")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return None
+    try:
+        return None if fields[0] in (b"Z", b"X") else int(fields[19])
+    except (IndexError, ValueError):
         return None
 
 

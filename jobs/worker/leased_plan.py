@@ -47,7 +47,7 @@ class LeasedPlan:
         self.planned = 0
         self.skipped_done = 0
         self.truncated = 0
-        self.units: List[int] = []
+        self.leased: List[int] = []
         self.signature_counts: Dict[Signature, int] = {}
         self._last: Optional[Signature] = None
         self._plan_stat = self._stat()
@@ -93,7 +93,7 @@ class LeasedPlan:
         prior = scan_output(self.output_dir, unit_shard_glob(info.id), self.verify).records
         committed = {k for r in prior for k in r.keys}
         todo = [it for it in items if it.key not in committed]
-        self.units.append(info.id)
+        self.leased.append(info.id)
         self.planned += len(todo)
         self.skipped_done += len(items) - len(todo)
         self.truncated += sum(1 for it in todo if it.truncated)
