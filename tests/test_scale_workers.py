@@ -74,13 +74,15 @@ def test_four_workers_at_different_times_two_killed_and_restarted(job):
     assert planned.returncode == 0, log_of(planned)
     plan = json.loads((out / "_plan" / "plan.json").read_text())
     assert len(plan["units"]) == 7 and plan["items"] == 12  # 11 items of one signature in 6 units, 1 of the other
-    kill = {1: "batch:2", 3: "batch:1"}
+    # The two that get killed start first, so each surely holds a unit when it dies (at its first
+    # batch, or in its second unit); the others join while they run.
+    kill = {1: "batch:1", 3: "batch:2"}
     procs = {}
-    for w in range(4):
+    for w in (1, 3, 0, 2):
         procs[w] = start(*args, f"job.partition={w}/4",
                          env={"BCGEN_TEST_KILL_AT": kill[w]} if w in kill else None)
-        time.sleep(3)
-    results = {w: finish(p) for w, p in procs.items()}
+        time.sleep(2)
+    results = {w: finish(p) for w, p in sorted(procs.items())}
     for w in kill:
         assert results[w][0] == -signal.SIGKILL, results[w][1]
     restarted = {w: start(*args, f"job.partition={w}/4") for w in kill}
