@@ -143,10 +143,12 @@ def test_arrow_fast_lane_plans_exactly_as_the_row_by_row_path(tmp_path, monkeypa
 
 @pytest.mark.parametrize("line", ['{"prompt": "x", "width": 100}', '{"prompt": "x", "seed": 1.5}',
                                   '{"prompt": 3}', '"a bare string prompt"', '{"prompt": "x", "extra": 1}',
-                                  '{"prompt": "x", "key": ""}', '{"prompt": "\\ud800"}', ''])
+                                  '{"prompt": "x", "key": ""}', '{"prompt": "\\ud800"}', '', '{"prompt": "x"}\r',
+                                  '{"prompt": "%s"}' % ("x" * 200)])
 def test_arrow_fast_lane_declines_what_it_cannot_vouch_for(line):
     from jobs.plan.fast_jsonl import arrow_rows
 
     good = '{"key": "a", "prompt": "fine"}'
-    assert arrow_rows(f"{good}\n".encode(), 1, "p", "prompt", "key") is not None
-    assert arrow_rows(f"{good}\n{line}\n{good.replace('a', 'b')}\n".encode(), 1, "p", "prompt", "key") is None
+    assert arrow_rows(f"{good}\n".encode(), 1, "p", "prompt", "key", 100) is not None
+    assert arrow_rows(f"{good}\n{line}\n{good.replace('a', 'b')}\n".encode(), 1, "p", "prompt", "key", 100) is None
+    assert arrow_rows(b"\xef\xbb\xbf" + f"{good}\n".encode(), 1, "p", "prompt", "key", 100) is None  # a BOM

@@ -86,7 +86,7 @@ def _row_chunks(cfg: GenerateConfig, path: Path, fmt: str, rows_per_chunk: int) 
     from jobs.dataset_formats import READERS
 
     index, rows = 0, []
-    for row in READERS[fmt](path, cfg.dataset.prompt_field, cfg.dataset.key_field):
+    for row in READERS[fmt](path, cfg.dataset.prompt_field, cfg.dataset.key_field, cfg.dataset.max_line_bytes):
         rows.append(row)
         if len(rows) >= rows_per_chunk:
             yield ChunkTask(index=index, rows=rows)
@@ -183,6 +183,22 @@ def _duplicates(col: _Collected, label: str) -> Dict[int, set]:
     return drop
 
 
+def _stream(tasks: Iterator[ChunkTask], workers: int, initargs: tuple, t0: float) -> Optional[_Collected]:
+    """Every chunk through the processes, in order; None as soon as one is declined."""
+    col = _Collected()
+    for res in _map_ordered(tasks, workers, initargs):
+        if res.declined:
+            return None
+        col.results.append(res)
+        col.errors += res.errors
+        col.truncated += res.truncated
+        col.unknown |= res.unknown_fields
+        col.rows += res.n_rows
+        if res.index % 50 == 49:
+            log.info("planned %d rows (%.0f rows/s)", col.rows, col.rows / (time.perf_counter() - t0))
+    return col
+
+
 def plan_dataset(cfg: GenerateConfig, divisor: int, work_dir: Path) -> PlanResult:
     """Stream the dataset into `work_dir` (unit files); the caller publishes it as _plan/."""
     t0 = time.perf_counter()
@@ -190,28 +206,23 @@ def plan_dataset(cfg: GenerateConfig, divisor: int, work_dir: Path) -> PlanResul
     label = str(path)
     spill = work_dir / SPILL_DIR
     spill.mkdir(parents=True)
-    digest = hashlib.sha256()
-    if fmt in ("jsonl", "txt"):
-        tasks = _byte_chunks(path, int(cfg.plan.chunk_mb * (1 << 20)), digest)
-    else:
-        digest = None
-        tasks = _row_chunks(cfg, path, fmt, rows_per_chunk=20000)
     size = path.stat().st_size
     workers = cfg.plan.workers or os.cpu_count() or 1
     if size <= cfg.plan.chunk_mb * (1 << 20):
         workers = 1  # one chunk: starting processes would cost more than it saves
     initargs = (cfg, label, path.stem, fmt, str(spill), divisor)
-    col = _Collected()
-    n_rows = 0
-    for res in _map_ordered(tasks, workers, initargs):
-        col.results.append(res)
-        col.errors += res.errors
-        col.truncated += res.truncated
-        col.unknown |= res.unknown_fields
-        n_rows += res.n_rows
-        col.rows = n_rows
-        if res.index % 50 == 49:
-            log.info("planned %d rows (%.0f rows/s)", n_rows, n_rows / (time.perf_counter() - t0))
+    digest = hashlib.sha256()
+    col = None
+    if fmt == "jsonl":
+        col = _stream(_byte_chunks(path, int(cfg.plan.chunk_mb * (1 << 20)), digest), workers, initargs, t0)
+        if col is None:  # a chunk the fast lane would not vouch for: the readers' rules decide
+            log.info("%s: not plain LF-separated JSON objects throughout; reading it row by row", label)
+            shutil.rmtree(spill)
+            spill.mkdir()
+    if col is None:
+        digest = None
+        col = _stream(_row_chunks(cfg, path, fmt, rows_per_chunk=20000), workers, initargs, t0)
+    n_rows = col.rows
     if col.unknown:
         log.warning("%s: ignoring fields %s", label, ", ".join(sorted(map(repr, col.unknown))))
     streamed = time.perf_counter() - t0

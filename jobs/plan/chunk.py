@@ -2,7 +2,8 @@
 
 Runs in the planner's worker processes (or in-process for a small dataset). A chunk is either raw
 bytes of a JSONL/TXT file cut at line ends (parsed here, so parsing is parallel too) or rows a
-sequential reader already parsed (CSV, Parquet, tar). The spill file is Arrow IPC with one record
+sequential reader already parsed (jobs/dataset_formats.py: any format, and JSONL the fast lane
+declined). The spill file is Arrow IPC with one record
 batch per signature, rows in file order within each: concatenating a signature's batches over
 the chunks in order gives that signature's run in dataset order, with no global sort.
 
@@ -13,7 +14,6 @@ hash goes back to the planner, which checks them all at the end (plan/build.py).
 from __future__ import annotations
 
 import hashlib
-import io
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional, Tuple
@@ -43,6 +43,7 @@ class ChunkResult:
     errors: List[RowError] = field(default_factory=list)
     truncated: int = 0
     unknown_fields: set = field(default_factory=set)
+    declined: bool = False  # a byte chunk the fast lane would not vouch for
 
 
 class _ChunkValidator(RowValidator):
@@ -63,6 +64,7 @@ class ChunkContext:
     label: str
     stem: str
     fmt: str
+    max_line_bytes: int
     prompt_field: str
     key_field: str
     defaults: ItemDefaults
@@ -85,32 +87,24 @@ class ChunkContext:
                                 negative_prompt=cfg.sampling.negative_prompt, job_seed=cfg.sampling.seed,
                                 dtype=cfg.model.dtype, spatial_divisor=divisor,
                                 on_long_prompt=cfg.model.on_long_prompt)
-        return cls(label=label, stem=stem, fmt=fmt, prompt_field=cfg.dataset.prompt_field,
+        return cls(label=label, stem=stem, fmt=fmt, max_line_bytes=cfg.dataset.max_line_bytes, prompt_field=cfg.dataset.prompt_field,
                    key_field=cfg.dataset.key_field, defaults=defaults, spill_dir=spill_dir, family=family,
                    model_cfg=cfg.model, tokenizer=LengthTokenizer(family.load_tokenizer(cfg.model)),
                    bucket_for=padder.bucket_for)
 
 
-def _rows(ctx: ChunkContext, task: ChunkTask):
-    if task.rows is not None:
-        return task.rows
-    from jobs.dataset_formats import jsonl_rows, txt_rows
-
-    parse = jsonl_rows if ctx.fmt == "jsonl" else txt_rows
-    return parse(io.BytesIO(task.data), task.first_line)
-
-
-def validate(ctx: ChunkContext, task: ChunkTask) -> Tuple[Rows, List[RowError], set]:
-    """The chunk's valid rows as columns, and its bad rows. Clean JSONL takes Arrow's fast lane."""
-    if ctx.fmt == "jsonl" and task.rows is None:
+def validate(ctx: ChunkContext, task: ChunkTask) -> Tuple[Optional[Rows], List[RowError], set]:
+    """The chunk's valid rows as columns, and its bad rows. A byte chunk (JSONL) is taken by Arrow's
+    fast lane or not at all (None: the planner then reads the whole file row by row, with the
+    dataset readers' exact rules for line endings, encodings and line lengths)."""
+    if task.rows is None:
         from jobs.plan.fast_jsonl import arrow_rows
 
-        rows = arrow_rows(task.data, task.first_line, ctx.stem, ctx.prompt_field, ctx.key_field)
-        if rows is not None:
-            return rows, [], set()
+        rows = arrow_rows(task.data, task.first_line, ctx.stem, ctx.prompt_field, ctx.key_field, ctx.max_line_bytes)
+        return rows, [], set()
     validator = _ChunkValidator(ctx.label, ctx.stem, ctx.prompt_field, ctx.key_field)
     records, errors = [], []
-    for line, value in _rows(ctx, task):
+    for line, value in task.rows:
         out = validator.check(line, value)
         (records if type(out) is Record else errors).append(out)
     return Rows.from_records(records), errors, set(validator.unknown_fields)
@@ -120,6 +114,8 @@ def process_chunk(ctx: ChunkContext, task: ChunkTask) -> ChunkResult:
     import pyarrow as pa
 
     rows, errors, unknown = validate(ctx, task)
+    if rows is None:
+        return ChunkResult(index=task.index, path="", groups=[], n_rows=0, declined=True)
     measure = lambda texts, instruction: ctx.family.text_lengths(ctx.tokenizer, texts, ctx.model_cfg, instruction)  # noqa: E731
     res, row_errors = resolve(rows, ctx.defaults, measure, ctx.bucket_for, ctx.label)
     errors += row_errors

@@ -3,13 +3,15 @@ of jobs/dataset_validate.py, instead of json.loads and a RowValidator call per r
 
 It answers only when the answer is certain to equal the row-by-row path: every line one JSON
 object, only known fields, every value of the expected type and range. On anything else (a blank
-line, a bad row, a float where an int belongs, an escaped surrogate, an unknown field) it returns
-None and the chunk goes through the row-by-row path, which names each bad row with its reason.
+line, a CR, a BOM, a line over dataset.max_line_bytes, a bad row, a float where an int belongs, an
+escaped surrogate, an unknown field) it returns None, and the planner reads the file with the
+dataset readers (jobs/dataset_formats.py), which name each bad row with its reason.
 tests/test_plan_units.py checks both paths give the same plan.
 """
 
 from __future__ import annotations
 
+import codecs
 import re
 from typing import Optional
 
@@ -17,17 +19,24 @@ from jobs.dataset_validate import MAX_KEY_CHARS, MAX_SIDE, MAX_STEPS, SEED_END
 from jobs.plan.resolve import Rows
 
 _SURROGATE_ESCAPE = re.compile(rb"\\[uU][dD][89a-fA-F]")  # Arrow cannot hold what the row rules reject
+_BOMS = (codecs.BOM_UTF8, codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE, codecs.BOM_UTF32_BE)  # the readers decode these
 _INTS = {"seed": (0, SEED_END - 1), "width": (8, MAX_SIDE), "height": (8, MAX_SIDE), "steps": (1, MAX_STEPS)}
 
 
-def arrow_rows(data: bytes, first_line: int, stem: str, prompt_field: str, key_field: str) -> Optional[Rows]:
+def arrow_rows(data: bytes, first_line: int, stem: str, prompt_field: str, key_field: str,
+               max_line_bytes: int) -> Optional[Rows]:
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.json as pj
 
     n_lines = data.count(b"\n") + (0 if data.endswith(b"\n") else 1)
-    if not data or b"\n\n" in data or data.startswith(b"\n") or b"\r" in data or _SURROGATE_ESCAPE.search(data):
+    if not data or b"\n\n" in data or data.startswith((b"\n", *_BOMS)) or b"\r" in data or _SURROGATE_ESCAPE.search(data):
         return None
+    import numpy as np
+
+    ends = np.flatnonzero(np.frombuffer(data, np.uint8) == 10)
+    if len(ends) and (ends[0] > max_line_bytes or (len(ends) > 1 and np.diff(ends).max() - 1 > max_line_bytes)):
+        return None  # a line the readers would call too long
     try:
         table = pj.read_json(pa.BufferReader(data), read_options=pj.ReadOptions(use_threads=False,
                                                                                   block_size=len(data) + 1))

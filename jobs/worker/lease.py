@@ -1,10 +1,11 @@
 """Leases: a worker's exclusive, expiring claim on one work unit, as a file on the shared filesystem.
 
-    _plan/leases/unit-NNNNNNN.lease     created with O_CREAT|O_EXCL: exactly one creator wins
+    _plan/leases/unit-NNNNNNN.lease     published by a hard link (fails if the name exists): one winner
     content: owner, host, pid, process start time, ttl     heartbeat: the file's mtime (futimes)
 
 Why these choices:
-- O_EXCL create is atomic on local filesystems and NFSv3+/Lustre/GPFS, where flock may be absent.
+- link() (like an O_EXCL create) is atomic on local filesystems and NFS/Lustre/GPFS, where flock
+  may be absent; the lease's content is written before the link, so it is never seen empty.
 - The heartbeat touches the holder's *open file descriptor*, not the path: if the lease was taken
   over meanwhile (renamed away as expired), the touch lands on the old inode and can never revive
   or overwrite the new holder's lease. The holder checks ownership by inode (`held()`).
@@ -102,7 +103,7 @@ def read_lease(path: Path) -> Optional[LeaseInfo]:
             data = json.loads(f.read() or b"{}")
     except FileNotFoundError:
         return None
-    except ValueError:  # being written this instant (create, then write): treat as fresh
+    except ValueError:  # unreadable: treat as fresh rather than break a lease we cannot read
         return LeaseInfo(unit=-1, owner="?", host="?", pid=-1, start_time=None, ttl_s=float("inf"),
                          heartbeat=time.time(), ino=-1)
     return LeaseInfo(unit=data.get("unit", -1), owner=data.get("owner", "?"), host=data.get("host", "?"),
@@ -177,14 +178,21 @@ class Leaser:
         return None
 
     def _create(self, path: Path, unit: int) -> Optional[Lease]:
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            return None
+        # Written under a temp name, then hard-linked to the lease's name: the link fails if the
+        # name exists (exclusive, like O_EXCL, on NFS too), and no reader ever sees an empty lease.
         body = {"unit": unit, "owner": self.owner, "host": HOST, "pid": os.getpid(),
                 "start_time": _start_time(os.getpid()), "ttl_s": self.ttl_s, "taken": time.time()}
-        os.write(fd, json.dumps(body).encode())
-        os.fsync(fd)
+        tmp = path.with_name(f".{path.name}.{HOST}-{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, json.dumps(body).encode())
+            os.fsync(fd)
+            os.link(tmp, path)
+        except FileExistsError:
+            os.close(fd)
+            return None
+        finally:
+            tmp.unlink(missing_ok=True)
         lease = Lease(self.plan_dir, unit, fd, path)
         with self._lock:
             self.held[unit] = lease
