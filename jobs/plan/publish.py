@@ -13,15 +13,13 @@ file's size and mtime are unchanged, so joining a 10M-prompt plan does not read 
 
 from __future__ import annotations
 
-from jobs.errors import UserError
-
-import json
 import logging
 import os
 import shutil
 from pathlib import Path
 from typing import Optional
 
+from jobs.errors import UserError
 from jobs.config import GenerateConfig
 from jobs.plan.units import PLAN_DIR, PLAN_FILE, PlanManifest, read_manifest, write_manifest
 from jobs.worker.lease import HOST, pid_alive
@@ -129,7 +127,3 @@ def summary_lines(manifest: PlanManifest, limit: int = 12) -> list:
         lines.append(f"  ... and {len(ranked) - limit} more signatures")
     return lines
 
-
-def read_plan_errors(output_dir: Path) -> Optional[int]:
-    p = output_dir / PLAN_DIR / PLAN_FILE
-    return json.loads(p.read_text())["dataset"]["bad_rows"] if p.exists() else None

@@ -9,13 +9,12 @@ reads at start-up, whatever the dataset's size.
 
 from __future__ import annotations
 
-from jobs.errors import UserError
-
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, List
 
+from jobs.errors import UserError
 from jobs.plan import Item, Signature
 
 PLAN_DIR = "_plan"

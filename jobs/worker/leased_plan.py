@@ -14,13 +14,12 @@ any whose lease expires: a dead worker's unit is finished by a live one.
 
 from __future__ import annotations
 
-from jobs.errors import UserError
-
 import logging
 import time
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional
 
+from jobs.errors import UserError
 from jobs.plan import Batch, Signature, cut_batches
 from jobs.plan.units import PlanManifest, UnitInfo, read_unit
 from jobs.worker.done import done_units
