@@ -89,7 +89,18 @@ def prepare(cfg: GenerateConfig, timer: StageTimer, group: Group, device: torch.
     with timer("plan"):
         # Rank 0 joins or makes the plan (other jobs on output_dir wait on its lock); the other
         # ranks read what it settled.
-        group.agree(lambda: held.__setitem__("manifest", open_plan(cfg, output_dir, divisor)), leader_only=True)
+        def join_or_make():
+            held["manifest"] = open_plan(cfg, output_dir, divisor)
+            if cfg.job.verify == "full":
+                from jobs.worker.done import reopen_damaged
+
+                reopened = reopen_damaged(output_dir, output_dir / PLAN_DIR, cfg.job.verify)
+                if reopened:
+                    log.warning("job.verify=full: %d done unit(s) had shards that no longer match their manifests "
+                                "(moved to %s/_quarantine/); their samples are generated again: units %s",
+                                len(reopened), output_dir, ", ".join(map(str, reopened[:20])))
+
+        group.agree(join_or_make, leader_only=True)
     manifest = held.get("manifest") or read_manifest(output_dir / PLAN_DIR)
     plan_dir = output_dir / PLAN_DIR
     owner = f"{HOST}:{os.getpid()}:part{topo.part}/{topo.parts}"

@@ -35,7 +35,7 @@ MANIFEST_DIR = "_manifest"
 MANIFEST_VERSION = 2  # 2 added `members`; version 1 manifests are still read (size and sha256 only)
 # The names this package's writers give shards (DEFAULT_NAME_PATTERN, or one per rank, shard-rPPPP-NNNNNN):
 # a file matching a shard glob but not this (`shard-000001 (copy).tar`) is a stray, never adopted.
-SHARD_NAME = re.compile(r"shard-(?:r[0-9]{4}-)?[0-9]{6,}\.tar")
+SHARD_NAME = re.compile(r"shard-(?:(?:r[0-9]{4}-)?[0-9]{6,}|u[0-9]{7}-[0-9]{4,})\.tar")  # u: a work unit's (jobs/worker/)
 
 
 @dataclass

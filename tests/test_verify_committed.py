@@ -57,9 +57,9 @@ def chain(tmp_path_factory):
     steps = {"first": cli(*args)}
     steps["verify_clean"] = verify_cli(out)
     steps["bytes_before"] = shard_bytes(out)
-    flip_image_byte(out / "shard-000000.tar")
-    cut_last_members(out / "shard-000001.tar", 2)
-    steps["size_after_cut"] = (out / "shard-000001.tar").stat().st_size
+    flip_image_byte(out / "shard-u0000000-0000.tar")
+    cut_last_members(out / "shard-u0000000-0001.tar", 2)
+    steps["size_after_cut"] = (out / "shard-u0000000-0001.tar").stat().st_size
     steps["verify_corrupt"] = verify_cli(out)
     steps["rerun"] = cli(*args, "job.verify=full")
     steps["verify_after"] = verify_cli(out)
@@ -76,8 +76,8 @@ def test_verify_names_both_corruptions(chain):
     proc = chain["verify_corrupt"]
     assert proc.returncode == 1, log_of(proc)
     text = log_of(proc)
-    assert "shard-000000.tar: does not match its manifest: sha256 differs from the manifest's" in text
-    assert "shard-000001.tar: does not match its manifest: " in text
+    assert "shard-u0000000-0000.tar: does not match its manifest: sha256 differs from the manifest's" in text
+    assert "shard-u0000000-0001.tar: does not match its manifest: " in text
     assert re.search(r"7 members, manifest lists 9: missing (k\d+)\.json, \1\.txt \(rerun the job", text)
     assert "2 problem(s)" in text
 
@@ -86,18 +86,18 @@ def test_rerun_quarantines_both_and_generates_their_keys_again(chain):
     proc, out = chain["rerun"], chain["out"]
     assert proc.returncode == 0, log_of(proc)
     text = log_of(proc)
-    assert "shard shard-000000.tar does not match what was committed (sha256 differs" in text
-    assert "shard shard-000001.tar does not match what was committed (" in text
+    assert "shard shard-u0000000-0000.tar does not match what was committed (sha256 differs" in text
+    assert "shard shard-u0000000-0001.tar does not match what was committed (" in text
     assert re.search(r"7 members, manifest lists 9: missing (k\d+)\.json, \1\.txt\)", text)
     assert "resume: 2 committed shard(s) no longer match their manifests" in text
     assert shard_keys(out) == Counter({r["key"]: 1 for r in chain["rows"]})
     # The untouched shard keeps its bytes; the regenerated keys are in new shards.
     after = shard_bytes(out)
-    assert after["shard-000002.tar"] == chain["bytes_before"]["shard-000002.tar"]
+    assert after["shard-u0000000-0002.tar"] == chain["bytes_before"]["shard-u0000000-0002.tar"]
     summary = json.loads((out / "summary.json").read_text())
-    assert sorted(q["url"] for q in summary["quarantined"]) == ["shard-000000.tar", "shard-000001.tar"]
+    assert sorted(q["url"] for q in summary["quarantined"]) == ["shard-u0000000-0000.tar", "shard-u0000000-0001.tar"]
     assert summary["items_written"] == 6 and summary["items_skipped_done"] == 2
-    assert sorted(p.name for p in (out / "_quarantine").glob("*.tar")) == ["shard-000000.tar", "shard-000001.tar"]
+    assert sorted(p.name for p in (out / "_quarantine").glob("*.tar")) == ["shard-u0000000-0000.tar", "shard-u0000000-0001.tar"]
 
 
 def test_verify_is_clean_after_the_rerun(chain):
@@ -109,15 +109,15 @@ def test_verify_is_clean_after_the_rerun(chain):
 def test_stray_tar_is_never_indexed_and_verify_names_it(chain, tmp_path):
     out = tmp_path / "out"
     shutil.copytree(chain["out"], out)
-    shutil.copy(out / "shard-000002.tar", out / "shard-000002 (copy).tar")
-    shutil.copy(out / "shard-000002.tar", out / "backup.tar")
+    shutil.copy(out / "shard-u0000000-0002.tar", out / "shard-u0000000-0002 (copy).tar")
+    shutil.copy(out / "shard-u0000000-0002.tar", out / "backup.tar")
     assert [r.url for r in indexed_records(out)] == [r.url for r in indexed_records(chain["out"])]
     scan = scan_output(out)
-    assert scan.strays == ["shard-000002 (copy).tar"] and scan.quarantined == []
+    assert scan.strays == ["shard-u0000000-0002 (copy).tar"] and scan.quarantined == []
     proc = verify_cli(out)
     assert proc.returncode == 1, log_of(proc)
     assert "backup.tar: a .tar with no manifest" in log_of(proc)
-    assert "shard-000002 (copy).tar: a .tar with no manifest" in log_of(proc)
+    assert "shard-u0000000-0002 (copy).tar: a .tar with no manifest" in log_of(proc)
 
 
 def test_members_level_catches_cut_members_of_the_same_size_but_not_payload_flips(tmp_path):
