@@ -94,11 +94,12 @@ def prepare(cfg: GenerateConfig, timer: StageTimer, group: Group, device: torch.
             if cfg.job.verify == "full":
                 from jobs.worker.done import reopen_damaged
 
-                reopened = reopen_damaged(output_dir, output_dir / PLAN_DIR, cfg.job.verify)
-                if reopened:
-                    log.warning("job.verify=full: %d done unit(s) had shards that no longer match their manifests "
-                                "(moved to %s/_quarantine/); their samples are generated again: units %s",
-                                len(reopened), output_dir, ", ".join(map(str, reopened[:20])))
+                moved = reopen_damaged(output_dir, output_dir / PLAN_DIR, cfg.job.verify)
+                if moved:
+                    log.warning("resume: %d committed shard(s) no longer match their manifests and were moved to "
+                                "%s/_quarantine/ (listed in summary.json): %s; their units are reopened and their "
+                                "samples generated again", len(moved), output_dir,
+                                ", ".join(q["url"] for q in moved[:10]))
 
         group.agree(join_or_make, leader_only=True)
     manifest = held.get("manifest") or read_manifest(output_dir / PLAN_DIR)

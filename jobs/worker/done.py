@@ -57,20 +57,20 @@ def done_records(plan_dir: Path) -> List[ShardRecord]:
     return out
 
 
-def reopen_damaged(output_dir: Path, plan_dir: Path, verify: str) -> List[int]:
+def reopen_damaged(output_dir: Path, plan_dir: Path, verify: str) -> List[dict]:
     """job.verify=full: check the shards of every done unit (a scan of all shards, so only on
     request; by default done units are trusted and resume reads no shard). A unit whose shard no
     longer matches its manifest (moved to _quarantine/ by the scan) or is missing loses its done
-    marker, and its missing samples are generated again."""
+    marker, and its missing samples are generated again. Returns the quarantined shards."""
     from jobs.worker.unit_sink import unit_shard_glob
     from sinks import scan_output
 
-    reopened = []
+    quarantined: List[dict] = []
     for unit in sorted(done_units(plan_dir)):
         marker = plan_dir / DONE_DIR / f"{unit_name(unit)}.json"
         listed = {s["url"] for s in json.loads(marker.read_text())["shards"]}
         scan = scan_output(output_dir, unit_shard_glob(unit), verify)
+        quarantined += scan.quarantined
         if scan.quarantined or not listed <= {r.url for r in scan.records}:
             marker.unlink()
-            reopened.append(unit)
-    return reopened
+    return quarantined
