@@ -20,10 +20,9 @@ import logging
 import os
 import shutil
 import signal
-import socket
 from dataclasses import asdict
 from pathlib import Path
-from typing import Iterable, List, Optional, Set
+from typing import Iterable, List, Optional
 
 from jobs.config import GenerateConfig
 from jobs.cpu_threads import cpu_identity
@@ -166,62 +165,6 @@ def wipe(output_dir: Path, shard_glob: str) -> None:
                 removed, output_dir)
 
 
-def committed_records(output_dir: Path, own_glob: str, all_glob: str = "shard-*.tar", verify: str = "members",
-                      within: Optional[Set[str]] = None, quarantined: Optional[list] = None) -> list:
-    """Every committed shard's record, each checked against its manifest (`verify`: members | full);
-    a shard that differs is moved to _quarantine/ (entries appended to `quarantined`) and left out,
-    so its keys are generated again. With `within`, another writer's shard holding none of those
-    keys is not checked: this process would not use its keys anyway.
-
-    Only this writer's own torn temps are removed and only its own missing manifests rewritten:
-    another rank or array task may be writing right now, and its temp file is its shard in progress.
-    Moving a damaged committed shard aside is safe whoever wrote it: writers never reopen one."""
-    from sinks import scan_output
-    from sinks.manifest import checked_record, is_shard_name, load_manifest
-
-    moved = [] if quarantined is None else quarantined
-    scan = scan_output(output_dir, own_glob, verify)
-    moved += scan.quarantined
-    if scan.removed_temps:
-        log.info("resume: removed %d torn shard temp file(s): %s", len(scan.removed_temps),
-                 ", ".join(scan.removed_temps[:5]))
-    records = {r.url: r for r in scan.records}
-    seen = set(records) | set(scan.strays) | {q["url"] for q in scan.quarantined}
-    for path in sorted(output_dir.glob(all_glob)):
-        if path.name in seen or not is_shard_name(path.name):
-            continue
-        rec = load_manifest(output_dir, path.name)
-        if rec is None or within is None or not within.isdisjoint(rec.keys):
-            rec = checked_record(output_dir, path.name, verify, moved) if path.exists() else None
-        if rec is not None:
-            records[path.name] = rec
-    return [records[url] for url in sorted(records)]
-
-
-def read_record(output_dir: Path, url: str):
-    """A committed shard's record without writing anything (its writer may be alive)."""
-    from sinks.manifest import read_record as read_shard_record
-
-    try:
-        return read_shard_record(output_dir, url)
-    except FileNotFoundError:  # removed by job.overwrite=true in another process
-        return None
-
-
-def committed_keys(output_dir: Path, own_glob: str = "shard-*.tar", within: Optional[Set[str]] = None,
-                   verify: str = "members", quarantined: Optional[list] = None) -> Set[str]:
-    """Keys already in committed shards (any writer's) that still match their manifests, restricted
-    to `within` when given, so a rank holds only its own share's keys in memory."""
-    keys: Set[str] = set()
-    for rec in committed_records(output_dir, own_glob, verify=verify, within=within, quarantined=quarantined):
-        keys.update(rec.keys if within is None else (k for k in rec.keys if k in within))
-    return keys
-
-
-# -- locks between processes sharing output_dir ----------------------------------------------------
-# flock: released by the kernel when the process dies, even by SIGKILL, so a lock never outlives
-# its holder. Filesystems without flock (some NFS/Lustre mounts) degrade to no lock, with a warning.
-
 LOCK_DIR = "_locks"
 
 
@@ -250,30 +193,6 @@ def dir_lock(output_dir: Path, name: str):
     finally:
         os.close(fd)
 
-
-class WriterLock:
-    """Held while a process writes shards under one name pattern: a second writer of the same
-    names (a double submission, a requeue racing its old self) would duplicate items, so it is
-    refused. Released on close() or process death."""
-
-    def __init__(self, output_dir: Path, name: str):
-        self.fd = _lock_file(output_dir, name)
-        if not _flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB):
-            holder = os.pread(self.fd, 200, 0).decode(errors="replace").strip()
-            os.close(self.fd)
-            raise UserError(f"another process ({holder or 'unknown'}) is writing {name}-* shards in "
-                             f"output_dir={str(output_dir)!r}; two writers of one partition would duplicate items. "
-                             f"Wait for it to end (or stop it), then rerun")
-        os.ftruncate(self.fd, 0)
-        os.pwrite(self.fd, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-
-
-# -- test hook ---------------------------------------------------------------------------------
 
 KILL_AT_ENV = "BCGEN_TEST_KILL_AT"
 KILL_SIGNAL_ENV = "BCGEN_TEST_KILL_SIGNAL"

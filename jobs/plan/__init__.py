@@ -11,9 +11,8 @@ the same units on any machine, with any number of planner processes.
 from __future__ import annotations
 
 import hashlib
-from collections import Counter
-from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Sequence, Tuple
+from dataclasses import dataclass
+from typing import List, Sequence, Tuple
 
 
 @dataclass(frozen=True, order=True, slots=True)
@@ -57,32 +56,6 @@ class Batch:
         return self.size - len(self.items)
 
 
-@dataclass
-class Plan:
-    batches: List[Batch]
-    truncated: int = 0
-    signature_counts: Dict[Signature, int] = field(default_factory=dict)
-
-    @property
-    def n_items(self) -> int:
-        return sum(len(b.items) for b in self.batches)
-
-    def keys(self) -> List[str]:
-        return [it.key for b in self.batches for it in b.items]
-
-    def summary_lines(self, limit: int = 12) -> List[str]:
-        lines = [f"plan: {self.n_items} items, {len(self.batches)} batches, {len(self.signature_counts)} signatures"
-                 + (f", {self.truncated} prompts truncated" if self.truncated else "")]
-        ranked = sorted(self.signature_counts.items(), key=lambda kv: (-kv[1], kv[0]))
-        for sig, n in ranked[:limit]:
-            sizes = Counter(b.size for b in self.batches if b.signature == sig)
-            pool = " ".join(f"{n_b}x{size}" for size, n_b in sorted(sizes.items(), reverse=True))
-            lines.append(f"  {str(sig):40s} {n:7d} items  batches {pool}")
-        if len(ranked) > limit:
-            lines.append(f"  ... and {len(ranked) - limit} more signatures")
-        return lines
-
-
 def derive_seed(job_seed: int, key: str) -> int:
     """A seed from (job seed, key) alone: the same key gets the same noise in any batch or order."""
     digest = hashlib.sha256(f"{job_seed}\x00{key}".encode()).digest()
@@ -103,23 +76,3 @@ def cut_batches(items: Sequence[Item], sizes: Sequence[int], pad_short: bool) ->
         out.append((list(items[i:i + fit]), fit))
         i += fit
     return out
-
-
-def build_plan(items: Iterable[Item], batch_sizes: Sequence[int], pad_short: bool, truncated: int = 0) -> Plan:
-    runs: Dict[Signature, List[Item]] = {}
-    for it in items:
-        runs.setdefault(it.signature, []).append(it)
-    batches: List[Batch] = []
-    for sig in sorted(runs):
-        run = sorted(runs[sig], key=lambda it: it.key)
-        for chunk, size in cut_batches(run, batch_sizes, pad_short):
-            batches.append(Batch(signature=sig, items=chunk, size=size))
-    return Plan(batches=batches, truncated=truncated, signature_counts={s: len(v) for s, v in runs.items()})
-
-
-def without_keys(plan: Plan, done: set, batch_sizes: Sequence[int], pad_short: bool) -> Plan:
-    """Drop committed keys and re-cut, so a resumed run's batches are still pool-sized."""
-    if not done:
-        return plan
-    items = [it for b in plan.batches for it in b.items if it.key not in done]
-    return build_plan(items, batch_sizes, pad_short, truncated=sum(1 for it in items if it.truncated))
