@@ -31,7 +31,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -117,7 +116,7 @@ JOB_MODES = {
 
 
 def job_overrides(args) -> list:
-    return [f"model=sana", f"model.path={args.dir}", f"dataset.path={args.prompts}",
+    return ["model=sana", f"model.path={args.dir}", f"dataset.path={args.prompts}",
             f"sampling.height={args.res}", f"sampling.width={args.res}", f"sampling.steps={args.steps}",
             f"sampling.guidance_scale={args.guidance}", "job.progress=false", *args.extra]
 

@@ -65,7 +65,7 @@ def _check_one(overrides: List[str], multirun: bool) -> None:
     from hydra import compose, initialize_config_dir
     from hydra.core.hydra_config import HydraConfig
     from hydra.errors import HydraException, MissingConfigException
-    from omegaconf import OmegaConf, open_dict
+    from omegaconf import open_dict
     from omegaconf.errors import OmegaConfBaseException
 
     from jobs.config import register_configs, to_typed

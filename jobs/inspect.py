@@ -20,7 +20,6 @@ import argparse
 import io
 import json
 import logging
-import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path

@@ -82,7 +82,7 @@ class JobStats:
             f"  stages: {stages}",
             f"  signatures: {len(self.signatures)}; items by mode: "
             + ", ".join(f"{k} {v}" for k, v in sorted(self.modes.items())),
-            f"  device time: " + (", ".join(f"{k} {v / 1e3:.1f}s" for k, v in self.gpu_stage_ms.items()) or "-")
+            "  device time: " + (", ".join(f"{k} {v / 1e3:.1f}s" for k, v in self.gpu_stage_ms.items()) or "-")
             + (f"; GPU busy {self.gpu_busy:.0%} while generating" if self.gpu_busy is not None else "")
             + ("; stages overlapped" if self.overlap else ""),
             f"  graphs: {g.get('mode', 'eager')}, hits {g.get('hits', 0)}, misses {g.get('misses', 0)}, "

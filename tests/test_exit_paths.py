@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.helpers import write_jsonl
-from tests.test_resume_kill import FAST, ROOT, cli, log_of
+from tests.test_resume_kill import FAST, cli, log_of
 
 
 def refused(*args: str) -> str:

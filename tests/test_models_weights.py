@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from jobs.models.registry import get_family
 from jobs.models.weights import CPU_ALIGNMENT, owns_aligned_memory, own_weights, torch_modules
 from tests.helpers import CONF_DIR, compose_cfg, tiny_pipeline
 

@@ -95,7 +95,7 @@ def test_duplicate_keys_are_found_across_chunks(tmp_path):
     rows = prompts(60)
     rows[50]["key"] = rows[3]["key"]
     data = write_jsonl(tmp_path / "p.jsonl", rows)
-    with pytest.raises(DatasetError, match=rf"p.jsonl:51: duplicate key 'k003' \(first at .*p.jsonl:4\)"):
+    with pytest.raises(DatasetError, match=r"p.jsonl:51: duplicate key 'k003' \(first at .*p.jsonl:4\)"):
         _plan(_cfg(tmp_path, data, "plan.workers=1", "plan.chunk_mb=0.001"), tmp_path / "a")
     kept = _plan(_cfg(tmp_path, data, "plan.workers=1", "plan.chunk_mb=0.001", "dataset.on_error=skip"),
                  tmp_path / "b")

@@ -7,7 +7,6 @@ import os
 import signal
 import time
 
-import pytest
 
 from jobs.worker.done import done_units, mark_done
 from jobs.worker.lease import Leaser, lease_path, live_leases, read_lease

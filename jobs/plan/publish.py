@@ -17,7 +17,6 @@ import logging
 import os
 import shutil
 from pathlib import Path
-from typing import Optional
 
 from jobs.errors import UserError
 from jobs.config import GenerateConfig

@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional
 
-from jobs.errors import UserError
 from jobs.plan import Batch, Signature, cut_batches
 from jobs.plan.units import PlanManifest, UnitInfo, read_unit
 from jobs.worker.done import done_units
