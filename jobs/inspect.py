@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+from jobs.errors import UserError
+
 log = logging.getLogger("jobs.inspect")
 
 EXIT_USAGE = 2  # as jobs.generate: a user error, one message, no traceback
@@ -32,7 +34,7 @@ IMAGE_EXTS = ("jpg", "png", "webp")
 DEFAULT_OUT = "_inspect"
 
 
-class InspectError(ValueError):
+class InspectError(UserError):
     """OUTPUT_DIR is not something inspect can read; the message names the path and the fix."""
 
 
