@@ -147,6 +147,16 @@ class BcgConfig:
     measured on its first batch (jobs/capture_policy.py); always: capture every capturable one."""
     capture_min_gain: float = 0.02
     """auto: release a key's graphs when replay is not this fraction faster than eager."""
+    batch_grow: str = "auto"
+    """Grow the pool past its largest size (x2, x4, ...) while memory allows and it pays, measured at
+    warm-up on the real model (jobs/batch_sizer.py): auto (on CUDA) | on (any device) | off."""
+    batch_grow_max: int = 64
+    """The largest batch size growing may reach."""
+    batch_grow_min_gain: float = 0.03
+    """Grow only when the larger batch costs this fraction less per image."""
+    batch_grow_memory_fraction: float = 0.8
+    """Grow only while the predicted peak stays under this fraction of device memory (the rest is for
+    captured graphs' pools and fragmentation)."""
 
     def __post_init__(self) -> None:
         check("bcg.batch_sizes", len(self.batch_sizes) > 0 and all(0 < int(b) <= MAX_BATCH for b in self.batch_sizes),
@@ -162,6 +172,11 @@ class BcgConfig:
         check("bcg.max_graph_memory_gb", self.max_graph_memory_gb >= 0, self.max_graph_memory_gb, "a number >= 0")
         check_choice("bcg.capture", self.capture, CAPTURE_POLICIES)
         check("bcg.capture_min_gain", 0 <= self.capture_min_gain < 1, self.capture_min_gain, "a fraction in [0, 1)")
+        check_choice("bcg.batch_grow", self.batch_grow, ("auto", "on", "off"))
+        check("bcg.batch_grow_max", 0 < self.batch_grow_max <= MAX_BATCH, self.batch_grow_max, f"an int in [1, {MAX_BATCH}]")
+        check("bcg.batch_grow_min_gain", 0 <= self.batch_grow_min_gain < 1, self.batch_grow_min_gain, "a fraction in [0, 1)")
+        check("bcg.batch_grow_memory_fraction", 0 < self.batch_grow_memory_fraction <= 1,
+              self.batch_grow_memory_fraction, "a fraction in (0, 1]")
 
 
 @dataclass

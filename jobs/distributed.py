@@ -264,6 +264,7 @@ def merge_stats(records: list, parts: int):
         merged.gpu_stage_ms = _add(merged.gpu_stage_ms, r.get("gpu_stage_ms", {}))
         merged.capture_policy += r.get("capture_policy", [])
         merged.overlap = merged.overlap or r.get("overlap", False)
+        merged.batching = merged.batching or r.get("batching", {})  # one published pick per output_dir
     busy = [r["gpu_busy"] for r in records if r.get("gpu_busy") is not None]
     merged.gpu_busy = sum(busy) / len(busy) if busy else None
     merged.device = ", ".join(sorted({r["device"] for r in records if r["device"]}))

@@ -125,7 +125,7 @@ class Engine:
         self.oom_splits = 0
         allowed = cfg.bcg.warmup_resolutions
         self._capture_sizes = {(int(h), int(w)) for h, w in allowed} if allowed else None
-        self._capture_batches = {int(b) for b in cfg.bcg.batch_sizes}
+        self.set_pool(cfg.bcg.batch_sizes)
         self.gpu_lock = threading.RLock()
         self.encode_stream = torch.cuda.Stream(self.device) if self.cuda else None
         self.decode_stream = torch.cuda.Stream(self.device) if self.cuda else None
@@ -133,6 +133,10 @@ class Engine:
             runner.capture_lock = self.gpu_lock
 
     # -- graph lifetime --------------------------------------------------------------------
+    def set_pool(self, sizes) -> None:
+        """The pool batch sizes: the ones graphs are captured for (jobs/batch_sizer.py may grow it)."""
+        self._capture_batches = {int(b) for b in sizes}
+
     def capturable(self, sig: Signature, batch_size: int) -> bool:
         """Capture the pool batch sizes at the declared resolutions; anything else runs eager.
 

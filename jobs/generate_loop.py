@@ -11,10 +11,12 @@ import logging
 import os
 import socket
 
+from jobs.batch_sizer import choose as choose_batch_sizes
 from jobs.capture_policy import CapturePolicy
 from jobs.engine import Engine, attach_runner, load_pipeline
 from jobs.gpu_monitor import GpuMonitor
 from jobs.plan import Item
+from jobs.plan.units import PLAN_DIR
 from jobs.progress import Progress
 from jobs.stages import StagePipeline
 from jobs.summary import JobStats, StageTimer
@@ -51,6 +53,11 @@ def generate_all(prep, stats: JobStats, timer: StageTimer, stop) -> None:
         pipe = load_pipeline(prep.family, cfg, device)
         runner = attach_runner(prep.family, pipe, cfg, device)
     engine = Engine(cfg, prep.family, pipe, prep.padder, runner, device)
+    with timer("batch_sizing"):
+        pick = choose_batch_sizes(cfg, prep.manifest, prep.output_dir / PLAN_DIR, engine)
+    prep.plan.batch_sizes = pick.sizes
+    engine.set_pool(pick.sizes)
+    stats.batching = pick.to_json()
     policy = CapturePolicy(mode=cfg.bcg.capture, min_gain=cfg.bcg.capture_min_gain)
     overlap = cfg.job.overlap if cfg.job.overlap is not None else device.type == "cuda"
     stages = StagePipeline(engine, policy, overlap=overlap)

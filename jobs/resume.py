@@ -60,7 +60,10 @@ def run_identity(cfg: GenerateConfig, digest: str, n_records: int) -> dict:
         **cpu_identity(cfg.device),
         # The batch an item is denoised in changes its bytes (kernels pick other reductions per batch
         # size: 5 of 40 JPEGs differed between batch 1 and 8), so the batching is part of the identity.
-        "batching": {"batch_sizes": list(cfg.bcg.batch_sizes), "pad_short_batches": cfg.bcg.pad_short_batches},
+        # Grown sizes are measured once per output_dir and published in _plan/batching.json, so every
+        # worker and resume cuts the same batches (jobs/batch_sizer.py).
+        "batching": {"batch_sizes": list(cfg.bcg.batch_sizes), "pad_short_batches": cfg.bcg.pad_short_batches,
+                     "batch_grow": cfg.bcg.batch_grow, "batch_grow_max": cfg.bcg.batch_grow_max},
     }
 
 
@@ -113,10 +116,10 @@ def _claim_locked(output_dir: Path, identity: dict, overwrite: bool, shard_glob:
                          f"not written by this tool's run. Use another output_dir, or job.overwrite=true to delete them.")
     elif shards:
         wipe(output_dir, shard_glob)
-    return _publish_once(run_file, (json.dumps(identity, indent=2, sort_keys=True, default=str) + "\n").encode())
+    return publish_once(run_file, (json.dumps(identity, indent=2, sort_keys=True, default=str) + "\n").encode())
 
 
-def _publish_once(path: Path, data: bytes) -> bool:
+def publish_once(path: Path, data: bytes) -> bool:
     """Write `path` only if no one has: False when another claimer published it first."""
     from sinks.atomic import fsync_dir, write_synced
 

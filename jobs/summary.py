@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 
-STAGE_ORDER = ("dataset", "plan", "load", "generate", "sink_wait", "sink_close")
+STAGE_ORDER = ("dataset", "plan", "load", "batch_sizing", "generate", "sink_wait", "sink_close")
 
 
 class StageTimer:
@@ -47,6 +47,7 @@ class JobStats:
     gpu_stage_ms: Dict[str, float] = field(default_factory=dict)  # device time: encode, denoise, decode
     gpu_busy: Optional[float] = None  # fraction of the generate stage with a kernel running (NVML)
     capture_policy: List[dict] = field(default_factory=list)  # per (signature, batch): decision, ms
+    batching: dict = field(default_factory=dict)  # the pool used and how it was chosen (jobs/batch_sizer.py)
     device: str = ""
     model: str = ""
     output_dir: str = ""
@@ -89,7 +90,15 @@ class JobStats:
             f"declined by the capture policy {g.get('declined', 0)}, "
             f"captures {g.get('captures', 0)} ({g.get('capture_seconds', 0.0):.1f}s), "
             f"segments {g.get('segments', 0)}, capture failures {g.get('capture_failures', 0)}",
+            self._batching_line(),
             f"  shards: {self.shards} committed this run; bad rows {self.bad_rows}; truncated prompts "
             f"{self.truncated_prompts}; NaN/Inf images {len(self.nonfinite_keys)}; OOM splits {self.oom_splits}",
         ]
         return out
+
+    def _batching_line(self) -> str:
+        b = self.batching
+        if not b:
+            return "  batch sizes: -"
+        grown = f", grown by {b['grown']} in {b['seconds']:.1f}s" if b.get("grown") else ""
+        return f"  batch sizes: {b['sizes']} ({b['source']}{grown}; {b['reason']})"
