@@ -47,8 +47,9 @@ def images(out: Path) -> dict:
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_job_replay_equals_eager_pixels(tmp_path, dtype):
     data = write_jsonl(tmp_path / "p.jsonl", rows(24))
+    # batch_grow=off: each run would measure its own pool (test_grown_pool_... covers growing)
     common = [f"dataset.path={data}", "sink=png", "sampling.steps=4", f"model.dtype={dtype}", "job.progress=false",
-              "device=cuda", *encoder_overrides()]
+              "device=cuda", "bcg.batch_grow=off", *encoder_overrides()]
     run_cli(*common, f"output_dir={tmp_path / 'graph'}", "bcg.capture=always")  # graphs even for short runs
     run_cli(*common, f"output_dir={tmp_path / 'eager'}", "bcg=off")
     g, e = images(tmp_path / "graph"), images(tmp_path / "eager")
@@ -77,7 +78,7 @@ def test_overlapped_stages_and_the_capture_policy_keep_the_bytes(tmp_path):
     """Overlap on (the CUDA default) vs off, and the auto capture policy vs always: same pixels."""
     data = write_jsonl(tmp_path / "p.jsonl", rows(40))
     common = [f"dataset.path={data}", "sink=png", "sampling.steps=4", "model.dtype=bfloat16", "job.progress=false",
-              "device=cuda", "bcg.batch_sizes=[1,2]", *encoder_overrides()]
+              "device=cuda", "bcg.batch_sizes=[1,2]", "bcg.batch_grow=off", *encoder_overrides()]
     run_cli(*common, f"output_dir={tmp_path / 'serial'}", "job.overlap=false", "bcg.capture=always")
     run_cli(*common, f"output_dir={tmp_path / 'auto'}")
     a, b = images(tmp_path / "serial"), images(tmp_path / "auto")
@@ -89,3 +90,28 @@ def test_overlapped_stages_and_the_capture_policy_keep_the_bytes(tmp_path):
     decisions = summary["capture_policy"]
     assert decisions and all(d["eager_ms"] is not None for d in decisions if d["decision"] != "measuring")
     assert summary["graph"]["misses"] == 0, summary["graph"]
+
+
+def test_grown_pool_replays_and_keeps_the_bytes(tmp_path):
+    """A tiny model on a big GPU is launch-bound: the pool grows past its largest size, the grown
+    sizes are captured and replayed, and the bytes equal an eager run cut with the same pool."""
+    words = "a small red circle on a blue background".split()
+    data = write_jsonl(tmp_path / "p.jsonl", [{"key": f"b{i:03d}", "prompt": " ".join(words) + f" {i}"}
+                                              for i in range(40)])  # one signature
+    common = [f"dataset.path={data}", "sink=png", "sampling.steps=4", "model.dtype=bfloat16", "job.progress=false",
+              "device=cuda", *encoder_overrides()]
+    run_cli(*common, f"output_dir={tmp_path / 'grown'}", "bcg.batch_sizes=[1,2,4]", "bcg.batch_grow=auto",
+            "bcg.batch_grow_max=16", "bcg.capture=always")
+    summary = json.loads((tmp_path / "grown" / "summary.json").read_text())
+    pick = summary["batching"]
+    assert pick["source"] == "measured" and pick["grown"], pick
+    graph = summary["graph"]
+    assert graph["captures"] > 0 and graph["hits"] > 0 and graph["misses"] == 0, graph
+    sizes = ",".join(map(str, pick["sizes"]))
+    run_cli(*common, f"output_dir={tmp_path / 'eager'}", "bcg=off", f"bcg.batch_sizes=[{sizes}]", "bcg.batch_grow=off")
+    g, e = images(tmp_path / "grown"), images(tmp_path / "eager")
+    assert sorted(g) == sorted(e) and len(g) == 40
+    assert max(v[1]["batch_size"] for v in g.values()) == max(pick["grown"])
+    for k in g:
+        assert g[k][1]["batch_size"] == e[k][1]["batch_size"]
+        assert np.array_equal(g[k][0], e[k][0]), f"{k}: grown-pool replay differs from eager"
