@@ -5,9 +5,9 @@ start, not a ceiling: at warm-up the worker probes the plan's most common signat
 pool size b and then 2b, 4b, ... up to `bcg.batch_grow_max`, each with the real model on the real
 prompts of that signature (eager, output discarded):
 
-    per candidate   warm call (first sight of the shapes: kernel autotune, fused-kernel checks)
-                    timed call at 1 step, timed call at 2 steps, peak memory of each
-    per-image cost  (t1 + (steps - 1) * (t2 - t1)) / b        at the job's real step count
+    per candidate   warm call at 2 steps (first sight of the shapes: kernel autotune, fused-kernel
+                    checks), timed calls at 1 and 3 steps, peak memory of each
+    per-image cost  (t1 + (steps - 1) * (t3 - t1) / 2) / b        at the job's real step count
     grow to 2b      if cost(2b) <= (1 - min_gain) * best cost so far and its predicted peak fits
                     (weights + 2 x the activations measured at b, scaled to the plan's largest
                     image, under `memory_fraction` of the device: the rest is for graph pools)
@@ -44,7 +44,7 @@ class Probe:
 
     batch: int
     one_step_ms: float
-    two_step_ms: float
+    two_step_ms: float  # measured as (1 step + 3 steps) / 2: the step time over two steps
     peak_bytes: int  # peak device memory during the probe (0 on a CPU)
     cost_ms: float = 0.0  # per image, at the job's step count
 
@@ -126,16 +126,18 @@ class EngineProber:
 
     def __call__(self, size: int) -> Optional[Probe]:
         try:
-            self._run(size, 1)  # warm: first sight of these shapes
+            # Warm at 2 steps: every shape of a step sequence seen once (kernel autotune, fused-kernel
+            # checks); a one-time cost left in a timed call would be multiplied by the step count.
+            self._run(size, 2)
             t1, m1 = self._run(size, 1)
-            t2, m2 = self._run(size, 2)
+            t3, m3 = self._run(size, 3)
         except torch.OutOfMemoryError:
             self.engine.end_run()
             torch.cuda.empty_cache()
             log.info("batch sizing: batch %d ran out of memory", size)
             return None
-        p = Probe(batch=size, one_step_ms=t1, two_step_ms=t2, peak_bytes=max(m1, m2))
-        log.info("batch sizing: batch %d: %.1f ms at 1 step, %.1f ms at 2, peak %.2f GiB", size, t1, t2,
+        p = Probe(batch=size, one_step_ms=t1, two_step_ms=t1 + (t3 - t1) / 2, peak_bytes=max(m1, m3))
+        log.info("batch sizing: batch %d: %.1f ms at 1 step, %.1f ms at 3, peak %.2f GiB", size, t1, t3,
                  p.peak_bytes / 2**30)
         return p
 

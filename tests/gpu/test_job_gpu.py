@@ -67,7 +67,7 @@ def test_job_replay_equals_eager_pixels(tmp_path, dtype):
 def test_job_with_compiled_graphs_replays_every_step(tmp_path):
     data = write_jsonl(tmp_path / "p.jsonl", rows(8))
     run_cli(f"dataset.path={data}", "sink=png", "sampling.steps=4", "job.progress=false", "device=cuda",
-            "bcg.compile=true", "bcg.batch_sizes=[4]", *encoder_overrides(), f"output_dir={tmp_path / 'c'}")
+            "bcg.compile=true", "bcg.batch_sizes=[4]", "bcg.capture=always", *encoder_overrides(), f"output_dir={tmp_path / 'c'}")
     summary = json.loads((tmp_path / "c" / "summary.json").read_text())
     graph = summary["graph"]
     assert graph["captures"] > 0 and graph["hits"] > 0 and graph["misses"] == 0, graph
