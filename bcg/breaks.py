@@ -99,22 +99,27 @@ def _attention_classes() -> tuple[type, ...]:
 
 def _named_targets(module: nn.Module, names: list[str]) -> list[tuple[str, nn.Module]]:
     wanted = set(names)
-    found: list[tuple[str, nn.Module]] = []
+    found = [(qname, sub) for qname, sub in module.named_modules() if qname in wanted or type(sub).__name__ in wanted]
+    problem = unknown_names(module, names)
+    if problem:
+        raise ValueError(problem)
+    return found
+
+
+def unknown_names(module: nn.Module, names: list[str]) -> str:
+    """'' when every name matches a submodule (qualified name or class name), else what is wrong
+    and what would match (callers turn it into their own error type)."""
+    wanted = set(names)
     matched: set[str] = set()
     for qname, sub in module.named_modules():
-        cls = type(sub).__name__
-        if qname in wanted or cls in wanted:
-            found.append((qname, sub))
-            matched.update({qname, cls} & wanted)
+        matched.update({qname, type(sub).__name__} & wanted)
     unknown = sorted(wanted - matched)
-    if unknown:
-        classes = sorted({type(m).__name__ for m in module.modules()})
-        raise ValueError(
-            f"bcg.break_policy names {unknown} match no module of {type(module).__name__}; use a "
+    if not unknown:
+        return ""
+    classes = sorted({type(m).__name__ for m in module.modules()})
+    return (f"bcg.break_policy names {unknown} match no module of {type(module).__name__}; use a "
             f"qualified name from named_modules() (e.g. {[n for n, _ in module.named_modules()][1:4]}) "
-            f"or a class name (one of {classes})"
-        )
-    return found
+            f"or a class name (one of {classes})")
 
 
 def install_breaks(module: nn.Module, policy: BreakPolicy) -> int:

@@ -88,8 +88,11 @@ class ModelConfig:
               "a non-empty list of positive ints, e.g. [64,128,256]")
         check("model.text_buckets", all(int(b) > 0 for b in self.text_buckets), list(self.text_buckets),
               "positive ints")
-        check("model.break_policy", len(self.break_policy) > 0, list(self.break_policy),
-              '["none"], ["attention"] or a list of module names')
+        names = [str(n) for n in self.break_policy]
+        check("model.break_policy", len(names) > 0 and all(names), names,
+              '["none"], ["attention"] or a list of module names / class names')
+        check("model.break_policy", len(names) == 1 or not {"none", "attention"} & set(names), names,
+              '"none" and "attention" alone (["none"] or ["attention"]), or a list of module names without them')
 
 
 @dataclass

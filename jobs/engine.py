@@ -366,7 +366,13 @@ def attach_runner(family: ModelFamily, pipe, cfg: GenerateConfig, device: torch.
         log.info("bcg.enabled=false: every denoiser call runs eager")
         return None
     from bcg import RunnerConfig, apply_graph_runner
+    from bcg.breaks import unknown_names
 
+    policy = break_policy(cfg.model.break_policy)
+    if isinstance(policy, list):  # names can only be checked against the loaded model
+        problem = unknown_names(family.transformer(pipe), policy)
+        if problem:
+            raise UserError(f"model.{problem[len('bcg.'):]} (preset {cfg.model.name})")
     rc = RunnerConfig(
         enabled=True,
         backend=bcg.backend,
@@ -375,6 +381,6 @@ def attach_runner(family: ModelFamily, pipe, cfg: GenerateConfig, device: torch.
         debug_check_buffers=bcg.debug_check_buffers,
         compile=bcg.compile,
         fusions=bcg.fusions,
-        break_policy=break_policy(cfg.model.break_policy),
+        break_policy=policy,
     )
     return apply_graph_runner(family.transformer(pipe), rc)

@@ -73,7 +73,8 @@ def check_config(cfg: GenerateConfig):
     d = family.spatial_divisor(cfg.model)
     for key, v in (("sampling.height", cfg.sampling.height), ("sampling.width", cfg.sampling.width)):
         if v % d:
-            raise UserError(f"{key}={v} is not a multiple of {d} ({cfg.model.name}: VAE downsampling x patch size); "
+            raise UserError(f"{key}={v} is not a multiple of {d} ({cfg.model.name}: VAE downsampling x patch size, "
+                             f"and what its pipeline accepts); "
                              f"use {max(d, round(v / d) * d)}")
     output_dir = Path(cfg.output_dir)
     check_writable(output_dir)

@@ -8,6 +8,8 @@ embeddings to the text bucket.
 
 from __future__ import annotations
 
+import math
+
 from typing import List, Sequence
 
 import torch
@@ -52,7 +54,9 @@ class SanaFamily(ModelFamily):
     def spatial_divisor(self, cfg: ModelConfig) -> int:
         vae, tr = self.component_config(cfg, "vae"), self.component_config(cfg, "transformer")
         vae_scale = 2 ** (len(vae["encoder_block_out_channels"]) - 1)
-        return vae_scale * int(tr.get("patch_size", 1))
+        # SanaPipeline.check_inputs refuses sides that are not multiples of 32, whatever the VAE
+        # (the tiny preset's VAE downsamples only 4x).
+        return math.lcm(vae_scale * int(tr.get("patch_size", 1)), 32)
 
     # -- text ------------------------------------------------------------------------------
     def text_lengths(self, tokenizer, prompts: Sequence[str], cfg: ModelConfig, instruction: bool) -> List[TextLength]:
