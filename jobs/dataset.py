@@ -78,6 +78,13 @@ class DatasetConfig:
             if not getattr(self, name):
                 raise DatasetError(f"dataset.{name} is empty; name the field, e.g. "
                                  f"dataset.{name}={name.split('_')[0]}")
+        if not self.path and self.format != "auto":
+            # `dataset=jsonl` names a format for the user's own file. Its yaml cannot make the path
+            # mandatory (OmegaConf keeps the schema's "" over a merged ???), so it is checked here:
+            # an empty path would otherwise quietly mean the bundled prompts.
+            raise DatasetError(f"dataset.format={self.format} but dataset.path is empty: pass "
+                               f"dataset.path=/your/prompts.{self.format}, or leave dataset.format=auto "
+                               f"(dataset=bundled, the default) for the bundled prompts")
         if self.prompt_field == self.key_field:
             raise DatasetError(f"dataset.prompt_field and dataset.key_field are both "
                              f"{self.key_field!r}; they must name different fields")

@@ -35,6 +35,7 @@ def refused(*args: str) -> str:
     ("model.break_policy=[none,attn2]", "model.break_policy=['none', 'attn2'] is invalid: expected \"none\" and "
                                          "\"attention\" alone"),
     ("bcg.batch_grow=maybe", "bcg.batch_grow='maybe'"),
+    ("dataset=jsonl", "dataset.format=jsonl but dataset.path is empty: pass dataset.path=/your/prompts.jsonl"),
     ("sampling.steps=2,4", "command line: 'sampling.steps=2,4' sweeps over several values; add -m (--multirun)"),
 ])
 def test_config_errors_exit_2_before_anything_is_created(tmp_path, override, message):
