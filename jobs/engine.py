@@ -259,7 +259,7 @@ class Engine:
              timer: StageClock) -> Tuple[torch.Tensor, torch.Tensor]:
         request = DenoiseRequest(positive=pos, negative=neg, seeds=[it.seed for it in items],
                                  height=sig.height, width=sig.width, steps=sig.steps,
-                                 guidance_scale=sig.guidance_scale)
+                                 guidance_scale=sig.guidance_scale, num_frames=sig.frames)
         with timer.stage("denoise"):
             latents = self.family.denoise(self.pipe, request)
         if self.cuda:

@@ -40,7 +40,7 @@ def dataset_digest(records: Iterable[Record]) -> str:
     h = hashlib.sha256()
     for r in records:
         h.update(json.dumps([r.key, r.prompt, r.negative_prompt, r.seed, r.width, r.height, r.steps,
-                             r.guidance_scale]).encode())
+                             r.guidance_scale, r.num_frames, r.fps]).encode())
         h.update(b"\n")
     return h.hexdigest()
 

@@ -46,6 +46,7 @@ class DenoiseRequest:
     width: int
     steps: int
     guidance_scale: float
+    num_frames: int = 1  # 1: an image; video families decode [B, F, 3, H, W]
 
 
 class ModelFamily:
@@ -123,6 +124,18 @@ class ModelFamily:
     def spatial_divisor(self, cfg: ModelConfig) -> int:
         """Pixel sizes must be multiples of this (VAE downsampling x patch size)."""
         raise NotImplementedError
+
+    #: True where the family makes videos: `decode` then gives [B, F, 3, H, W] and items of more
+    #: than one frame are written as KEY.mp4
+    video: bool = False
+
+    def frames_error(self, cfg: ModelConfig, n: int) -> Optional[str]:
+        """None where the family makes `n` frames per item; else why not and what to use instead,
+        as "num_frames=N ..." (the plan prefixes file:line, the config check `sampling.`)."""
+        if n == 1:
+            return None
+        return (f"num_frames={n}, but {self.pipeline_class} makes images (one frame each); drop num_frames "
+                f"(or set it to 1), or pick a video model, e.g. model=wan or model=sana_video")
 
     def transformer(self, pipe) -> torch.nn.Module:
         return pipe.transformer
