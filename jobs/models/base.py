@@ -155,18 +155,21 @@ class ModelFamily:
     def denoise(self, pipe, request: DenoiseRequest) -> torch.Tensor:
         """Run the denoising loop on the current stream; no host sync after the loop's start.
 
-        Returns latents (denoise_output "latent") or images [B, 3, H, W] in [0, 1] ("pt")."""
+        Returns latents (denoise_output "latent") or images [B, 3, H, W] in [0, 1] ("pt"; a video
+        family's [B, F, 3, H, W])."""
         return pipe(**self.pipeline_kwargs(request), output_type=self.denoise_output, return_dict=False)[0]
 
     def decode(self, pipe, latents: torch.Tensor, request: DenoiseRequest) -> torch.Tensor:
-        """Latents -> images [B, 3, H, W] in [0, 1], on the device, exactly as the pipeline's own
-        decode + postprocess(output_type="pt") gives them. Identity where `denoise` decoded."""
+        """Latents -> images [B, 3, H, W] (a video family: [B, F, 3, H, W]) in [0, 1], on the device,
+        exactly as the pipeline's own decode + postprocess(output_type="pt") gives them. Identity
+        where `denoise` decoded."""
         assert self.denoise_output == "pt", f"{type(self).__name__} returns latents but has no decode()"
         return latents
 
     def denoise_decode(self, pipe, request: DenoiseRequest) -> np.ndarray:
-        """The serial reference path: the pipeline's own call, decoded to float32 [B, H, W, 3] in
-        [0, 1] on the host (NaN/Inf passed through). Tests compare the staged path against it."""
+        """The serial reference path: the pipeline's own call, decoded to float32 [B, H, W, 3] (a video
+        family: [B, F, H, W, 3]) in [0, 1] on the host (NaN/Inf passed through). Tests compare the
+        staged path against it."""
         images = pipe(**self.pipeline_kwargs(request), output_type="np", return_dict=False)[0]
         return np.asarray(images, dtype=np.float32)
 
