@@ -61,6 +61,16 @@ def test_the_pipeline_pads_with_zero_rows_and_the_transformer_takes_no_mask(tiny
     assert projected[0, -1].abs().max() > 1e-3 and torch.equal(projected[0, -1], projected[0, -2])
 
 
+def test_prompt_clean_is_the_pipelines():
+    from diffusers.pipelines.wan import pipeline_wan
+
+    from jobs.models.wan import prompt_clean
+
+    texts = ["", "  a  red\tfox\n", "fish &amp;amp; chips", "caf\u00e9 &lt;b&gt;", "\u00e2\u20ac\u0153quoted\u00e2\u20ac\u009d",
+             "line\r\nbreak\u3000wide space", "x" * 50]
+    assert [prompt_clean(t) for t in texts] == [pipeline_wan.prompt_clean(t) for t in texts]
+
+
 def test_every_prompt_gets_the_fixed_length_bucket(tiny):
     cfg, fam, pipe = tiny
     padder = get_padder("wan", buckets=cfg.text_buckets, native_length=cfg.model.max_sequence_length)

@@ -21,8 +21,11 @@ Wan 2.2: TI2V-5B (one transformer, `expand_timesteps`) runs as is. A14B's two ex
 
 from __future__ import annotations
 
+import html
+import importlib.util
 import math
 import os
+import re
 from typing import List, Optional, Sequence
 
 import torch
@@ -48,9 +51,18 @@ def frames_rule_error(n: int, temporal: int, pipeline: str) -> Optional[str]:
             f"use {lower} or {lower + temporal}")
 
 
-def clean_prompts(prompts: Sequence[str]) -> List[str]:
-    from diffusers.pipelines.wan.pipeline_wan import prompt_clean
+def prompt_clean(text: str) -> str:
+    """diffusers' `pipeline_wan.prompt_clean`, copied: importing that module costs every planner
+    process ~5 s. tests/test_family_wan.py checks the copy against the original."""
+    if importlib.util.find_spec("ftfy") is not None:  # the pipeline fixes text with ftfy when it is installed
+        import ftfy
 
+        text = ftfy.fix_text(text)
+    text = html.unescape(html.unescape(text)).strip()
+    return re.sub(r"\s+", " ", text).strip()
+
+
+def clean_prompts(prompts: Sequence[str]) -> List[str]:
     return [prompt_clean(p) for p in prompts]
 
 
