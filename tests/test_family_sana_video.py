@@ -165,3 +165,12 @@ def test_real_preset_loads_saved_folder_and_matches(tiny, tmp_path):
                                                     steps=2, guidance_scale=1.0, num_frames=5))
 
     assert (video(pipe) == video(loaded)).all()
+
+
+def test_graph_replay_equals_eager_on_the_cpu_op_tape():
+    """The GPU test's check (tests/gpu/test_family_graphs_gpu.py) on bcg's CPU op tape: two prompts
+    of one bucket, 9 frames with CFG, one captured signature, replay == eager bytes."""
+    from tests.gpu.test_family_graphs_gpu import check_family
+
+    stats = check_family("sana_video", "cpu", "tape")
+    assert stats["captures"] == 1 and stats["misses"] == 0 and stats["hits"] > 0

@@ -184,3 +184,13 @@ def test_real_preset_loads_saved_folder_and_matches(tiny, tmp_path):
     (path / "model_index.json").write_text(json.dumps(index))
     with pytest.raises(UserError, match="two-expert Wan 2.2 checkpoint"):
         check_config(cfg)
+
+
+def test_graph_replay_equals_eager_on_the_cpu_op_tape():
+    """The GPU test's check (tests/gpu/test_family_graphs_gpu.py) on bcg's CPU op tape: every
+    transformer call of two prompts, 9 frames with CFG, shares one captured signature and replays
+    to the eager bytes. The GPU run proves the same with CUDA graphs."""
+    from tests.gpu.test_family_graphs_gpu import check_family
+
+    stats = check_family("wan", "cpu", "tape")
+    assert stats["captures"] == 1 and stats["misses"] == 0 and stats["hits"] > 0
