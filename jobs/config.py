@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from jobs.dataset import DatasetConfig
-from jobs.dataset_validate import MAX_SIDE, MAX_STEPS
+from jobs.dataset_validate import MAX_FPS, MAX_FRAMES, MAX_SIDE, MAX_STEPS
 from jobs.errors import UserError
 from sinks.config import SinkConfig
 
@@ -109,6 +109,11 @@ class SamplingConfig:
     """Job seed: an item without its own seed gets one derived from (job seed, key)."""
     negative_prompt: str = ""
     """Negative prompt for rows that give none (used only with CFG)."""
+    num_frames: int = 1
+    """Frames per item: 1 is an image; a video family's preset sets its own default (Wan: 81, which
+    is 4k+1 for its VAE). A row's `num_frames` overrides it; the family refuses counts it cannot make."""
+    fps: float = 16.0
+    """Playback rate written into each video (KEY.mp4 and its json); a row's `fps` overrides it."""
 
     def __post_init__(self) -> None:
         # The limits dataset rows have: a value a row may not carry is no better as a default.
@@ -118,6 +123,10 @@ class SamplingConfig:
         check("sampling.height", 0 < self.height <= MAX_SIDE, self.height, f"an int in [1, {MAX_SIDE}]")
         check("sampling.width", 0 < self.width <= MAX_SIDE, self.width, f"an int in [1, {MAX_SIDE}]")
         check("sampling.seed", 0 <= self.seed < 2**63, self.seed, "an int in [0, 2**63)")
+        check("sampling.num_frames", 0 < self.num_frames <= MAX_FRAMES, self.num_frames,
+              f"an int in [1, {MAX_FRAMES}] (1: an image)")
+        check("sampling.fps", math.isfinite(self.fps) and 0 < self.fps <= MAX_FPS, self.fps,
+              f"a number in (0, {MAX_FPS:g}], e.g. 16 or 24")
 
 
 @dataclass

@@ -22,7 +22,7 @@ from typing import Iterable
 from jobs.dataset_formats import READERS
 from jobs.dataset_lines import DEFAULT_MAX_LINE_BYTES
 from jobs.dataset_paths import check_file, dataset_files
-from jobs.dataset_validate import DatasetError, Record, RowError, RowValidator
+from jobs.dataset_validate import OPTIONAL_FIELDS, DatasetError, Record, RowError, RowValidator
 
 __all__ = [
     "BUNDLED_PROMPTS", "DatasetConfig", "DatasetError", "LoadResult", "Record", "RowError",
@@ -163,9 +163,8 @@ def load_dataset(cfg: DatasetConfig) -> LoadResult:
         if gc_was_enabled:
             gc.enable()
     if unknown:
-        log.warning("%s: ignoring fields %s (known: %s, %s, negative_prompt, seed, width, height, "
-                    "steps, guidance_scale)", label, ", ".join(sorted(map(repr, unknown))),
-                    cfg.prompt_field, cfg.key_field)
+        log.warning("%s: ignoring fields %s (known: %s, %s, %s)", label, ", ".join(sorted(map(repr, unknown))),
+                    cfg.prompt_field, cfg.key_field, ", ".join(OPTIONAL_FIELDS))
     fmt = formats[0] if len(set(formats)) == 1 else "+".join(sorted(set(formats)))
     _apply_policy(cfg, label, records, errors)
     if cfg.limit:

@@ -21,11 +21,13 @@ from jobs.errors import UserError
 MAX_KEY_CHARS = 200
 MAX_SIDE = 8192
 MAX_STEPS = 1000
+MAX_FRAMES = 1024  # Wan's default is 81, LTX-2's 121: a four-digit count is a typo or a memory bomb
+MAX_FPS = 240.0
 SEED_END = 2**63  # seeds feed torch.Generator.manual_seed, which takes a signed 64-bit value
 
-OPTIONAL_FIELDS = ("negative_prompt", "seed", "width", "height", "steps", "guidance_scale")
-INT_FIELDS = ("seed", "width", "height", "steps")
-FLOAT_FIELDS = ("guidance_scale",)
+OPTIONAL_FIELDS = ("negative_prompt", "seed", "width", "height", "steps", "guidance_scale", "num_frames", "fps")
+INT_FIELDS = ("seed", "width", "height", "steps", "num_frames")
+FLOAT_FIELDS = ("guidance_scale", "fps")
 TEXT_FIELDS = ("negative_prompt",)
 
 # Control characters corrupt logs and terminals, and lone surrogates cannot be written as
@@ -46,6 +48,10 @@ class Record:
     height: Optional[int] = None
     steps: Optional[int] = None
     guidance_scale: Optional[float] = None
+    num_frames: Optional[int] = None
+    """Frames of a video (1: an image); the family decides which counts it can make."""
+    fps: Optional[float] = None
+    """Frames per second the video plays at (written into KEY.mp4 and its json)."""
     source: str = ""
     """Where the row came from, "path:line", for messages; empty for records built in code."""
 
@@ -134,6 +140,19 @@ def _guidance(value: object) -> float:
     return float(value)
 
 
+def _frames(value: object) -> int:
+    return _int_in("num_frames", value, 1, MAX_FRAMES + 1, f"an integer in [1, {MAX_FRAMES}]")
+
+
+def _fps(value: object) -> float:
+    rule = f"a number in (0, {MAX_FPS:g}], e.g. 16 or 24"
+    if type(value) is not float and type(value) is not int:
+        raise _Invalid(f"fps must be {rule}, got {show(value)}")
+    if not (math.isfinite(value) and 0 < value <= MAX_FPS):
+        raise _Invalid(f"fps must be {rule}, got {value}")
+    return float(value)
+
+
 def _text(value: object, name: str) -> str:
     if type(value) is not str:
         raise _Invalid(f"{name} must be a string, got {show(value)}")
@@ -165,6 +184,8 @@ _OPTIONAL_CHECKS = (
     ("height", lambda value: _side("height", value)),
     ("steps", _steps),
     ("guidance_scale", _guidance),
+    ("num_frames", _frames),
+    ("fps", _fps),
 )
 assert tuple(name for name, _ in _OPTIONAL_CHECKS) == OPTIONAL_FIELDS
 

@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class BatchResult:
     items: List[Item]
-    images: List[np.ndarray]  # uint8 [H, W, 3]
+    images: List[np.ndarray]  # uint8 [H, W, 3], or [F, H, W, 3] for a video
     finite: List[bool]
     mode: str  # "replay" (every denoiser call replayed a graph), "eager" or "mixed"
     batch_size: int  # the pool batch size the items ran at (halves of it after an OOM split)
@@ -69,7 +69,7 @@ class Submitted:
     """A batch whose pixels are on their way to the host."""
 
     batch: Batch
-    pixels: torch.Tensor  # uint8 [n, H, W, 3], host memory (filled by a non-blocking copy)
+    pixels: torch.Tensor  # uint8 [n, H, W, 3] (or [n, F, H, W, 3]), host memory (filled by a non-blocking copy)
     finite: torch.Tensor  # bool [n], host memory
     done: Optional[torch.cuda.Event]  # the copy's completion; None on the CPU (already done)
     mode: str
@@ -263,7 +263,7 @@ class Engine:
              timer: StageClock) -> Tuple[torch.Tensor, torch.Tensor]:
         request = DenoiseRequest(positive=pos, negative=neg, seeds=[it.seed for it in items],
                                  height=sig.height, width=sig.width, steps=sig.steps,
-                                 guidance_scale=sig.guidance_scale)
+                                 guidance_scale=sig.guidance_scale, num_frames=sig.frames)
         with timer.stage("denoise"):
             latents = self.family.denoise(self.pipe, request)
         if self.cuda:

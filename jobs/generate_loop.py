@@ -15,9 +15,9 @@ from jobs.batch_sizer import choose as choose_batch_sizes
 from jobs.capture_policy import CapturePolicy
 from jobs.engine import Engine, attach_runner, load_pipeline
 from jobs.gpu_monitor import GpuMonitor
-from jobs.plan import Item
 from jobs.plan.units import PLAN_DIR
 from jobs.progress import Progress
+from jobs.samples import item_meta, item_sample
 from jobs.stages import StagePipeline
 from jobs.summary import JobStats, StageTimer
 from jobs.timeline import Timeline
@@ -25,22 +25,11 @@ from jobs.timeline import Timeline
 log = logging.getLogger("jobs.run")
 
 
-def item_meta(it: Item, model: str, mode: str, batch_size: int, finite: bool) -> dict:
-    s = it.signature
-    return {
-        "key": it.key, "prompt": it.prompt, "negative_prompt": it.negative_prompt, "seed": it.seed,
-        "width": s.width, "height": s.height, "steps": s.steps, "guidance_scale": s.guidance_scale,
-        "cfg": s.cfg, "dtype": s.dtype, "model": model, "text_tokens": it.text_tokens,
-        "bucket": s.text_bucket, "signature": str(s), "mode": mode, "batch_size": batch_size,
-        "truncated": it.truncated, "nonfinite": not finite, "source": it.source,
-    }
-
-
 def generate_all(prep, stats: JobStats, timer: StageTimer, stop) -> None:
     from jobs.dataset import RowError, write_error_ledger
     from jobs.resume import KILL_AT_ENV, kill_hook
     from jobs.run import ERRORS_FILE
-    from sinks import Sample, SinkError
+    from sinks import SinkError
 
     cfg = prep.cfg
     if not prep.plan.n_items:
@@ -103,7 +92,7 @@ def generate_all(prep, stats: JobStats, timer: StageTimer, stop) -> None:
                                 continue
                         meta = item_meta(it, cfg.model.name, result.mode, result.batch_size, finite)
                         with timer("sink_wait"):
-                            sink.put(Sample(key=it.key, image=image, caption=it.prompt, meta=meta))
+                            sink.put(item_sample(it, image, meta, cfg.sink))
                         stats.items_written += 1
                         stats.modes[result.mode] += 1
                         if hooked:  # mid-batch: after the batch's first item; mid-shard: while a shard is open

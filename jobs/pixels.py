@@ -16,16 +16,17 @@ import torch
 
 
 def to_uint8(image: np.ndarray) -> np.ndarray:
-    """[H, W, 3] float in [0, 1] -> uint8; NaN/Inf become 0 or 1 (the item is flagged separately)."""
+    """[..., H, W, 3] float in [0, 1] -> uint8; NaN/Inf become 0 or 1 (the item is flagged separately)."""
     clean = np.nan_to_num(image, nan=0.0, posinf=1.0, neginf=0.0)
     return (np.clip(clean, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
 
 
 def to_uint8_torch(images: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """[B, 3, H, W] float in [0, 1] -> (uint8 [B, H, W, 3], finite [B] bool), where `images` lives.
+    """[B, 3, H, W] (images) or [B, F, 3, H, W] (videos) float in [0, 1] -> (uint8 [B, H, W, 3] or
+    [B, F, H, W, 3], finite [B] bool), where `images` lives.
 
     No host sync: both results stay on the device until the caller copies them."""
-    x = images.permute(0, 2, 3, 1).float()  # what diffusers' pt_to_numpy hands the numpy rule
+    x = images.movedim(-3, -1).float()  # channels last: what diffusers' pt_to_numpy hands the numpy rule
     finite = torch.isfinite(x).flatten(1).all(dim=1)
     x = torch.nan_to_num(x, nan=0.0, posinf=1.0, neginf=0.0).clamp_(0.0, 1.0)
     return (x * 255.0 + 0.5).to(torch.uint8), finite

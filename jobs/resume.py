@@ -40,21 +40,31 @@ def dataset_digest(records: Iterable[Record]) -> str:
     h = hashlib.sha256()
     for r in records:
         h.update(json.dumps([r.key, r.prompt, r.negative_prompt, r.seed, r.width, r.height, r.steps,
-                             r.guidance_scale]).encode())
+                             r.guidance_scale, r.num_frames, r.fps]).encode())
         h.update(b"\n")
     return h.hexdigest()
 
 
 def run_identity(cfg: GenerateConfig, digest: str, n_records: int) -> dict:
+    from jobs.models.registry import get_family
+
     m = cfg.model
+    sampling, sink = asdict(cfg.sampling), {"format": cfg.sink.format, "quality": cfg.sink.quality}
+    if get_family(m.family).video:
+        sink.update(video_crf=cfg.sink.video_crf, video_preset=cfg.sink.video_preset,
+                    video_frames=cfg.sink.video_frames)
+    else:
+        # An image family makes one frame and writes no video: these change none of its bytes, and
+        # leaving them out keeps the identity of runs made before videos existed (they still resume).
+        del sampling["num_frames"], sampling["fps"]
     return {
         "dataset": {"digest": digest, "records": n_records},
         "model": {"name": m.name, "family": m.family, "path": m.path, "dtype": m.dtype, "tiny": m.tiny,
                   "max_sequence_length": m.max_sequence_length,
                   "complex_human_instruction": m.complex_human_instruction, **lora_identity(m.loras)},
         "text_buckets": cfg.text_buckets,
-        "sampling": asdict(cfg.sampling),
-        "sink": {"format": cfg.sink.format, "quality": cfg.sink.quality},
+        "sampling": sampling,
+        "sink": sink,
         "bcg_fusions": cfg.bcg.fusions,  # the quality tier: fast changes pixels, lossless must not
         "bcg_compile": cfg.bcg.compile,  # compiled kernels change pixels; graph replay alone does not
         **cpu_identity(cfg.device),

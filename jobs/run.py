@@ -76,6 +76,15 @@ def check_config(cfg: GenerateConfig):
             raise UserError(f"{key}={v} is not a multiple of {d} ({cfg.model.name}: VAE downsampling x patch size, "
                              f"and what its pipeline accepts); "
                              f"use {max(d, round(v / d) * d)}")
+    why = family.frames_error(cfg.model, cfg.sampling.num_frames)
+    if why is not None:
+        raise UserError(f"sampling.{why}")
+    if family.video:
+        from sinks.video import check_encoder_available
+
+        why = check_encoder_available()
+        if why is not None:
+            raise UserError(f"model={cfg.model.name} writes videos (KEY.mp4), but {why}")
     output_dir = Path(cfg.output_dir)
     check_writable(output_dir)
     return family, padder, output_dir, d

@@ -5,7 +5,7 @@
 Checks, for every shard: its manifest exists and the shard matches it (size, members from the tar
 headers, sha256); for the index: it lists exactly the manifests' shards with their counts, sizes and
 hashes; then every sample is read back with webdataset (the reader users have): each has its json,
-txt and image, its key is the one the manifest lists there, and no key is in two shards. A `.tar`
+txt and image (or video), its key is the one the manifest lists there, and no key is in two shards. A `.tar`
 with no manifest is a problem too: a copy of a shard would be read twice by a glob of output_dir.
 Read-only: it moves and rewrites nothing (a rerun of the job quarantines and regenerates).
 """
@@ -25,6 +25,7 @@ from jobs.errors import UserError
 log = logging.getLogger("jobs.verify")
 
 IMAGE_EXTS = ("jpg", "png", "webp")
+MEDIA_EXTS = (*IMAGE_EXTS, "mp4")  # each sample holds its image, or its video (sinks/video.py)
 PROBLEMS_SHOWN = 200
 
 
@@ -114,8 +115,8 @@ def _read_back(path: Path, record, owners: Dict[str, str], report: Report) -> No
         for sample in wds.WebDataset(str(path), shardshuffle=False, empty_check=False):
             name = f"{path.name}:{sample['__key__']}"
             missing = [ext for ext in ("json", "txt") if ext not in sample]
-            if not any(ext in sample for ext in IMAGE_EXTS):
-                missing.append("image (" + "|".join(IMAGE_EXTS) + ")")
+            if not any(ext in sample for ext in MEDIA_EXTS):
+                missing.append("image or video (" + "|".join(MEDIA_EXTS) + ")")
             if missing:
                 report.problems.append(f"{name}: no {', '.join(missing)} member")
             if "json" in sample:

@@ -1,8 +1,9 @@
 """Fixed-length text encoders whose denoiser attends to the padding: pass through, never re-bucket.
 
-Flux.1 pads T5 to `max_sequence_length` (512 for dev) and LongCat-Image pads its Qwen2.5-VL text to
-512; in both, every prompt reaches the transformer at that one length with no text mask, and the
-joint attention reads the pad positions like any other token. Cutting or growing that sequence
+Flux.1 pads T5 to `max_sequence_length` (512 for dev), LongCat-Image pads its Qwen2.5-VL text to
+512, and Wan pads each prompt's UMT5 embeddings with zero rows to 512; in all three, every prompt
+reaches the transformer at that one length with no text mask, and attention reads the pad
+positions like any other token. Cutting or growing that sequence
 would change the image, so `pad()` to any other length raises `PaddingRefused` saying why. Every
 prompt already has the same length, so every prompt shares one text bucket: nothing is lost.
 """
@@ -54,3 +55,19 @@ class LongCatImagePadder(FixedLengthPadder):
     name = "longcat_image"
     reason = ("LongCat-Image always encodes 512 text positions (pad tokens included) and its transformer takes "
               "no text mask, so pad tokens are attended and changing their number changes the image")
+
+
+@register_padder("wan")
+class WanPadder(FixedLengthPadder):
+    """Wan 2.1/2.2: every prompt at max_sequence_length (512), as WanPipeline makes it.
+
+    `_get_t5_prompt_embeds` cuts each prompt's UMT5 output to its true length and re-pads it with
+    zero rows to 512, and `WanTransformer3DModel.forward` takes no text mask. The zero rows are not
+    inert: the text projection (Linear, GELU, Linear, with biases) turns each into the same non-zero
+    vector, and every cross-attention query attends to all 512 rows, so the number of pad rows
+    weighs on the softmax. Fewer or more rows change the video (tests/test_family_wan.py)."""
+
+    name = "wan"
+    reason = ("WanPipeline re-pads each prompt with zero rows to max_sequence_length and its transformer takes no "
+              "text mask, so the pad rows are attended (its text projection makes them non-zero) and changing "
+              "their number changes the video")

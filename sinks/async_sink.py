@@ -1,11 +1,11 @@
-"""`AsyncSink`: images encoded and tar shards written off the caller's (generation) thread.
+"""`AsyncSink`: samples encoded and tar shards written off the caller's (generation) thread.
 
     put(sample) ──▶ [encode pool: `encode_threads` threads] ──futures──▶ bounded queue
                                                                          │ (in put order)
                                                                          ▼
                                                      ONE writer thread ──▶ ShardWriter
 
-`put` checks the sample, submits its image to the encode pool and enqueues the future; the
+`put` checks the sample, submits its payloads to the encode pool and enqueues the future; the
 queue holds at most `queue_size` samples, so a slow disk blocks `put` (backpressure) instead of
 growing memory. The writer thread takes futures in submission order and waits on each, so the
 shards' content is the order of `put` calls whatever order the encoders finish in: same
@@ -28,10 +28,9 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from sinks.config import SinkConfig
-from sinks.encode import encode_image
 from sinks.errors import SinkError
 from sinks.manifest import ShardRecord
-from sinks.sample import PreparedSample, Sample, prepare_sample
+from sinks.sample import EncodedSample, PreparedSample, Sample, prepare_sample
 from sinks.shard_writer import DEFAULT_NAME_PATTERN, ShardWriter
 
 log = logging.getLogger(__name__)
@@ -40,7 +39,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class _Write:
     sample: PreparedSample
-    image: Future  # -> bytes
+    encoded: Future  # -> EncodedSample
 
 
 @dataclass
@@ -84,7 +83,7 @@ class AsyncSink:
     def put(self, sample: Sample) -> None:
         """Enqueue one sample; blocks while `queue_size` samples are pending; ValueError on bad input."""
         self._check_usable()
-        prepared = prepare_sample(sample)
+        prepared = prepare_sample(sample, self.config.format)
         future = self._pool.submit(self._encode, prepared)
         t0 = time.perf_counter()
         self._queue.put(_Write(prepared, future))
@@ -164,9 +163,9 @@ class AsyncSink:
 
     # -- encode threads -------------------------------------------------------------------------
 
-    def _encode(self, sample: PreparedSample) -> bytes:
+    def _encode(self, sample: PreparedSample) -> EncodedSample:
         t0 = time.perf_counter()
-        data = encode_image(sample.image, self.config.format, self.config.quality)
+        data = sample.encoded(self.config)
         with self._lock:
             self._encode_s += time.perf_counter() - t0
         return data
@@ -195,8 +194,7 @@ class AsyncSink:
 
     def _handle(self, item: object) -> None:
         if isinstance(item, _Write):
-            encoded = item.sample.encoded(self.config.format, item.image.result())
-            self._timed(self._writer.write, encoded)
+            self._timed(self._writer.write, item.encoded.result())
         else:
             assert isinstance(item, _Commit), item
             item.record = self._timed(self._writer.commit_now)
@@ -229,6 +227,6 @@ class AsyncSink:
     @staticmethod
     def _skip(item: object) -> None:
         if isinstance(item, _Write):
-            item.image.cancel()
+            item.encoded.cancel()
         elif isinstance(item, _Commit):
             item.done.set()  # never leave commit_now waiting

@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 IMAGE_FORMATS = ("jpg", "png", "webp")
+VIDEO_FRAMES = ("none", *IMAGE_FORMATS)
+# libx264's presets, fastest first: slower ones make smaller files of the same quality.
+VIDEO_PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow")
 
 
 def _require(ok: bool, key: str, value: object, expected: str) -> None:
@@ -14,7 +17,7 @@ def _require(ok: bool, key: str, value: object, expected: str) -> None:
 
 @dataclass
 class SinkConfig:
-    """How images are encoded and how samples are cut into webdataset tar shards.
+    """How images and videos are encoded and how samples are cut into webdataset tar shards.
 
     Field types stay OmegaConf-compatible (no Literal): Hydra builds this node from the class.
     Validation runs in `__post_init__`, i.e. when the job turns the node into this object
@@ -39,6 +42,16 @@ class SinkConfig:
     queue_size: int = 64
     """Samples waiting to be encoded/written at most; a full queue blocks `put` (backpressure)."""
 
+    video_crf: int = 18
+    """H.264 constant rate factor of `KEY.mp4` (libx264): 0 = lossless, 18 = visually lossless,
+    23 = libx264's default; each +6 roughly halves the file."""
+
+    video_preset: str = "medium"
+    """libx264 preset: ultrafast .. veryslow (slower: smaller file, same quality)."""
+
+    video_frames: str = "none"
+    """Also write every frame of a video as its own image, `KEY.fNNNN.<fmt>`: none | jpg | png | webp."""
+
     def __post_init__(self) -> None:
         _require(self.format in IMAGE_FORMATS, "format", self.format, f"one of {', '.join(IMAGE_FORMATS)}")
         _require(_is_int(self.quality) and 1 <= self.quality <= 100, "quality", self.quality, "an integer in 1..100")
@@ -48,6 +61,10 @@ class SinkConfig:
             _is_int(self.encode_threads) and self.encode_threads >= 1, "encode_threads", self.encode_threads, "an integer >= 1"
         )
         _require(_is_int(self.queue_size) and self.queue_size >= 1, "queue_size", self.queue_size, "an integer >= 1")
+        _require(_is_int(self.video_crf) and 0 <= self.video_crf <= 51, "video_crf", self.video_crf,
+                 "an integer in 0..51 (18: visually lossless)")
+        _require(self.video_preset in VIDEO_PRESETS, "video_preset", self.video_preset, f"one of {', '.join(VIDEO_PRESETS)}")
+        _require(self.video_frames in VIDEO_FRAMES, "video_frames", self.video_frames, f"one of {', '.join(VIDEO_FRAMES)}")
 
 
 def _is_int(value: object) -> bool:

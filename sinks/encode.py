@@ -1,4 +1,4 @@
-"""Image encoders: uint8 HxWx3 numpy array -> encoded bytes, one per format.
+"""Image encoders (the `image` kind): uint8 HxWx3 numpy array -> encoded bytes, one per format.
 
 PIL is imported inside the encoder (webdataset's habit): importing `sinks` stays cheap, and PIL
 releases the GIL while it compresses, which is what lets the sink's encode threads overlap.
@@ -7,11 +7,15 @@ releases the GIL while it compresses, which is what lets the sink's encode threa
 from __future__ import annotations
 
 import io
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
 from sinks.config import IMAGE_FORMATS
+from sinks.kinds import Encoder, register_encoder, suffix
+
+if TYPE_CHECKING:
+    from sinks.config import SinkConfig
 
 
 def check_image(image: object, where: str) -> np.ndarray:
@@ -61,3 +65,16 @@ def encode_image(image: np.ndarray, fmt: str, quality: int) -> bytes:
     if fmt not in ENCODERS:
         raise ValueError(f"image format {fmt!r} is unknown; known formats: {', '.join(ENCODERS)}.")
     return ENCODERS[fmt](image, quality)
+
+
+def _check(image: object, ext: str, where: str) -> np.ndarray:
+    return check_image(image, where)
+
+
+def _encode(image: np.ndarray, ext: str, config: "SinkConfig") -> bytes:
+    # The member's own extension names the format (a video's `f0003.webp` frames are webp whatever
+    # sink.format is); sink.quality applies to every lossy image.
+    return encode_image(image, suffix(ext), config.quality)
+
+
+register_encoder(Encoder("image", IMAGE_FORMATS, _check, _encode))

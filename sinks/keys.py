@@ -8,7 +8,8 @@ controls included). The map is injective, and `key_from_stem` inverts it; the sa
 keeps the original key anyway, so readers never need to decode stems.
 
 Member names live in the 100-byte USTAR name field (wids' tar reader reads only that field and
-no PAX or GNU long names), so a stem is at most `MAX_STEM_LEN` characters. A longer encoding is
+no PAX or GNU long names), so a stem is at most `MAX_STEM_LEN` characters (fewer where a sample
+has a longer extension, e.g. a video's per-frame `f0000.webp`: `max_len`). A longer encoding is
 shortened to a readable prefix + `~` + 128 bits of the key's sha256. `~` never occurs in a plain
 stem, so hashed and plain stems cannot collide; such a stem is not decodable and
 `key_from_stem` says to read the key from the sample's json.
@@ -20,8 +21,9 @@ import hashlib
 import re
 
 _SAFE_BYTES = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
+USTAR_NAME_BYTES = 100
 _LONGEST_EXT = ".webp"  # ".json" is as long; a stem + this must fit the 100-byte USTAR name
-MAX_STEM_LEN = 100 - len(_LONGEST_EXT)
+MAX_STEM_LEN = USTAR_NAME_BYTES - len(_LONGEST_EXT)
 HASH_MARK = "~"
 _HASH_HEX = 32  # 128 bits: collisions need ~2**64 long keys
 _PLAIN_STEM = re.compile(r"(?:[A-Za-z0-9_-]|%[0-9A-F]{2})+")
@@ -32,14 +34,15 @@ def _key_bytes(key: str) -> bytes:
     return key.encode("utf-8", errors="surrogatepass")
 
 
-def member_stem(key: str) -> str:
-    """The tar member stem for `key`: no '.', no '/', at most MAX_STEM_LEN ASCII characters."""
+def member_stem(key: str, max_len: int = MAX_STEM_LEN) -> str:
+    """The tar member stem for `key`: no '.', no '/', at most `max_len` ASCII characters."""
     if not isinstance(key, str) or key == "":
         raise ValueError(f"sample key {key!r} is invalid: keys must be non-empty strings; give every record a key.")
+    assert 1 + _HASH_HEX + 8 <= max_len <= MAX_STEM_LEN, max_len
     stem = "".join(chr(b) if b in _SAFE_BYTES else f"%{b:02X}" for b in _key_bytes(key))
-    if len(stem) <= MAX_STEM_LEN:
+    if len(stem) <= max_len:
         return stem
-    prefix = stem[: MAX_STEM_LEN - 1 - _HASH_HEX]
+    prefix = stem[: max_len - 1 - _HASH_HEX]
     # Cut before a partial escape so the prefix stays readable as percent-encoding.
     cut = prefix.rfind("%", len(prefix) - 2)
     if cut != -1:

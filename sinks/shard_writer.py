@@ -76,7 +76,7 @@ class ShardWriter:
         if self._failed is not None:
             raise SinkError(f"the sink already failed and accepts no more samples: {self._failed}")
         if isinstance(sample, Sample):
-            sample = encode_sample(sample, self.config.format, self.config.quality)
+            sample = encode_sample(sample, self.config)
         try:
             if self._shard is not None and self._is_full_with(self._shard, sample):
                 self._commit()

@@ -46,6 +46,7 @@ class DenoiseRequest:
     width: int
     steps: int
     guidance_scale: float
+    num_frames: int = 1  # 1: an image; video families decode [B, F, 3, H, W]
 
 
 class ModelFamily:
@@ -124,6 +125,18 @@ class ModelFamily:
         """Pixel sizes must be multiples of this (VAE downsampling x patch size)."""
         raise NotImplementedError
 
+    #: True where the family makes videos: `decode` then gives [B, F, 3, H, W] and items of more
+    #: than one frame are written as KEY.mp4
+    video: bool = False
+
+    def frames_error(self, cfg: ModelConfig, n: int) -> Optional[str]:
+        """None where the family makes `n` frames per item; else why not and what to use instead,
+        as "num_frames=N ..." (the plan prefixes file:line, the config check `sampling.`)."""
+        if n == 1:
+            return None
+        return (f"num_frames={n}, but {self.pipeline_class} makes images (one frame each); drop num_frames "
+                f"(or set it to 1), or pick a video model, e.g. model=wan or model=sana_video")
+
     def transformer(self, pipe) -> torch.nn.Module:
         return pipe.transformer
 
@@ -142,18 +155,21 @@ class ModelFamily:
     def denoise(self, pipe, request: DenoiseRequest) -> torch.Tensor:
         """Run the denoising loop on the current stream; no host sync after the loop's start.
 
-        Returns latents (denoise_output "latent") or images [B, 3, H, W] in [0, 1] ("pt")."""
+        Returns latents (denoise_output "latent") or images [B, 3, H, W] in [0, 1] ("pt"; a video
+        family's [B, F, 3, H, W])."""
         return pipe(**self.pipeline_kwargs(request), output_type=self.denoise_output, return_dict=False)[0]
 
     def decode(self, pipe, latents: torch.Tensor, request: DenoiseRequest) -> torch.Tensor:
-        """Latents -> images [B, 3, H, W] in [0, 1], on the device, exactly as the pipeline's own
-        decode + postprocess(output_type="pt") gives them. Identity where `denoise` decoded."""
+        """Latents -> images [B, 3, H, W] (a video family: [B, F, 3, H, W]) in [0, 1], on the device,
+        exactly as the pipeline's own decode + postprocess(output_type="pt") gives them. Identity
+        where `denoise` decoded."""
         assert self.denoise_output == "pt", f"{type(self).__name__} returns latents but has no decode()"
         return latents
 
     def denoise_decode(self, pipe, request: DenoiseRequest) -> np.ndarray:
-        """The serial reference path: the pipeline's own call, decoded to float32 [B, H, W, 3] in
-        [0, 1] on the host (NaN/Inf passed through). Tests compare the staged path against it."""
+        """The serial reference path: the pipeline's own call, decoded to float32 [B, H, W, 3] (a video
+        family: [B, F, H, W, 3]) in [0, 1] on the host (NaN/Inf passed through). Tests compare the
+        staged path against it."""
         images = pipe(**self.pipeline_kwargs(request), output_type="np", return_dict=False)[0]
         return np.asarray(images, dtype=np.float32)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 
 @dataclass(frozen=True, order=True, slots=True)
@@ -26,11 +26,12 @@ class Signature:
     guidance_scale: float
     cfg: bool
     dtype: str
-    frames: int = 1
+    frames: int = 1  # a video's frames; 1 for an image
 
     def __str__(self) -> str:
         g = f"cfg{self.guidance_scale:g}" if self.cfg else "nocfg"
-        return f"{self.height}x{self.width}/t{self.text_bucket}/s{self.steps}/{g}/{self.dtype}"
+        f = f"/f{self.frames}" if self.frames > 1 else ""  # image signatures read as they always have
+        return f"{self.height}x{self.width}{f}/t{self.text_bucket}/s{self.steps}/{g}/{self.dtype}"
 
 
 @dataclass(frozen=True, slots=True)  # slots: a plan holds millions of these
@@ -43,6 +44,7 @@ class Item:
     text_tokens: int  # used text positions (positive and, with CFG, negative: the larger)
     truncated: bool
     source: str
+    fps: Optional[float] = None  # a video's playback rate (not the signature's: the denoiser never sees it)
 
 
 @dataclass

@@ -13,6 +13,7 @@ hash goes back to the planner, which checks them all at the end (plan/build.py).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,7 +87,9 @@ class ChunkContext:
                                 guidance_scale=cfg.sampling.guidance_scale,
                                 negative_prompt=cfg.sampling.negative_prompt, job_seed=cfg.sampling.seed,
                                 dtype=cfg.model.dtype, spatial_divisor=divisor,
-                                on_long_prompt=cfg.model.on_long_prompt)
+                                on_long_prompt=cfg.model.on_long_prompt, num_frames=cfg.sampling.num_frames,
+                                fps=cfg.sampling.fps,
+                                frames_error=functools.partial(family.frames_error, cfg.model))
         return cls(label=label, stem=stem, fmt=fmt, max_line_bytes=cfg.dataset.max_line_bytes, prompt_field=cfg.dataset.prompt_field,
                    key_field=cfg.dataset.key_field, defaults=defaults, spill_dir=spill_dir, family=family,
                    model_cfg=cfg.model, tokenizer=LengthTokenizer(family.load_tokenizer(cfg.model)),
@@ -133,6 +136,7 @@ def process_chunk(ctx: ChunkContext, task: ChunkTask) -> ChunkResult:
         "text_tokens": pa.array(res.tokens, pa.int32()),
         "truncated": pa.array(res.truncated, pa.bool_()),
         "cost": pa.array([costs[s] for s in res.sig], pa.float64()),
+        "fps": pa.array(res.fps, pa.float64()),
         "key_hash": pa.array(hashes, pa.uint64()),
     }).take(pa.array(order, pa.int64()))
     path = str(Path(ctx.spill_dir) / f"chunk-{task.index:07d}.arrow")

@@ -15,12 +15,13 @@ import codecs
 import re
 from typing import Optional
 
-from jobs.dataset_validate import MAX_KEY_CHARS, MAX_SIDE, MAX_STEPS, SEED_END
+from jobs.dataset_validate import MAX_FPS, MAX_FRAMES, MAX_KEY_CHARS, MAX_SIDE, MAX_STEPS, SEED_END
 from jobs.plan.resolve import Rows
 
 _SURROGATE_ESCAPE = re.compile(rb"\\[uU][dD][89a-fA-F]")  # Arrow cannot hold what the row rules reject
 _BOMS = (codecs.BOM_UTF8, codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE, codecs.BOM_UTF32_BE)  # the readers decode these
-_INTS = {"seed": (0, SEED_END - 1), "width": (8, MAX_SIDE), "height": (8, MAX_SIDE), "steps": (1, MAX_STEPS)}
+_INTS = {"seed": (0, SEED_END - 1), "width": (8, MAX_SIDE), "height": (8, MAX_SIDE), "steps": (1, MAX_STEPS),
+         "num_frames": (1, MAX_FRAMES)}
 
 
 def arrow_rows(data: bytes, first_line: int, stem: str, prompt_field: str, key_field: str,
@@ -44,7 +45,7 @@ def arrow_rows(data: bytes, first_line: int, stem: str, prompt_field: str, key_f
         return None
     if table.num_rows != n_lines:
         return None
-    known = {prompt_field, key_field, "negative_prompt", *_INTS, "guidance_scale"}
+    known = {prompt_field, key_field, "negative_prompt", *_INTS, "guidance_scale", "fps"}
     names = set(table.column_names)
     if not names <= known or prompt_field not in names:
         return None
@@ -83,6 +84,13 @@ def arrow_rows(data: bytes, first_line: int, stem: str, prompt_field: str, key_f
         gf = pc.cast(g, pa.float64())
         if not pc.all(pc.is_finite(gf.drop_null())).as_py() or pc.min(gf).as_py() < 0:
             return None
+    f = col.get("fps")
+    if f is not None and f.type != pa.null() and f.null_count < len(f):
+        if not (pa.types.is_int64(f.type) or pa.types.is_float64(f.type)):
+            return None
+        ff = pc.cast(f, pa.float64())
+        if not pc.all(pc.is_finite(ff.drop_null())).as_py() or pc.min(ff).as_py() <= 0 or pc.max(ff).as_py() > MAX_FPS:
+            return None
 
     n = table.num_rows
     lines = list(range(first_line, first_line + n))
@@ -94,7 +102,8 @@ def arrow_rows(data: bytes, first_line: int, stem: str, prompt_field: str, key_f
     keys = values(key_field)
     if keys_arr is None or keys_arr.null_count:
         keys = [k if k is not None else f"{stem}-{line:06d}" for k, line in zip(keys, lines)]
-    guidance = values("guidance_scale")
+    guidance, fps = values("guidance_scale"), values("fps")
     return Rows(keys=keys, prompts=col[prompt_field].to_pylist(), lines=lines, negatives=values("negative_prompt"),
                 seeds=values("seed"), widths=values("width"), heights=values("height"), steps=values("steps"),
-                guidance=[None if v is None else float(v) for v in guidance])
+                guidance=[None if v is None else float(v) for v in guidance], frames=values("num_frames"),
+                fps=[None if v is None else float(v) for v in fps])

