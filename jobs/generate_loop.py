@@ -14,24 +14,13 @@ import socket
 from jobs.capture_policy import CapturePolicy
 from jobs.engine import Engine, attach_runner, load_pipeline
 from jobs.gpu_monitor import GpuMonitor
-from jobs.plan import Item
+from jobs.item_meta import item_meta
 from jobs.progress import Progress
 from jobs.stages import StagePipeline
 from jobs.summary import JobStats, StageTimer
 from jobs.timeline import Timeline
 
 log = logging.getLogger("jobs.run")
-
-
-def item_meta(it: Item, model: str, mode: str, batch_size: int, finite: bool) -> dict:
-    s = it.signature
-    return {
-        "key": it.key, "prompt": it.prompt, "negative_prompt": it.negative_prompt, "seed": it.seed,
-        "width": s.width, "height": s.height, "steps": s.steps, "guidance_scale": s.guidance_scale,
-        "cfg": s.cfg, "dtype": s.dtype, "model": model, "text_tokens": it.text_tokens,
-        "bucket": s.text_bucket, "signature": str(s), "mode": mode, "batch_size": batch_size,
-        "truncated": it.truncated, "nonfinite": not finite, "source": it.source,
-    }
 
 
 def generate_all(prep, stats: JobStats, timer: StageTimer, stop) -> None:

@@ -148,10 +148,13 @@ def wipe(output_dir: Path, shard_glob: str) -> None:
         raise UserError(f"job.overwrite=true refused: {len(live)} worker lease(s) in output_dir={str(output_dir)!r} "
                          f"are live ({'; '.join(l.describe() for l in live[:3])}). Nothing was deleted. Stop those "
                          f"workers (or wait for their leases to expire), then rerun with job.overwrite=true")
+    from sinks.sidecars import sidecar_globs
+
     removed = 0
-    for p in list(output_dir.glob(shard_glob)) + list(output_dir.glob("." + shard_glob + "*")):
-        p.unlink()
-        removed += 1
+    for glob in (*sidecar_globs(shard_glob), shard_glob):  # a shard's parquet and stats before the shard
+        for p in list(output_dir.glob(glob)) + list(output_dir.glob("." + glob + "*")):
+            p.unlink()
+            removed += glob == shard_glob
     for name in OWNED:
         (output_dir / name).unlink(missing_ok=True)
     from jobs.distributed import SUMMARY_DIR

@@ -26,6 +26,7 @@ import torch
 
 from jobs.errors import UserError
 from jobs.config import GenerateConfig
+from jobs.item_meta import ITEM_SPEC
 from jobs.distributed import (Group, Topology, merge_stats, pick_device, read_part_summaries, topology,
                               write_part_summary)
 from jobs.models.lora import check_loras
@@ -94,7 +95,7 @@ def prepare(cfg: GenerateConfig, timer: StageTimer, group: Group, device: torch.
             if cfg.job.verify == "full":
                 from jobs.worker.done import reopen_damaged
 
-                moved = reopen_damaged(output_dir, output_dir / PLAN_DIR, cfg.job.verify)
+                moved = reopen_damaged(output_dir, output_dir / PLAN_DIR, cfg.job.verify, ITEM_SPEC)
                 if moved:
                     log.warning("resume: %d committed shard(s) no longer match their manifests and were moved to "
                                 "%s/_quarantine/ (listed in summary.json): %s; their units are reopened and their "
@@ -106,7 +107,7 @@ def prepare(cfg: GenerateConfig, timer: StageTimer, group: Group, device: torch.
     plan_dir = output_dir / PLAN_DIR
     owner = f"{HOST}:{os.getpid()}:part{topo.part}/{topo.parts}"
     leaser = Leaser(plan_dir, owner, cfg.job.lease_ttl_s)
-    sink = UnitSink(output_dir, cfg.sink, plan_dir, leaser, owner)
+    sink = UnitSink(output_dir, cfg.sink, plan_dir, leaser, owner, ITEM_SPEC)
     plan = LeasedPlan(manifest, plan_dir, output_dir, leaser, sink, cfg.bcg.batch_sizes, cfg.bcg.pad_short_batches,
                       cfg.model.dtype, topo.part, cfg.job.wait_for_leases, stop, cfg.job.verify)
     return Prepared(cfg=cfg, family=family, padder=padder, output_dir=output_dir, plan=plan, manifest=manifest,

@@ -33,6 +33,7 @@ from sinks.errors import SinkError
 from sinks.manifest import ShardRecord
 from sinks.sample import PreparedSample, Sample, prepare_sample
 from sinks.shard_writer import DEFAULT_NAME_PATTERN, ShardWriter
+from sinks.sidecars import MetaSpec
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,12 @@ log = logging.getLogger(__name__)
 class _Write:
     sample: PreparedSample
     image: Future  # -> bytes
+
+
+@dataclass
+class _Failure:
+    key: str
+    reason: str
 
 
 @dataclass
@@ -62,9 +69,11 @@ class AsyncSink:
         name_pattern: str = DEFAULT_NAME_PATTERN,
         start_index: int = 0,
         on_commit: Optional[Callable[[ShardRecord], None]] = None,
+        spec: MetaSpec = MetaSpec(),
+        taken: Optional[Callable[[str], bool]] = None,
     ) -> None:
         self.config = config
-        self._writer = ShardWriter(output_dir, config, name_pattern, start_index, on_commit)
+        self._writer = ShardWriter(output_dir, config, name_pattern, start_index, on_commit, spec, taken)
         self._queue: queue.Queue = queue.Queue(maxsize=config.queue_size)
         self._pool = ThreadPoolExecutor(config.encode_threads, thread_name_prefix="sink-encode")
         self._lock = threading.Lock()
@@ -89,6 +98,11 @@ class AsyncSink:
         t0 = time.perf_counter()
         self._queue.put(_Write(prepared, future))
         self._put_blocked_s += time.perf_counter() - t0
+
+    def note_failure(self, key: str, reason: str) -> None:
+        """An item that will not be written (ShardWriter.note_failure), in put order."""
+        self._check_usable()
+        self._queue.put(_Failure(key, reason))
 
     def commit_now(self) -> Optional[ShardRecord]:
         """Write everything put so far and commit the current shard now (pre-emption: commit what
@@ -197,6 +211,8 @@ class AsyncSink:
         if isinstance(item, _Write):
             encoded = item.sample.encoded(self.config.format, item.image.result())
             self._timed(self._writer.write, encoded)
+        elif isinstance(item, _Failure):
+            self._writer.note_failure(item.key, item.reason)
         else:
             assert isinstance(item, _Commit), item
             item.record = self._timed(self._writer.commit_now)

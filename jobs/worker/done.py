@@ -57,7 +57,7 @@ def done_records(plan_dir: Path) -> List[ShardRecord]:
     return out
 
 
-def reopen_damaged(output_dir: Path, plan_dir: Path, verify: str) -> List[dict]:
+def reopen_damaged(output_dir: Path, plan_dir: Path, verify: str, spec=None) -> List[dict]:
     """job.verify=full: check the shards of every done unit (a scan of all shards, so only on
     request; by default done units are trusted and resume reads no shard). A unit whose shard no
     longer matches its manifest (moved to _quarantine/ by the scan) or is missing loses its done
@@ -69,7 +69,7 @@ def reopen_damaged(output_dir: Path, plan_dir: Path, verify: str) -> List[dict]:
     for unit in sorted(done_units(plan_dir)):
         marker = plan_dir / DONE_DIR / f"{unit_name(unit)}.json"
         listed = {s["url"] for s in json.loads(marker.read_text())["shards"]}
-        scan = scan_output(output_dir, unit_shard_glob(unit), verify)
+        scan = scan_output(output_dir, unit_shard_glob(unit), verify, spec)
         quarantined += scan.quarantined
         if scan.quarantined or not listed <= {r.url for r in scan.records}:
             marker.unlink()

@@ -88,7 +88,7 @@ class LeasedPlan:
         items = read_unit(self.plan_dir, info, self.manifest.dataset["path"], self.dtype)
         # Ours to check and clean: we hold its lease. A shard that no longer matches its manifest is
         # quarantined by the scan, and its samples are generated again.
-        prior = scan_output(self.output_dir, unit_shard_glob(info.id), self.verify).records
+        prior = scan_output(self.output_dir, unit_shard_glob(info.id), self.verify, self.sink.spec).records
         committed = {k for r in prior for k in r.keys}
         todo = [it for it in items if it.key not in committed]
         self.leased.append(info.id)

@@ -22,6 +22,7 @@ from typing import Dict, List
 from jobs.worker.done import mark_done
 from jobs.worker.lease import Leaser
 from sinks import AsyncSink, Sample, ShardRecord, SinkConfig
+from sinks.sidecars import MetaSpec
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +45,10 @@ class _Open:
 
 
 class UnitSink:
-    def __init__(self, output_dir: Path, config: SinkConfig, plan_dir: Path, leaser: Leaser, owner: str):
+    def __init__(self, output_dir: Path, config: SinkConfig, plan_dir: Path, leaser: Leaser, owner: str,
+                 spec: MetaSpec = MetaSpec()):
         self.output_dir, self.config, self.plan_dir = Path(output_dir), config, plan_dir
+        self.spec = spec
         self.leaser, self.owner = leaser, owner
         self._open: Dict[int, _Open] = {}
         self._unit_of: Dict[str, int] = {}
@@ -58,7 +61,7 @@ class UnitSink:
         if not keys:
             self._mark(unit, prior)
             return
-        sink = AsyncSink(self.output_dir, self.config, name_pattern=unit_shard_pattern(unit))
+        sink = AsyncSink(self.output_dir, self.config, name_pattern=unit_shard_pattern(unit), spec=self.spec)
         self._open[unit] = _Open(sink=sink, expected=len(keys), prior=prior, keys=set(keys))
         for k in keys:
             self._unit_of[k] = unit
@@ -72,10 +75,13 @@ class UnitSink:
         u.sink.put(sample)
         self._account(unit, u)
 
-    def skip(self, key: str) -> None:
+    def skip(self, key: str, reason: str = "nonfinite") -> None:
         """An item that will not be written (its image went to the NaN ledger): the unit still ends."""
         unit = self._unit_of.pop(key)
-        self._account(unit, self._open[unit])
+        u = self._open[unit]
+        if unit not in self.leaser.lost:
+            u.sink.note_failure(key, reason)  # counted in its shard's _stats.json
+        self._account(unit, u)
 
     def _account(self, unit: int, u: _Open) -> None:
         u.accounted += 1
