@@ -80,9 +80,15 @@ def quarantine_file(output_dir: Path, name: str, reason: str) -> Optional[dict]:
 def _log(output_dir: Path, url: str, target: Path, reason: str, nsamples: Optional[int]) -> dict:
     entry = {"url": url, "moved_to": str(target.relative_to(output_dir)), "reason": reason,
              "nsamples": nsamples, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    with open(output_dir / QUARANTINE_DIR / LOG_NAME, "a", encoding="utf-8") as f:  # one short line: an atomic append
-        f.write(json.dumps(entry) + "\n")
+    append_log(output_dir, entry)
     return entry
+
+
+def append_log(output_dir: Path, entry: dict) -> None:
+    """Add one entry to _quarantine/log.jsonl (also for shards moved aside on an object store)."""
+    (Path(output_dir) / QUARANTINE_DIR).mkdir(exist_ok=True)
+    with open(Path(output_dir) / QUARANTINE_DIR / LOG_NAME, "a", encoding="utf-8") as f:  # one short line: an atomic append
+        f.write(json.dumps(entry) + "\n")
 
 
 def quarantine_log(output_dir: Path) -> List[dict]:
