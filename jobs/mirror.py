@@ -21,11 +21,13 @@ and nothing half-uploaded is ever counted.
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 from pathlib import Path
 from typing import List, Optional, Tuple
 
 from jobs.errors import UserError
+from jobs.resume import KILL_AT_ENV, kill_hook
 from jobs.storage import Output
 from sinks.manifest import ShardRecord, scan_output
 from sinks.sidecars import MetaSpec
@@ -77,6 +79,7 @@ class Mirror(LocalShards):
         super().__init__(output.local, spec)
         self.output = output
         self.remote = Remote(output.remote)
+        self.pushed = 0  # shards this process uploaded (the kill tests' count)
 
     @property
     def shown(self) -> str:
@@ -175,19 +178,39 @@ class Mirror(LocalShards):
     # -- shards and units --------------------------------------------------------------------
 
     def scan(self, tar_glob: str, verify: str) -> Tuple[List[ShardRecord], List[dict]]:
+        """The unit's committed shards: the remote's, plus those committed here by a worker killed
+        before (or while) it uploaded them, uploaded now unless the remote already has their name
+        or keys (then they are stale: another staging folder generated those samples meanwhile)."""
         from sinks.quarantine import append_log
+        from sinks.remote import drop_payload
 
         local = scan_output(self.output_dir, tar_glob, verify, self.spec)
-        for record in local.records:  # committed here by a worker killed before (or while) uploading
-            log.info("uploading %s, committed locally by an earlier run", record.url)
-            self.remote.push_shard(self.output_dir, record)
         records, quarantined = self.remote.scan(tar_glob, verify, self.output_dir)
         for entry in quarantined:
             append_log(self.output_dir, entry)
-        return records, local.quarantined + quarantined
+        names = {r.url: r for r in records}
+        keys = {k for r in records for k in r.keys}
+        for record in local.records:
+            if record.url in names or keys.intersection(record.keys):
+                same = record.url in names and names[record.url].sha256 == record.sha256
+                if not same:
+                    log.warning("%s, committed here but not uploaded, is stale: the remote already has %s; dropped",
+                                record.url, "that name" if record.url in names else "some of its keys")
+                drop_payload(self.output_dir, record)
+                continue
+            log.info("uploading %s, committed here by an earlier run", record.url)
+            self.remote.push_shard(self.output_dir, record)
+            records.append(record)
+            keys.update(record.keys)
+        return sorted(records, key=lambda r: r.url), local.quarantined + quarantined
 
     def on_commit(self, record: ShardRecord) -> None:
-        self.remote.push_shard(self.output_dir, record)
+        self.pushed += 1
+        hook = None
+        if KILL_AT_ENV in os.environ:  # kill tests only: die with the tar uploaded, its manifest not
+            n = self.pushed
+            hook = lambda: kill_hook("upload", n)  # noqa: E731
+        self.remote.push_shard(self.output_dir, record, before_manifest=hook)
 
     def on_done(self, unit_marker: Path) -> None:
         self.remote.put(unit_marker, f"_plan/done/{unit_marker.name}")

@@ -52,8 +52,10 @@ class Remote:
 
     # -- plain files ---------------------------------------------------------------------------
 
-    def put(self, local: Path, name: str) -> None:
+    def put(self, local: Path, name: str, callback=None) -> None:
         kwargs = {"chunksize": self.chunksize} if self.chunksize else {}
+        if callback is not None:
+            kwargs["callback"] = callback  # an fsspec Callback: told of each part (tests kill mid-upload)
         self.fs.put_file(str(local), self.path(name), **kwargs)
 
     def put_bytes(self, name: str, data: bytes) -> None:
@@ -104,16 +106,17 @@ class Remote:
 
     # -- shards --------------------------------------------------------------------------------
 
-    def push_shard(self, local_dir: Path, record: ShardRecord) -> None:
+    def push_shard(self, local_dir: Path, record: ShardRecord, before_manifest=None) -> None:
         """Upload a committed local shard: tar, sidecars, then its manifest (the remote commit);
         then remove the local tar and sidecars. The local manifest stays: it keeps the name taken."""
         local_dir = Path(local_dir)
         names = [record.url] + [s[0] for s in record.sidecars]
         for name in names:
             self.put(local_dir / name, name)
+        if before_manifest is not None:
+            before_manifest()
         self.put(manifest_path(local_dir, record.url), f"{MANIFEST_DIR}/{record.url}.json")
-        for name in reversed(names):  # sidecars first: a kill in between leaves a tar, never a lone parquet
-            (local_dir / name).unlink(missing_ok=True)
+        drop_payload(local_dir, record)
         log.debug("uploaded %s (%d bytes) to %s", record.url, record.filesize, self.url)
 
     def scan(self, tar_glob: str, verify: str, local_dir: Path) -> Tuple[List[ShardRecord], List[dict]]:
@@ -193,6 +196,13 @@ class Remote:
         log.warning("remote shard %s/%s does not match its manifest (%s): moved to %s; its samples will be generated "
                     "again", self.url, url, reason, target)
         return entry
+
+
+def drop_payload(local_dir: Path, record: ShardRecord) -> None:
+    """Remove a shard's tar and sidecars from the staging folder, sidecars first: a kill in between
+    leaves a tar (rebuilt into a whole shard by the next scan), never a parquet without its shard."""
+    for name in reversed([record.url] + [s[0] for s in record.sidecars]):
+        (Path(local_dir) / name).unlink(missing_ok=True)
 
 
 def describe_error(url: str, err: BaseException) -> str:
