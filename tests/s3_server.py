@@ -34,6 +34,7 @@ def s3_server() -> Iterator[Dict[str, str]]:
            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
+    _forget_clients()  # fsspec caches filesystems by arguments: one made under other settings must not answer
     try:
         yield env
     finally:
@@ -43,6 +44,13 @@ def s3_server() -> Iterator[Dict[str, str]]:
             else:
                 os.environ[k] = v
         server.stop()
+        _forget_clients()
+
+
+def _forget_clients() -> None:
+    from s3fs import S3FileSystem
+
+    S3FileSystem.clear_instance_cache()
 
 
 def new_bucket() -> str:

@@ -79,9 +79,12 @@ def test_unreachable_store_is_a_user_error(tmp_path, monkeypatch):
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "x")
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
-    import fsspec
+    from s3fs import S3FileSystem
 
-    fsspec.filesystem("s3").clear_instance_cache()
-    mirror = Mirror(resolve("s3://nobucket/run", str(tmp_path)), MetaSpec())
-    with pytest.raises(UserError, match="AWS_ACCESS_KEY_ID"):
-        mirror.check()
+    S3FileSystem.clear_instance_cache()
+    try:
+        mirror = Mirror(resolve("s3://nobucket/run", str(tmp_path)), MetaSpec())
+        with pytest.raises(UserError, match="AWS_ACCESS_KEY_ID"):
+            mirror.check()
+    finally:
+        S3FileSystem.clear_instance_cache()  # the next test's client must see its own endpoint
