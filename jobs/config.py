@@ -174,7 +174,7 @@ class JobConfig:
     on_nonfinite: str = "record"
     """A NaN/Inf image: record (flag it in its json and the summary) | ledger (send it to errors.jsonl)."""
     progress: bool = True
-    """Show the progress bar."""
+    """Show the progress bar: one per node, for the whole job (every worker's items, rate, ETA)."""
     log_every_s: float = 30.0
     """Also log a progress line this often (for non-interactive logs, e.g. Slurm)."""
     dist_timeout_min: float = 1440.0
@@ -191,6 +191,9 @@ class JobConfig:
     wait_for_leases: bool = True
     """With nothing left to lease, wait for the units other workers hold (taking over any whose
     lease expires) until every unit is done; false: exit and leave them to their holders."""
+    tensorboard: Optional[str] = None
+    """A folder for TensorBoard: each worker logs images/s, the job's done items and ETA, and the
+    graph runner's counters (jobs/tensorboard_log.py). Needs `pip install -e '.[tensorboard]'`."""
     staging_dir: Optional[str] = None
     """With an object-store output_dir (s3://...): the local folder where shards are committed
     before their upload, and where leases and locks live (jobs/storage.py). null: a folder per

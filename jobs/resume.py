@@ -161,7 +161,9 @@ def wipe(output_dir: Path, shard_glob: str) -> None:
     from sinks.manifest import MANIFEST_DIR
     from sinks.quarantine import QUARANTINE_DIR
 
-    for name in (MANIFEST_DIR, SUMMARY_DIR, QUARANTINE_DIR, PLAN_DIR):
+    from jobs.job_progress import PROGRESS_DIR
+
+    for name in (MANIFEST_DIR, SUMMARY_DIR, QUARANTINE_DIR, PLAN_DIR, PROGRESS_DIR):
         if (output_dir / name).is_dir():
             shutil.rmtree(output_dir / name)
     log.warning("job.overwrite=true: removed %d shard file(s), the plan and the old run's index/summary in %s",

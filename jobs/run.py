@@ -29,6 +29,7 @@ from jobs.config import GenerateConfig
 from jobs.item_meta import ITEM_SPEC
 from jobs.mirror import LocalShards, Mirror
 from jobs.storage import check_shared_staging, resolve
+from jobs.tensorboard_log import check_tensorboard
 from jobs.distributed import (Group, Topology, merge_stats, pick_device, read_part_summaries, topology,
                               write_part_summary)
 from jobs.models.lora import check_loras
@@ -68,6 +69,7 @@ def check_config(cfg: GenerateConfig):
     family = get_family(cfg.model.family)
     padder = get_padder(cfg.model.family, buckets=cfg.text_buckets, native_length=cfg.model.max_sequence_length)
     check_loras(cfg.model.loras, family.pipeline_class)
+    check_tensorboard(cfg.job.tensorboard)
     if cfg.model.path is not None:
         family.check_path(cfg.model)
     elif not cfg.model.tiny:

@@ -103,6 +103,10 @@ class UnitSink:
         self.units_done.append(unit)
         self.leaser.release(unit)
 
+    def inflight(self) -> Dict[int, int]:
+        """Items of each open unit that are committed or on their way (the job's progress)."""
+        return {unit: u.accounted + sum(r.nsamples for r in u.prior) for unit, u in self._open.items()}
+
     @property
     def records(self) -> List[ShardRecord]:
         """Every shard this worker committed, in closed and open units."""
