@@ -238,7 +238,10 @@ def finish(prep: Prepared, stats: JobStats, group: Group, met: bool) -> None:
     write_part_summary(out, topo, stats)
     if topo.world > 1:
         if not met:
-            shards.push_end(leader=False)
+            try:
+                shards.push_end(leader=False)  # best effort: the error that ended this rank is the news
+            except Exception as e:  # noqa: BLE001
+                log.warning("could not upload this rank's summary to %s: %s", shards.shown, e)
             return
         group.barrier()
     if not topo.leader:

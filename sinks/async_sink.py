@@ -70,10 +70,9 @@ class AsyncSink:
         start_index: int = 0,
         on_commit: Optional[Callable[[ShardRecord], None]] = None,
         spec: MetaSpec = MetaSpec(),
-        taken: Optional[Callable[[str], bool]] = None,
     ) -> None:
         self.config = config
-        self._writer = ShardWriter(output_dir, config, name_pattern, start_index, on_commit, spec, taken)
+        self._writer = ShardWriter(output_dir, config, name_pattern, start_index, on_commit, spec)
         self._queue: queue.Queue = queue.Queue(maxsize=config.queue_size)
         self._pool = ThreadPoolExecutor(config.encode_threads, thread_name_prefix="sink-encode")
         self._lock = threading.Lock()

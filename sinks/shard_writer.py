@@ -58,7 +58,6 @@ class ShardWriter:
         start_index: int = 0,
         on_commit: Optional[Callable[[ShardRecord], None]] = None,
         spec: MetaSpec = MetaSpec(),
-        taken: Optional[Callable[[str], bool]] = None,
     ) -> None:
         check_name_pattern(name_pattern)
         self.output_dir = Path(output_dir)
@@ -67,7 +66,6 @@ class ShardWriter:
         self.name_pattern = name_pattern
         self.on_commit = on_commit
         self.spec = spec
-        self.taken = taken  # a name used elsewhere too (an object store), beyond the files here
         self._failures_pending: dict = {}  # failures noted while no shard was open: the next one counts them
         self.records: list[ShardRecord] = []
         self.samples_written = 0
@@ -143,9 +141,8 @@ class ShardWriter:
         while True:
             path = self.output_dir / self.name_pattern.format(index=self._next_index)
             self._next_index += 1
-            # A manifest without its tar: the shard was uploaded (an object store) or quarantined.
-            if not (path.exists() or manifest_path(self.output_dir, path.name).exists()
-                    or (self.taken is not None and self.taken(path.name))):
+            # A manifest without its tar: the shard was uploaded (an object store, jobs/mirror.py).
+            if not (path.exists() or manifest_path(self.output_dir, path.name).exists()):
                 return path
             log.info("%s exists (committed by an earlier run); skipping to the next index", path.name)
 
