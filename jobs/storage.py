@@ -108,3 +108,12 @@ def check_shared_staging(output: Output, staging_dir: Optional[str], task_count:
             f"through lease files, which need a filesystem (atomic create, mtimes) that object stores lack, so they "
             f"keep them in a staging folder, by default on this machine only ({output.local}). Set "
             f"job.staging_dir=/a/folder/every/worker/mounts (NFS, Lustre), or run one job per node")
+
+
+def local_folder_arg(text: str, tool: str) -> Path:
+    """The OUTPUT_DIR argument of a tool that reads a local folder (jobs.verify, jobs.inspect)."""
+    if protocol_of(text):
+        raise UserError(f"{tool} reads a local folder, and {text!r} is an object store: copy the run down first "
+                        f"(e.g. `aws s3 sync {text} /tmp/run`, or fsspec's get(recursive=True)), then run "
+                        f"`python -m {tool} /tmp/run`")
+    return Path(local_path(text))

@@ -168,10 +168,13 @@ def _read_back(path: Path, record, owners: Dict[str, str], report: Report) -> No
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m jobs.verify", description=__doc__.split("\n")[0])
-    parser.add_argument("output_dir", type=Path, help="the output_dir of a bcgen job")
+    parser.add_argument("output_dir", help="the output_dir of a bcgen job")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[%(name)s][%(levelname)s] - %(message)s")
     try:
+        from jobs.storage import local_folder_arg
+
+        args.output_dir = local_folder_arg(args.output_dir, "jobs.verify")
         report = verify_output(args.output_dir)
     except UserError as e:
         log.error("%s", e)

@@ -160,3 +160,20 @@ def test_quarantined_shard_takes_its_sidecars_along(tmp_path):
 def test_spec_refuses_reserved_or_repeated_columns(bad):
     with pytest.raises(AssertionError):
         MetaSpec(columns=bad)
+
+
+def test_jobs_verify_names_a_changed_parquet_and_one_without_its_shard(tmp_path):
+    from jobs.verify import verify_output
+    from sinks import write_wids_index
+
+    records = write(tmp_path)
+    write_wids_index(tmp_path, records)
+    (tmp_path / "run.json").write_text("{}")
+    assert verify_output(tmp_path).problems == []
+    (tmp_path / "shard-000000.parquet").write_bytes(b"PAR1 damaged")
+    stray = tmp_path / "shard-000009.parquet"
+    stray.write_bytes((tmp_path / "shard-000001.parquet").read_bytes())
+    problems = verify_output(tmp_path).problems
+    assert any(p.startswith("shard-000000.tar: shard-000000.parquet: ") for p in problems), problems
+    assert any(p.startswith("shard-000009.parquet: its shard is missing") for p in problems), problems
+    assert len(problems) == 2, problems
