@@ -2,10 +2,11 @@
 
 Order is what makes the remote safe to resume from:
 
-    start (rank 0, under a lock)   hydrate: the remote's run.json, plan, done markers and manifests
-                                   come down into the staging folder (a staging folder of another
-                                   run is cleared first), then the plan is joined or made as for a
-                                   local output_dir, then published: units, plan.json, run.json last
+    start (rank 0, under a lock)   hydrate: the remote's run.json, plan.json and done markers come
+                                   down into the staging folder (a staging folder of another run is
+                                   cleared first), then the plan is joined or made as for a local
+                                   output_dir, then published: units, plan.json, run.json last
+    each unit leased               its unit file fetched (if not staged), its shards scanned
     each shard                     committed locally, then uploaded: tar, parquet, stats, manifest
                                    (sinks/remote.py), then its local payload removed
     each unit                      its shards uploaded, then its done marker, then the marker uploaded
@@ -65,6 +66,9 @@ class LocalShards:
     def on_reopen(self, unit_marker: Path) -> None:
         pass
 
+    def fetch_unit(self, unit_file: Path) -> None:
+        pass
+
     def push_end(self, leader: bool) -> None:
         pass
 
@@ -113,7 +117,9 @@ class Mirror(LocalShards):
             return None
         self.output_dir.mkdir(parents=True, exist_ok=True)
         fetched = 0
-        for prefix, pattern in (("", ERRORS_FILE), ("_plan", "*"), ("_plan/done", "*.json"), ("_manifest", "*.json"),
+        # Not the units (fetched when leased: a billion-item plan has 100k+ of them) nor the
+        # manifests (a unit's come with its scan, the only time their names matter).
+        for prefix, pattern in (("", ERRORS_FILE), ("_plan", "plan.json"), ("_plan/done", "*.json"),
                                 ("_quarantine", "log.jsonl")):
             for name in self.remote.sizes(prefix, pattern):
                 if not (self.output_dir / name).exists():
@@ -122,7 +128,7 @@ class Mirror(LocalShards):
         (self.output_dir / RUN_FILE).write_bytes(remote_run)
         self._push_missing_markers()
         if fetched:
-            log.info("resuming %s: %d file(s) of its plan and manifests fetched into %s", self.output.remote, fetched,
+            log.info("resuming %s: %d file(s) of its plan and done markers fetched into %s", self.output.remote, fetched,
                      self.output_dir)
         return remote_run
 
@@ -203,6 +209,10 @@ class Mirror(LocalShards):
             records.append(record)
             keys.update(record.keys)
         return sorted(records, key=lambda r: r.url), local.quarantined + quarantined
+
+    def fetch_unit(self, unit_file: Path) -> None:
+        if not unit_file.exists():
+            self.remote.get(f"_plan/{unit_file.name}", unit_file)
 
     def on_commit(self, record: ShardRecord) -> None:
         self.pushed += 1

@@ -22,6 +22,7 @@ Knows nothing of plans or units: names are relative to the output folder, globs 
 from __future__ import annotations
 
 import fnmatch
+import re
 import logging
 import os
 import time
@@ -77,15 +78,23 @@ class Remote:
         os.replace(tmp, local)
 
     def sizes(self, prefix: str = "", pattern: str = "*") -> Dict[str, int]:
-        """{name relative to the root: size} of the objects directly under `prefix` matching `pattern`."""
-        base = self.path(prefix).rstrip("/")
+        """{name relative to the root: size} of the objects directly under `prefix` matching `pattern`.
+        The pattern's literal head is sent as the listing's prefix where the store filters by it
+        (s3fs, gcsfs): one unit's shards are listed without listing every shard of the run."""
+        base = self.path(prefix).rstrip("/") if prefix else self.root
         self.fs.invalidate_cache(base)  # other processes write here: never trust a cached listing
+        head = re.split(r"[*?\[]", pattern, maxsplit=1)[0]
         try:
-            entries = self.fs.ls(base, detail=True)
+            try:
+                found = self.fs.find(base, maxdepth=1, detail=True, prefix=head) if head else None
+            except TypeError:  # a filesystem whose find has no prefix filter
+                found = None
+            if found is None:
+                found = {e["name"]: e for e in self.fs.ls(base, detail=True)}
         except FileNotFoundError:
             return {}
         out = {}
-        for e in entries:
+        for e in found.values():
             name = e["name"].rstrip("/").rsplit("/", 1)[-1]
             if e.get("type") == "file" and fnmatch.fnmatchcase(name, pattern):
                 out[f"{prefix.rstrip('/')}/{name}" if prefix else name] = int(e["size"])

@@ -83,6 +83,9 @@ class LeasedPlan:
                 yield batches
 
     def _unit_batches(self, info: UnitInfo) -> List[Batch]:
+        from jobs.plan.units import unit_name
+
+        self.sink.shards.fetch_unit(self.plan_dir / f"{unit_name(info.id)}.parquet")  # an object store: on lease
         items = read_unit(self.plan_dir, info, self.manifest.dataset["path"], self.dtype)
         # Ours to check and clean: we hold its lease. A shard that no longer matches its manifest is
         # quarantined by the scan, and its samples are generated again.
