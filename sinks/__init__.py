@@ -1,4 +1,5 @@
-"""Webdataset sink: samples -> atomically committed tar shards, manifests and a wids index.
+"""Webdataset sink: samples -> atomically committed tar shards, their parquet and stats, manifests
+and a wids index; optionally mirrored to an object store (remote.py).
 
 Knows nothing of diffusion: a sample is a key, an RGB uint8 image, a caption and a JSON dict.
 """
@@ -12,6 +13,7 @@ from sinks.keys import MAX_STEM_LEN, key_from_stem, member_stem
 from sinks.manifest import ScanResult, ShardRecord, read_record, record_from_tar, scan_output
 from sinks.sample import EncodedSample, Sample
 from sinks.shard_writer import DEFAULT_NAME_PATTERN, ShardWriter
+from sinks.sidecars import MetaSpec
 
 __all__ = [
     "AsyncSink",
@@ -21,6 +23,7 @@ __all__ = [
     "IMAGE_FORMATS",
     "INDEX_NAME",
     "MAX_STEM_LEN",
+    "MetaSpec",
     "Sample",
     "ScanResult",
     "ShardRecord",
