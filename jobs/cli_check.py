@@ -70,6 +70,7 @@ def _check_one(overrides: List[str], multirun: bool) -> None:
 
     from jobs.config import register_configs, to_typed
     from jobs.resume import check_writable
+    from jobs.storage import resolve
 
     register_configs()
     try:
@@ -84,7 +85,7 @@ def _check_one(overrides: List[str], multirun: bool) -> None:
         raise UserError(f"config: {_missing_config(e)}") from None
     except (HydraException, OmegaConfBaseException) as e:
         raise UserError(f"config: {_composition_message(e)}") from None
-    check_writable(Path(typed.output_dir))
+    check_writable(resolve(typed.output_dir, typed.job.staging_dir).local)  # an object store: its staging folder
     _check_no_file_above(Path(log_dir), "hydra.sweep.dir" if multirun else "hydra.run.dir (Hydra's log folder)")
 
 

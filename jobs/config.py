@@ -201,7 +201,7 @@ class JobConfig:
     on_nonfinite: str = "record"
     """A NaN/Inf image: record (flag it in its json and the summary) | ledger (send it to errors.jsonl)."""
     progress: bool = True
-    """Show the progress bar."""
+    """Show the progress bar: one per node, for the whole job (every worker's items, rate, ETA)."""
     log_every_s: float = 30.0
     """Also log a progress line this often (for non-interactive logs, e.g. Slurm)."""
     dist_timeout_min: float = 1440.0
@@ -218,6 +218,14 @@ class JobConfig:
     wait_for_leases: bool = True
     """With nothing left to lease, wait for the units other workers hold (taking over any whose
     lease expires) until every unit is done; false: exit and leave them to their holders."""
+    tensorboard: Optional[str] = None
+    """A folder for TensorBoard: each worker logs images/s, the job's done items and ETA, and the
+    graph runner's counters (jobs/tensorboard_log.py). Needs `pip install -e '.[tensorboard]'`."""
+    staging_dir: Optional[str] = None
+    """With an object-store output_dir (s3://...): the local folder where shards are committed
+    before their upload, and where leases and locks live (jobs/storage.py). null: a folder per
+    output_dir under ~/.cache/bcgen/staging/. Array tasks or nodes sharing one run need a folder
+    they all mount (NFS, Lustre)."""
 
     def __post_init__(self) -> None:
         if self.partition != "slurm_array":
@@ -269,7 +277,8 @@ class GenerateConfig:
     job: JobConfig = field(default_factory=JobConfig)
     plan: PlanConfig = field(default_factory=PlanConfig)
     output_dir: str = "outputs/sana_tiny"
-    """Shards, index, summary and error ledger go here; stable across reruns (resume)."""
+    """Shards, index, summary and error ledger go here; stable across reruns (resume). A local path
+    or an object store URL through fsspec (s3://bucket/prefix, gs://...; jobs/storage.py)."""
     device: str = "auto"
     """auto (cuda if available) | cpu | cuda."""
 
@@ -286,6 +295,12 @@ def register_configs() -> None:
     """Register the schemas so Hydra type-checks every override and yaml file against them."""
     from hydra.core.config_store import ConfigStore
 
+    from omegaconf import OmegaConf
+
+    from jobs.storage import local_dir_of
+
+    # hydra.run.dir (its logs) must be a local folder: an object-store output_dir logs into its staging folder.
+    OmegaConf.register_new_resolver("bcgen_local", local_dir_of, replace=True)
     cs = ConfigStore.instance()
     cs.store(name="generate_schema", node=GenerateConfig)
     cs.store(group="model", name="model_schema", node=ModelConfig)

@@ -15,9 +15,11 @@ from jobs.batch_sizer import choose as choose_batch_sizes
 from jobs.capture_policy import CapturePolicy
 from jobs.engine import Engine, attach_runner, load_pipeline
 from jobs.gpu_monitor import GpuMonitor
+from jobs.job_progress import SharedProgress
 from jobs.plan.units import PLAN_DIR
 from jobs.progress import Progress
 from jobs.samples import item_meta, item_sample
+from jobs.tensorboard_log import TensorBoardLog
 from jobs.stages import StagePipeline
 from jobs.summary import JobStats, StageTimer
 from jobs.timeline import Timeline
@@ -52,10 +54,15 @@ def generate_all(prep, stats: JobStats, timer: StageTimer, stop) -> None:
     stages = StagePipeline(engine, policy, overlap=overlap)
     topo = prep.topo
     # One timeline file per worker process (`python -m jobs.inspect`): workers of one part may run at once.
-    timeline = Timeline(prep.output_dir, f"part{topo.part:04d}-{socket.gethostname()}-{os.getpid()}")
+    worker = f"part{topo.part:04d}-{socket.gethostname()}-{os.getpid()}"
+    timeline = Timeline(prep.output_dir, worker)
     sink = prep.open_sink()  # one sink over the units this worker leases (jobs/worker/unit_sink.py)
-    # One bar per node: other ranks still log progress lines every log_every_s.
-    progress = Progress(prep.plan.n_items, cfg.job.progress and topo.local_rank == 0, cfg.job.log_every_s)
+    # One bar per node, for the whole job; every worker publishes its counts, and other ranks
+    # still log their own progress lines every log_every_s.
+    shared = SharedProgress(prep.output_dir, prep.output_dir / PLAN_DIR, worker, prep.manifest.n_items, sink.inflight)
+    tensorboard = TensorBoardLog(cfg.job.tensorboard, worker) if cfg.job.tensorboard else None
+    progress = Progress(shared, cfg.job.progress, cfg.job.log_every_s, job_view=topo.local_rank == 0,
+                        tensorboard=tensorboard)
     hooked = KILL_AT_ENV in os.environ  # kill tests only
     monitor = GpuMonitor(device)
     stopped, results = False, None

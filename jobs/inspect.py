@@ -179,14 +179,16 @@ def inspect_output(output_dir: Path, out: Optional[Path] = None, samples: int = 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m jobs.inspect", description=__doc__.split("\n\n")[0])
-    ap.add_argument("output_dir", type=Path, help="a bcgen job's output_dir")
+    ap.add_argument("output_dir", help="a bcgen job's output_dir")
     ap.add_argument("--out", type=Path, default=None, help=f"where to write (default OUTPUT_DIR/{DEFAULT_OUT})")
     ap.add_argument("--samples", type=int, default=36, help="samples on the sheet and the page (default 36)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[%(levelname)s] %(message)s")
     try:
-        r = inspect_output(args.output_dir, args.out, args.samples)
-    except InspectError as e:
+        from jobs.storage import local_folder_arg
+
+        r = inspect_output(local_folder_arg(args.output_dir, "jobs.inspect"), args.out, args.samples)
+    except UserError as e:
         log.error("%s", e)
         return EXIT_USAGE
     log.info("wrote %s, %s%s and %d images under %s", r.sheet.name, r.page.name,

@@ -161,17 +161,22 @@ def wipe(output_dir: Path, shard_glob: str) -> None:
         raise UserError(f"job.overwrite=true refused: {len(live)} worker lease(s) in output_dir={str(output_dir)!r} "
                          f"are live ({'; '.join(l.describe() for l in live[:3])}). Nothing was deleted. Stop those "
                          f"workers (or wait for their leases to expire), then rerun with job.overwrite=true")
+    from sinks.sidecars import sidecar_globs
+
     removed = 0
-    for p in list(output_dir.glob(shard_glob)) + list(output_dir.glob("." + shard_glob + "*")):
-        p.unlink()
-        removed += 1
+    for glob in (*sidecar_globs(shard_glob), shard_glob):  # a shard's parquet and stats before the shard
+        for p in list(output_dir.glob(glob)) + list(output_dir.glob("." + glob + "*")):
+            p.unlink()
+            removed += glob == shard_glob
     for name in OWNED:
         (output_dir / name).unlink(missing_ok=True)
     from jobs.distributed import SUMMARY_DIR
     from sinks.manifest import MANIFEST_DIR
     from sinks.quarantine import QUARANTINE_DIR
 
-    for name in (MANIFEST_DIR, SUMMARY_DIR, QUARANTINE_DIR, PLAN_DIR):
+    from jobs.job_progress import PROGRESS_DIR
+
+    for name in (MANIFEST_DIR, SUMMARY_DIR, QUARANTINE_DIR, PLAN_DIR, PROGRESS_DIR):
         if (output_dir / name).is_dir():
             shutil.rmtree(output_dir / name)
     log.warning("job.overwrite=true: removed %d shard file(s), the plan and the old run's index/summary in %s",
@@ -212,15 +217,16 @@ KILL_SIGNAL_ENV = "BCGEN_TEST_KILL_SIGNAL"
 
 
 def kill_hook(point: str, count: int = 0, output_dir: Optional[Path] = None) -> None:
-    """TEST HOOK, not a feature: BCGEN_TEST_KILL_AT=plan | batch:N | shard-write:N makes the job
-    signal itself (BCGEN_TEST_KILL_SIGNAL, default KILL) during planning, after the first item of
-    batch N is handed to the sink, or while a shard is open after N shards were committed, so the
-    kill tests hit those instants deterministically. Unset, it costs one environment lookup."""
+    """TEST HOOK, not a feature: BCGEN_TEST_KILL_AT=plan | batch:N | shard-write:N | upload:N makes
+    the job signal itself (BCGEN_TEST_KILL_SIGNAL, default KILL) during planning, after the first
+    item of batch N is handed to the sink, while a shard is open after N shards were committed, or
+    (an object-store output_dir) once shard N's tar and sidecars are uploaded but not its manifest,
+    so the kill tests hit those instants deterministically. Unset, it costs one environment lookup."""
     spec = os.environ.get(KILL_AT_ENV)
     if not spec or spec.partition(":")[0] != point:
         return
     n = int(spec.partition(":")[2] or 0)
-    if point == "batch" and count != n:
+    if point in ("batch", "upload") and count != n:
         return
     if point == "shard-write" and (count < n or not any(output_dir.glob(".shard-*.tar.tmp"))):
         return

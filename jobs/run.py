@@ -26,6 +26,10 @@ import torch
 
 from jobs.errors import UserError
 from jobs.config import GenerateConfig
+from jobs.item_meta import ITEM_SPEC
+from jobs.mirror import LocalShards, Mirror
+from jobs.storage import check_shared_staging, resolve
+from jobs.tensorboard_log import check_tensorboard
 from jobs.distributed import (Group, Topology, merge_stats, pick_device, read_part_summaries, topology,
                               write_part_summary)
 from jobs.models.lora import check_loras
@@ -65,6 +69,7 @@ def check_config(cfg: GenerateConfig):
     family = get_family(cfg.model.family)
     padder = get_padder(cfg.model.family, buckets=cfg.text_buckets, native_length=cfg.model.max_sequence_length)
     check_loras(cfg.model.loras, family.pipeline_class)
+    check_tensorboard(cfg.job.tensorboard)
     if cfg.model.path is not None:
         family.check_path(cfg.model)
     elif not cfg.model.tiny:
@@ -85,26 +90,53 @@ def check_config(cfg: GenerateConfig):
         why = check_encoder_available()
         if why is not None:
             raise UserError(f"model={cfg.model.name} writes videos (KEY.mp4), but {why}")
-    output_dir = Path(cfg.output_dir)
-    check_writable(output_dir)
-    return family, padder, output_dir, d
+    output = resolve(cfg.output_dir, cfg.job.staging_dir)  # an object store: its local staging folder
+    check_writable(output.local)
+    return family, padder, output.local, d
+
+
+def open_shards(cfg: GenerateConfig, task_count: int = 1) -> LocalShards:
+    """Where committed shards live: output_dir itself, or an object store mirrored from a staging
+    folder (jobs/mirror.py), checked to be writable with this environment's credentials."""
+    output = resolve(cfg.output_dir, cfg.job.staging_dir)
+    if output.remote is None:
+        return LocalShards(output.local, ITEM_SPEC)
+    check_shared_staging(output, cfg.job.staging_dir, task_count)
+    mirror = Mirror(output, ITEM_SPEC)
+    mirror.check()
+    log.info("output_dir %s is an object store: staging in %s, each shard uploaded once committed",
+             output.remote, output.local)
+    return mirror
+
+
+def join_or_make_plan(cfg: GenerateConfig, shards: LocalShards, divisor: int) -> PlanManifest:
+    """The plan of output_dir (jobs/plan/publish.py); with an object store, fetched from it first
+    and published to it after (jobs/mirror.py), under one lock of the staging folder."""
+    from jobs.plan.publish import open_plan
+
+    if not isinstance(shards, Mirror):
+        return open_plan(cfg, shards.output_dir, divisor)
+    with dir_lock(shards.output_dir, "mirror"):
+        before = shards.hydrate(cfg.job.overwrite)
+        manifest = open_plan(cfg, shards.output_dir, divisor)
+        shards.publish_plan(before)
+    return manifest
 
 
 def prepare(cfg: GenerateConfig, timer: StageTimer, group: Group, device: torch.device, stop=None) -> Prepared:
-    from jobs.plan.publish import open_plan
-
     family, padder, output_dir, divisor = check_config(cfg)
     topo = group.topo
+    shards = open_shards(cfg, topo.task_count)
     held = {}
     with timer("plan"):
         # Rank 0 joins or makes the plan (other jobs on output_dir wait on its lock); the other
         # ranks read what it settled.
         def join_or_make():
-            held["manifest"] = open_plan(cfg, output_dir, divisor)
+            held["manifest"] = join_or_make_plan(cfg, shards, divisor)
             if cfg.job.verify == "full":
                 from jobs.worker.done import reopen_damaged
 
-                moved = reopen_damaged(output_dir, output_dir / PLAN_DIR, cfg.job.verify)
+                moved = reopen_damaged(output_dir / PLAN_DIR, shards, cfg.job.verify)
                 if moved:
                     log.warning("resume: %d committed shard(s) no longer match their manifests and were moved to "
                                 "%s/_quarantine/ (listed in summary.json): %s; their units are reopened and their "
@@ -116,7 +148,7 @@ def prepare(cfg: GenerateConfig, timer: StageTimer, group: Group, device: torch.
     plan_dir = output_dir / PLAN_DIR
     owner = f"{HOST}:{os.getpid()}:part{topo.part}/{topo.parts}"
     leaser = Leaser(plan_dir, owner, cfg.job.lease_ttl_s)
-    sink = UnitSink(output_dir, cfg.sink, plan_dir, leaser, owner)
+    sink = UnitSink(output_dir, cfg.sink, plan_dir, leaser, owner, shards)
     plan = LeasedPlan(manifest, plan_dir, output_dir, leaser, sink, cfg.bcg.batch_sizes, cfg.bcg.pad_short_batches,
                       cfg.model.dtype, topo.part, cfg.job.wait_for_leases, stop, cfg.job.verify)
     return Prepared(cfg=cfg, family=family, padder=padder, output_dir=output_dir, plan=plan, manifest=manifest,
@@ -179,7 +211,7 @@ def _run(cfg: GenerateConfig, timer: StageTimer, group: Group, device: torch.dev
     stop = StopFlag()
     prep = prepare(cfg, timer, group, device, stop)
     plan, manifest = prep.plan, prep.manifest
-    stats = JobStats(model=cfg.model.name, output_dir=str(prep.output_dir), bad_rows=manifest.dataset["bad_rows"])
+    stats = JobStats(model=cfg.model.name, output_dir=prep.sink.shards.shown, bad_rows=manifest.dataset["bad_rows"])
     if stats.bad_rows and prep.topo.part == 0:
         log.warning("%d bad row(s) skipped (dataset.on_error=skip); see %s", stats.bad_rows,
                     prep.output_dir / ERRORS_FILE)
@@ -212,19 +244,25 @@ def finish(prep: Prepared, stats: JobStats, group: Group, met: bool) -> None:
     """Record this part; then, once every rank of the group is done, rank 0 writes the index and
     the summary of all parts. `met=False` (an exception) skips the meeting: another rank may still
     be generating, and torchrun stops the whole group when this one exits non-zero."""
-    topo, out = prep.topo, prep.output_dir
+    topo, out, shards = prep.topo, prep.output_dir, prep.sink.shards
     write_part_summary(out, topo, stats)
     if topo.world > 1:
         if not met:
+            try:
+                shards.push_end(leader=False)  # best effort: the error that ended this rank is the news
+            except Exception as e:  # noqa: BLE001
+                log.warning("could not upload this rank's summary to %s: %s", shards.shown, e)
             return
         group.barrier()
     if not topo.leader:
+        shards.push_end(leader=False)
         log.info("%s %s: %d images written", topo, stats.status, stats.items_written)
         return
     # Workers finish one after another: each leader writes the index of the units done so far,
     # under a lock, and the last one's covers everything.
     with dir_lock(out, "finish"):
         merged = write_index_and_summary(out, topo)
+        shards.push_end(leader=True)
     for line in merged.lines():
         log.info(line)
 

@@ -3,7 +3,8 @@
     python -m jobs.verify /data/synth            # exit 0: all good; 1: problems, each named; 2: usage
 
 Checks, for every shard: its manifest exists and the shard matches it (size, members from the tar
-headers, sha256); for the index: it lists exactly the manifests' shards with their counts, sizes and
+headers, sha256), and so do its parquet and stats (sizes, sha256; the parquet's keys are the shard's,
+and no parquet or stats file is without its shard); for the index: it lists exactly the manifests' shards with their counts, sizes and
 hashes; then every sample is read back with webdataset (the reader users have): each has its json,
 txt and image (or video), its key is the one the manifest lists there, and no key is in two shards. A `.tar`
 with no manifest is a problem too: a copy of a shard would be read twice by a glob of output_dir.
@@ -70,6 +71,7 @@ def verify_output(output_dir: Path) -> Report:
                                    f"it moves the shard to _quarantine/ and generates its samples again)")
         else:
             good[url] = record
+    _check_sidecars(output_dir, good, report)
     _check_index(output_dir / INDEX_NAME, manifests, report)
     owners: Dict[str, str] = {}
     for url, record in good.items():
@@ -80,6 +82,37 @@ def verify_output(output_dir: Path) -> Report:
                             f"(its rerun removes them)")
     report.shards = len(manifests)
     return report
+
+
+def _check_sidecars(output_dir: Path, good: dict, report: Report) -> None:
+    import pyarrow.parquet as pq
+
+    from sinks.sidecars import PARQUET_SUFFIX, STATS_SUFFIX, check_sidecars, sidecar_names
+
+    fix = "rerun the job with job.verify=full: it rebuilds them from the shard"
+    old = [url for url, record in good.items() if not record.sidecars]
+    if old:
+        report.notes.append(f"{len(old)} shard(s) ({old[0]}, ...) have no parquet/stats in their manifest (written "
+                            f"before bcgen wrote them); {fix}")
+    for url, record in good.items():
+        if not record.sidecars:
+            continue
+        problems = check_sidecars(output_dir, record.sidecars, "full")
+        if not problems:
+            parquet = output_dir / sidecar_names(url)[0]
+            try:
+                keys = pq.read_table(parquet, columns=["key"]).column("key").to_pylist()
+            except Exception as err:  # noqa: BLE001 - an unreadable parquet is the finding
+                keys = None
+                problems.append(f"{parquet.name}: unreadable ({type(err).__name__}: {err})")
+            if keys is not None and keys != list(record.keys):
+                problems.append(f"{parquet.name}: its keys are not the shard's")
+        report.problems += [f"{url}: {p} ({fix})" for p in problems]
+    for suffix in (PARQUET_SUFFIX, STATS_SUFFIX):
+        for path in sorted(output_dir.glob(f"shard-*{suffix}")):
+            if not (output_dir / (path.name[: -len(suffix)] + ".tar")).exists():
+                report.problems.append(f"{path.name}: its shard is missing, so it describes samples that are not "
+                                       f"there (rerun the job with job.verify=full: it moves it to _quarantine/)")
 
 
 def _check_index(path: Path, manifests: dict, report: Report) -> None:
@@ -136,10 +169,13 @@ def _read_back(path: Path, record, owners: Dict[str, str], report: Report) -> No
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m jobs.verify", description=__doc__.split("\n")[0])
-    parser.add_argument("output_dir", type=Path, help="the output_dir of a bcgen job")
+    parser.add_argument("output_dir", help="the output_dir of a bcgen job")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[%(name)s][%(levelname)s] - %(message)s")
     try:
+        from jobs.storage import local_folder_arg
+
+        args.output_dir = local_folder_arg(args.output_dir, "jobs.verify")
         report = verify_output(args.output_dir)
     except UserError as e:
         log.error("%s", e)

@@ -1,4 +1,5 @@
-"""Webdataset sink: samples -> atomically committed tar shards, manifests and a wids index.
+"""Webdataset sink: samples -> atomically committed tar shards, their parquet and stats, manifests
+and a wids index; optionally mirrored to an object store (remote.py).
 
 Knows nothing of diffusion: a sample is a key and its members by extension (an RGB uint8 image,
 a `Video`, an `Audio`, ...), a caption and a JSON dict; encoders by kind live in sinks/kinds.py.
@@ -15,6 +16,7 @@ from sinks.kinds import KINDS, Encoder, encoder_for, known_extensions, register_
 from sinks.manifest import ScanResult, ShardRecord, read_record, record_from_tar, scan_output
 from sinks.sample import EncodedSample, Sample
 from sinks.shard_writer import DEFAULT_NAME_PATTERN, ShardWriter
+from sinks.sidecars import MetaSpec
 from sinks.video import Video
 
 __all__ = [
@@ -28,6 +30,7 @@ __all__ = [
     "INDEX_NAME",
     "KINDS",
     "MAX_STEM_LEN",
+    "MetaSpec",
     "Sample",
     "ScanResult",
     "ShardRecord",

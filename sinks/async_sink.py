@@ -32,6 +32,7 @@ from sinks.errors import SinkError
 from sinks.manifest import ShardRecord
 from sinks.sample import EncodedSample, PreparedSample, Sample, prepare_sample
 from sinks.shard_writer import DEFAULT_NAME_PATTERN, ShardWriter
+from sinks.sidecars import MetaSpec
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,12 @@ log = logging.getLogger(__name__)
 class _Write:
     sample: PreparedSample
     encoded: Future  # -> EncodedSample
+
+
+@dataclass
+class _Failure:
+    key: str
+    reason: str
 
 
 @dataclass
@@ -61,9 +68,10 @@ class AsyncSink:
         name_pattern: str = DEFAULT_NAME_PATTERN,
         start_index: int = 0,
         on_commit: Optional[Callable[[ShardRecord], None]] = None,
+        spec: MetaSpec = MetaSpec(),
     ) -> None:
         self.config = config
-        self._writer = ShardWriter(output_dir, config, name_pattern, start_index, on_commit)
+        self._writer = ShardWriter(output_dir, config, name_pattern, start_index, on_commit, spec)
         self._queue: queue.Queue = queue.Queue(maxsize=config.queue_size)
         self._pool = ThreadPoolExecutor(config.encode_threads, thread_name_prefix="sink-encode")
         self._lock = threading.Lock()
@@ -88,6 +96,11 @@ class AsyncSink:
         t0 = time.perf_counter()
         self._queue.put(_Write(prepared, future))
         self._put_blocked_s += time.perf_counter() - t0
+
+    def note_failure(self, key: str, reason: str) -> None:
+        """An item that will not be written (ShardWriter.note_failure), in put order."""
+        self._check_usable()
+        self._queue.put(_Failure(key, reason))
 
     def commit_now(self) -> Optional[ShardRecord]:
         """Write everything put so far and commit the current shard now (pre-emption: commit what
@@ -195,6 +208,8 @@ class AsyncSink:
     def _handle(self, item: object) -> None:
         if isinstance(item, _Write):
             self._timed(self._writer.write, item.encoded.result())
+        elif isinstance(item, _Failure):
+            self._writer.note_failure(item.key, item.reason)
         else:
             assert isinstance(item, _Commit), item
             item.record = self._timed(self._writer.commit_now)

@@ -27,12 +27,13 @@ from typing import Optional
 from sinks.atomic import atomic_write_bytes
 from sinks.errors import CorruptShardError
 from sinks.keys import key_from_stem
+from sinks.sidecars import MetaSpec
 from sinks.verify import check_against_manifest, check_layout, sha256_file
 
 log = logging.getLogger(__name__)
 
 MANIFEST_DIR = "_manifest"
-MANIFEST_VERSION = 2  # 2 added `members`; version 1 manifests are still read (size and sha256 only)
+MANIFEST_VERSION = 3  # 2 added `members`, 3 `sidecars`; versions 1 and 2 are still read
 # The names this package's writers give shards (DEFAULT_NAME_PATTERN, or one per rank, shard-rPPPP-NNNNNN):
 # a file matching a shard glob but not this (`shard-000001 (copy).tar`) is a stray, never adopted.
 SHARD_NAME = re.compile(r"shard-(?:(?:r[0-9]{4}-)?[0-9]{6,}|u[0-9]{7}-[0-9]{4,})\.tar")  # u: a work unit's (jobs/worker/)
@@ -51,6 +52,8 @@ class ShardRecord:
     """Original sample keys, in shard order."""
     members: list[list] = field(default_factory=list)
     """[member name, payload size] of every tar member, in order: checked against the tar headers."""
+    sidecars: list[list] = field(default_factory=list)
+    """[name, size, sha256] of the shard's parquet and stats (sinks/sidecars.py), beside it in output_dir."""
 
 
 @dataclass
@@ -84,7 +87,7 @@ def load_manifest(output_dir: Path, url: str) -> ShardRecord | None:
     path = manifest_path(output_dir, url)
     try:
         data = json.loads(path.read_bytes())
-        assert data.pop("manifest_version") in (1, MANIFEST_VERSION)
+        assert data.pop("manifest_version") in (1, 2, MANIFEST_VERSION)
         record = ShardRecord(**data)
         assert record.url == url and record.nsamples == len(record.keys)
     except FileNotFoundError:
@@ -146,10 +149,13 @@ def read_record(output_dir: Path, url: str) -> ShardRecord:
     return load_manifest(output_dir, url) or record_from_tar(output_dir, url)
 
 
-def checked_record(output_dir: Path, url: str, level: str, quarantined: list, rebuilt: Optional[list] = None):
+def checked_record(output_dir: Path, url: str, level: str, quarantined: list, rebuilt: Optional[list] = None,
+                   spec: Optional[MetaSpec] = None):
     """The record of a shard that still matches its manifest (or, without one, has a shard's layout);
     None after moving a shard that does not to _quarantine/ (its entry appended to `quarantined`).
-    `rebuilt` given: a missing or unreadable manifest is rewritten from the tar and the url appended."""
+    `rebuilt` given: a missing or unreadable manifest is rewritten from the tar and the url appended,
+    sidecars found beside a shard without a manifest are adopted, and with a `spec` (the parquet's
+    columns) sidecars that are missing or differ from the manifest are rebuilt from the tar."""
     from sinks.quarantine import quarantine
 
     record = load_manifest(output_dir, url)
@@ -163,16 +169,46 @@ def checked_record(output_dir: Path, url: str, level: str, quarantined: list, re
         if entry is not None:
             quarantined.append(entry)
         return None
-    if rebuilt is not None and not has_manifest:
+    if rebuilt is None:
+        return record
+    changed = _settle_sidecars(output_dir, record, level, has_manifest, spec) or not has_manifest
+    if changed:
         write_manifest(output_dir, record)
         rebuilt.append(url)
     return record
 
 
+def _settle_sidecars(output_dir: Path, record: ShardRecord, level: str, has_manifest: bool,
+                     spec: Optional[MetaSpec]) -> bool:
+    """Make the sidecars of a good shard match its record; True when the record's list changed.
+    Sidecars found beside a shard without a manifest are adopted when they match it; without a
+    `spec` nothing is rebuilt."""
+    from sinks import sidecars
+
+    if has_manifest and record.sidecars:
+        problems = sidecars.check_sidecars(output_dir, record.sidecars, level)
+        if not problems or spec is None:
+            return False
+        log.warning("%s: %s; rebuilding its parquet and stats from the shard", record.url, "; ".join(problems))
+    elif not has_manifest:
+        found = sidecars.adopt(output_dir, record.url, record.keys)
+        if found is not None:
+            record.sidecars = found
+            return True
+    if spec is None:
+        return False
+    record.sidecars = sidecars.rebuild(output_dir, record.url, record.filesize, spec)
+    return True
+
+
 def remove_temps(output_dir: Path, pattern_glob: str) -> list[str]:
-    """Delete the temp files of shards and manifests matching `pattern_glob` (no live writer may own them)."""
+    """Delete the temp files of shards, their sidecars and manifests matching `pattern_glob` (no live
+    writer may own them)."""
+    from sinks.sidecars import sidecar_globs
+
     removed = []
-    for directory, glob in ((output_dir, f".{pattern_glob}.tmp"), (output_dir / MANIFEST_DIR, f".{pattern_glob}.json.tmp")):
+    globs = [(output_dir, f".{g}.tmp") for g in (pattern_glob, *sidecar_globs(pattern_glob))]
+    for directory, glob in globs + [(output_dir / MANIFEST_DIR, f".{pattern_glob}.json.tmp")]:
         for path in sorted(directory.glob(glob)):
             path.unlink(missing_ok=True)
             removed.append(str(path.relative_to(output_dir)))
@@ -184,12 +220,15 @@ def is_shard_name(name: str) -> bool:
     return SHARD_NAME.fullmatch(name) is not None
 
 
-def scan_output(output_dir: str | Path, pattern_glob: str = "shard-*.tar", verify: str = "members") -> ScanResult:
+def scan_output(output_dir: str | Path, pattern_glob: str = "shard-*.tar", verify: str = "members",
+                spec: Optional[MetaSpec] = None) -> ScanResult:
     """Committed shards under output_dir matching `pattern_glob`, after deleting leftover temps.
 
     Every shard is checked against its manifest (`verify`: members = size + tar headers, one stat
     and a header read per member; full = also sha256, reads every byte); one that differs is moved
-    to _quarantine/ and left out, so its samples are generated again.
+    to _quarantine/ and left out, so its samples are generated again. With `spec`, each kept shard's
+    parquet and stats are checked too (rebuilt from the tar when missing or changed), and sidecars
+    whose shard is gone are moved to _quarantine/.
     """
     output_dir = Path(output_dir)
     if not output_dir.is_dir():
@@ -202,10 +241,27 @@ def scan_output(output_dir: str | Path, pattern_glob: str = "shard-*.tar", verif
                         "move it out of output_dir", path, pattern_glob)
             result.strays.append(path.name)
             continue
-        record = checked_record(output_dir, path.name, verify, result.quarantined, result.rebuilt)
+        record = checked_record(output_dir, path.name, verify, result.quarantined, result.rebuilt, spec)
         if record is not None:
             result.records.append(record)
+    if spec is not None:
+        _quarantine_orphans(output_dir, pattern_glob, result)
     return result
+
+
+def _quarantine_orphans(output_dir: Path, pattern_glob: str, result: ScanResult) -> None:
+    """Sidecars whose shard is not there (deleted by hand): a parquet must not describe missing samples."""
+    from sinks.quarantine import quarantine_file
+    from sinks.sidecars import PARQUET_SUFFIX, STATS_SUFFIX, sidecar_globs
+
+    for glob in sidecar_globs(pattern_glob):
+        for path in sorted(output_dir.glob(glob)):
+            suffix = PARQUET_SUFFIX if path.name.endswith(PARQUET_SUFFIX) else STATS_SUFFIX
+            shard = path.name[: -len(suffix)] + ".tar"
+            if is_shard_name(shard) and not (output_dir / shard).exists():
+                entry = quarantine_file(output_dir, path.name, f"its shard {shard} is not in output_dir")
+                if entry is not None:
+                    result.quarantined.append(entry)
 
 
 def indexed_records(output_dir: str | Path) -> list[ShardRecord]:

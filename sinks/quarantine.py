@@ -1,9 +1,12 @@
-"""Move a damaged committed shard (and its manifest) aside, into `OUTPUT_DIR/_quarantine/`.
+"""Move a damaged committed shard (with its parquet, stats and manifest) aside, into `OUTPUT_DIR/_quarantine/`.
 
 Moved, not deleted: the bytes may be worth a look, and nothing under `_quarantine/` matches a
 shard glob, so no index, resume scan or `webdataset` glob of output_dir sees it again. Each move
 appends one line to `_quarantine/log.jsonl` (url, where it went, why, how many samples), which
 the job's summary.json repeats.
+
+The sidecars move first and the tar after them: a move cut short leaves a shard without sidecars
+(rebuilt, or quarantined again, by the next scan), never a parquet that describes a missing shard.
 """
 
 from __future__ import annotations
@@ -31,25 +34,61 @@ def _free_name(directory: Path, name: str) -> Path:
 
 
 def quarantine(output_dir: Path, url: str, reason: str, nsamples: Optional[int]) -> Optional[dict]:
-    """Move shard `url` and its manifest into _quarantine/; None when another process moved it first."""
+    """Move shard `url`, its sidecars and its manifest into _quarantine/; None when another process
+    moved it first."""
+    from sinks.sidecars import sidecar_names
+
     output_dir = Path(output_dir)
     target_dir = output_dir / QUARANTINE_DIR
     target_dir.mkdir(exist_ok=True)
+    if not (output_dir / url).exists():
+        return None  # a rank or array task checking the same shard moved it already
     target = _free_name(target_dir, url)
+    for name in sidecar_names(url):  # shard-X.parquet -> shard-X.tar.parquet, shard-X_stats.json -> shard-X.tar.stats.json
+        try:
+            os.replace(output_dir / name, target.with_name(target.name + "." + name[len(url) - 4:].lstrip("._")))
+        except FileNotFoundError:
+            pass
     try:
         os.rename(output_dir / url, target)
     except FileNotFoundError:
-        return None  # a rank or array task checking the same shard moved it already
+        return None
     manifest = output_dir / MANIFEST_DIR / f"{url}.json"
     if manifest.exists():
         os.replace(manifest, target.with_name(target.name + ".manifest.json"))
-    entry = {"url": url, "moved_to": str(target.relative_to(output_dir)), "reason": reason,
-             "nsamples": nsamples, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    with open(target_dir / LOG_NAME, "a", encoding="utf-8") as f:  # one short line: an atomic append
-        f.write(json.dumps(entry) + "\n")
+    entry = _log(output_dir, url, target, reason, nsamples)
     log.warning("shard %s does not match what was committed (%s): moved to %s; its %s sample(s) will be "
                 "generated again", url, reason, entry["moved_to"], "?" if nsamples is None else nsamples)
     return entry
+
+
+def quarantine_file(output_dir: Path, name: str, reason: str) -> Optional[dict]:
+    """Move one file (a sidecar whose shard is gone) into _quarantine/."""
+    output_dir = Path(output_dir)
+    target_dir = output_dir / QUARANTINE_DIR
+    target_dir.mkdir(exist_ok=True)
+    target = _free_name(target_dir, name)
+    try:
+        os.rename(output_dir / name, target)
+    except FileNotFoundError:
+        return None
+    entry = _log(output_dir, name, target, reason, None)
+    log.warning("%s: %s; moved to %s", name, reason, entry["moved_to"])
+    return entry
+
+
+def _log(output_dir: Path, url: str, target: Path, reason: str, nsamples: Optional[int]) -> dict:
+    entry = {"url": url, "moved_to": str(target.relative_to(output_dir)), "reason": reason,
+             "nsamples": nsamples, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    append_log(output_dir, entry)
+    return entry
+
+
+def append_log(output_dir: Path, entry: dict) -> None:
+    """Add one entry to _quarantine/log.jsonl (also for shards moved aside on an object store)."""
+    (Path(output_dir) / QUARANTINE_DIR).mkdir(exist_ok=True)
+    with open(Path(output_dir) / QUARANTINE_DIR / LOG_NAME, "a", encoding="utf-8") as f:  # one short line: an atomic append
+        f.write(json.dumps(entry) + "\n")
 
 
 def quarantine_log(output_dir: Path) -> List[dict]:

@@ -3,8 +3,9 @@ with crash safety).
 
 Rotation works like webdataset's: a shard is committed and the next opened when it holds
 `maxcount` samples, or when the next sample would push its file past `maxsize` bytes (so shards
-stay within maxsize unless one sample alone is larger). Each commit writes the shard's manifest
-and then calls `on_commit(record)`.
+stay within maxsize unless one sample alone is larger). Each commit stages the shard's parquet and
+stats (sinks/sidecars.py), commits the tar, publishes them, writes the manifest (which lists
+them), and then calls `on_commit(record)`.
 
 Committed shards are never rewritten: an index whose final name (or temp name's final name) is
 taken, e.g. by a previous run in the same output_dir, is skipped. Names must be unique per
@@ -22,8 +23,9 @@ from typing import Callable, Optional
 
 from sinks.config import SinkConfig
 from sinks.errors import SinkError
-from sinks.manifest import ShardRecord, write_manifest
+from sinks.manifest import ShardRecord, manifest_path, write_manifest
 from sinks.sample import EncodedSample, Sample, encode_sample
+from sinks.sidecars import MetaSpec, stage
 from sinks.tar_shard import TarShard
 
 log = logging.getLogger(__name__)
@@ -55,6 +57,7 @@ class ShardWriter:
         name_pattern: str = DEFAULT_NAME_PATTERN,
         start_index: int = 0,
         on_commit: Optional[Callable[[ShardRecord], None]] = None,
+        spec: MetaSpec = MetaSpec(),
     ) -> None:
         check_name_pattern(name_pattern)
         self.output_dir = Path(output_dir)
@@ -62,6 +65,8 @@ class ShardWriter:
         self.config = config
         self.name_pattern = name_pattern
         self.on_commit = on_commit
+        self.spec = spec
+        self._failures_pending: dict = {}  # failures noted while no shard was open: the next one counts them
         self.records: list[ShardRecord] = []
         self.samples_written = 0
         self._next_index = start_index
@@ -84,11 +89,21 @@ class ShardWriter:
                 path = self._free_path()
                 self._step = f"opening shard {path.parent / ('.' + path.name + '.tmp')} (to become {path.name})"
                 self._shard = TarShard(path)
+                self._shard.shard_log.failures.update(self._failures_pending)
+                self._failures_pending = {}
             self._step = f"writing shard {self._shard.temp_path} (to become {self._shard.final_path.name})"
             self._shard.add(sample)
         except OSError as err:
             self._fail(err)
         self.samples_written += 1
+
+    def note_failure(self, key: str, reason: str) -> None:
+        """An item of this stretch that will not be written (e.g. a NaN image sent to a ledger): the
+        open shard's stats count it (img2dataset's `failed_to_*`), or the next shard's if none is open."""
+        if self._shard is not None:
+            self._shard.shard_log.failures[reason] += 1
+        else:
+            self._failures_pending[reason] = self._failures_pending.get(reason, 0) + 1
 
     def commit_now(self) -> Optional[ShardRecord]:
         """Commit the current shard early (pre-emption); None when it holds no sample."""
@@ -126,18 +141,28 @@ class ShardWriter:
         while True:
             path = self.output_dir / self.name_pattern.format(index=self._next_index)
             self._next_index += 1
-            if not path.exists():
+            # A manifest without its tar: the shard was uploaded (an object store, jobs/mirror.py).
+            if not (path.exists() or manifest_path(self.output_dir, path.name).exists()):
                 return path
             log.info("%s exists (committed by an earlier run); skipping to the next index", path.name)
 
     def _commit(self) -> ShardRecord:
         shard = self._shard
         assert shard is not None
-        self._step = f"committing shard {shard.temp_path} to {shard.final_path.name}"
-        filesize, sha256 = shard.commit()  # on OSError the shard stays open, so _fail discards it
+        url = shard.final_path.name
+        self._step = f"writing the parquet and stats of {url}"
+        # Staged before the tar's commit and published after it: a sidecar is never without its shard.
+        staged = stage(self.output_dir, url, shard.shard_log, shard.size_with(), self.spec)
+        self._step = f"committing shard {shard.temp_path} to {url}"
+        try:
+            filesize, sha256 = shard.commit()  # on OSError the shard stays open, so _fail discards it
+        except BaseException:
+            staged.discard()
+            raise
         self._shard = None
-        record = ShardRecord(shard.final_path.name, shard.nsamples, filesize, sha256, list(shard.keys),
-                             list(shard.members))
+        self._step = f"publishing the parquet and stats of {url} (the shard itself is committed)"
+        sidecars = staged.publish()
+        record = ShardRecord(url, shard.nsamples, filesize, sha256, list(shard.keys), list(shard.members), sidecars)
         self.records.append(record)
         # A crash or error from here on loses only the manifest, which scan_output rebuilds from the tar.
         self._step = f"writing the manifest of {record.url} (the shard itself is committed)"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import logging
 import os
 import tarfile
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from sinks.atomic import fsync_dir, link_no_replace, temp_path_for
 from sinks.sample import EncodedSample
+from sinks.sidecars import Row, ShardLog
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +71,7 @@ class TarShard:
         self.keys: list[str] = []
         self.members: list[list] = []  # [name, payload size]: the manifest's witness of this tar's headers
         self._stems: set[str] = set()
+        self.shard_log = ShardLog()  # rows and failures for the shard's parquet and stats (sinks/sidecars.py)
         # "wb", not "xb": a leftover temp of the same name is a dead run's partial shard.
         self._file = open(self.temp_path, "wb")
         self._hashing = _HashingFile(self._file)
@@ -87,7 +90,8 @@ class TarShard:
         if sample.stem in self._stems:
             # Same stem twice in one tar: readers would merge or drop samples.
             raise ValueError(f"sample key {sample.key!r} was written twice to {self.final_path.name}; keys must be unique.")
-        for name, data in sample.members():
+        members = sample.members()
+        for name, data in members:
             info = tarfile.TarInfo(name)
             info.size = len(data)
             info.mtime = _MTIME
@@ -98,6 +102,8 @@ class TarShard:
             self.members.append([name, len(data)])
         self._stems.add(sample.stem)
         self.keys.append(sample.key)
+        self.shard_log.rows.append(Row(sample.key, json.loads(sample.meta_json), [n for n, _ in members],
+                                 sum(len(d) for _, d in members)))
 
     def commit(self) -> tuple[int, str]:
         """Make the shard visible under its final name; returns (filesize, sha256 hex)."""

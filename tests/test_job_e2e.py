@@ -58,6 +58,28 @@ def test_cli_writes_complete_shards_index_and_summary(job):
     assert "bcgen complete: 7 images written" in log and "plan: 7 items" in log
 
 
+def test_parquet_metadata_reads_as_one_table_with_pandas_and_duckdb(job):
+    import glob
+
+    import duckdb
+    import pandas as pd
+
+    data, out, proc, rows = job
+    df = pd.read_parquet(sorted(glob.glob(f"{out}/*.parquet")))
+    assert sorted(df["key"]) == sorted(r["key"] for r in rows)
+    assert df.set_index("key").loc[rows[0]["key"], "seed"] == 1234
+    assert df.set_index("key").loc[rows[1]["key"], "negative_prompt"] == "blurry"
+    assert set(df["shard"]) == {p.name for p in out.glob("shard-*.tar")}
+    assert (df[["width", "height", "steps"]] == [64, 64, 2]).all().all() and not df["nonfinite"].any()
+    assert set(df["model"]) == {"sana_tiny"} and set(df["mode"]) <= {"replay", "eager", "mixed"}
+    assert all(list(m) == [f"{k}.jpg", f"{k}.json", f"{k}.txt"] for k, m in zip(df["key"], df["members"]))
+    counts = duckdb.sql(f"SELECT shard, count(*) AS n, sum(bytes) AS b FROM read_parquet('{out}/*.parquet') "
+                        f"GROUP BY shard ORDER BY shard").fetchall()
+    stats = {json.loads(p.read_text())["shard"]: json.loads(p.read_text()) for p in out.glob("*_stats.json")}
+    assert [(s, n) for s, n, _ in counts] == [(s, stats[s]["successes"]) for s in sorted(stats)]
+    assert sum(st["count"] for st in stats.values()) == 7 and all(st["failures"] == 0 for st in stats.values())
+
+
 def test_shards_read_back_with_webdataset(job):
     import webdataset as wds
     from PIL import Image

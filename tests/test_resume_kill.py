@@ -50,6 +50,10 @@ def shard_bytes(out: Path) -> dict:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(out.glob("shard-*.tar"))}
 
 
+def sidecars(out: Path) -> list:
+    return sorted(p.name for p in out.glob("shard-*") if p.name.endswith((".parquet", "_stats.json")))
+
+
 def temps(out: Path) -> list:
     return sorted(p.name for p in out.glob(".shard-*.tmp"))
 
@@ -70,7 +74,7 @@ def killed_chain(tmp_path_factory):
     for name, hook in (("plan", "plan"), ("batch", "batch:3"), ("shard", "shard-write:1"), ("final", None)):
         proc = cli(*args, env={"BCGEN_TEST_KILL_AT": hook} if hook else None)
         steps[name] = {"proc": proc, "bytes": shard_bytes(out), "temps": temps(out), "keys": shard_keys(out),
-                       "claimed": (out / "run.json").exists()}
+                       "claimed": (out / "run.json").exists(), "sidecars": sidecars(out)}
     return {"rows": rows, "data": data, "out": out, "steps": steps, "args": args}
 
 
@@ -113,6 +117,21 @@ def test_rerun_after_kills_has_every_key_once_and_keeps_committed_bytes(killed_c
     assert sorted(s["url"] for s in index["shardlist"]) == sorted(step["bytes"])
 
 
+def test_parquet_and_stats_follow_their_shards_through_kills(killed_chain):
+    import pyarrow.dataset as ds
+
+    for name, step in killed_chain["steps"].items():
+        tars = {n[: -len(".tar")] for n in step["bytes"]}
+        stems = {n[: -len(".parquet")] if n.endswith(".parquet") else n[: -len("_stats.json")] for n in step["sidecars"]}
+        assert stems <= tars, f"{name}: a parquet or stats file without its shard"
+    out = killed_chain["out"]
+    assert stems == tars  # after the clean rerun every shard has both
+    table = ds.dataset(sorted(str(p) for p in out.glob("*.parquet"))).to_table()
+    assert Counter(table.column("key").to_pylist()) == killed_chain["steps"]["final"]["keys"]
+    stats = [json.loads(p.read_text()) for p in out.glob("*_stats.json")]
+    assert sum(s["successes"] for s in stats) == len(killed_chain["rows"])
+
+
 def test_other_dataset_is_refused_then_overwrite_starts_over(killed_chain, tmp_path):
     out, args = killed_chain["out"], killed_chain["args"]
     other_rows = prompts(3)
@@ -128,6 +147,7 @@ def test_other_dataset_is_refused_then_overwrite_starts_over(killed_chain, tmp_p
     assert fresh.returncode == 0, log_of(fresh)
     assert shard_keys(out) == Counter({r["key"]: 1 for r in other_rows})
     assert json.loads((out / "summary.json").read_text())["items_written"] == 3
+    assert {n.rsplit(".", 1)[0].removesuffix("_stats") for n in sidecars(out)} == {n[:-4] for n in shard_bytes(out)}
 
 
 def test_sigterm_finishes_the_batch_commits_and_exits_resumable(tmp_path):

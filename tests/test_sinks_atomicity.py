@@ -45,7 +45,7 @@ def test_abort_leaves_only_committed_shards(tmp_path):
         sink.put(s)
     sink.abort()
     sink.abort()  # idempotent
-    assert sorted(p.name for p in tmp_path.glob("shard-*")) == ["shard-000000.tar", "shard-000001.tar", "shard-000002.tar"]
+    assert sorted(p.name for p in tmp_path.glob("shard-*.tar")) == ["shard-000000.tar", "shard-000001.tar", "shard-000002.tar"]
     assert list(tmp_path.glob(".*")) == []
     with pytest.raises(RuntimeError, match="the sink is closed"):
         sink.put(samples(1)[0])
@@ -181,9 +181,12 @@ def _check_after_kill(out, expect_temp):
     if expect_temp:
         assert temps, names
     for name in names:
-        if not name.endswith(".tmp"):
+        if name.endswith(".tar"):
             with tarfile.open(out / name) as tar:  # every final-name file is a complete tar of 5 samples
                 assert len(tar.getmembers()) == 15, name
+        elif not name.endswith(".tmp"):  # a parquet or stats file under its final name has its shard
+            assert name.endswith((".parquet", "_stats.json")), name
+            assert name.replace("_stats.json", ".tar").replace(".parquet", ".tar") in names, name
     scan = scan_output(out)
     assert sorted(scan.removed_temps) == sorted(temps)
     assert not any(p.name.endswith(".tmp") for p in out.rglob(".*"))

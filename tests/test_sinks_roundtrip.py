@@ -146,7 +146,10 @@ def test_manifests_match_shards_and_scan_reloads_them(tmp_path):
     records = write_all(tmp_path, make_samples()).records
     scan = scan_output(tmp_path, verify="full")
     assert scan.records == records and scan.rebuilt == [] and scan.removed_temps == []
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["_manifest"] + [r.url for r in records]
+    stems = [r.url[:-4] for r in records]
+    expected = [f"{s}{ext}" for s in stems for ext in (".parquet", ".tar", "_stats.json")]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["_manifest"] + sorted(expected)
+    assert all([e[0] for e in r.sidecars] == [f"{r.url[:-4]}.parquet", f"{r.url[:-4]}_stats.json"] for r in records)
 
 
 def test_synchronous_writer_gives_the_same_bytes(tmp_path):

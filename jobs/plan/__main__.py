@@ -20,11 +20,10 @@ register_configs()
 
 
 def plan_typed(cfg) -> None:
-    from jobs.plan.publish import open_plan
-    from jobs.run import check_config
+    from jobs.run import check_config, join_or_make_plan, open_shards
 
-    _, _, output_dir, divisor = check_config(cfg)
-    open_plan(cfg, output_dir, divisor)
+    _, _, _, divisor = check_config(cfg)
+    join_or_make_plan(cfg, open_shards(cfg), divisor)  # an object store: staged, then published
 
 
 @hydra.main(version_base="1.3", config_path="../../conf", config_name="generate")

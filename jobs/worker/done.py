@@ -27,6 +27,10 @@ def done_units(plan_dir: Path) -> Set[int]:
     return {int(name[5:12]) for name in os.listdir(d) if name.startswith("unit-") and name.endswith(".json")}
 
 
+def done_path(plan_dir: Path, unit: int) -> Path:
+    return plan_dir / DONE_DIR / f"{unit_name(unit)}.json"
+
+
 def mark_done(plan_dir: Path, unit: int, records: List[ShardRecord], owner: str) -> bool:
     """Publish the marker; False when the unit was already marked (by a worker it was taken from)."""
     from sinks.atomic import fsync_dir, write_synced
@@ -57,20 +61,21 @@ def done_records(plan_dir: Path) -> List[ShardRecord]:
     return out
 
 
-def reopen_damaged(output_dir: Path, plan_dir: Path, verify: str) -> List[dict]:
+def reopen_damaged(plan_dir: Path, shards, verify: str) -> List[dict]:
     """job.verify=full: check the shards of every done unit (a scan of all shards, so only on
     request; by default done units are trusted and resume reads no shard). A unit whose shard no
     longer matches its manifest (moved to _quarantine/ by the scan) or is missing loses its done
-    marker, and its missing samples are generated again. Returns the quarantined shards."""
+    marker, and its missing samples are generated again. Returns the quarantined shards.
+    `shards`: jobs/mirror.py LocalShards or Mirror (an object store)."""
     from jobs.worker.unit_sink import unit_shard_glob
-    from sinks import scan_output
 
     quarantined: List[dict] = []
     for unit in sorted(done_units(plan_dir)):
-        marker = plan_dir / DONE_DIR / f"{unit_name(unit)}.json"
+        marker = done_path(plan_dir, unit)
         listed = {s["url"] for s in json.loads(marker.read_text())["shards"]}
-        scan = scan_output(output_dir, unit_shard_glob(unit), verify)
-        quarantined += scan.quarantined
-        if scan.quarantined or not listed <= {r.url for r in scan.records}:
+        records, moved = shards.scan(unit_shard_glob(unit), verify)
+        quarantined += moved
+        if moved or not listed <= {r.url for r in records}:
             marker.unlink()
+            shards.on_reopen(marker)
     return quarantined

@@ -83,12 +83,13 @@ class LeasedPlan:
                 yield batches
 
     def _unit_batches(self, info: UnitInfo) -> List[Batch]:
-        from sinks import scan_output
+        from jobs.plan.units import unit_name
 
+        self.sink.shards.fetch_unit(self.plan_dir / f"{unit_name(info.id)}.parquet")  # an object store: on lease
         items = read_unit(self.plan_dir, info, self.manifest.dataset["path"], self.dtype)
         # Ours to check and clean: we hold its lease. A shard that no longer matches its manifest is
         # quarantined by the scan, and its samples are generated again.
-        prior = scan_output(self.output_dir, unit_shard_glob(info.id), self.verify).records
+        prior, _ = self.sink.shards.scan(unit_shard_glob(info.id), self.verify)
         committed = {k for r in prior for k in r.keys}
         todo = [it for it in items if it.key not in committed]
         self.leased.append(info.id)

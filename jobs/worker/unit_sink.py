@@ -17,11 +17,13 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
-from jobs.worker.done import mark_done
+from jobs.mirror import LocalShards
+from jobs.worker.done import done_path, mark_done
 from jobs.worker.lease import Leaser
 from sinks import AsyncSink, Sample, ShardRecord, SinkConfig
+from sinks.sidecars import MetaSpec
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +46,11 @@ class _Open:
 
 
 class UnitSink:
-    def __init__(self, output_dir: Path, config: SinkConfig, plan_dir: Path, leaser: Leaser, owner: str):
+    def __init__(self, output_dir: Path, config: SinkConfig, plan_dir: Path, leaser: Leaser, owner: str,
+                 shards: Optional[LocalShards] = None):
         self.output_dir, self.config, self.plan_dir = Path(output_dir), config, plan_dir
+        # Where committed shards are found and what follows a commit (an upload, jobs/mirror.py).
+        self.shards = shards or LocalShards(self.output_dir, MetaSpec())
         self.leaser, self.owner = leaser, owner
         self._open: Dict[int, _Open] = {}
         self._unit_of: Dict[str, int] = {}
@@ -58,7 +63,8 @@ class UnitSink:
         if not keys:
             self._mark(unit, prior)
             return
-        sink = AsyncSink(self.output_dir, self.config, name_pattern=unit_shard_pattern(unit))
+        sink = AsyncSink(self.output_dir, self.config, name_pattern=unit_shard_pattern(unit), spec=self.shards.spec,
+                         on_commit=self.shards.on_commit)
         self._open[unit] = _Open(sink=sink, expected=len(keys), prior=prior, keys=set(keys))
         for k in keys:
             self._unit_of[k] = unit
@@ -72,10 +78,13 @@ class UnitSink:
         u.sink.put(sample)
         self._account(unit, u)
 
-    def skip(self, key: str) -> None:
+    def skip(self, key: str, reason: str = "nonfinite") -> None:
         """An item that will not be written (its image went to the NaN ledger): the unit still ends."""
         unit = self._unit_of.pop(key)
-        self._account(unit, self._open[unit])
+        u = self._open[unit]
+        if unit not in self.leaser.lost:
+            u.sink.note_failure(key, reason)  # counted in its shard's _stats.json
+        self._account(unit, u)
 
     def _account(self, unit: int, u: _Open) -> None:
         u.accounted += 1
@@ -89,9 +98,14 @@ class UnitSink:
                 log.error("unit %d: lease lost before its commit; its new holder finishes it", unit)
 
     def _mark(self, unit: int, records: List[ShardRecord]) -> None:
-        mark_done(self.plan_dir, unit, records, self.owner)
+        if mark_done(self.plan_dir, unit, records, self.owner):
+            self.shards.on_done(done_path(self.plan_dir, unit))
         self.units_done.append(unit)
         self.leaser.release(unit)
+
+    def inflight(self) -> Dict[int, int]:
+        """Items of each open unit that are committed or on their way (the job's progress)."""
+        return {unit: u.accounted + sum(r.nsamples for r in u.prior) for unit, u in self._open.items()}
 
     @property
     def records(self) -> List[ShardRecord]:
