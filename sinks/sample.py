@@ -51,6 +51,11 @@ class EncodedSample:
     def members(self) -> List[Tuple[str, bytes]]:
         return [(f"{self.stem}.{ext}", data) for ext, data in self.payloads]
 
+    @property
+    def meta_json(self) -> bytes:
+        """The `KEY.json` payload (the shard's parquet row is made from it, sinks/sidecars.py)."""
+        return next(data for ext, data in self.payloads if ext == "json")
+
 
 @dataclass(frozen=True)
 class PreparedSample:
