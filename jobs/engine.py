@@ -268,7 +268,7 @@ class Engine:
         request = DenoiseRequest(positive=pos, negative=neg, seeds=[it.seed for it in items],
                                  height=sig.height, width=sig.width, steps=sig.steps,
                                  guidance_scale=sig.guidance_scale, num_frames=sig.frames,
-                                 fps=batch_fps(items, self.family.fps_conditions))
+                                 fps=batch_fps(items, self.family.fps_conditions), prompts=[it.prompt for it in items])
         with timer.stage("denoise"):
             latents = self.family.denoise(self.pipe, request)
         if self.cuda:

