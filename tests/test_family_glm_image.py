@@ -22,7 +22,7 @@ from jobs.models.base import DenoiseRequest
 from jobs.models.glm_image import capturable_forward, glyph_length, glyph_texts
 from jobs.pixels import to_uint8
 from jobs.run import check_config
-from padding import PaddingRefused, TextEmbeds, get_padder
+from padding import PaddingRefused, get_padder
 from tests.helpers import compose_cfg, tiny_pipeline
 
 PROMPTS = ["a red fox", "a sign that says 'OPEN' on a door", "two signs: 'A' and \"BB\"",
