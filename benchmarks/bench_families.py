@@ -1,6 +1,7 @@
 """Per-family denoise benchmark: eager vs bcg at real architecture size (random bf16 weights).
 
-One row per family (Qwen-Image, Flux.1-dev, Z-Image, LongCat-Image): the diffusers transformer
+One row per family (Qwen-Image, Flux.1-dev, Z-Image, LongCat-Image; and, in benchmarks/families_video.py,
+Wan 2.1 1.3B and 14B, SANA-Video, LTX-2 at 480x832x49 and GLM-Image's DiT): the diffusers transformer
 class with the released checkpoint's transformer config and seeded random bf16 weights, batch 1,
 1024x1024, 20 flow-matching Euler steps (plain Euler update), denoise loop only (random text
 embeddings of the encoder's width and the family's text length; no text encoder, no VAE). Each
@@ -8,7 +9,9 @@ step calls the transformer the way its pipeline does: Qwen-Image and LongCat-Ima
 (CFG), Flux.1-dev one (distilled guidance), Z-Image one (Turbo, no CFG). bcg: the whole forward
 as one graph (break policy "none"), captured during the first (untimed) loop.
 
-    python benchmarks/bench_families.py --out benchmarks/results          # H200
+    python benchmarks/bench_families.py --out benchmarks/results          # H200, the image families
+    python benchmarks/bench_families.py --families wan,wan_14b,sana_video,ltx2,glm_image --steps 20 \
+        --out benchmarks/results                                          # H200, video families (+ GLM-Image)
     python benchmarks/bench_families.py --tiny --out /tmp/smoke           # CPU smoke test (tape)
 
 Rows are written after each family, so a run cut short keeps what it measured.
@@ -32,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import LoopTimer, device_tag, environment, flow_schedule, sync, write_results  # noqa: E402
 
 from bcg import RunnerConfig, apply_graph_runner  # noqa: E402
+import families_video as video  # noqa: E402
 
 # transformer/config.json of the released checkpoints (diffusers 0.42.1 class defaults where equal)
 REAL = {
@@ -54,6 +58,7 @@ CLASSES = {"qwen_image": "QwenImageTransformer2DModel", "flux": "FluxTransformer
 TEXT = {"qwen_image": (77, 128), "flux": (77, 512), "z_image": (77, 77), "longcat_image": (77, 512)}
 NEG_REAL = 5
 CFG_SCALE = {"qwen_image": 4.0, "longcat_image": 4.5}  # the others run one call per step
+ALL = {**REAL, **video.REAL}
 COLUMNS = ["family", "params_b", "resolution", "steps", "calls_per_step", "text_len", "eager_ms", "bcg_ms",
            "speedup", "ms_saved_per_call", "capture_s", "graphs", "segments", "max_abs_diff", "peak_mem_gib",
            "skipped"]
@@ -64,8 +69,8 @@ def tiny_configs() -> dict:
     from omegaconf import OmegaConf
 
     conf = Path(__file__).resolve().parents[1] / "conf" / "model"
-    return {f: OmegaConf.to_container(OmegaConf.load(conf / f"{f}_tiny.yaml"))["model"]["tiny"]["transformer"]
-            for f in REAL}
+    return {f: OmegaConf.to_container(OmegaConf.load(conf / f"{video.TINY.get(f, f)}_tiny.yaml"))["model"]["tiny"][
+        "transformer"] for f in ALL}
 
 
 def build(family: str, config: dict, device: str, dtype: torch.dtype):
@@ -152,15 +157,21 @@ def make_step(family: str, config: dict, side: int, device: str, dtype: torch.dt
 
 
 def run_family(family: str, args, device: str, dtype: torch.dtype) -> dict:
-    config = tiny_configs()[family] if args.tiny else REAL[family]
-    resolution = 64 if args.tiny else args.resolution
-    side = resolution // 8  # the 8x VAEs of all four families
-    row = {"family": family, "resolution": f"{resolution}x{resolution}", "steps": args.steps,
-           "calls_per_step": 2 if family in CFG_SCALE else 1, "text_len": TEXT[family][1]}
-    model = build(family, config, device, dtype)
+    config = tiny_configs()[family] if args.tiny else ALL[family]
+    row = {"family": family, "steps": args.steps}
+    if family in video.REAL:
+        model = video.build(family, config, device, dtype)
+        lat0, step, info = video.make_step(family, model, args.tiny, device, dtype)
+        row.update(info)
+    else:
+        resolution = 64 if args.tiny else args.resolution
+        side = resolution // 8  # the 8x VAEs of all four families
+        row.update(resolution=f"{resolution}x{resolution}", calls_per_step=2 if family in CFG_SCALE else 1,
+                   text_len=TEXT[family][1])
+        model = build(family, config, device, dtype)
+        lat0, step = make_step(family, config, side, device, dtype, args.tiny)
     row["params_b"] = round(sum(p.numel() for p in model.parameters()) / 1e9, 2)
     timesteps, sigmas = flow_schedule(args.steps, shift=3.0, device=device)
-    lat0, step = make_step(family, config, side, device, dtype, args.tiny)
 
     def loop(fwd):
         lat = lat0.clone()
@@ -205,7 +216,7 @@ def run_family(family: str, args, device: str, dtype: torch.dtype) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="benchmarks/results")
-    ap.add_argument("--families", default=",".join(REAL), help="comma-separated subset of " + ",".join(REAL))
+    ap.add_argument("--families", default=",".join(REAL), help="comma-separated subset of " + ",".join(ALL))
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--resolution", type=int, default=1024)
     ap.add_argument("--tiny", action="store_true", help="tiny preset configs, float32 (CPU smoke test)")
@@ -216,8 +227,8 @@ def main() -> None:
     meta = environment()
     rows = []
     for family in args.families.split(","):
-        if family not in REAL:
-            raise ValueError(f"--families: {family!r} is not one of {', '.join(REAL)}")
+        if family not in ALL:
+            raise ValueError(f"--families: {family!r} is not one of {', '.join(ALL)}")
         try:
             rows.append(run_family(family, args, device, dtype))
         except Exception as e:  # keep the other rows; say what failed
@@ -238,6 +249,10 @@ def main() -> None:
             "after the untimed loop that captured. graphs: signatures captured (LongCat's pipeline passes "
             "guidance=None on the cond call only, so its two CFG calls are two graphs). max_abs_diff: final "
             "latents, bcg vs eager.",
+            "Video families (benchmarks/families_video.py): 480x832, 49 frames; Wan 2.1 (1.3B, 14B) two CFG calls "
+            "a step on 512 UMT5 rows; SANA-Video one call on the CFG batch of 2, text bucket 128; LTX-2 three calls "
+            "(CFG batch 2, spatio-temporal guidance, modality isolation), 1024 text rows, video and audio latents; "
+            "GLM-Image's DiT at 1024x1024, two calls (prior tokens kept, dropped), the family's graph-friendly calls.",
         ]
         write_results(args.out, stem, rows, COLUMNS, notes, meta)
 

@@ -37,8 +37,9 @@ import torch
 from jobs.config import GenerateConfig
 from jobs.errors import UserError
 from jobs.models.base import DenoiseRequest, ModelFamily
-from jobs.pixels import to_uint8_torch
+from jobs.generated import Generated, HostOutputs, cat, on_device, tensors_of
 from jobs.plan import Batch, Item, Signature
+from jobs.samples import item_fps
 from padding import Padder, TextEmbeds
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,9 @@ class BatchResult:
     mode: str  # "replay" (every denoiser call replayed a graph), "eager" or "mixed"
     batch_size: int  # the pool batch size the items ran at (halves of it after an OOM split)
     stage_ms: Dict[str, float] = field(default_factory=dict)  # device time of encode/denoise/decode
+    audio: List[Optional[np.ndarray]] = field(default_factory=list)  # float32 [N, C] per item (LTX-2), or None
+    sample_rate: int = 0  # Hz of `audio`
+    meta: List[dict] = field(default_factory=list)  # per-item json fields the family added (GLM-Image's prior)
 
 
 @dataclass
@@ -69,8 +73,7 @@ class Submitted:
     """A batch whose pixels are on their way to the host."""
 
     batch: Batch
-    pixels: torch.Tensor  # uint8 [n, H, W, 3] (or [n, F, H, W, 3]), host memory (filled by a non-blocking copy)
-    finite: torch.Tensor  # bool [n], host memory
+    host: HostOutputs  # uint8 pixels [n, H, W, 3] (or [n, F, H, W, 3]), finite flags, audio: host memory
     done: Optional[torch.cuda.Event]  # the copy's completion; None on the CPU (already done)
     mode: str
     batch_size: int
@@ -218,29 +221,30 @@ class Engine:
                 for t in text_tensors(enc):
                     t.record_stream(main)
             before = self._counts()
-            pixels, finite = self._generate_rows(items, batch.signature, enc.positive, enc.negative, timer)
+            out = self._generate_rows(items, batch.signature, enc.positive, enc.negative, timer)
             mode = self._mode_since(before)
             n = len(batch.items)  # dummy rows are dropped here, before the host copy
             with self._stream(self.decode_stream):
-                host_px, host_ok, done = to_host(pixels[:n], finite[:n], self.cuda)
-        return Submitted(batch=batch, pixels=host_px, finite=host_ok, done=done, mode=mode,
-                         batch_size=len(items), timer=timer)
+                host, done = out.head(n).to_host(self.cuda)
+        return Submitted(batch=batch, host=host, done=done, mode=mode, batch_size=len(items), timer=timer)
 
     def collect(self, sub: Submitted) -> BatchResult:
         """Wait for a submitted batch's pixels; numpy copies the sink can keep."""
         if sub.done is not None:
             sub.done.synchronize()
-        pixels = sub.pixels.numpy()
+        host = sub.host
+        pixels = host.pixels.numpy()
         return BatchResult(items=sub.batch.items, images=[pixels[i].copy() for i in range(len(pixels))],
-                           finite=[bool(v) for v in sub.finite.tolist()], mode=sub.mode,
-                           batch_size=sub.batch_size, stage_ms=sub.timer.all_ms())
+                           finite=[bool(v) for v in host.finite.tolist()], mode=sub.mode,
+                           batch_size=sub.batch_size, stage_ms=sub.timer.all_ms(), audio=host.item_audio(),
+                           sample_rate=host.sample_rate, meta=host.item_meta())
 
     def generate(self, batch: Batch) -> BatchResult:
         """The serial path: encode, submit, collect."""
         return self.collect(self.submit(batch, self.encode(batch)))
 
     def _generate_rows(self, items: List[Item], sig: Signature, pos: TextEmbeds, neg: Optional[TextEmbeds],
-                       timer: StageClock) -> Tuple[torch.Tensor, torch.Tensor]:
+                       timer: StageClock) -> Generated:
         try:
             return self._run(items, sig, pos, neg, timer)
         except torch.OutOfMemoryError:
@@ -257,22 +261,23 @@ class Engine:
             a = self._generate_rows(items[:h], sig, rows(pos, 0, h), neg and rows(neg, 0, h), timer)
             b = self._generate_rows(items[h:], sig, rows(pos, h, n), neg and rows(neg, h, n), timer)
             with self._stream(self.decode_stream):
-                return torch.cat([a[0], b[0]]), torch.cat([a[1], b[1]])
+                return cat(a, b)
 
     def _run(self, items: List[Item], sig: Signature, pos: TextEmbeds, neg: Optional[TextEmbeds],
-             timer: StageClock) -> Tuple[torch.Tensor, torch.Tensor]:
+             timer: StageClock) -> Generated:
         request = DenoiseRequest(positive=pos, negative=neg, seeds=[it.seed for it in items],
                                  height=sig.height, width=sig.width, steps=sig.steps,
-                                 guidance_scale=sig.guidance_scale, num_frames=sig.frames)
+                                 guidance_scale=sig.guidance_scale, num_frames=sig.frames,
+                                 fps=batch_fps(items, self.family.fps_conditions), prompts=[it.prompt for it in items])
         with timer.stage("denoise"):
             latents = self.family.denoise(self.pipe, request)
         if self.cuda:
             self.decode_stream.wait_stream(torch.cuda.current_stream(self.device))
-            latents.record_stream(self.decode_stream)
+            for t in tensors_of(latents):
+                t.record_stream(self.decode_stream)
         # The decode overlaps the next batch's denoise: it runs on its own stream.
         with self._stream(self.decode_stream), timer.stage("decode"):
-            images = self.family.decode(self.pipe, latents, request)
-            return to_uint8_torch(images)
+            return on_device(self.family.decode(self.pipe, latents, request), request.meta)
 
     def _counts(self) -> Tuple[int, int]:
         if self.runner is None:
@@ -291,17 +296,12 @@ def padded_items(batch: Batch) -> List[Item]:
     return list(batch.items) + [batch.items[-1]] * batch.n_dummy  # dummy rows: discarded after decode
 
 
-def to_host(pixels: torch.Tensor, finite: torch.Tensor, cuda: bool):
-    """Start copying pixels and flags to the host; the event marks the copy's end."""
-    if not cuda:
-        return pixels, finite, None
-    host_px = torch.empty(pixels.shape, dtype=pixels.dtype, pin_memory=True)
-    host_ok = torch.empty(finite.shape, dtype=finite.dtype, pin_memory=True)
-    host_px.copy_(pixels, non_blocking=True)
-    host_ok.copy_(finite, non_blocking=True)
-    done = torch.cuda.Event()
-    done.record()
-    return host_px, host_ok, done
+def batch_fps(items: List[Item], conditions: bool) -> float:
+    """The batch's frame rate. Where the model conditions on it, the plan gave every item the job's
+    rate (jobs/plan/resolve.py), so the batch has one."""
+    rates = {item_fps(it) for it in items}
+    assert not conditions or len(rates) == 1, f"one batch, several frame rates {sorted(rates)}: the plan must refuse"
+    return item_fps(items[0])
 
 
 def text_tensors(enc: Encoded) -> List[torch.Tensor]:

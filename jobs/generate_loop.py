@@ -98,8 +98,10 @@ def generate_all(prep, stats: JobStats, timer: StageTimer, stop) -> None:
                                 sink.skip(it.key)  # its unit still completes
                                 continue
                         meta = item_meta(it, cfg.model.name, result.mode, result.batch_size, finite)
+                        meta.update(result.meta[i] if result.meta else {})
+                        audio = result.audio[i] if result.audio else None
                         with timer("sink_wait"):
-                            sink.put(item_sample(it, image, meta, cfg.sink))
+                            sink.put(item_sample(it, image, meta, cfg.sink, audio, result.sample_rate))
                         stats.items_written += 1
                         stats.modes[result.mode] += 1
                         if hooked:  # mid-batch: after the batch's first item; mid-shard: while a shard is open

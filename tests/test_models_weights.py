@@ -20,7 +20,7 @@ from tests.helpers import CONF_DIR, compose_cfg, tiny_pipeline
 # (tiny preset, the real preset that loads a folder the tiny one saved)
 PRESETS = [("sana_tiny", "sana"), ("flux_tiny", "flux"), ("qwen_image_tiny", "qwen_image"),
            ("longcat_image_tiny", "longcat_image"), ("z_image_tiny", "z_image"), ("wan_tiny", "wan"),
-           ("sana_video_tiny", "sana_video")]
+           ("sana_video_tiny", "sana_video"), ("ltx2_tiny", "ltx2"), ("glm_image_tiny", "glm_image")]
 
 
 def test_every_preset_is_listed():

@@ -10,7 +10,7 @@ latents with the pipeline's VAE. Nothing here knows about graphs or streams.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import List, Optional, Sequence
 
 import numpy as np
@@ -47,6 +47,20 @@ class DenoiseRequest:
     steps: int
     guidance_scale: float
     num_frames: int = 1  # 1: an image; video families decode [B, F, 3, H, W]
+    fps: float = 16.0  # the items' frame rate; only a family with `fps_conditions` feeds it to its model
+    prompts: List[str] = field(default_factory=list)  # the rows' prompts (GLM-Image's prior reads the text)
+    meta: List[dict] = field(default_factory=list)
+    """Per-item json fields the family adds while it denoises (GLM-Image: its prior tokens' digest):
+    empty, or one dict per row of the batch. Host-side facts only; filled by `denoise`."""
+
+
+@dataclass
+class Decoded:
+    """What a family's `decode` gives where it makes more than pixels (LTX-2: a soundtrack)."""
+
+    images: torch.Tensor  # [B, 3, H, W] or [B, F, 3, H, W] in [0, 1], as `decode` returns them
+    audio: Optional[torch.Tensor] = None  # [B, C, N] float waveforms in [-1, 1], on the device
+    sample_rate: int = 0  # Hz of `audio`
 
 
 class ModelFamily:
@@ -128,6 +142,10 @@ class ModelFamily:
     #: True where the family makes videos: `decode` then gives [B, F, 3, H, W] and items of more
     #: than one frame are written as KEY.mp4
     video: bool = False
+    #: True where the denoiser conditions on the frame rate (LTX-2: its rotary time coordinates and
+    #: the audio length follow it). A pipeline call takes one rate, so every item of such a job
+    #: plays at `sampling.fps`: the plan refuses rows that ask for another (jobs/plan/resolve.py).
+    fps_conditions: bool = False
 
     def frames_error(self, cfg: ModelConfig, n: int) -> Optional[str]:
         """None where the family makes `n` frames per item; else why not and what to use instead,
@@ -159,10 +177,11 @@ class ModelFamily:
         family's [B, F, 3, H, W])."""
         return pipe(**self.pipeline_kwargs(request), output_type=self.denoise_output, return_dict=False)[0]
 
-    def decode(self, pipe, latents: torch.Tensor, request: DenoiseRequest) -> torch.Tensor:
+    def decode(self, pipe, latents, request: DenoiseRequest) -> "torch.Tensor | Decoded":
         """Latents -> images [B, 3, H, W] (a video family: [B, F, 3, H, W]) in [0, 1], on the device,
         exactly as the pipeline's own decode + postprocess(output_type="pt") gives them. Identity
-        where `denoise` decoded."""
+        where `denoise` decoded. A family that makes more than pixels returns a `Decoded`.
+        `latents` is whatever `denoise` returned: a tensor, or a tuple of tensors."""
         assert self.denoise_output == "pt", f"{type(self).__name__} returns latents but has no decode()"
         return latents
 

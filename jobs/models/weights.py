@@ -54,6 +54,7 @@ def own_weights(pipe, device: Union[str, torch.device]) -> int:
         return 0  # the copy to the device does it (module docstring)
     copied = 0
     with torch.no_grad():
+        copied += _replace_view_buffers(pipe)
         for module in torch_modules(pipe).values():
             # parameters()/buffers() yield a tied tensor once, so ties survive (`.data` is swapped in place).
             for t in list(module.parameters()) + list(module.buffers()):
@@ -65,4 +66,23 @@ def own_weights(pipe, device: Union[str, torch.device]) -> int:
                 copied += t.nbytes
                 assert owns_aligned_memory(t), "torch's CPU allocator returned unaligned memory"
     log.debug("copied %.1f MiB of weights out of the checkpoint's file mapping", copied / 2**20)
+    return copied
+
+
+def _replace_view_buffers(pipe) -> int:
+    """Buffers loaded by assignment are the state dict's tensors: views of the file's tensors
+    (LTX-2's VAE statistics). `.data =` swaps a view's storage but keeps its `_base`, and with it
+    the file mapping, so a view buffer is replaced in its module instead (one copy per tensor, so
+    a buffer shared by two modules stays shared)."""
+    fresh: Dict[int, torch.Tensor] = {}
+    copied = 0
+    for module in torch_modules(pipe).values():
+        for sub in module.modules():
+            for name, b in list(sub._buffers.items()):
+                if b is None or b.device.type != "cpu" or not b._is_view():
+                    continue
+                if id(b) not in fresh:
+                    fresh[id(b)] = b.detach().clone(memory_format=torch.contiguous_format)
+                    copied += b.nbytes
+                sub._buffers[name] = fresh[id(b)]
     return copied

@@ -29,6 +29,9 @@ class ItemDefaults:
     fps: float = 16.0
     frames_error: Callable[[int], Optional[str]] = lambda n: None
     """The family's rule: None where it can make `n` frames, else why not and what to use instead."""
+    fps_model: str = ""
+    """Set (to the pipeline's name) where the model conditions on the frame rate: every item then
+    plays at `fps`, since one pipeline call takes one rate; a row asking for another is refused."""
 
 
 @dataclass
@@ -107,6 +110,12 @@ def resolve(rows: Rows, defaults: ItemDefaults, measure, bucket_for, label: str)
             frame_errors[frames] = defaults.frames_error(frames)
         if frame_errors[frames] is not None:
             errors.append(RowError(label, rows.lines[i], key, frame_errors[frames]))
+            continue
+        if defaults.fps_model and rows.fps[i] is not None and float(rows.fps[i]) != defaults.fps:
+            errors.append(RowError(label, rows.lines[i], key,
+                                   f"fps={rows.fps[i]:g}, but {defaults.fps_model} conditions on the frame rate and "
+                                   f"a batch shares one: drop the row's fps (the job's is {defaults.fps:g}) or run "
+                                   f"these rows in a job with sampling.fps={rows.fps[i]:g}"))
             continue
         g = rows.guidance[i]
         guidance = defaults.guidance_scale if g is None else float(g)

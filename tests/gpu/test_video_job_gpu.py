@@ -1,5 +1,6 @@
-"""On CUDA, a whole video job with graph replay writes the same frames (and the same mp4 bytes) as
-the same job run eager, for each tiny video preset, overlapped stages and the capture policy on.
+"""On CUDA, a whole video job with graph replay writes the same frames (and the same mp4 bytes, and
+LTX-2's wav bytes) as the same job run eager, for each tiny video preset, overlapped stages and the
+capture policy on.
 
 Needs PyAV on the GPU machine (carry its wheel, e.g. av-18.1.0-cp311-abi3-manylinux_2_28_x86_64.whl,
 in `.whl/`); without it the test skips. The tokenizer comes from `.minilm/` there (in the repository,
@@ -44,11 +45,11 @@ def samples(out: Path) -> dict:
     for s in wds.WebDataset([str(p) for p in sorted(out.glob("shard-*.tar"))], shardshuffle=False):
         meta = json.loads(s["json"])
         frames = np.stack([np.asarray(Image.open(io.BytesIO(s[k]))) for k in sorted(k for k in s if k.endswith(".png"))])
-        got[meta["key"]] = (frames, s["mp4"], meta)
+        got[meta["key"]] = (frames, s["mp4"], meta, s.get("wav"))  # wav: LTX-2's sound
     return got
 
 
-@pytest.mark.parametrize("preset", ["wan_tiny", "sana_video_tiny"])
+@pytest.mark.parametrize("preset", ["wan_tiny", "sana_video_tiny", "ltx2_tiny"])
 def test_video_job_replay_equals_eager_frames(tmp_path, preset):
     pytest.importorskip("av", reason="PyAV is needed to write KEY.mp4; carry its wheel in .whl/")
     data = write_jsonl(tmp_path / "p.jsonl", rows(12))
@@ -63,6 +64,7 @@ def test_video_job_replay_equals_eager_frames(tmp_path, preset):
         assert g[k][0].shape == (g[k][2]["num_frames"], 64, 64, 3)
         assert np.array_equal(g[k][0], e[k][0]), f"{k}: replayed frames differ from eager"
         assert g[k][1] == e[k][1], f"{k}: equal frames, but the mp4 bytes differ"
+        assert g[k][3] == e[k][3] and (g[k][3] is not None) == (preset == "ltx2_tiny"), f"{k}: the sound differs"
     summary = json.loads((tmp_path / "graph" / "summary.json").read_text())
     graph = summary["graph"]
     assert graph["mode"] == "cuda" and graph["captures"] > 0 and graph["hits"] > 0 and graph["misses"] == 0, graph
