@@ -114,8 +114,11 @@ def eager_images(rows: Dict[str, dict], args) -> Dict[str, np.ndarray]:
     fam = get_family(cfg.model.family)
     pipe = fam.build_tiny(cfg.model, torch.float32).to(device)
     pipe.set_progress_bar_config(disable=True)
+    from jobs.plan import derive_seed
+
     keys = [k for k, r in rows.items() if r["heldout"] and "negative_prompt" not in r]
-    seeds = [rows[k].get("seed", 1000 + i) for i, k in enumerate(keys)]
+    # the job's seeds (a row's own, else derived from the job seed and the key): same noise as `job`
+    seeds = [rows[k].get("seed", derive_seed(cfg.sampling.seed, k)) for k in keys]
     s = cfg.sampling
     images = generate_eager(pipe, [rows[k]["prompt"] for k in keys], seeds, steps=s.steps,
                             guidance_scale=s.guidance_scale, height=s.height, width=s.width, batch=8,

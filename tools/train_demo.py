@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from jobs.demo import captions as C  # noqa: E402
-from jobs.demo.scenes import Labels, render, resolve  # noqa: E402
+from jobs.demo.scenes import render, resolve  # noqa: E402
 from jobs.demo.text import encode, tokenize  # noqa: E402
 
 log = logging.getLogger("train_demo")
@@ -68,19 +68,23 @@ def lr_at(step: int, total: int, base: float, warmup: int) -> float:
 
 
 class Budget:
-    """Plans a phase's steps: the requested count, or fewer if they would not fit in the minutes."""
+    """Plans a phase's steps: the requested count, or fewer if they would not fit in the minutes
+    (the pace measured between steps `warm` and `probe`, after the first kernels' warm-up)."""
 
-    def __init__(self, name: str, steps: int, minutes: float, probe: int = 30):
-        self.name, self.steps, self.seconds, self.probe = name, steps, minutes * 60, probe
+    def __init__(self, name: str, steps: int, minutes: float, warm: int = 10, probe: int = 40):
+        self.name, self.steps, self.seconds, self.warm, self.probe = name, steps, minutes * 60, warm, probe
         self.start = time.perf_counter()
+        self.warm_at = None
 
     def total(self, step: int) -> int:
-        if step == self.probe and self.steps > self.probe:
-            per_step = (time.perf_counter() - self.start) / self.probe
-            fits = int(self.seconds / per_step)
+        if step == self.warm:
+            self.warm_at = time.perf_counter()
+        if step == self.probe and self.steps > self.probe and self.warm_at is not None:
+            per_step = (time.perf_counter() - self.warm_at) / (self.probe - self.warm)
+            fits = self.probe + int((self.seconds - self.elapsed()) / per_step)
+            log.info("%s: %.1f ms a step", self.name, per_step * 1e3)
             if fits < self.steps:
-                log.warning("%s: %.1f ms a step; %d steps fit in %.1f min, not %d", self.name, per_step * 1e3,
-                            fits, self.seconds / 60, self.steps)
+                log.warning("%s: %d steps fit in %.1f min, not %d", self.name, fits, self.seconds / 60, self.steps)
                 self.steps = max(fits, self.probe + 1)
         return self.steps
 

@@ -1,7 +1,7 @@
 """Prompt adherence of the demo model: held-out prompts with known labels, generation, scoring.
 
-`heldout_rows` gives prompts in the held-out phrasings (jobs/demo/captions.py) with the labels
-they state, balanced over shapes and colour pairs. `generate_eager` runs SanaPipeline's own call
+The prompts are the bundled ones (jobs/demo/prompt_set.py: held-out phrasings, with the labels
+each states). `generate_eager` runs SanaPipeline's own call
 on them (no job, no padder, no graph runner), as the job's defaults would: negative prompt "",
 guidance, steps, size, one CPU generator per seed. `score` reads each image back with the fixed
 pixel rule (jobs/demo/classify.py) and counts the attributes each prompt states.
@@ -9,32 +9,14 @@ pixel rule (jobs/demo/classify.py) and counts the attributes each prompt states.
 
 from __future__ import annotations
 
-import random
 from typing import Dict, List, Sequence
 
 import numpy as np
 
-from jobs.demo import captions as C
 from jobs.demo.classify import classify
-from jobs.demo.scenes import COLOR_NAMES, SHAPES, Labels
+from jobs.demo.scenes import Labels
 
 ATTRIBUTES = ("color", "background", "shape")
-
-
-def heldout_rows(n: int, seed: int = 0, prefix: str = "h") -> List[dict]:
-    """n rows {key, prompt, seed, labels}: shapes cycle, colour pairs and templates shuffled."""
-    rng = random.Random(seed)
-    pairs = [(a, b) for a in COLOR_NAMES for b in COLOR_NAMES if a != b]
-    rng.shuffle(pairs)
-    rows = []
-    for i in range(n):
-        color, background = pairs[i % len(pairs)]
-        labels = Labels(shape=SHAPES[i % len(SHAPES)], color=color, background=background,
-                        size=rng.choice((None, "small", "medium", "large")))
-        template = C.HELDOUT_TEMPLATES[i % len(C.HELDOUT_TEMPLATES)]
-        rows.append({"key": f"{prefix}{i:04d}", "prompt": C.heldout_caption(rng, labels, template),
-                     "seed": 1000 + i, "labels": labels})
-    return rows
 
 
 def generate_eager(pipe, prompts: Sequence[str], seeds: Sequence[int], *, steps: int, guidance_scale: float,
