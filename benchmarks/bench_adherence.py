@@ -193,7 +193,10 @@ def main(argv=None) -> int:
             row["same_pixels_as_job"] = f"{sum(np.array_equal(images[m][k], base[k]) for k in common)}/{len(common)}"
             row["max_abs_diff_vs_job"] = int(max((np.abs(images[m][k].astype(int) - base[k]).max() for k in common),
                                                   default=0))
-            row["same_readings_as_job"] = f"{sum(readings[k] == results['job'][k] for k in common if 'job' in results)}/{len(common)}"
+            row["mean_abs_diff_vs_job"] = round(float(np.mean([np.abs(images[m][k].astype(float) - base[k]).mean()
+                                                               for k in common])), 4) if common else None
+            named = ("background", "color", "shape")
+            row["same_labels_as_job"] = f"{sum(all(readings[k][a] == results['job'][k][a] for a in named) for k in common)}/{len(common)}" if "job" in results else None
         out_rows.append(row)
         print(json.dumps(row), flush=True)
 
@@ -209,7 +212,8 @@ def main(argv=None) -> int:
     stem = f"adherence_{args.tag}"
     (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": out_rows, "readings": results}, indent=1))
     cols = ["mode", "overrides", "images", "heldout_color", "heldout_background", "heldout_shape", "stated_color",
-            "stated_background", "stated_shape", "same_pixels_as_job", "max_abs_diff_vs_job", "seconds"]
+            "stated_background", "stated_shape", "same_pixels_as_job", "mean_abs_diff_vs_job", "same_labels_as_job",
+            "seconds"]
     lines = [f"# {stem}", "", f"- date: {meta['date']}", f"- device: {meta['device']}, torch {meta['torch']}",
              f"- command: `{meta['command']}`", f"- prompts: {meta['rows']} bundled rows; held-out rows counted in "
              f"`heldout_*` (n: {out_rows[0].get('heldout_color_n')})", "",

@@ -203,7 +203,7 @@ def train_dit(model, vae, pools, empty, args, side: int, shift: float, device, g
     ema_params = list(ema.parameters())
     while step < budget.total(step):
         for g in opt.param_groups:
-            g["lr"] = lr_at(step, budget.steps, args.dit_lr, warmup=min(500, budget.steps // 10 + 1))
+            g["lr"] = lr_at(step, budget.steps, args.dit_lr, warmup=min(args.dit_warmup, budget.steps // 10 + 1))
         embeds, masks, labels = batch_text(pools, counts, empty, args.cfg_drop, device, gen)
         with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
             x0 = vae.encode(draw(labels, side, gen)).latent.float() * scale
@@ -243,6 +243,13 @@ def save_half(module, path: Path, meta: dict) -> None:
     save_file(state, str(path), metadata={k: str(v) for k, v in meta.items()})
 
 
+def load_half(module, path: Path) -> None:
+    from safetensors.torch import load_file
+
+    with torch.no_grad():
+        module.load_state_dict(load_file(str(path)), strict=True)
+
+
 def write_preset_scale(path: Path, scale: float) -> None:
     """Rewrite the `scaling_factor:` line of the preset's vae section (comments and layout kept)."""
     text = path.read_text()
@@ -268,6 +275,9 @@ def main(argv=None) -> int:
     p.add_argument("--dit-batch", type=int, default=256)
     p.add_argument("--dit-lr", type=float, default=5e-4)
     p.add_argument("--dit-minutes", type=float, default=4.0)
+    p.add_argument("--dit-warmup", type=int, default=500)
+    p.add_argument("--resume", type=Path, default=None,
+                   help="a folder this script wrote: keep its VAE, continue its transformer (EMA) weights")
     p.add_argument("--cfg-drop", type=float, default=0.1)
     p.add_argument("--ema", type=float, default=0.999)
     p.add_argument("--pool", type=int, default=100_000, help="short training captions embedded up front")
@@ -295,7 +305,13 @@ def main(argv=None) -> int:
     # Phase 1: the VAE.
     vae_cfg = dict(tiny["vae"])
     vae = AutoencoderDC(**vae_cfg).to(device)
-    vae_info = train_vae(vae, args, side, device, gen)
+    if args.resume:  # the VAE as trained before, and its latent scale
+        load_half(vae, args.resume / "vae.safetensors")
+        before = json.loads((args.resume / "training.json").read_text())
+        vae_info = {**before["vae"], "resumed_from": str(args.resume)}
+        vae.eval()
+    else:
+        vae_info = train_vae(vae, args, side, device, gen)
     vae_cfg["scaling_factor"] = vae_info["scaling_factor"]
     vae.register_to_config(scaling_factor=vae_info["scaling_factor"])
     vae.requires_grad_(False)
@@ -322,7 +338,10 @@ def main(argv=None) -> int:
 
     # Phase 2: the transformer.
     tr_cfg = dict(tiny["transformer"])
-    model = SanaTransformer2DModel(**tr_cfg).to(device)
+    model = SanaTransformer2DModel(**tr_cfg)
+    if args.resume:
+        load_half(model, args.resume / "transformer.safetensors")
+    model = model.to(device)
     ema, dit_info = train_dit(model, vae, (short, long), empty, args, side, shift, device, gen)
 
     args.out.mkdir(parents=True, exist_ok=True)
@@ -339,6 +358,7 @@ def main(argv=None) -> int:
         "vae": vae_info,
         "text": {"short_captions": len(short), "long_captions": len(long), "seconds": round(text_seconds, 1)},
         "transformer": dit_info,
+        "resumed_from": json.loads((args.resume / "training.json").read_text()) if args.resume else None,
         "total_seconds": round(time.perf_counter() - t_start, 1),
     }
     (args.out / "training.json").write_text(json.dumps(record, indent=2) + "\n")
