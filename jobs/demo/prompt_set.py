@@ -76,8 +76,7 @@ def build_rows() -> List[Dict]:
         lab = row["labels"]
         other_shape = next(s for s in SHAPES[n % 4:] + SHAPES[:n % 4] if s != lab.shape)
         other_color = next(c for c in COLOR_NAMES[n:] + COLOR_NAMES[:n] if c not in (lab.color, lab.background))
-        form = NEGATIVE_FORMS[n % len(NEGATIVE_FORMS)]
-        row["negative_prompt"] = C.article_fix(form.format(shape=other_shape, color=other_color))
+        row["negative_prompt"] = NEGATIVE_FORMS[n % len(NEGATIVE_FORMS)].format(shape=other_shape, color=other_color)
     for n, row in enumerate(rows[45::67][:8]):
         row["seed"] = 1000 + 7 * n
     rng.shuffle(rows)  # mixed lengths in file order, as in a real dataset: the plan sorts
