@@ -73,7 +73,8 @@ class ModelFamily:
                             f"use model.tiny.weights=random")
 
     def build_tiny(self, cfg: ModelConfig, dtype: torch.dtype):
-        """A pipeline of tiny seeded random components (the real classes), for CPU runs and tests.
+        """A pipeline of tiny components (the real classes; seeded random weights, or sana_tiny's
+        trained demo weights), for CPU runs and tests.
 
         Subclasses end with `return self.prepare(pipe, cfg)`."""
         raise NotImplementedError
