@@ -3,6 +3,8 @@
     python tools/train_demo.py --out jobs/data/demo --write-preset         # the shipped weights (GPU)
     python tools/train_demo.py --out /tmp/demo --device cpu --vae-steps 30 --dit-steps 30 \
         --vae-batch 8 --dit-batch 8 --pool 500 --long-pool 50                # a smoke run
+    cp -r jobs/data/demo /tmp/stage1 && python tools/train_demo.py --out jobs/data/demo \
+        --resume /tmp/stage1 --dit-minutes 8                                 # train the shipped ones on
 
 The architecture is the preset's (conf/model/sana_tiny.yaml, `model.tiny`), built with the real
 diffusers classes. Data are drawn at training time (jobs/demo/scenes.py): one shape of one colour on
