@@ -39,7 +39,7 @@ def test_real_preset_loads_saved_folder_and_matches(saved):
     a = fam.denoise_decode(pipe, _request(fam, pipe, tiny_cfg))
     b = fam.denoise_decode(loaded, _request(fam, loaded, cfg))
     assert (a == b).all()
-    assert fam.spatial_divisor(cfg.model) == fam.spatial_divisor(tiny_cfg.model) == 4
+    assert fam.spatial_divisor(cfg.model) == fam.spatial_divisor(tiny_cfg.model) == 8
 
 
 def test_missing_path_is_named(tmp_path):
