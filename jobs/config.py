@@ -26,6 +26,7 @@ LONG_PROMPT = ("truncate", "fail")
 NONFINITE = ("record", "ledger")
 CAPTURE_POLICIES = ("auto", "always")
 VERIFY = ("members", "full")
+TINY_WEIGHTS = ("trained", "random")  # jobs/models/demo_weights.py
 MAX_BATCH = 1024  # a short batch is padded up to a pool size: a huge one is an out-of-memory typo
 
 
@@ -75,7 +76,8 @@ class ModelConfig:
     on_long_prompt: str = "truncate"
     """A prompt longer than max_sequence_length: truncate (counted in the summary) | fail."""
     tiny: Dict[str, Any] = field(default_factory=dict)
-    """For path=None: seed and sub-configs of the tiny random components (see conf/model/*_tiny.yaml)."""
+    """For path=None: seed and sub-configs of the tiny components (see conf/model/*_tiny.yaml);
+    `tiny.weights`: trained (sana_tiny's demo weights, jobs/data/demo/) | random (seeded random)."""
     loras: List[LoraConfig] = field(default_factory=list)
     """LoRAs fused into the weights in order before the graph runner wraps the transformer, e.g.
     `model.loras=[{path:/loras/style.safetensors,scale:0.8}]`. Part of the run identity."""
@@ -93,6 +95,8 @@ class ModelConfig:
               '["none"], ["attention"] or a list of module names / class names')
         check("model.break_policy", len(names) == 1 or not {"none", "attention"} & set(names), names,
               '"none" and "attention" alone (["none"] or ["attention"]), or a list of module names without them')
+        if "weights" in self.tiny:
+            check_choice("model.tiny.weights", self.tiny["weights"], TINY_WEIGHTS)
 
 
 @dataclass

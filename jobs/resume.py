@@ -26,6 +26,7 @@ from typing import Iterable, List, Optional
 
 from jobs.config import GenerateConfig
 from jobs.cpu_threads import cpu_identity
+from jobs.models import demo_weights
 from jobs.models.lora import lora_identity
 from jobs.dataset import Record
 from jobs.errors import UserError
@@ -61,7 +62,8 @@ def run_identity(cfg: GenerateConfig, digest: str, n_records: int) -> dict:
         "dataset": {"digest": digest, "records": n_records},
         "model": {"name": m.name, "family": m.family, "path": m.path, "dtype": m.dtype, "tiny": m.tiny,
                   "max_sequence_length": m.max_sequence_length,
-                  "complex_human_instruction": m.complex_human_instruction, **lora_identity(m.loras)},
+                  "complex_human_instruction": m.complex_human_instruction, **lora_identity(m.loras),
+                  **demo_weights.identity(m.tiny, m.path)},
         "text_buckets": cfg.text_buckets,
         "sampling": sampling,
         "sink": sink,

@@ -75,6 +75,8 @@ def check_config(cfg: GenerateConfig):
     elif not cfg.model.tiny:
         raise UserError(f"model.path is not set and preset {cfg.model.name!r} has no `tiny` section: "
                          f"pass model.path=/local/diffusers/folder")
+    else:
+        family.check_tiny(cfg.model)
     d = family.spatial_divisor(cfg.model)
     for key, v in (("sampling.height", cfg.sampling.height), ("sampling.width", cfg.sampling.width)):
         if v % d:

@@ -107,7 +107,7 @@ def test_a_value_error_inside_diffusers_is_a_crash_with_its_traceback(tmp_path):
     not know) is a bug to report (exit 1, traceback), not a user error to hide behind exit 2."""
     data = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "a"}])
     proc = cli(f"dataset.path={data}", f"output_dir={tmp_path / 'out'}", "sampling.steps=2",
-               "model.tiny.vae.decoder_act_fns=bogus", "job.progress=false")
+               "model.tiny.weights=random", "model.tiny.vae.decoder_act_fns=bogus", "job.progress=false")
     text = proc.stdout + proc.stderr
     assert proc.returncode == 1, log_of(proc)
     assert "Traceback" in text and "ValueError: activation function bogus not found" in text

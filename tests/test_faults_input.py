@@ -41,11 +41,11 @@ def test_output_dir_not_writable(tmp_path):
 
 
 def test_row_size_error(tmp_path):
-    # patch size 4 x VAE 4 = 16, and SanaPipeline's 32: a row's 72 passes the dataset's multiple-of-8
-    # rule but not the model's.
+    # patch size 2 x VAE 8 = 16, and SanaPipeline's 32: a row's 72 passes the dataset's multiple-of-8
+    # rule but not the model's. (Another architecture than the trained one: random weights.)
     data = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "ok"}, {"prompt": "bad size", "width": 72, "height": 64}])
     cfg = compose_cfg([f"dataset.path={data}", f"output_dir={tmp_path / 'o'}", *FAST,
-                       "model.tiny.transformer.patch_size=4"])
+                       "model.tiny.transformer.patch_size=2", "model.tiny.weights=random"])
     with pytest.raises(DatasetError) as e:
         plan_of(cfg)
     assert f"{data}:2:" in str(e.value) and "64x72 is not a multiple of 32" in str(e.value)

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from jobs.config import ModelConfig
+from jobs.errors import UserError
 from jobs.models.lora import apply_loras, check_loras
 from jobs.models.weights import eval_mode, own_weights
 from padding import TextEmbeds
@@ -76,8 +77,19 @@ class ModelFamily:
 
         check_diffusers_folder(cfg.path, self.pipeline_class, self.components)
 
+    def check_tiny(self, cfg: ModelConfig) -> None:
+        """The tiny section is one this family can build (no model is loaded). Only SANA's tiny
+        preset has trained weights; the others build seeded random ones."""
+        from jobs.models import demo_weights
+
+        demo_weights.check_choice(cfg.tiny)
+        if demo_weights.mode(cfg.tiny) == demo_weights.TRAINED:
+            raise UserError(f"model.tiny.weights=trained: {cfg.name} has no trained weights (only sana_tiny does); "
+                            f"use model.tiny.weights=random")
+
     def build_tiny(self, cfg: ModelConfig, dtype: torch.dtype):
-        """A pipeline of tiny seeded random components (the real classes), for CPU runs and tests.
+        """A pipeline of tiny components (the real classes; seeded random weights, or sana_tiny's
+        trained demo weights), for CPU runs and tests.
 
         Subclasses end with `return self.prepare(pipe, cfg)`."""
         raise NotImplementedError

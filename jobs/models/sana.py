@@ -15,7 +15,7 @@ from typing import List, Sequence
 import torch
 
 from jobs.config import ModelConfig
-from jobs.models import text_encoders
+from jobs.models import demo_weights, text_encoders
 from jobs.models.base import DenoiseRequest, ModelFamily, TextLength, cpu_generators
 from jobs.models.registry import register_family
 from jobs.models.tiny import build_scheduler
@@ -31,9 +31,13 @@ class SanaFamily(ModelFamily):
         from diffusers import AutoencoderDC, SanaPipeline, SanaTransformer2DModel
 
         tiny = cfg.tiny
+        self.check_tiny(cfg)
         torch.manual_seed(int(tiny["seed"]))  # the same preset gives the same weights everywhere
         transformer = SanaTransformer2DModel(**tiny["transformer"])
         vae = AutoencoderDC(**tiny["vae"])
+        if demo_weights.mode(tiny) == demo_weights.TRAINED:
+            demo_weights.load("transformer", transformer)
+            demo_weights.load("vae", vae)
         scheduler = build_scheduler(tiny["scheduler"])
         pipe = SanaPipeline(
             tokenizer=text_encoders.load_tokenizer(tiny["text_encoder"]),
@@ -45,6 +49,9 @@ class SanaFamily(ModelFamily):
         )
         # Built in float32; cast only when asked (ModelMixin.to warns on every cast).
         return self.prepare(pipe if dtype == torch.float32 else pipe.to(dtype=dtype), cfg)
+
+    def check_tiny(self, cfg: ModelConfig) -> None:
+        demo_weights.check_sana_tiny(cfg.tiny)
 
     def load_tokenizer(self, cfg: ModelConfig):
         if cfg.path is None:  # the tiny preset names its encoder by a string (minilm or a folder)
