@@ -6,8 +6,8 @@ published configs and random weights, saved as a diffusers folder and run throug
     CUDA_VISIBLE_DEVICES=1 python benchmarks/bench_job_realsize.py run --dir /tmp/sana16 --res 512 --modes off,plain1
     python benchmarks/bench_job_realsize.py report --res 512 --out benchmarks/results
 
-Modes, all at the same steps, size and guidance, on the same prompts (the 510 bundled ones: 1 to
-~400 tokens):
+Modes, all at the same steps, size and guidance, on the same prompts (benchmarks/data/realistic_prompts.jsonl,
+510 prompts of 1 to ~400 tokens, the bundled set before the demo model's):
     bcg       python -m jobs.generate model=sana model.path=DIR ...   (the default job)
     off       the same with bcg=off
     plainN    a plain diffusers loop: SanaPipeline.from_pretrained(DIR) called on N prompts at a
@@ -55,7 +55,9 @@ DC_AE_F32C32_SANA = dict(
     upsample_block_type="interpolate", downsample_block_type="Conv", decoder_norm_types="rms_norm",
     decoder_act_fns="silu", scaling_factor=0.41407,
 )
-PROMPTS = ROOT / "jobs" / "data" / "prompts.jsonl"
+# The realistic length mix the committed results were measured on (1 to ~400 tokens): the bundled
+# set until the demo model's vocabulary replaced it (jobs/data/prompts.jsonl).
+PROMPTS = ROOT / "benchmarks" / "data" / "realistic_prompts.jsonl"
 
 
 def randomize(module, seed: int) -> None:
