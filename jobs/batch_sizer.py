@@ -118,7 +118,10 @@ def probe_batch(items: Sequence[Item], sig: Signature, size: int, steps: int) ->
 
 
 class EngineProber:
-    """Times `engine.generate` at 1 and 2 steps for a batch size, eager, and records peak memory."""
+    """Times `engine.generate` at 1 and 3 steps for a batch size, eager, and records peak memory.
+
+    An out-of-memory denoise is split in halves by the engine (jobs/engine.py) rather than raised:
+    the probe then reads slower per image, so the size is not taken either."""
 
     def __init__(self, engine, items: Sequence[Item], sig: Signature):
         self.engine, self.items, self.sig = engine, list(items), sig
@@ -145,6 +148,7 @@ class EngineProber:
         engine = self.engine
         runner = engine.runner
         declined = runner.counters.declined if runner is not None else 0
+        splits = engine.oom_splits
         if runner is not None:  # probes never capture; their calls are not the job's
             runner.capture_allowed, runner.bypass = True, True
         if self.cuda:
@@ -157,6 +161,9 @@ class EngineProber:
             if runner is not None:
                 runner.bypass = False
                 runner.counters.declined = declined
+            if engine.oom_splits != splits:
+                log.info("batch sizing: batch %d ran out of memory and was split", size)
+            engine.oom_splits = splits  # the job's summary counts the job's splits only
         ms = (time.perf_counter() - t0) * 1e3
         peak = torch.cuda.max_memory_allocated(engine.device) if self.cuda else 0
         return ms, peak
