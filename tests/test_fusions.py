@@ -250,3 +250,32 @@ def test_mask_cache_serves_one_forward_and_misses_on_a_new_mask():
     b = cache.get(attn, m, 12, 2)
     assert b is not a and torch.equal(b, attn.prepare_attention_mask(m, 12, 2))
     assert cache.get(attn, m.clone(), 12, 2) is not b  # another tensor
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_norm_chains_take_the_first_variant_and_keep_eager_bits(dtype):
+    """LN + adaLN (and the cross-attention residual before norm2) run as one op each; on the CPU
+    the reference plan (aten's CPU LayerNorm, then adaLN's rounding) verifies at the first
+    variant, so the later variants and the two-kernel fallback never run."""
+    model = tiny_sana(dtype)
+    kw = tiny_inputs(dtype)
+    with torch.inference_mode():
+        ref = model(**kw)[0]
+        fx = install_fusions(model, backend="reference")
+        outs = [model(**kw)[0] for _ in range(2)]
+        fx.remove()
+    assert all(torch.equal(o, ref) for o in outs)
+    verified = {k[0] for k, ok in fx.verifier.state.items() if ok}
+    seen = {k[0] for k in fx.verifier.state}
+    assert {"ln_adaln_v0", "res_ln_adaln_v0"} <= verified
+    assert not seen & {"ln_adaln_v1", "res_ln_adaln_v1", "adaln", "rescale_residual"}, seen
+
+
+def test_norm_key_includes_eps():
+    from bcg.fusions import ops_norm
+
+    v = Verifier("reference")
+    x = _rand(1, 4, 8, dtype=torch.float32)
+    s = _rand(1, 1, 8, dtype=torch.float32)
+    a, b = nn.LayerNorm(8, elementwise_affine=False), nn.LayerNorm(8, eps=1e-3, elementwise_affine=False)
+    assert v.key(ops_norm.LN_ADALN[0], (x, a, s, s)) != v.key(ops_norm.LN_ADALN[0], (x, b, s, s))

@@ -272,16 +272,22 @@ def _dw_glu_kernel(x_ptr, w_ptr, b_ptr, o_ptr, H, W, Hc, COL_MAJOR: tl.constexpr
     tl.store(o_ptr + dst, out, mask=pm[:, None] & jm[None, :])
 
 
-def dwconv_glu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, col_major: bool) -> torch.Tensor:
-    """GLU(depthwise_conv3x3(x) + bias) for channels-last x [B, 2H, h, w] -> [B, H, h, w]."""
+DW_TILE = (32, 64, 4)  # pixels, channels, warps a program (benchmarks/bench_fusion_kernels.py)
+
+
+def dwconv_glu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, col_major: bool,
+               tile: tuple[int, int, int] | None = None) -> torch.Tensor:
+    """GLU(depthwise_conv3x3(x) + bias) for channels-last x [B, 2H, h, w] -> [B, H, h, w].
+    `tile` (pixels, channels, warps) changes speed only: every tile sums the taps in one order."""
     _check(x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last), "x must be channels-last")
     B, C2, Hh, Ww = x.shape
     _check(weight.shape == (C2, 1, 3, 3) and weight.is_contiguous() and C2 % 2 == 0, "a 3x3 depthwise weight")
     _check(bias is not None and bias.shape == (C2,) and x.dtype == weight.dtype == bias.dtype, "bias, one dtype")
     out = torch.empty((B, C2 // 2, Hh, Ww), dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
-    BP, BC = 32, 64
+    BP, BC, warps = tile or DW_TILE
     grid = (triton.cdiv(Hh * Ww, BP), triton.cdiv(C2 // 2, BC), B)
-    _dw_glu_kernel[grid](x, weight, bias, out, Hh, Ww, C2 // 2, COL_MAJOR=col_major, BP=BP, BC=BC, **OPTS)
+    _dw_glu_kernel[grid](x, weight, bias, out, Hh, Ww, C2 // 2, COL_MAJOR=col_major, BP=BP, BC=BC,
+                         num_warps=warps, **OPTS)
     return out
 
 

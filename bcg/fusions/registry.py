@@ -44,12 +44,12 @@ def get(name: str) -> Rule:
 
 
 def _builtin() -> None:
-    from . import sana
+    from . import ops_norm, sana
 
     register(Rule("sana_block", "SanaTransformerBlock", sana.check_block, sana.block_forward,
                   ("adaln", "linear_attention", "gated_residual_linear", "gated_residual",
                    "rescale_residual", "conv_bias_silu", "conv_bias_glu", "glu", "dwconv_glu_rows",
-                   "dwconv_glu_cols")))
+                   "dwconv_glu_cols") + ops_norm.OP_NAMES))
 
 
 _builtin()

@@ -3,7 +3,8 @@
 Per block, eager runs ~50 kernels (about 26 elementwise, 9 copies); the fused forward ~28
 (SANA-1.6B: 1,010 kernels a step -> ~573; 553 with ONE_PASS_DWCONV), its chains verified one by one:
 
-    adaLN x2          LN(x) * (1 + scale) + shift      3 kernels -> 1 (LayerNorm stays aten)
+    adaLN x2          LN(x) * (1 + scale) + shift      3 kernels -> 1 (LayerNorm in aten's order,
+                      kernels_norm.py; the cross-attention residual joins norm2's kernel)
     linear attention  relu, .float(), pad, two reshape copies; divide, cast   ~9 -> 2
     residual 1        to_out bias, gate *, +            3 -> 1 (to_out's matmul stays aten)
     cross-attention   the mask prepared once a forward (not once a block); `/ 1.0` dropped
@@ -28,6 +29,7 @@ from ..breaks import _AttentionKernelBreaks
 from ..graph import active_capture
 from .ops import (ADALN, CONV_BIAS_GLU, CONV_BIAS_SILU, DWCONV_GLU_COLS, DWCONV_GLU_ROWS, GATED_RESIDUAL,
                   GATED_RESIDUAL_LINEAR, GLU, LINEAR_ATTENTION, RESCALE_RESIDUAL)
+from .ops_norm import ln_adaln, res_ln_adaln
 from .verify import Verifier
 
 
@@ -176,8 +178,7 @@ def block_forward(block: nn.Module, fx: Verifier) -> Callable:
         ).chunk(6, dim=1)
 
         # 2. Self attention (SanaLinearAttnProcessor2_0 inlined)
-        norm_hidden_states = block.norm1(hidden_states)
-        norm_hidden_states = call(ADALN, norm_hidden_states, scale_msa, shift_msa)
+        norm_hidden_states = ln_adaln(call, hidden_states, block.norm1, scale_msa, shift_msa)
         norm_hidden_states = norm_hidden_states.to(hidden_states.dtype)
         if _inlinable(attn1):
             query = attn1.to_q(norm_hidden_states)
@@ -202,18 +203,21 @@ def block_forward(block: nn.Module, fx: Verifier) -> Callable:
         if attn2 is not None and type(attn2.processor) is SanaAttnProcessor2_0 and _inlinable(attn2):
             attn_output = _cross_attention(attn2, hidden_states, encoder_hidden_states,
                                            encoder_attention_mask, masks)
-            hidden_states = call(RESCALE_RESIDUAL, attn_output, attn2.rescale_output_factor, hidden_states)
-        elif attn2 is not None:
-            attn_output = attn2(
-                hidden_states,
-                encoder_hidden_states=encoder_hidden_states,
-                attention_mask=encoder_attention_mask,
-            )
-            hidden_states = attn_output + hidden_states
+            # the residual add, norm2 and its modulation: one kernel
+            hidden_states, norm_hidden_states = res_ln_adaln(
+                call, RESCALE_RESIDUAL, attn_output, attn2.rescale_output_factor, hidden_states,
+                block.norm2, scale_mlp, shift_mlp)
+        else:
+            if attn2 is not None:
+                attn_output = attn2(
+                    hidden_states,
+                    encoder_hidden_states=encoder_hidden_states,
+                    attention_mask=encoder_attention_mask,
+                )
+                hidden_states = attn_output + hidden_states
+            norm_hidden_states = ln_adaln(call, hidden_states, block.norm2, scale_mlp, shift_mlp)
 
         # 4. Feed-forward (GLUMBConv inlined)
-        norm_hidden_states = block.norm2(hidden_states)
-        norm_hidden_states = call(ADALN, norm_hidden_states, scale_mlp, shift_mlp)
         norm_hidden_states = norm_hidden_states.unflatten(1, (height, width)).permute(0, 3, 1, 2)
         x = call(CONV_BIAS_SILU, norm_hidden_states, ff.conv_inverted)
         x = dwconv_glu(x, ff.conv_depth)

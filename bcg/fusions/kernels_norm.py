@@ -1,0 +1,157 @@
+"""LayerNorm (no affine) + adaLN modulation in one Triton kernel, bit-exact with aten's CUDA
+LayerNorm (imported only where Triton and CUDA exist).
+
+aten's `vectorized_layer_norm_kernel` (layer_norm_kernel.cu; taken when the row length is a
+multiple of 4 and the pointers are 8-byte aligned) reduces one row per block of 32 x 4 threads:
+- thread t = lane + 32 * warp reads the 4-element vectors t, t + 128, ... and folds each element
+  into its running Welford state in order (`cuWelfordOnlineSum`: mean += delta * (1 / count));
+- the 32 lanes of a warp merge by shuffle-down (lane i takes lane i + 16, then + 8, ... + 1),
+  then the 4 warps pairwise through shared memory (warp w takes warp w + 2, then + 1)
+  (`cuWelfordCombine`);
+- var = sigma2 / N, rstd = rsqrtf(var + eps), y = rstd * (x - mean), rounded to the storage dtype.
+This kernel keeps that order exactly: each of its 128 "threads" is one element of a [4, 32]
+tensor, and the merges are halvings of that tensor's last axis. nvcc compiles aten with FMA
+contraction on (its default), so the products that feed adds are explicit FMAs here; where the
+contraction is ambiguous (`nA * meanA + nB * meanB`), `MEAN_FMA` picks the form and the verifier
+keeps the one that equals aten on the live inputs (ops_norm.py chains them).
+
+The adaLN part then follows the elementwise rounding plan of kernels.py (fp32 ops, storage-dtype
+rounding where eager stores): `ln(x) * (1 + scale) + shift`. With `HAS_RES`, the row is first
+`a + h` (the cross-attention residual that SANA's `norm2` reads), stored as the block's new
+hidden state and normalised from its rounded values.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .kernels import OPTS, _check, _r
+
+LANES = 32
+WARPS = 4  # aten: num_threads() = C10_WARP_SIZE * 4 threads a row
+VEC = 4  # aten: vec_size
+
+
+@triton.jit
+def _combine(mb, sb, cb, ma, sa, ca, MEAN_FMA: tl.constexpr):
+    """cuWelfordCombine(dataB, dataA) as nvcc compiles it."""
+    delta = mb - ma
+    count = ca + cb
+    coef = tl.div_rn(tl.full(count.shape, 1.0, tl.float32), count)
+    na = ca * coef
+    nb = cb * coef
+    if MEAN_FMA == 0:
+        mean = tl.fma(na, ma, nb * mb)
+    elif MEAN_FMA == 1:
+        mean = tl.fma(nb, mb, na * ma)
+    else:
+        mean = na * ma + nb * mb
+    sigma2 = tl.fma(delta * delta * ca, nb, sa + sb)
+    pos = count > 0.0
+    return tl.where(pos, mean, 0.0), tl.where(pos, sigma2, 0.0), count
+
+
+@triton.jit
+def _halve(m, s, c, R: tl.constexpr, OFF: tl.constexpr, MEAN_FMA: tl.constexpr):
+    """[R, 2 * OFF] -> [R, OFF]: element i merges element i + OFF (a shuffle-down step)."""
+    m = tl.reshape(tl.permute(tl.reshape(m, (R, 2, OFF)), (0, 2, 1)), (R, OFF, 2))
+    s = tl.reshape(tl.permute(tl.reshape(s, (R, 2, OFF)), (0, 2, 1)), (R, OFF, 2))
+    c = tl.reshape(tl.permute(tl.reshape(c, (R, 2, OFF)), (0, 2, 1)), (R, OFF, 2))
+    m_lo, m_hi = tl.split(m)
+    s_lo, s_hi = tl.split(s)
+    c_lo, c_hi = tl.split(c)
+    return _combine(m_lo, s_lo, c_lo, m_hi, s_hi, c_hi, MEAN_FMA)
+
+
+@triton.jit
+def _load_row_x(x_ptr, h_ptr, base, offs, mask, HAS_RES: tl.constexpr):
+    x = tl.load(x_ptr + base + offs, mask=mask, other=0.0).to(tl.float32)
+    if HAS_RES:  # the residual's sum, rounded where eager stores it
+        h = tl.load(h_ptr + base + offs, mask=mask, other=0.0).to(tl.float32)
+        x = (x + h).to(x_ptr.dtype.element_ty).to(tl.float32)
+    return x
+
+
+@triton.jit
+def _ln_adaln_kernel(x_ptr, h_ptr, s_ptr, t_ptr, o_ptr, r_ptr, D, N, eps, s_sb, s_sd, t_sb, t_sd,
+                     HAS_RES: tl.constexpr, MEAN_FMA: tl.constexpr, ROUNDS: tl.constexpr,
+                     BLOCK_D: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    base = row * D
+    b = row // N
+    t = tl.arange(0, LANES * WARPS)
+    nvec = D // VEC
+    mean = tl.zeros((LANES * WARPS,), tl.float32)
+    m2 = tl.zeros((LANES * WARPS,), tl.float32)
+    cnt = tl.zeros((LANES * WARPS,), tl.float32)
+    for k in tl.static_range(ROUNDS):  # cuWelfordOnlineSum over this thread's vectors, in order
+        v = t + k * (LANES * WARPS)
+        vm = v < nvec
+        for ii in tl.static_range(VEC):
+            x = _load_row_x(x_ptr, h_ptr, base, v * VEC + ii, vm, HAS_RES)
+            new_cnt = cnt + 1.0
+            delta = x - mean
+            new_mean = tl.fma(delta, tl.div_rn(tl.full(new_cnt.shape, 1.0, tl.float32), new_cnt), mean)
+            new_m2 = tl.fma(delta, x - new_mean, m2)
+            mean = tl.where(vm, new_mean, mean)
+            m2 = tl.where(vm, new_m2, m2)
+            cnt = tl.where(vm, new_cnt, cnt)
+    # intra-warp shuffle-down, then the 4 warps pairwise
+    m = tl.reshape(mean, (WARPS, LANES))
+    s = tl.reshape(m2, (WARPS, LANES))
+    c = tl.reshape(cnt, (WARPS, LANES))
+    m, s, c = _halve(m, s, c, WARPS, 16, MEAN_FMA)
+    m, s, c = _halve(m, s, c, WARPS, 8, MEAN_FMA)
+    m, s, c = _halve(m, s, c, WARPS, 4, MEAN_FMA)
+    m, s, c = _halve(m, s, c, WARPS, 2, MEAN_FMA)
+    m, s, c = _halve(m, s, c, WARPS, 1, MEAN_FMA)
+    m = tl.reshape(m, (1, WARPS))
+    s = tl.reshape(s, (1, WARPS))
+    c = tl.reshape(c, (1, WARPS))
+    m, s, c = _halve(m, s, c, 1, 2, MEAN_FMA)
+    m, s, c = _halve(m, s, c, 1, 1, MEAN_FMA)
+    mu = tl.sum(tl.reshape(m, (1,)), axis=0)  # one element: the sum is that element
+    var = tl.div_rn(tl.sum(tl.reshape(s, (1,)), axis=0), D.to(tl.float32))
+    rstd = tl.rsqrt(var + eps)
+    # normalise, round (LayerNorm's store), then adaLN's plan
+    offs = tl.arange(0, BLOCK_D)
+    dm = offs < D
+    x = _load_row_x(x_ptr, h_ptr, base, offs, dm, HAS_RES)
+    if HAS_RES:
+        tl.store(r_ptr + base + offs, x.to(r_ptr.dtype.element_ty), mask=dm)
+    y = _r(rstd * (x - mu), o_ptr)
+    sc = tl.load(s_ptr + b * s_sb + offs * s_sd, mask=dm, other=0.0).to(tl.float32)
+    sh = tl.load(t_ptr + b * t_sb + offs * t_sd, mask=dm, other=0.0).to(tl.float32)
+    y = _r(y * _r(sc + 1.0, o_ptr), o_ptr)
+    tl.store(o_ptr + base + offs, (y + sh).to(o_ptr.dtype.element_ty), mask=dm)
+
+
+def ln_adaln(x: torch.Tensor, eps: float, scale: torch.Tensor, shift: torch.Tensor,
+             residual: torch.Tensor | None = None, mean_fma: int = 0):
+    """adaLN(LayerNorm(x)) for contiguous x [B, N, D] (no affine); with `residual`, x is first
+    `x + residual` and the pair (x + residual, adaLN(LN(x + residual))) is returned."""
+    _check(x.dim() == 3 and x.is_contiguous(), "x must be a contiguous [B, N, D]")
+    _check(scale.dtype == shift.dtype == x.dtype and x.dtype in (torch.bfloat16, torch.float16, torch.float32),
+           "one float dtype for x, scale, shift")
+    B, N, D = x.shape
+    align = x.element_size() * VEC
+    _check(D % VEC == 0 and D < (1 << 24), "aten's vectorized LayerNorm path needs D % 4 == 0")
+    if residual is not None:
+        _check(residual.shape == x.shape and residual.is_contiguous() and residual.dtype == x.dtype,
+               "residual must be a contiguous tensor like x")
+    s, t = scale.expand(B, N, D), shift.expand(B, N, D)
+    _check(s.stride(1) == 0 and t.stride(1) == 0, "scale/shift must broadcast over tokens")
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    res = torch.empty_like(x, memory_format=torch.contiguous_format) if residual is not None else out
+    # aten takes the vectorized kernel only on aligned buffers; its input is the residual's
+    # fresh (aligned) output when HAS_RES
+    _check(out.data_ptr() % align == 0 and (residual is not None or x.data_ptr() % align == 0),
+           "unaligned buffers take aten's other LayerNorm kernel")
+    rounds = triton.cdiv(D // VEC, LANES * WARPS)
+    _ln_adaln_kernel[(B * N,)](x, residual if residual is not None else x, s, t, out, res, D, N, eps,
+                               s.stride(0), s.stride(2), t.stride(0), t.stride(2),
+                               HAS_RES=residual is not None, MEAN_FMA=mean_fma, ROUNDS=rounds,
+                               BLOCK_D=triton.next_power_of_2(D), num_warps=WARPS, **OPTS)
+    return (res, out) if residual is not None else out

@@ -1,0 +1,116 @@
+"""LayerNorm + adaLN chains (SANA's `norm1`/`norm2` and their modulation), one kernel each.
+
+Unlike ops.py's chains these fuse a reduction, so the Triton kernel (kernels_norm.py) must add in
+aten's CUDA order. Its `reference` twin cannot: on the CPU it is aten's CPU LayerNorm followed by
+adaLN's rounding plan, which equals CPU eager bit for bit; the GPU kernel's summation order is
+proven only on the GPU (tests/gpu/test_fusions_gpu.py) and by the verifier on live inputs.
+
+Where nvcc's FMA contraction is ambiguous the kernel has variants (`MEAN_FMA`); `ln_adaln` tries
+them in turn through the verifier's fallback chain, so the first one equal to eager is kept per
+key and the rest never run again.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+
+from .ops import ADALN, NotApplicable, Op, _adaln_eager, _adaln_reference, register
+
+MEAN_FMA_VARIANTS = (0, 1, 2)
+
+
+def _kernels():
+    from . import kernels_norm
+
+    return kernels_norm
+
+
+def _plain_layer_norm(norm: nn.Module) -> None:
+    if not isinstance(norm, nn.LayerNorm) or norm.weight is not None or norm.bias is not None:
+        raise NotApplicable("not an nn.LayerNorm without affine parameters")
+    if len(norm.normalized_shape) != 1:
+        raise NotApplicable("LayerNorm over more than the last axis")
+
+
+# -- LN(x) * (1 + scale) + shift ----------------------------------------------------------
+def _ln_adaln_eager(x, norm: nn.Module, scale, shift):
+    return _adaln_eager(norm(x), scale, shift)
+
+
+def _ln_adaln_reference(x, norm: nn.Module, scale, shift):
+    _plain_layer_norm(norm)
+    return _adaln_reference(norm(x), scale, shift)
+
+
+def _ln_adaln_fused(variant: int) -> Callable:
+    def fused(x, norm: nn.Module, scale, shift):
+        _plain_layer_norm(norm)
+        return _kernels().ln_adaln(x, norm.eps, scale, shift, mean_fma=variant)
+
+    return fused
+
+
+LN_ADALN = tuple(register(Op(f"ln_adaln_v{v}", _ln_adaln_eager, _ln_adaln_reference, _ln_adaln_fused(v)))
+                 for v in MEAN_FMA_VARIANTS)
+
+
+# -- h' = a / r + h; (h', LN(h') * (1 + scale) + shift) -------------------------------------
+def _res_ln_adaln_eager(a, r: float, h, norm: nn.Module, scale, shift):
+    h = a / r + h
+    return h, _ln_adaln_eager(h, norm, scale, shift)
+
+
+def _res_ln_adaln_reference(a, r: float, h, norm: nn.Module, scale, shift):
+    if r != 1.0:  # x / 1.0 is x, bit for bit
+        raise NotApplicable("rescale_output_factor != 1")
+    h = a + h
+    return h, _ln_adaln_reference(h, norm, scale, shift)
+
+
+def _res_ln_adaln_fused(variant: int) -> Callable:
+    def fused(a, r: float, h, norm: nn.Module, scale, shift):
+        if r != 1.0:
+            raise NotApplicable("rescale_output_factor != 1")
+        _plain_layer_norm(norm)
+        return _kernels().ln_adaln(a, norm.eps, scale, shift, residual=h, mean_fma=variant)
+
+    return fused
+
+
+RES_LN_ADALN = tuple(register(Op(f"res_ln_adaln_v{v}", _res_ln_adaln_eager, _res_ln_adaln_reference,
+                                 _res_ln_adaln_fused(v)))
+                     for v in MEAN_FMA_VARIANTS)
+
+OP_NAMES = tuple(op.name for op in LN_ADALN + RES_LN_ADALN)
+
+
+def ln_adaln(call: Callable, x: torch.Tensor, norm: nn.Module, scale, shift) -> torch.Tensor:
+    """adaLN(norm(x)) through the verifier: the kernel variants in turn, then aten's LayerNorm
+    and the elementwise adaLN kernel (which the verifier checks on its own)."""
+    def last(x, norm, scale, shift):
+        return call(ADALN, norm(x), scale, shift)
+
+    chain = last
+    for op in reversed(LN_ADALN):
+        chain = _link(call, op, chain)
+    return chain(x, norm, scale, shift)
+
+
+def res_ln_adaln(call: Callable, residual_op: Op, a, r: float, h, norm: nn.Module, scale, shift):
+    """(a / r + h, adaLN(norm(a / r + h))) through the verifier, variants first; the last link
+    is the residual's own fused op, then `ln_adaln`."""
+    def last(a, r, h, norm, scale, shift):
+        h = call(residual_op, a, r, h)
+        return h, ln_adaln(call, h, norm, scale, shift)
+
+    chain = last
+    for op in reversed(RES_LN_ADALN):
+        chain = _link(call, op, chain)
+    return chain(a, r, h, norm, scale, shift)
+
+
+def _link(call: Callable, op: Op, fallback: Callable) -> Callable:
+    return lambda *args: call(op, *args, fallback=fallback)
