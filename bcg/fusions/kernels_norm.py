@@ -29,9 +29,10 @@ import triton.language as tl
 
 from .kernels import OPTS, _check, _r
 
-LANES = 32
-WARPS = 4  # aten: num_threads() = C10_WARP_SIZE * 4 threads a row
-VEC = 4  # aten: vec_size
+_LANES, _WARPS, _VEC = 32, 4, 4  # aten: a warp, num_threads() = C10_WARP_SIZE * 4, vec_size
+LANES = tl.constexpr(_LANES)
+WARPS = tl.constexpr(_WARPS)
+VEC = tl.constexpr(_VEC)
 
 
 @triton.jit
@@ -136,8 +137,8 @@ def ln_adaln(x: torch.Tensor, eps: float, scale: torch.Tensor, shift: torch.Tens
     _check(scale.dtype == shift.dtype == x.dtype and x.dtype in (torch.bfloat16, torch.float16, torch.float32),
            "one float dtype for x, scale, shift")
     B, N, D = x.shape
-    align = x.element_size() * VEC
-    _check(D % VEC == 0 and D < (1 << 24), "aten's vectorized LayerNorm path needs D % 4 == 0")
+    align = x.element_size() * _VEC
+    _check(D % _VEC == 0 and D < (1 << 24), "aten's vectorized LayerNorm path needs D % 4 == 0")
     if residual is not None:
         _check(residual.shape == x.shape and residual.is_contiguous() and residual.dtype == x.dtype,
                "residual must be a contiguous tensor like x")
@@ -149,9 +150,9 @@ def ln_adaln(x: torch.Tensor, eps: float, scale: torch.Tensor, shift: torch.Tens
     # fresh (aligned) output when HAS_RES
     _check(out.data_ptr() % align == 0 and (residual is not None or x.data_ptr() % align == 0),
            "unaligned buffers take aten's other LayerNorm kernel")
-    rounds = triton.cdiv(D // VEC, LANES * WARPS)
+    rounds = triton.cdiv(D // _VEC, _LANES * _WARPS)
     _ln_adaln_kernel[(B * N,)](x, residual if residual is not None else x, s, t, out, res, D, N, eps,
                                s.stride(0), s.stride(2), t.stride(0), t.stride(2),
                                HAS_RES=residual is not None, MEAN_FMA=mean_fma, ROUNDS=rounds,
-                               BLOCK_D=triton.next_power_of_2(D), num_warps=WARPS, **OPTS)
+                               BLOCK_D=triton.next_power_of_2(D), num_warps=_WARPS, **OPTS)
     return (res, out) if residual is not None else out
