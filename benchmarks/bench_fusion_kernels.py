@@ -91,6 +91,44 @@ def ln_rows(iters: int) -> list[dict]:
     return out
 
 
+FORMS = [dict(), dict(MEAN_FMA=1), dict(MEAN_FMA=2), dict(ONLINE=1), dict(ONLINE=2), dict(ONLINE=3),
+         dict(SIG_FMA=1), dict(RSQ=1), dict(RSQ=2), dict(REDUCE=1), dict(REDUCE=1, MEAN_FMA=1),
+         dict(REDUCE=1, MEAN_FMA=2)]
+
+
+def diagnose(iters: int) -> list[dict]:
+    """Which floating-point form of the kernel reproduces aten's per-row mean and rstd
+    (torch.ops.aten.native_layer_norm returns both): fp32 rows show every ulp."""
+    from bcg.fusions import kernels_norm
+
+    out = []
+    for dtype in (torch.float32, torch.bfloat16):
+        for D_, rows in ((2240, 2048), (1152, 616), (32, 64)):
+            g = torch.Generator(device="cuda").manual_seed(7)
+            x = torch.randn(1, rows, D_, device="cuda", generator=g)
+            x[..., ::7] *= 30
+            x = (x + 0.5).to(dtype)
+            z = torch.zeros(1, 1, D_, device="cuda", dtype=dtype)
+            want, wm, wr = torch.ops.aten.native_layer_norm(x, [D_], None, None, 1e-6)
+            for forms in FORMS:
+                f = dict(forms)
+                mf = f.pop("MEAN_FMA", 0)
+                m = torch.empty(rows, device="cuda")
+                rs = torch.empty(rows, device="cuda")
+                try:
+                    got = kernels_norm.ln_adaln(x, 1e-6, z, z, mean_fma=mf, stats=(m, rs), **f)
+                    row = {"dtype": str(dtype).replace("torch.", ""), "D": D_, "rows": rows, "form": forms,
+                           "mean_exact": int((m == wm.flatten()).sum()), "rstd_exact": int((rs == wr.flatten()).sum()),
+                           "out_equal": bool(torch.equal(got, want))}
+                    if D_ == 2240 and dtype == torch.bfloat16:
+                        row["us"] = timed(lambda: kernels_norm.ln_adaln(x, 1e-6, z, z, mean_fma=mf, **f), iters)
+                except Exception as exc:  # noqa: BLE001
+                    row = {"dtype": str(dtype), "D": D_, "form": forms, "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+                out.append(row)
+                print(json.dumps(row), flush=True)
+    return out
+
+
 def dw_rows(iters: int) -> list[dict]:
     from bcg.fusions import kernels
 
@@ -148,10 +186,15 @@ def main() -> None:
     p.add_argument("--out", default="benchmarks/results")
     p.add_argument("--iters", type=int, default=50)
     p.add_argument("--skip", default="", help="comma list: ln, dw")
+    p.add_argument("--diagnose", action="store_true", help="only: which kernel form equals aten's LN stats")
     a = p.parse_args()
     skip = set(filter(None, a.skip.split(",")))
     rows = []
     with torch.inference_mode():
+        if a.diagnose:
+            rows = diagnose(a.iters)
+            (Path(a.out) / "ln_diagnosis.json").write_text(json.dumps(rows, indent=1))
+            return
         if "ln" not in skip:
             rows += ln_rows(a.iters)
         if "dw" not in skip:
