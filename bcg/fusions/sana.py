@@ -1,7 +1,7 @@
 """SANA: `SanaTransformerBlock.forward` with its elementwise chains fused (diffusers 0.42 source).
 
 Per block, eager runs ~50 kernels (about 26 elementwise, 9 copies); the fused forward ~28
-(SANA-1.6B: 1,010 kernels a step -> ~573; 553 with ONE_PASS_DWCONV), its chains verified one by one:
+(SANA-1.6B: 1,010 kernels a step -> ~573; fewer with the one-pass conv and the norm kernels), its chains verified one by one:
 
     adaLN x2          LN(x) * (1 + scale) + shift      3 kernels -> 1 (LayerNorm in aten's order,
                       kernels_norm.py; the cross-attention residual joins norm2's kernel)
@@ -34,10 +34,11 @@ from .verify import Verifier
 
 
 # The one-pass depthwise conv + bias + GLU kernel (ops.DWCONV_GLU_ROWS) is bit-exact with cuDNN
-# on the H200 in bf16 and fp16 (cuDNN sums the 9 taps row-major), but it measured slower than
-# cuDNN's conv + the fused bias/GLU kernel (SANA-1.6B 1024² B1: 311 vs 304 ms a loop): off until
-# it is tuned (benchmarks/results/denoise_h200_fused.md).
-ONE_PASS_DWCONV = False
+# on the H200 in bf16 and fp16 (cuDNN sums the 9 taps row-major). It is faster than cuDNN's conv +
+# the fused bias/GLU kernel on small grids only (SANA-1.6B, 2 rows: 31 vs 43 us at 16x16 pixels;
+# 101 vs 89 us at 32x32; benchmarks/results/fusion_kernels_h200.md), so it runs up to this many
+# pixels a call (batch x height x width) and cuDNN's pair beyond.
+ONE_PASS_DWCONV_MAX_PIXELS = 512
 
 
 def check_block(block: nn.Module) -> str | None:
@@ -156,7 +157,7 @@ def block_forward(block: nn.Module, fx: Verifier) -> Callable:
         return call(CONV_BIAS_GLU, x, conv, fallback=glu_fallback)
 
     def dwconv_glu(x, conv):
-        if not ONE_PASS_DWCONV:
+        if x.shape[0] * x.shape[2] * x.shape[3] > ONE_PASS_DWCONV_MAX_PIXELS:
             return conv_glu(x, conv)
         return call(DWCONV_GLU_ROWS, x, conv,
                     fallback=lambda x, c: call(DWCONV_GLU_COLS, x, c, fallback=conv_glu))
