@@ -5,9 +5,11 @@ aten's CUDA order. Its `reference` twin cannot: on the CPU it is aten's CPU Laye
 adaLN's rounding plan, which equals CPU eager bit for bit; the GPU kernel's summation order is
 proven only on the GPU (tests/gpu/test_fusions_gpu.py) and by the verifier on live inputs.
 
-Where nvcc's FMA contraction is ambiguous the kernel has variants (`MEAN_FMA`); `ln_adaln` tries
-them in turn through the verifier's fallback chain, so the first one equal to eager is kept per
-key and the rest never run again.
+Where nvcc's FMA contraction is ambiguous (`nA * meanA + nB * meanB`) the kernel has variants
+(`MEAN_FMA`). On the H200 variant 0 reproduced aten's mean and rstd on every fp32 and bf16 row
+tried, variants 1 and 2 did not (benchmarks/results/ln_diagnosis_h200.json); only variant 0 is
+registered. If a build of aten contracts otherwise, the verifier rejects it and the chain falls
+back to aten's LayerNorm and the elementwise adaLN kernel.
 """
 
 from __future__ import annotations
@@ -19,7 +21,11 @@ from torch import nn
 
 from .ops import ADALN, NotApplicable, Op, _adaln_eager, _adaln_reference, register
 
-MEAN_FMA_VARIANTS = (0, 1, 2)
+MEAN_FMA_VARIANTS = (0,)
+
+
+def _name(chain: str, variant: int) -> str:
+    return chain if variant == 0 else f"{chain}_v{variant}"
 
 
 def _kernels():
@@ -53,7 +59,7 @@ def _ln_adaln_fused(variant: int) -> Callable:
     return fused
 
 
-LN_ADALN = tuple(register(Op(f"ln_adaln_v{v}", _ln_adaln_eager, _ln_adaln_reference, _ln_adaln_fused(v)))
+LN_ADALN = tuple(register(Op(_name("ln_adaln", v), _ln_adaln_eager, _ln_adaln_reference, _ln_adaln_fused(v)))
                  for v in MEAN_FMA_VARIANTS)
 
 
@@ -80,7 +86,7 @@ def _res_ln_adaln_fused(variant: int) -> Callable:
     return fused
 
 
-RES_LN_ADALN = tuple(register(Op(f"res_ln_adaln_v{v}", _res_ln_adaln_eager, _res_ln_adaln_reference,
+RES_LN_ADALN = tuple(register(Op(_name("res_ln_adaln", v), _res_ln_adaln_eager, _res_ln_adaln_reference,
                                  _res_ln_adaln_fused(v)))
                      for v in MEAN_FMA_VARIANTS)
 
