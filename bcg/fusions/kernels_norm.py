@@ -195,7 +195,7 @@ def ln_adaln(x: torch.Tensor, eps: float, scale: torch.Tensor, shift: torch.Tens
         _check(residual.shape == x.shape and residual.is_contiguous() and residual.dtype == x.dtype,
                "residual must be a contiguous tensor like x")
     s, t = scale.expand(B, N, D), shift.expand(B, N, D)
-    _check(s.stride(1) == 0 and t.stride(1) == 0, "scale/shift must broadcast over tokens")
+    _check(N == 1 or (s.stride(1) == 0 and t.stride(1) == 0), "scale/shift must broadcast over tokens")
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
     res = torch.empty_like(x, memory_format=torch.contiguous_format) if residual is not None else out
     # aten takes the vectorized kernel only on aligned buffers; its input is the residual's
