@@ -16,6 +16,7 @@ do not fit the time budget are written as skipped rows with the reason.
 from __future__ import annotations
 
 import argparse
+import math
 import logging
 import statistics
 import sys
@@ -36,7 +37,7 @@ from bcg import RunnerConfig, apply_graph_runner  # noqa: E402
 GUIDANCE = 4.5
 COLUMNS = ["mode", "resolution", "batch", "denoise_ms", "denoise_min_ms", "denoise_max_ms",
            "speedup_vs_eager", "gpu_kernel_ms", "gpu_busy", "kernels_per_step", "host_launches_per_step",
-           "peak_mem_gib", "setup_s", "segments", "rel_err_vs_eager", "skipped"]
+           "peak_mem_gib", "setup_s", "segments", "rel_err_vs_eager", "psnr_vs_lossless_db", "skipped"]
 
 
 def make_loop(forward, inp: dict, timesteps, sigmas, mark_step: bool = False):
@@ -145,7 +146,18 @@ def measure(mode: str, model, res: int, batch: int, loops: int, ref: torch.Tenso
         row["rel_err_vs_eager"] = float((out - ref).norm() / ref.norm())
         row["max_abs_err_vs_eager"] = float((out - ref).abs().max())
         row["bitwise_equal_to_eager"] = bool(torch.equal(out, ref))
+        row["psnr_vs_lossless_db"] = psnr(out, ref)
     return row, out
+
+
+def psnr(out: torch.Tensor, ref: torch.Tensor) -> float | None:
+    """PSNR of the final latents against eager's (= the lossless tier's bits), over eager's value
+    range; None where they are equal bit for bit (infinite)."""
+    mse = float((out.float() - ref.float()).pow(2).mean())
+    if mse == 0.0:
+        return None
+    peak = float(ref.float().max() - ref.float().min())
+    return round(10 * math.log10(peak * peak / mse), 2)
 
 
 def targets(rows: list[dict]) -> list[str]:
