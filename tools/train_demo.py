@@ -1,10 +1,10 @@
 """Train the sana_tiny demo model on drawn scenes: AutoencoderDC first, then SanaTransformer2DModel.
 
-    python tools/train_demo.py --out jobs/data/demo --write-preset         # the shipped weights (GPU)
+    python tools/train_demo.py --out jobs/data/demo --write-preset         # from scratch (GPU)
+    python tools/train_demo.py --out jobs/data/demo --resume jobs/data/demo --dit-minutes 7
+                                                                           # train the shipped ones on (GPU)
     python tools/train_demo.py --out /tmp/demo --device cpu --vae-steps 30 --dit-steps 30 \
         --vae-batch 8 --dit-batch 8 --pool 500 --long-pool 50                # a smoke run
-    cp -r jobs/data/demo /tmp/stage1 && python tools/train_demo.py --out jobs/data/demo \
-        --resume /tmp/stage1 --dit-minutes 8                                 # train the shipped ones on
 
 The architecture is the preset's (conf/model/sana_tiny.yaml, `model.tiny`), built with the real
 diffusers classes. Data are drawn at training time (jobs/demo/scenes.py): one shape of one colour on
@@ -19,11 +19,19 @@ does at inference (jobs/demo/text.py).
    x_t = (1 - s) x0 + s n, target n - x0, timestep 1000 s, s drawn from the preset's shifted
    schedule (and a fifth uniformly); the caption replaced by the empty prompt with probability
    --cfg-drop, since the job samples with classifier-free guidance; EMA weights are saved.
+   The step is small (256 latent tokens, 1.2 M parameters), so on a GPU it is bound by kernel
+   launches and host waits, not arithmetic: batches are large (1024), padded to one fixed text
+   length (no host-device sync to size them), and the loss is `torch.compile`d (a compiler
+   failure falls back to eager, `--compile off` skips it).
 
-Seeded: the same arguments on the same device give the same weights, up to the nondeterminism of
-GPU kernels. `--*-minutes` cap each phase's wall time: a phase that would overrun plans fewer steps
-(measured over its first steps) and training.json records the steps it ran. Weights are saved as
-float16 safetensors (loading converts them to the run dtype).
+`--resume DIR` keeps DIR's VAE and continues its transformer (EMA) weights with a fresh optimizer;
+DIR may be --out itself (it is read before anything is written).
+
+Each phase runs `--*-steps` or `--*-minutes` of wall time, whichever runs out first, and its
+cosine learning rate reaches its floor exactly then (training.json records the steps it ran).
+Seeded: the same arguments on the same device give the same weights when the steps, not the
+minutes, end the phase, up to the nondeterminism of GPU kernels. Weights are saved as float16
+safetensors (loading converts them to the run dtype).
 """
 
 from __future__ import annotations
