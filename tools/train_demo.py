@@ -86,7 +86,7 @@ class Budget:
     for the device every `sync_every` steps, so the clock measures the device's work, not how far
     the host has queued ahead."""
 
-    def __init__(self, name: str, steps: int, minutes: float, device: torch.device, sync_every: int = 20):
+    def __init__(self, name: str, steps: int, minutes: float, device: torch.device, sync_every: int = 50):
         self.name, self.steps, self.seconds = name, steps, minutes * 60
         self.cuda, self.sync_every = device.type == "cuda", sync_every
         self.start = time.perf_counter()
