@@ -1,10 +1,10 @@
 """Train the sana_tiny demo model on drawn scenes: AutoencoderDC first, then SanaTransformer2DModel.
 
-    python tools/train_demo.py --out jobs/data/demo --write-preset         # the shipped weights (GPU)
+    python tools/train_demo.py --out jobs/data/demo --write-preset         # from scratch (GPU)
+    python tools/train_demo.py --out jobs/data/demo --resume jobs/data/demo --dit-minutes 7
+                                                                           # train the shipped ones on (GPU)
     python tools/train_demo.py --out /tmp/demo --device cpu --vae-steps 30 --dit-steps 30 \
         --vae-batch 8 --dit-batch 8 --pool 500 --long-pool 50                # a smoke run
-    cp -r jobs/data/demo /tmp/stage1 && python tools/train_demo.py --out jobs/data/demo \
-        --resume /tmp/stage1 --dit-minutes 8                                 # train the shipped ones on
 
 The architecture is the preset's (conf/model/sana_tiny.yaml, `model.tiny`), built with the real
 diffusers classes. Data are drawn at training time (jobs/demo/scenes.py): one shape of one colour on
@@ -19,11 +19,19 @@ does at inference (jobs/demo/text.py).
    x_t = (1 - s) x0 + s n, target n - x0, timestep 1000 s, s drawn from the preset's shifted
    schedule (and a fifth uniformly); the caption replaced by the empty prompt with probability
    --cfg-drop, since the job samples with classifier-free guidance; EMA weights are saved.
+   The step is small (256 latent tokens, 1.2 M parameters), so on a GPU it is bound by kernel
+   launches and host waits, not arithmetic: batches are large (1024), padded to one fixed text
+   length (no host-device sync to size them), and the loss is `torch.compile`d (a compiler
+   failure falls back to eager, `--compile off` skips it).
 
-Seeded: the same arguments on the same device give the same weights, up to the nondeterminism of
-GPU kernels. `--*-minutes` cap each phase's wall time: a phase that would overrun plans fewer steps
-(measured over its first steps) and training.json records the steps it ran. Weights are saved as
-float16 safetensors (loading converts them to the run dtype).
+`--resume DIR` keeps DIR's VAE and continues its transformer (EMA) weights with a fresh optimizer;
+DIR may be --out itself (it is read before anything is written).
+
+Each phase runs `--*-steps` or `--*-minutes` of wall time, whichever runs out first, and its
+cosine learning rate reaches its floor exactly then (training.json records the steps it ran).
+Seeded: the same arguments on the same device give the same weights when the steps, not the
+minutes, end the phase, up to the nondeterminism of GPU kernels. Weights are saved as float16
+safetensors (loading converts them to the run dtype).
 """
 
 from __future__ import annotations
@@ -62,33 +70,31 @@ def load_preset(path: Path) -> dict:
 
 
 # -- schedule ----------------------------------------------------------------------------------
-def lr_at(step: int, total: int, base: float, warmup: int) -> float:
-    if step < warmup:
-        return base * (step + 1) / warmup
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    return base * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+def lr_at(step: int, progress: float, base: float, warmup: int, floor: float = 0.1) -> float:
+    """Linear warm-up over `warmup` steps, then cosine from `base` down to `floor * base` as
+    `progress` (0..1, Budget.progress) runs out."""
+    ramp = min(1.0, (step + 1) / max(1, warmup))
+    return base * ramp * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
 
 
 class Budget:
-    """Plans a phase's steps: the requested count, or fewer if they would not fit in the minutes
-    (the pace measured between steps `warm` and `probe`, after the first kernels' warm-up)."""
+    """A phase's length: `steps`, or `minutes` of wall time, whichever runs out first.
 
-    def __init__(self, name: str, steps: int, minutes: float, warm: int = 10, probe: int = 40):
-        self.name, self.steps, self.seconds, self.warm, self.probe = name, steps, minutes * 60, warm, probe
+    `progress` is the larger of the two fractions spent, so the learning rate decays to its floor
+    exactly when the phase ends, however fast the machine is (the cap needs no step-time forecast,
+    and a slow first step such as a compilation only shortens the phase). On a GPU the host waits
+    for the device every `sync_every` steps, so the clock measures the device's work, not how far
+    the host has queued ahead."""
+
+    def __init__(self, name: str, steps: int, minutes: float, device: torch.device, sync_every: int = 50):
+        self.name, self.steps, self.seconds = name, steps, minutes * 60
+        self.cuda, self.sync_every = device.type == "cuda", sync_every
         self.start = time.perf_counter()
-        self.warm_at = None
 
-    def total(self, step: int) -> int:
-        if step == self.warm:
-            self.warm_at = time.perf_counter()
-        if step == self.probe and self.steps > self.probe and self.warm_at is not None:
-            per_step = (time.perf_counter() - self.warm_at) / (self.probe - self.warm)
-            fits = self.probe + int((self.seconds - self.elapsed()) / per_step)
-            log.info("%s: %.1f ms a step", self.name, per_step * 1e3)
-            if fits < self.steps:
-                log.warning("%s: %d steps fit in %.1f min, not %d", self.name, fits, self.seconds / 60, self.steps)
-                self.steps = max(fits, self.probe + 1)
-        return self.steps
+    def progress(self, step: int) -> float:
+        if self.cuda and step % self.sync_every == 0:
+            torch.cuda.synchronize()
+        return max(step / self.steps, self.elapsed() / self.seconds)
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.start
@@ -107,12 +113,12 @@ def random_indices(n: int, device) -> torch.Tensor:
 def train_vae(vae, args, side: int, device, gen) -> dict:
     opt = torch.optim.AdamW(vae.parameters(), lr=args.vae_lr, betas=(0.9, 0.99), weight_decay=0.0,
                             fused=device.type == "cuda")
-    budget = Budget("vae", args.vae_steps, args.vae_minutes)
+    budget = Budget("vae", args.vae_steps, args.vae_minutes, device)
     vae.train()
     step, losses = 0, []
-    while step < budget.total(step):
+    while (progress := budget.progress(step)) < 1:
         for g in opt.param_groups:
-            g["lr"] = lr_at(step, budget.steps, args.vae_lr, warmup=min(200, budget.steps // 10 + 1))
+            g["lr"] = lr_at(step, progress, args.vae_lr, warmup=min(200, args.vae_steps // 10 + 1))
         x = draw(random_indices(args.vae_batch, device), side, gen)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
             z = vae.encode(x).latent
@@ -129,7 +135,7 @@ def train_vae(vae, args, side: int, device, gen) -> dict:
         step += 1
         if step % args.log_every == 0 or step == 1:
             losses.append(round(loss.item(), 5))
-            log.info("vae step %d/%d loss %.4f (%.0f s)", step, budget.steps, loss.item(), budget.elapsed())
+            log.info("vae step %d loss %.4f (%.0f s)", step, loss.item(), budget.elapsed())
     vae.eval()
     with torch.no_grad():
         x = draw(random_indices(256, device), side, gen)
@@ -163,16 +169,18 @@ class CaptionPool:
 
 
 def batch_text(pools, counts, empty, p_drop: float, device, gen):
-    """Rows from each pool, padded to one length; some captions swapped for the empty prompt."""
-    picks = [(p, torch.randint(len(p), (n,), generator=gen, device=device)) for p, n in zip(pools, counts) if n]
-    length = max(int(p.mask[i].sum(1).max()) for p, i in picks)
-    length = max(length, empty[0].shape[1])
+    """Rows from each pool, padded to one fixed length (the longest caption of any pool: the
+    shapes never change, so the step never waits on the device to size a batch and a compiled
+    step never recompiles); some captions swapped for the empty prompt. The padding is masked."""
+    length = max(max(p.embeds.shape[1] for p in pools), empty[0].shape[1])
     embeds, masks, labels = [], [], []
-    for p, i in picks:
-        e, m = p.embeds[i, :length], p.mask[i, :length]
-        pad = length - e.shape[1]
-        embeds.append(F.pad(e, (0, 0, 0, pad)))
-        masks.append(F.pad(m, (0, pad)))
+    for p, n in zip(pools, counts):
+        if not n:
+            continue
+        i = torch.randint(len(p), (n,), generator=gen, device=device)
+        pad = length - p.embeds.shape[1]
+        embeds.append(F.pad(p.embeds[i], (0, 0, 0, pad)))
+        masks.append(F.pad(p.mask[i], (0, pad)))
         labels.append(p.labels[i])
     embeds, masks, labels = torch.cat(embeds), torch.cat(masks), torch.cat(labels)
     drop = torch.rand(embeds.shape[0], generator=gen, device=device) < p_drop
@@ -191,34 +199,64 @@ def sample_sigmas(n: int, shift: float, device, gen) -> torch.Tensor:
     return torch.where(uniform, u, shifted)
 
 
+def flow_loss(model, x0, noise, sigma, embeds, masks, autocast: bool):
+    """The rectified-flow loss of one batch: x_t = (1 - s) x0 + s n, target n - x0 (what the
+    model's `torch.compile` fuses: the mix, the forward and the squared error)."""
+    s = sigma.view(-1, 1, 1, 1)
+    xt = (1 - s) * x0 + s * noise
+    with torch.autocast(x0.device.type, dtype=torch.bfloat16, enabled=autocast):
+        pred = model(xt, encoder_hidden_states=embeds, encoder_attention_mask=masks, timestep=sigma * 1000,
+                     return_dict=False)[0]
+    return (pred.float() - (noise - x0)).pow(2).mean()
+
+
+def compiled_loss(enabled: bool):
+    """`flow_loss`, compiled for a fixed batch shape, or as it is (compilation off or unavailable)."""
+    if not enabled:
+        return None
+    try:
+        return torch.compile(flow_loss, dynamic=False)
+    except Exception as e:  # noqa: BLE001 - an older or limited torch: train eagerly
+        log.warning("torch.compile unavailable (%s); training eagerly", e)
+        return None
+
+
 def train_dit(model, vae, pools, empty, args, side: int, shift: float, device, gen) -> tuple:
     ema = copy.deepcopy(model).eval().requires_grad_(False)
     opt = torch.optim.AdamW(model.parameters(), lr=args.dit_lr, betas=(0.9, 0.99), weight_decay=0.0,
                             fused=device.type == "cuda")
-    budget = Budget("transformer", args.dit_steps, args.dit_minutes)
+    budget = Budget("transformer", args.dit_steps, args.dit_minutes, device)
     scale = vae.config.scaling_factor
     n_long = max(1, round(args.dit_batch * args.long_fraction)) if len(pools[1]) else 0
     counts = (args.dit_batch - n_long, n_long)
+    cuda = device.type == "cuda"
+    compiled = compiled_loss(args.compile == "on" or (args.compile == "auto" and cuda))
     model.train()
     step, losses, running = 0, [], torch.zeros((), device=device)
     params = list(model.parameters())
     ema_params = list(ema.parameters())
-    while step < budget.total(step):
+    first_seconds = None
+    while (progress := budget.progress(step)) < 1:
         for g in opt.param_groups:
-            g["lr"] = lr_at(step, budget.steps, args.dit_lr, warmup=min(args.dit_warmup, budget.steps // 10 + 1))
+            g["lr"] = lr_at(step, progress, args.dit_lr, warmup=min(args.dit_warmup, args.dit_steps // 10 + 1))
         embeds, masks, labels = batch_text(pools, counts, empty, args.cfg_drop, device, gen)
-        with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+        with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
             x0 = vae.encode(draw(labels, side, gen)).latent.float() * scale
         noise = torch.randn(x0.shape, generator=gen, device=device)
         sigma = sample_sigmas(x0.shape[0], shift, device, gen)
-        s = sigma.view(-1, 1, 1, 1)
-        xt = (1 - s) * x0 + s * noise
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-            pred = model(xt, encoder_hidden_states=embeds, encoder_attention_mask=masks, timestep=sigma * 1000,
-                         return_dict=False)[0]
-        loss = (pred.float() - (noise - x0)).pow(2).mean()
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        batch = (model, x0, noise, sigma, embeds, masks, cuda)
+        if compiled is not None:
+            try:
+                loss = compiled(*batch)
+                loss.backward()
+            except Exception as e:  # noqa: BLE001 - a compiler failure must not cost the run
+                log.warning("compiled step failed (%s: %s); training eagerly", type(e).__name__, str(e)[:300])
+                compiled = None
+                opt.zero_grad(set_to_none=True)
+        if compiled is None:
+            loss = flow_loss(*batch)
+            loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         decay = min(args.ema, (1 + step) / (10 + step))
@@ -226,14 +264,25 @@ def train_dit(model, vae, pools, empty, args, side: int, shift: float, device, g
             torch._foreach_lerp_(ema_params, params, 1 - decay)
             running += loss.detach()
         step += 1
+        if step == 1:
+            if cuda:
+                torch.cuda.synchronize()
+            first_seconds = budget.elapsed()
+            log.info("transformer: first step %.1f s (%s)", first_seconds,
+                     "compiled" if compiled is not None else "eager")
         if step % args.log_every == 0 or step == 1:
             avg = running.item() / (1 if step == 1 else args.log_every)
             running.zero_()
             losses.append(round(avg, 5))
-            log.info("transformer step %d/%d loss %.4f (%.0f s)", step, budget.steps, avg, budget.elapsed())
-    info = {"steps": step, "seconds": round(budget.elapsed(), 1), "batch": args.dit_batch, "long_rows": n_long,
-            "loss_per_log_every": losses}
-    log.info("transformer: %d steps in %.0f s", step, budget.elapsed())
+            log.info("transformer step %d loss %.4f lr %.2e (%.0f s, %.0f%%)", step, avg, opt.param_groups[0]["lr"],
+                     budget.elapsed(), 100 * progress)
+    seconds = budget.elapsed()
+    pace = (seconds - first_seconds) / max(1, step - 1) if first_seconds is not None else float("nan")
+    info = {"steps": step, "seconds": round(seconds, 1), "batch": args.dit_batch, "long_rows": n_long,
+            "compiled": compiled is not None, "first_step_seconds": round(first_seconds or 0.0, 1),
+            "ms_per_step": round(pace * 1e3, 2), "loss_per_log_every": losses}
+    log.info("transformer: %d steps in %.0f s (%.1f ms a step after the first, %s)", step, seconds, pace * 1e3,
+             "compiled" if compiled is not None else "eager")
     return ema, info
 
 
@@ -273,11 +322,13 @@ def main(argv=None) -> int:
     p.add_argument("--vae-lr", type=float, default=1e-3)
     p.add_argument("--vae-minutes", type=float, default=1.5)
     p.add_argument("--latent-noise", type=float, default=0.1, help="decoder input noise, times the latent RMS (max)")
-    p.add_argument("--dit-steps", type=int, default=12000)
-    p.add_argument("--dit-batch", type=int, default=256)
-    p.add_argument("--dit-lr", type=float, default=5e-4)
-    p.add_argument("--dit-minutes", type=float, default=4.0)
-    p.add_argument("--dit-warmup", type=int, default=500)
+    p.add_argument("--dit-steps", type=int, default=100_000)
+    p.add_argument("--dit-batch", type=int, default=1024)
+    p.add_argument("--dit-lr", type=float, default=1e-3)
+    p.add_argument("--dit-minutes", type=float, default=7.0)
+    p.add_argument("--dit-warmup", type=int, default=300)
+    p.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
+                   help="torch.compile the transformer's training step (auto: on a GPU); a failure falls back to eager")
     p.add_argument("--resume", type=Path, default=None,
                    help="a folder this script wrote: keep its VAE, continue its transformer (EMA) weights")
     p.add_argument("--cfg-drop", type=float, default=0.1)
@@ -304,12 +355,21 @@ def main(argv=None) -> int:
     gen = torch.Generator(device).manual_seed(args.seed + 1)
     rng = random.Random(args.seed + 2)
 
+    # Read everything resumed from now: --out may be the same folder (it is overwritten at the end).
+    before = json.loads((args.resume / "training.json").read_text()) if args.resume else None
+    resumed_transformer = None
+    if args.resume:
+        from safetensors.torch import load_file
+
+        resumed_transformer = load_file(str(args.resume / "transformer.safetensors"))
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = True  # fixed shapes every step: pick the fastest kernels once
+
     # Phase 1: the VAE.
     vae_cfg = dict(tiny["vae"])
     vae = AutoencoderDC(**vae_cfg).to(device)
     if args.resume:  # the VAE as trained before, and its latent scale
         load_half(vae, args.resume / "vae.safetensors")
-        before = json.loads((args.resume / "training.json").read_text())
         vae_info = {**before["vae"], "resumed_from": str(args.resume)}
         vae.eval()
     else:
@@ -341,8 +401,9 @@ def main(argv=None) -> int:
     # Phase 2: the transformer.
     tr_cfg = dict(tiny["transformer"])
     model = SanaTransformer2DModel(**tr_cfg)
-    if args.resume:
-        load_half(model, args.resume / "transformer.safetensors")
+    if resumed_transformer is not None:
+        with torch.no_grad():
+            model.load_state_dict(resumed_transformer, strict=True)
     model = model.to(device)
     ema, dit_info = train_dit(model, vae, (short, long), empty, args, side, shift, device, gen)
 
@@ -360,7 +421,7 @@ def main(argv=None) -> int:
         "vae": vae_info,
         "text": {"short_captions": len(short), "long_captions": len(long), "seconds": round(text_seconds, 1)},
         "transformer": dit_info,
-        "resumed_from": json.loads((args.resume / "training.json").read_text()) if args.resume else None,
+        "resumed_from": before,
         "total_seconds": round(time.perf_counter() - t_start, 1),
     }
     (args.out / "training.json").write_text(json.dumps(record, indent=2) + "\n")
