@@ -138,6 +138,14 @@ def _capturing(args: tuple) -> bool:
 
 
 def _difference(got: Any, want: Any) -> str | None:
+    if isinstance(want, tuple):  # a chain with several outputs: each must equal eager's
+        if not isinstance(got, tuple) or len(got) != len(want):
+            return f"output {type(got).__name__} vs eager's tuple of {len(want)}"
+        for i, (g, w) in enumerate(zip(got, want)):
+            why = _difference(g, w)
+            if why is not None:
+                return f"output {i}: {why}"
+        return None
     if not isinstance(got, torch.Tensor) or not isinstance(want, torch.Tensor):
         return f"output types {type(got).__name__} vs {type(want).__name__}"
     if got.shape != want.shape or got.dtype != want.dtype:
