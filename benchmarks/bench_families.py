@@ -294,8 +294,8 @@ def main() -> None:
             "do), Flux.1-dev one (distilled guidance), Z-Image one (Turbo, no CFG).",
             "text_len: what the transformer sees: Qwen-Image's bucket (77 real tokens -> 128), Flux's T5 512, "
             "Z-Image's native caption (77), LongCat's fixed 512.",
-            "eager_ms / bcg_ms: one timed 20-step loop each (CUDA events), after a warm-up call and, for bcg, "
-            "after the untimed loop that captured. graphs: signatures captured (LongCat's pipeline passes "
+            f"eager_ms / bcg_ms: the median of {args.loops} timed {args.steps}-step loop(s) each (CUDA events), after "
+            "a warm-up call and, for bcg, after the untimed loop that captured. graphs: signatures captured (LongCat's pipeline passes "
             "guidance=None on the cond call only, so its two CFG calls are two graphs). max_abs_diff: final "
             "latents, bcg vs eager.",
             "Video families (benchmarks/families_video.py): 480x832, 49 frames; Wan 2.1 (1.3B, 14B) two CFG calls "
