@@ -47,14 +47,14 @@ def cases(dtype, B=2, N=24, D=48, heads=3):
     x, y = _rand(B, N, D, dtype=dtype, scale=3.0), _rand(B, N, D, dtype=dtype, scale=0.2)
     q = _rand(B, N, D, dtype=dtype).unflatten(-1, (heads, -1))
     plain_rope = ops.NORM_ROPE[ops.NORM_ROPE_MODES.index("plain")]
+    var = ops.RMS_VARIANCE[-1].reference  # aten's mean of the squares (the CPU's plan)
     return [
-        (ops.RMS_SCALE, (x, n1, n1.eps, scale)),
-        (ops.RMS_SCALE, (x, n1, n1.eps, None)),
-        (ops.RMS_RESIDUAL, (x, gate, y, n2, n2.eps)),
-        (ops.RMS_RESIDUAL, (x, None, y, n2, n2.eps)),
-        (ops.RMS_RESIDUAL_NORM, (x, gate, y, n2, n2.eps, n1, n1.eps, scale)),
-        (ops.RMS_RESIDUAL_NORM, (x, None, y, n2, n2.eps, n1, n1.eps, None)),
-        (plain_rope, (q, nq, nq.eps, _freqs(B, N, hd // 2))),
+        (ops.RMS_VARIANCE[-1], (x,)),
+        (ops.RMS_SCALE, (x, var(x), n1, n1.eps, scale)),
+        (ops.RMS_SCALE, (x, var(x), n1, n1.eps, None)),
+        (ops.RMS_RESIDUAL, (x, gate, y, var(y), n2, n2.eps)),
+        (ops.RMS_RESIDUAL, (x, None, y, var(y), n2, n2.eps)),
+        (plain_rope, (q, var(q), nq, nq.eps, _freqs(B, N, hd // 2))),
         (ops.SWIGLU, (_rand(B, N, 2 * D, dtype=dtype, scale=4.0), _rand(B, N, 2 * D, dtype=dtype))),
     ]
 
@@ -73,19 +73,23 @@ def test_rounding_plans_equal_eager(dtype):
             assert _same(op.reference(*args), op.eager(*args)), op.name
 
 
-def test_fma_contractions_are_left_to_the_gpu():
-    """The complex product's FMA variants have no plain-torch plan: on the CPU they do not apply
-    (eager runs), and the verifier counts them as such, not as rejections."""
+def test_gpu_orders_are_left_to_the_gpu():
+    """The complex product's FMA variants and aten's CUDA reduction orders have no plain-torch plan:
+    on the CPU they do not apply (eager runs), and the verifier counts them as such, not as rejections."""
     torch.manual_seed(0)
     fx = Verifier("reference")
     q = _rand(1, 8, 2, 16, dtype=torch.bfloat16)
     nq = _norm(16, torch.bfloat16)
-    args = (q, nq, nq.eps, _freqs(1, 8, 8))
     with torch.no_grad():
+        var = ops.RMS_VARIANCE[-1].eager(q)
+        for op in ops.RMS_VARIANCE:
+            assert torch.equal(fx.call(op, q), var)
+        args = (q, var, nq, nq.eps, _freqs(1, 8, 8))
         for op in ops.NORM_ROPE:
             assert torch.equal(fx.call(op, *args), ops.NORM_ROPE[0].eager(*args))
     c = fx.counters
-    assert (c.not_applicable, c.verified, c.rejected) == (len(ops.NORM_ROPE) - 1, 1, 0)
+    n_gpu_only = len(ops.NORM_ROPE) + len(ops.RMS_VARIANCE) - 2
+    assert (c.not_applicable, c.verified, c.rejected) == (n_gpu_only, 2, 0)
 
 
 def test_norms_that_do_not_fit_the_plan_run_eager():
@@ -93,11 +97,12 @@ def test_norms_that_do_not_fit_the_plan_run_eager():
     n32 = _norm(8, torch.float32)  # fp32 weight on a bf16 input: eager's output is fp32
     fx = Verifier("reference")
     with torch.no_grad():
-        out = fx.call(ops.RMS_SCALE, x, n32, n32.eps, None)
+        var = ops.RMS_VARIANCE[-1].eager(x)
+        out = fx.call(ops.RMS_SCALE, x, var, n32, n32.eps, None)
         assert _same(out, n32(x)) and out.dtype == torch.float32
         ln = nn.LayerNorm(8).to(torch.bfloat16)
         ln.eps, ln.bias = 1e-5, None
-        assert _same(fx.call(ops.RMS_SCALE, x, ln, 1e-5, None), ln(x))
+        assert _same(fx.call(ops.RMS_SCALE, x, var, ln, 1e-5, None), ln(x))
     assert fx.counters.not_applicable == 2 and fx.counters.rejected == 0
 
 

@@ -1,9 +1,11 @@
 """Triton kernels of the Z-Image fusions (imported only where Triton and CUDA exist).
 
 Same rounding plan as kernels.py (fp32 arithmetic, a rounding `_r` wherever eager stores a tensor,
-no FMA contraction, `OPTS`). RMSNorm's reduction stays aten's: `rms_sq` writes the fp32 squares
-eager's `x.float().pow(2)` writes, the caller runs aten's `.mean(-1, keepdim=True)` on them (same
-op, shape and strides: same bits), and the kernels here do everything after it:
+no FMA contraction, `OPTS`). RMSNorm's reduction is aten's order: `row_variance` reproduces aten's
+CUDA mean kernel (Reduce.cuh) for the row sizes Z-Image has, in candidate orders (`VAR_MODES`) the
+verifier tries against aten's own mean; the last resort, `rms_sq`, writes the fp32 squares eager's
+`x.float().pow(2)` writes and aten's `.mean(-1, keepdim=True)` reduces them (same op, shape and
+strides: same bits). The kernels then do everything after the mean:
 
     rstd = rsqrt(var + eps)             libdevice rsqrt (rsqrt.approx.f32, as CUDA's rsqrtf), or
                                         aten's tensor when RSTD_IN_KERNEL is False
@@ -17,6 +19,7 @@ RoPE: eager multiplies complex64 tensors; aten's CUDA kernel computes c10::compl
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -58,10 +61,90 @@ def rms_sq(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def rms_variance(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """aten's mean of our squares: [..., 1] fp32; aten's rsqrt(var + eps) when RSTD_IN_KERNEL is off."""
-    var = rms_sq(x).mean(-1, keepdim=True)
+def rstd_input(var: torch.Tensor, eps: float) -> torch.Tensor:
+    """What the kernels read as `v`: the variance, or aten's rsqrt(var + eps) when RSTD_IN_KERNEL is off."""
     return var if RSTD_IN_KERNEL else torch.rsqrt(var + eps)
+
+
+# -- RMSNorm's variance in aten's reduction order ---------------------------------------------------
+# aten's mean of a contiguous fp32 [M, L] over L (Reduce.cuh, MeanOps, 512 threads): one warp per row
+# when M >= 16 and L / 32 < 256 (no split across warps or blocks). Each lane keeps 4 accumulators:
+#   vectorized (L >= 128, 4-wide loads; older torch: L > 128): lane l, accumulator i sums, in order,
+#       x²[(j * 32 + l) * 4 + i] for j = 0 .. L / 128 - 1
+#   strided (unvectorized, L = 128): accumulator i holds x²[l + 32 i]
+# then ((a0 + a1) + a2) + a3, a shuffle-down tree over the 32 lanes (offsets 16, 8, .., 1 in newer
+# torch; 1, 2, .., 16 in older), and `sum * factor`, factor = float(M) / float(M * L) in fp32.
+VAR_MODES = ("vec_dec", "vec_inc", "strided_dec", "strided_inc")
+
+
+@triton.jit
+def _lane_tree(t, ROWS: tl.constexpr, W: tl.constexpr, DEC: tl.constexpr):
+    # t [ROWS, W] summed over W as lane 0 of a warp's shuffle-down reduction
+    if DEC:  # offset W/2 first: lane l += lane l + W/2
+        a, b = tl.split(tl.permute(tl.reshape(t, (ROWS, 2, W // 2)), (0, 2, 1)))
+    else:  # offset 1 first: lane 2k += lane 2k + 1
+        a, b = tl.split(tl.reshape(t, (ROWS, W // 2, 2)))
+    return a + b
+
+
+@triton.jit
+def _row_var_kernel(x_ptr, o_ptr, M, factor, L: tl.constexpr, VEC: tl.constexpr, DEC: tl.constexpr,
+                    ROWS: tl.constexpr):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    rm = rows < M
+    lane = tl.arange(0, 32)
+    base = x_ptr + rows.to(tl.int64)[:, None] * L
+    m = rm[:, None] & (lane < 32)[None, :]
+    a0 = tl.zeros((ROWS, 32), dtype=tl.float32)
+    a1 = tl.zeros((ROWS, 32), dtype=tl.float32)
+    a2 = tl.zeros((ROWS, 32), dtype=tl.float32)
+    a3 = tl.zeros((ROWS, 32), dtype=tl.float32)
+    if VEC:
+        for j in range(L // 128):  # in order: the lane's accumulation order
+            p = base + ((j * 32 + lane) * 4)[None, :]
+            v0 = tl.load(p, mask=m, other=0.0).to(tl.float32)
+            v1 = tl.load(p + 1, mask=m, other=0.0).to(tl.float32)
+            v2 = tl.load(p + 2, mask=m, other=0.0).to(tl.float32)
+            v3 = tl.load(p + 3, mask=m, other=0.0).to(tl.float32)
+            a0 = a0 + v0 * v0
+            a1 = a1 + v1 * v1
+            a2 = a2 + v2 * v2
+            a3 = a3 + v3 * v3
+    else:
+        p = base + lane[None, :]
+        v0 = tl.load(p, mask=m, other=0.0).to(tl.float32)
+        v1 = tl.load(p + 32, mask=m, other=0.0).to(tl.float32)
+        v2 = tl.load(p + 64, mask=m, other=0.0).to(tl.float32)
+        v3 = tl.load(p + 96, mask=m, other=0.0).to(tl.float32)
+        a0 = a0 + v0 * v0
+        a1 = a1 + v1 * v1
+        a2 = a2 + v2 * v2
+        a3 = a3 + v3 * v3
+    t = ((a0 + a1) + a2) + a3
+    t = _lane_tree(t, ROWS, 32, DEC)
+    t = _lane_tree(t, ROWS, 16, DEC)
+    t = _lane_tree(t, ROWS, 8, DEC)
+    t = _lane_tree(t, ROWS, 4, DEC)
+    t = _lane_tree(t, ROWS, 2, DEC)
+    tl.store(o_ptr + rows, tl.reshape(t, (ROWS,)) * factor, mask=rm)
+
+
+def row_variance(x: torch.Tensor, mode: str) -> torch.Tensor:
+    """`x.float().pow(2).mean(-1, keepdim=True)` in aten's CUDA reduction order `mode` (VAR_MODES)."""
+    _check(x.is_contiguous() and x.dim() >= 2, "x must be contiguous")
+    L = x.shape[-1]
+    M = x.numel() // L
+    _check(M >= 16, "fewer than 16 rows: aten's block is no longer one warp a row")
+    if mode.startswith("vec"):
+        _check(L % 128 == 0 and L < 8192, "vectorized rows: a multiple of 128, under 8192 (one warp a row)")
+    else:
+        _check(L == 128, "the unvectorized order is modelled for rows of 128")
+    out = torch.empty((*x.shape[:-1], 1), dtype=torch.float32, device=x.device)
+    factor = float(np.float32(M) / np.float32(M * L))  # aten: static_cast<float>(outputs) / numel
+    rows = 16
+    _row_var_kernel[(triton.cdiv(M, rows),)](x, out, M, factor, L=L, VEC=mode.startswith("vec"),
+                                             DEC=mode.endswith("dec"), ROWS=rows, **OPTS)
+    return out
 
 
 def _tile(D: int) -> tuple[int, int]:
@@ -103,7 +186,7 @@ def _rms_scale_kernel(x_ptr, v_ptr, w_ptr, s_ptr, o_ptr, M, D, ROWS_PER_B, s_sb,
 
 def rms_scale(x: torch.Tensor, var: torch.Tensor, weight: torch.Tensor, eps: float,
               scale: torch.Tensor | None) -> torch.Tensor:
-    """x [B, N, D] contiguous, var [B, N, 1] (aten's mean of rms_sq(x)), weight [D], scale [B|1, 1, D]."""
+    """x [B, N, D] contiguous, var [B, N, 1] (rstd_input of x's variance), weight [D], scale [B|1, 1, D]."""
     _check(x.dim() == 3 and x.is_contiguous() and var.is_contiguous(), "x must be a contiguous [B, N, D]")
     B, N, D = x.shape
     _check(weight.shape == (D,) and weight.dtype == x.dtype, "weight must be [D] of x's dtype")
@@ -120,9 +203,8 @@ def rms_scale(x: torch.Tensor, var: torch.Tensor, weight: torch.Tensor, eps: flo
 
 # -- residual: x + gate * RMSNorm(y); optionally the next norm's squares of the result ---------------
 @triton.jit
-def _rms_residual_kernel(x_ptr, y_ptr, v_ptr, w_ptr, g_ptr, o_ptr, sq_ptr, M, D, ROWS_PER_B, g_sb, g_sd, eps,
-                         HAS_GATE: tl.constexpr, WRITE_SQ: tl.constexpr, RSTD: tl.constexpr,
-                         ROWS: tl.constexpr, BD: tl.constexpr):
+def _rms_residual_kernel(x_ptr, y_ptr, v_ptr, w_ptr, g_ptr, o_ptr, M, D, ROWS_PER_B, g_sb, g_sd, eps,
+                         HAS_GATE: tl.constexpr, RSTD: tl.constexpr, ROWS: tl.constexpr, BD: tl.constexpr):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.program_id(1) * BD + tl.arange(0, BD)
     rm = rows < M
@@ -140,13 +222,11 @@ def _rms_residual_kernel(x_ptr, y_ptr, v_ptr, w_ptr, g_ptr, o_ptr, sq_ptr, M, D,
     x = tl.load(x_ptr + off, mask=m).to(tl.float32)
     out = _r(x + n, o_ptr)
     tl.store(o_ptr + off, out.to(o_ptr.dtype.element_ty), mask=m)
-    if WRITE_SQ:
-        tl.store(sq_ptr + off, out * out, mask=m)
 
 
 def rms_residual(x: torch.Tensor, gate: torch.Tensor | None, y: torch.Tensor, var: torch.Tensor,
-                 weight: torch.Tensor, eps: float, write_sq: bool = False):
-    """x + gate * RMSNorm(y) for x, y [B, N, D] contiguous; with write_sq also float(out)**2 (fp32)."""
+                 weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x + gate * RMSNorm(y) for x, y [B, N, D] contiguous; var: rstd_input of y's variance."""
     _check(x.dim() == 3 and x.is_contiguous() and y.is_contiguous() and y.shape == x.shape
            and var.is_contiguous(), "x and y must be contiguous [B, N, D]")
     B, N, D = x.shape
@@ -154,14 +234,12 @@ def rms_residual(x: torch.Tensor, gate: torch.Tensor | None, y: torch.Tensor, va
     _check(gate is None or gate.dtype == x.dtype, "gate must have x's dtype")
     g, g_sb, g_sd = _bcast(gate, B, D)
     out = torch.empty_like(x)
-    sq = torch.empty(x.shape, dtype=torch.float32, device=x.device) if write_sq else None
     M = B * N
     rows, bd = _tile(D)
     grid = (triton.cdiv(M, rows), triton.cdiv(D, bd))
-    _rms_residual_kernel[grid](x, y, var, weight, g if g is not None else x, out, sq if write_sq else out, M, D, N,
-                               g_sb, g_sd, eps, HAS_GATE=g is not None, WRITE_SQ=write_sq,
-                               RSTD=not RSTD_IN_KERNEL, ROWS=rows, BD=bd, **OPTS)
-    return (out, sq) if write_sq else out
+    _rms_residual_kernel[grid](x, y, var, weight, g if g is not None else x, out, M, D, N, g_sb, g_sd, eps,
+                               HAS_GATE=g is not None, RSTD=not RSTD_IN_KERNEL, ROWS=rows, BD=bd, **OPTS)
+    return out
 
 
 # -- q/k RMSNorm over the head dim + RoPE (complex64 product), rounded to the storage dtype -------

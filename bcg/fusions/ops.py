@@ -257,13 +257,42 @@ RESCALE_RESIDUAL = register(Op("rescale_residual", _rescale_residual_eager, _res
 
 # == Z-Image (ZImageTransformerBlock) =====================================================
 # diffusers' RMSNorm: var = x.float().pow(2).mean(-1, keepdim=True); x * rsqrt(var + eps) (fp32);
-# .to(weight.dtype) when the weight is half/bf16; * weight. The mean stays aten's: the fused plans
-# write the fp32 squares (kernels_z_image.rms_sq) and run aten's mean on them; everything around it
-# is one kernel per chain.
+# .to(weight.dtype) when the weight is half/bf16; * weight. The variance is a chain of its own
+# (`rms_variance_*`: aten's CUDA reduction order, or aten's mean itself); the norm chains take it as
+# an argument (eager ignores it and runs the module) and fuse everything after the mean.
 def _zk():
     from . import kernels_z_image
 
     return kernels_z_image
+
+
+def _var_eager(x):
+    return x.to(torch.float32).pow(2).mean(-1, keepdim=True)
+
+
+def _var_reference(mode: str):
+    def reference(x):
+        if mode != "sq_mean":
+            raise NotApplicable(f"the {mode} order is aten's CUDA reduction (no plain-torch plan)")
+        return _var_eager(x)
+
+    return reference
+
+
+def _var_fused(mode: str):
+    def fused(x):
+        k = _zk()
+        if mode == "sq_mean":  # our squares, aten's mean
+            return k.rms_sq(x).mean(-1, keepdim=True)
+        return k.row_variance(x, mode)
+
+    return fused
+
+
+RMS_VARIANCE_MODES = ("vec_dec", "vec_inc", "strided_dec", "strided_inc", "sq_mean")  # kernels_z_image.VAR_MODES
+RMS_VARIANCE = tuple(register(Op(f"rms_variance_{m}", _var_eager, _var_reference(m), _var_fused(m)))
+                     for m in RMS_VARIANCE_MODES)
+"""RMSNorm's variance: the candidate reduction orders first, aten's mean of our squares last."""
 
 
 def _rms_applicable(x: torch.Tensor, norm: nn.Module, eps: float) -> None:
@@ -273,11 +302,11 @@ def _rms_applicable(x: torch.Tensor, norm: nn.Module, eps: float) -> None:
         raise NotApplicable("the norm's weight dtype differs from its input's (or eps is not the norm's)")
 
 
-def _rms_plan(x: torch.Tensor, norm: nn.Module, eps: float) -> torch.Tensor:
-    """RMSNorm(x) in fp32, holding storage-dtype values (the rounding plan of every kernel below)."""
+def _rms_plan(x: torch.Tensor, var: torch.Tensor, norm: nn.Module, eps: float) -> torch.Tensor:
+    """RMSNorm(x) given its variance, in fp32 holding storage-dtype values (every kernel's plan)."""
     _rms_applicable(x, norm, eps)
     dt = x.dtype
-    r = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
+    r = torch.rsqrt(var + eps)
     return _r(_r(x.float() * r, dt) * norm.weight.float(), dt)
 
 
@@ -286,72 +315,45 @@ def _mul_r(a: torch.Tensor, b: torch.Tensor | None, dt: torch.dtype) -> torch.Te
 
 
 # -- norm(x) [* scale]: attention_norm1(x) * scale_msa, ffn_norm1(x) * scale_mlp ----------------
-def _rms_scale_eager(x, norm, eps, scale):
+def _rms_scale_eager(x, var, norm, eps, scale):
     y = norm(x)
     return y if scale is None else y * scale
 
 
-def _rms_scale_reference(x, norm, eps, scale):
-    return _mul_r(_rms_plan(x, norm, eps), scale, x.dtype).to(x.dtype)
+def _rms_scale_reference(x, var, norm, eps, scale):
+    return _mul_r(_rms_plan(x, var, norm, eps), scale, x.dtype).to(x.dtype)
 
 
-def _rms_scale_fused(x, norm, eps, scale):
+def _rms_scale_fused(x, var, norm, eps, scale):
     _rms_applicable(x, norm, eps)
     k = _zk()
-    return k.rms_scale(x, k.rms_variance(x, eps), norm.weight, eps, scale)
+    return k.rms_scale(x, k.rstd_input(var, eps), norm.weight, eps, scale)
 
 
 RMS_SCALE = register(Op("rms_norm_scale", _rms_scale_eager, _rms_scale_reference, _rms_scale_fused))
 
 
 # -- x + gate * norm(y): the block's two residuals ----------------------------------------------
-def _rms_res_eager(x, gate, y, norm, eps):
+def _rms_res_eager(x, gate, y, var, norm, eps):
     return x + norm(y) if gate is None else x + gate * norm(y)
 
 
-def _rms_res_reference(x, gate, y, norm, eps):
+def _rms_res_reference(x, gate, y, var, norm, eps):
     dt = x.dtype
-    return (x.float() + _mul_r(_rms_plan(y, norm, eps), gate, dt)).to(dt)
+    return (x.float() + _mul_r(_rms_plan(y, var, norm, eps), gate, dt)).to(dt)
 
 
-def _rms_res_fused(x, gate, y, norm, eps):
+def _rms_res_fused(x, gate, y, var, norm, eps):
     _rms_applicable(y, norm, eps)
     k = _zk()
-    return k.rms_residual(x, gate, y, k.rms_variance(y, eps), norm.weight, eps)
+    return k.rms_residual(x, gate, y, k.rstd_input(var, eps), norm.weight, eps)
 
 
 RMS_RESIDUAL = register(Op("gated_rms_residual", _rms_res_eager, _rms_res_reference, _rms_res_fused))
 
 
-# -- the attention residual and the FFN's input norm: (x', norm_next(x') [* scale]) ----------------
-def _rms_res_norm_eager(x, gate, y, norm, eps, norm_next, eps_next, scale):
-    x = _rms_res_eager(x, gate, y, norm, eps)
-    return x, _rms_scale_eager(x, norm_next, eps_next, scale)
-
-
-def _rms_res_norm_reference(x, gate, y, norm, eps, norm_next, eps_next, scale):
-    x = _rms_res_reference(x, gate, y, norm, eps)
-    return x, _rms_scale_reference(x, norm_next, eps_next, scale)
-
-
-def _rms_res_norm_fused(x, gate, y, norm, eps, norm_next, eps_next, scale):
-    _rms_applicable(y, norm, eps)
-    _rms_applicable(x, norm_next, eps_next)
-    k = _zk()
-    # the residual kernel also writes the squares of its output: the next norm's mean reads them
-    x, sq = k.rms_residual(x, gate, y, k.rms_variance(y, eps), norm.weight, eps, write_sq=True)
-    var = sq.mean(-1, keepdim=True)
-    if not k.RSTD_IN_KERNEL:
-        var = torch.rsqrt(var + eps_next)
-    return x, k.rms_scale(x, var, norm_next.weight, eps_next, scale)
-
-
-RMS_RESIDUAL_NORM = register(Op("gated_rms_residual_norm", _rms_res_norm_eager, _rms_res_norm_reference,
-                                _rms_res_norm_fused))
-
-
 # -- q/k: RMSNorm over the head dim, then ZSingleStreamAttnProcessor's apply_rotary_emb -----------
-def _norm_rope_eager(x, norm, eps, freqs):
+def _norm_rope_eager(x, var, norm, eps, freqs):
     x_in = norm(x)
     with torch.amp.autocast("cuda", enabled=False):
         xc = torch.view_as_complex(x_in.float().reshape(*x_in.shape[:-1], -1, 2))
@@ -360,10 +362,10 @@ def _norm_rope_eager(x, norm, eps, freqs):
 
 
 def _norm_rope_reference(mode: str):
-    def reference(x, norm, eps, freqs):
+    def reference(x, var, norm, eps, freqs):
         if mode != "plain":
             raise NotApplicable(f"the {mode} contraction is the GPU's (no FMA in the plain-torch plan)")
-        n = _rms_plan(x, norm, eps)
+        n = _rms_plan(x, var, norm, eps)
         a, b = n[..., 0::2], n[..., 1::2]
         f = torch.view_as_real(freqs).unsqueeze(2).float()
         c, d = f[..., 0], f[..., 1]
@@ -373,10 +375,10 @@ def _norm_rope_reference(mode: str):
 
 
 def _norm_rope_fused(mode: str):
-    def fused(x, norm, eps, freqs):
+    def fused(x, var, norm, eps, freqs):
         _rms_applicable(x, norm, eps)
         k = _zk()
-        return k.norm_rope(x, k.rms_variance(x, eps), norm.weight, eps, freqs, mode)
+        return k.norm_rope(x, k.rstd_input(var, eps), norm.weight, eps, freqs, mode)
 
     return fused
 

@@ -51,8 +51,8 @@ def _builtin() -> None:
                    "rescale_residual", "conv_bias_silu", "conv_bias_glu", "glu", "dwconv_glu_rows",
                    "dwconv_glu_cols")))
     register(Rule("z_image_block", "ZImageTransformerBlock", z_image.check_block, z_image.block_forward,
-                  ("rms_norm_scale", *(op.name for op in z_image.NORM_ROPE), "gated_rms_residual_norm",
-                   "gated_rms_residual", "swiglu")))
+                  (*(op.name for op in z_image.RMS_VARIANCE), "rms_norm_scale",
+                   *(op.name for op in z_image.NORM_ROPE), "gated_rms_residual", "swiglu")))
 
 
 _builtin()

@@ -3,16 +3,19 @@
 Each block runs six RMSNorms (attention_norm1/2, ffn_norm1/2 over the model width, norm_q/norm_k
 over the head dim), each eager as ~7 kernels (`.float()`, `pow`, `mean`, `+ eps`, `rsqrt`, `*`,
 `.to()`, `* weight`) around one reduction, plus RoPE (4 kernels a tensor), the modulation and gated
-residuals and SwiGLU. The fused forward keeps every reduction, GEMM and the attention kernel aten's
-and runs one kernel for what surrounds each (kernels_z_image.py):
+residuals and SwiGLU. The fused forward keeps every GEMM and the attention kernel aten's, computes
+each variance in aten's own reduction order, and runs one kernel for each chain (kernels_z_image.py);
+every chain is verified against eager on first sight, the variance against aten's mean:
 
-    attention_norm1(x) * scale_msa           squares -> aten mean -> 1 kernel
-    norm_q / norm_k + RoPE                   squares -> aten mean -> 1 kernel each (the complex
-                                             product's FMA contraction picked by the verifier)
-    x + gate_msa * attention_norm2(attn)     squares -> aten mean -> 1 kernel, which also writes
-      ffn_norm1(x) * scale_mlp                 the squares of x for ffn_norm1 -> aten mean -> 1 kernel
+    each RMSNorm's variance                  1 kernel in aten's reduction order (rms_variance_*;
+                                             last resort: our squares + aten's mean, 2 kernels)
+    attention_norm1(x) * scale_msa           1 kernel
+    norm_q / norm_k + RoPE                   1 kernel each (the complex product's FMA contraction
+                                             picked by the verifier)
+    x + gate_msa * attention_norm2(attn)     1 kernel
+    ffn_norm1(x) * scale_mlp                 1 kernel
     silu(w1 h) * w3 h                        1 kernel (w1, w3, w2 stay the module's linears)
-    x + gate_mlp * ffn_norm2(ff)             squares -> aten mean -> 1 kernel
+    x + gate_mlp * ffn_norm2(ff)             1 kernel
 
 The modulation linear, tanh and `1 + scale` (a few thousand elements) stay eager, as do the refiner
 blocks' calls with a per-token noise mask (the omni variant): those run the class's forward.
@@ -28,7 +31,7 @@ from torch import nn
 
 from ..breaks import _AttentionKernelBreaks
 from ..graph import active_capture
-from .ops import NORM_ROPE, RMS_RESIDUAL, RMS_RESIDUAL_NORM, RMS_SCALE, SWIGLU, Op
+from .ops import NORM_ROPE, RMS_RESIDUAL, RMS_SCALE, RMS_VARIANCE, SWIGLU, Op
 from .sana import _inlinable, _null
 from .verify import Verifier
 
@@ -67,7 +70,7 @@ def _chain(call: Callable, ops: tuple[Op, ...]) -> Callable:
     return fb
 
 
-def _attention(attn: nn.Module, hidden_states, attention_mask, freqs_cis, norm_rope: Callable):
+def _attention(attn: nn.Module, hidden_states, attention_mask, freqs_cis, norm_rope: Callable, variance: Callable):
     """ZSingleStreamAttnProcessor, op for op, with norm + RoPE of q and k fused."""
     from diffusers.models.attention_dispatch import dispatch_attention_fn
     from diffusers.models.transformers.transformer_z_image import ZSingleStreamAttnProcessor
@@ -79,8 +82,8 @@ def _attention(attn: nn.Module, hidden_states, attention_mask, freqs_cis, norm_r
     key = key.unflatten(-1, (attn.heads, -1))
     value = value.unflatten(-1, (attn.heads, -1))
     if freqs_cis is not None and attn.norm_q is not None and attn.norm_k is not None:
-        query = norm_rope(query, attn.norm_q, attn.norm_q.eps, freqs_cis)
-        key = norm_rope(key, attn.norm_k, attn.norm_k.eps, freqs_cis)
+        query = norm_rope(query, variance(query), attn.norm_q, attn.norm_q.eps, freqs_cis)
+        key = norm_rope(key, variance(key), attn.norm_k, attn.norm_k.eps, freqs_cis)
     else:  # the processor's own ops (no q/k norm, or no RoPE)
         if attn.norm_q is not None:
             query = attn.norm_q(query)
@@ -121,11 +124,8 @@ def block_forward(block: nn.Module, fx: Verifier) -> Callable:
     attn, ff = block.attention, block.feed_forward
     n1, n2, f1, f2 = block.attention_norm1, block.attention_norm2, block.ffn_norm1, block.ffn_norm2
     norm_rope = _chain(call, NORM_ROPE)
+    variance = _chain(call, RMS_VARIANCE)
     class_forward = type(block).forward
-
-    def residual_then_norm(x, gate, y, norm, eps, norm_next, eps_next, scale):  # fallback: two chains
-        x = call(RMS_RESIDUAL, x, gate, y, norm, eps)
-        return x, call(RMS_SCALE, x, norm_next, eps_next, scale)
 
     def forward(
         x: torch.Tensor,
@@ -147,17 +147,17 @@ def block_forward(block: nn.Module, fx: Verifier) -> Callable:
             scale_msa, scale_mlp = 1.0 + scale_msa, 1.0 + scale_mlp
 
         # Attention block
-        h = call(RMS_SCALE, x, n1, n1.eps, scale_msa)
+        h = call(RMS_SCALE, x, variance(x), n1, n1.eps, scale_msa)
         if _inlinable(attn):
-            attn_out = _attention(attn, h, attn_mask, freqs_cis, norm_rope)
+            attn_out = _attention(attn, h, attn_mask, freqs_cis, norm_rope, variance)
         else:
             attn_out = attn(h, attention_mask=attn_mask, freqs_cis=freqs_cis)
-        x, h = call(RMS_RESIDUAL_NORM, x, gate_msa, attn_out, n2, n2.eps, f1, f1.eps, scale_mlp,
-                    fallback=residual_then_norm)
+        x = call(RMS_RESIDUAL, x, gate_msa, attn_out, variance(attn_out), n2, n2.eps)
 
         # FFN block (FeedForward inlined: its linears are the module's)
+        h = call(RMS_SCALE, x, variance(x), f1, f1.eps, scale_mlp)
         y = ff.w2(call(SWIGLU, ff.w1(h), ff.w3(h)))
-        return call(RMS_RESIDUAL, x, gate_mlp, y, f2, f2.eps)
+        return call(RMS_RESIDUAL, x, gate_mlp, y, variance(y), f2, f2.eps)
 
     forward.__bcg_fusion__ = "z_image_block"  # type: ignore[attr-defined]
     return forward
