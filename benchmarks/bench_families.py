@@ -6,13 +6,17 @@ class with the released checkpoint's transformer config and seeded random bf16 w
 1024x1024, 20 flow-matching Euler steps (plain Euler update), denoise loop only (random text
 embeddings of the encoder's width and the family's text length; no text encoder, no VAE). Each
 step calls the transformer the way its pipeline does: Qwen-Image and LongCat-Image run two calls
-(CFG), Flux.1-dev one (distilled guidance), Z-Image one (Turbo, no CFG). bcg: the whole forward
-as one graph (break policy "none"), captured during the first (untimed) loop.
+(CFG), Flux.1-dev one (distilled guidance), Z-Image one (Turbo, no CFG). Modes (--modes):
+eager; bcg: the whole forward as one graph (break policy "none", fusions off), captured during the
+first (untimed) loop; bcg-fused: the same graph of the lossless fused forward (bcg/fusions,
+`fusions="lossless"`; families without a fusion rule skip it). --profile adds kernels per call.
 
     python benchmarks/bench_families.py --out benchmarks/results          # H200, the image families
     python benchmarks/bench_families.py --families wan,wan_14b,sana_video,ltx2,glm_image --steps 20 \
         --out benchmarks/results                                          # H200, video families (+ GLM-Image)
     python benchmarks/bench_families.py --tiny --out /tmp/smoke           # CPU smoke test (tape)
+    python benchmarks/bench_families.py --families z_image --loops 3 --profile --stem fusions_z_image \
+        --out benchmarks/results                                          # H200, eager vs bcg vs bcg-fused
 
 Rows are written after each family, so a run cut short keeps what it measured.
 """
@@ -32,9 +36,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import LoopTimer, device_tag, environment, flow_schedule, sync, write_results  # noqa: E402
+from common import (LoopTimer, device_tag, environment, flow_schedule, kernel_profile, sync,  # noqa: E402
+                    write_results)
 
 from bcg import RunnerConfig, apply_graph_runner  # noqa: E402
+from bcg.fusions import RULES  # noqa: E402
 import families_video as video  # noqa: E402
 
 # transformer/config.json of the released checkpoints (diffusers 0.42.1 class defaults where equal)
@@ -62,6 +68,9 @@ ALL = {**REAL, **video.REAL}
 COLUMNS = ["family", "params_b", "resolution", "steps", "calls_per_step", "text_len", "eager_ms", "bcg_ms",
            "speedup", "ms_saved_per_call", "capture_s", "graphs", "segments", "max_abs_diff", "peak_mem_gib",
            "skipped"]
+FUSED_COLUMNS = ["family", "resolution", "steps", "eager_ms", "bcg_ms", "bcg_fused_ms", "fused_gain_vs_bcg_pct",
+                 "fused_speedup_vs_eager", "fused_max_abs_diff", "fused_rel_err", "kernels_per_call_eager",
+                 "kernels_per_call_fused", "fused_verified", "fused_rejected", "skipped"]
 
 
 def tiny_configs() -> dict:
@@ -179,34 +188,70 @@ def run_family(family: str, args, device: str, dtype: torch.dtype) -> dict:
             lat = lat + (sigmas[i + 1] - sigmas[i]) * step(fwd, lat, t)
         return lat
 
+    def timed(fwd) -> tuple[float, torch.Tensor]:
+        """Median ms of --loops timed loops, and the last loop's latents."""
+        times, out = [], None
+        for _ in range(args.loops):
+            with LoopTimer() as t:
+                out = loop(fwd)
+            times.append(t.ms)
+        return sorted(times)[len(times) // 2], out
+
+    def kernels_per_call(fwd) -> float:
+        return kernel_profile(lambda: step(fwd, lat0, timesteps[0]), row["calls_per_step"])["kernels_per_step"]
+
+    modes = args.modes.split(",")
+    calls = args.steps * row["calls_per_step"]
+    backend = "cuda" if torch.cuda.is_available() else "tape"
     with torch.no_grad():
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
         step(model, lat0, timesteps[0])  # warm-up: kernels, workspaces, RoPE caches
-        with LoopTimer() as t_eager:
-            ref = loop(model)
-        backend = "cuda" if torch.cuda.is_available() else "tape"
-        runner = apply_graph_runner(model, RunnerConfig(backend=backend, break_policy="none"))
-        runner.capture_allowed = True
-        try:
-            t0 = time.perf_counter()
-            loop(model)  # captures, then replays
-            sync()
-            first_loop_s = time.perf_counter() - t0
-            with LoopTimer() as t_bcg:
-                out = loop(model)
-            stats = runner.stats()
-        finally:
-            runner.remove()
-    calls = args.steps * row["calls_per_step"]
-    row.update(eager_ms=round(t_eager.ms, 1), bcg_ms=round(t_bcg.ms, 1), speedup=round(t_eager.ms / t_bcg.ms, 3),
-               ms_saved_per_call=round((t_eager.ms - t_bcg.ms) / calls, 3),
-               capture_s=round(stats["capture_seconds"], 2), graphs=stats["captures"],
-               segments=stats["segments"], max_abs_diff=float((out - ref).abs().max()),
-               peak_mem_gib=round(torch.cuda.max_memory_allocated() / 2**30, 1) if torch.cuda.is_available() else None)
-    assert stats["misses"] == 0 and stats["capture_failures"] == 0, stats
-    logging.info("%s: %s (first bcg loop %.1f s incl. capture)", family, row, first_loop_s)
-    del model, runner, ref, out
+        eager_ms, ref = timed(model)
+        row["eager_ms"] = round(eager_ms, 1)
+        if args.profile:
+            row["kernels_per_call_eager"] = kernels_per_call(model)
+        for mode in [m for m in modes if m != "eager"]:
+            fused = mode == "bcg-fused"
+            if fused and not any(r.target in {type(m).__name__ for m in model.modules()} for r in RULES.values()):
+                row["fused_skipped"] = "no fusion rule for this family"
+                continue
+            runner = apply_graph_runner(model, RunnerConfig(backend=backend, break_policy="none",
+                                                            fusions="lossless" if fused else "off"))
+            runner.capture_allowed = True
+            try:
+                t0 = time.perf_counter()
+                loop(model)  # warm-up forwards (fusions: verification), capture, then replays
+                sync()
+                first_loop_s = time.perf_counter() - t0
+                ms, out = timed(model)
+                if fused and args.profile:
+                    row["kernels_per_call_fused"] = kernels_per_call(model)
+                stats = runner.stats()
+            finally:
+                runner.remove()
+            assert stats["misses"] == 0 and stats["capture_failures"] == 0, stats
+            diff = float((out - ref).abs().max())
+            if fused:
+                fx = stats.get("fusions", {})
+                row.update(bcg_fused_ms=round(ms, 1), fused_max_abs_diff=diff,
+                           fused_rel_err=float((out - ref).norm() / ref.norm()),
+                           fused_speedup_vs_eager=round(eager_ms / ms, 3),
+                           fused_verified=fx.get("verified"), fused_rejected=fx.get("rejected"),
+                           fused_rejections=fx.get("rejections"), fused_modules=fx.get("modules"),
+                           fused_calls=fx.get("fused_calls"), fused_eager_calls=fx.get("eager_calls"))
+            else:
+                row.update(bcg_ms=round(ms, 1), speedup=round(eager_ms / ms, 3),
+                           ms_saved_per_call=round((eager_ms - ms) / calls, 3),
+                           capture_s=round(stats["capture_seconds"], 2), graphs=stats["captures"],
+                           segments=stats["segments"], max_abs_diff=diff)
+            logging.info("%s %s: %.1f ms (first loop %.1f s incl. capture)", family, mode, ms, first_loop_s)
+            del out
+    if "bcg_ms" in row and "bcg_fused_ms" in row:
+        row["fused_gain_vs_bcg_pct"] = round(100 * (1 - row["bcg_fused_ms"] / row["bcg_ms"]), 1)
+    row["peak_mem_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 1) if torch.cuda.is_available() else None
+    logging.info("%s: %s", family, row)
+    del model, ref
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -220,6 +265,10 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--resolution", type=int, default=1024)
     ap.add_argument("--tiny", action="store_true", help="tiny preset configs, float32 (CPU smoke test)")
+    ap.add_argument("--modes", default="eager,bcg", help="comma-separated subset of eager,bcg,bcg-fused")
+    ap.add_argument("--loops", type=int, default=1, help="timed loops per mode (the median is reported)")
+    ap.add_argument("--profile", action="store_true", help="kernels per transformer call (eager, bcg-fused)")
+    ap.add_argument("--stem", default="families", help="results file stem (then _<device>[_tiny])")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -237,7 +286,7 @@ def main() -> None:
             gc.collect()
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
-        stem = f"families_{device_tag()}" + ("_tiny" if args.tiny else "")
+        stem = f"{args.stem}_{device_tag()}" + ("_tiny" if args.tiny else "")
         notes = [
             "Random bf16 weights with each released checkpoint's transformer config; denoise loop only "
             "(random text embeddings of the encoder's width), batch 1, plain Euler update.",
@@ -245,8 +294,8 @@ def main() -> None:
             "do), Flux.1-dev one (distilled guidance), Z-Image one (Turbo, no CFG).",
             "text_len: what the transformer sees: Qwen-Image's bucket (77 real tokens -> 128), Flux's T5 512, "
             "Z-Image's native caption (77), LongCat's fixed 512.",
-            "eager_ms / bcg_ms: one timed 20-step loop each (CUDA events), after a warm-up call and, for bcg, "
-            "after the untimed loop that captured. graphs: signatures captured (LongCat's pipeline passes "
+            f"eager_ms / bcg_ms: the median of {args.loops} timed {args.steps}-step loop(s) each (CUDA events), after "
+            "a warm-up call and, for bcg, after the untimed loop that captured. graphs: signatures captured (LongCat's pipeline passes "
             "guidance=None on the cond call only, so its two CFG calls are two graphs). max_abs_diff: final "
             "latents, bcg vs eager.",
             "Video families (benchmarks/families_video.py): 480x832, 49 frames; Wan 2.1 (1.3B, 14B) two CFG calls "
@@ -254,7 +303,14 @@ def main() -> None:
             "(CFG batch 2, spatio-temporal guidance, modality isolation), 1024 text rows, video and audio latents; "
             "GLM-Image's DiT at 1024x1024, two calls (prior tokens kept, dropped), the family's graph-friendly calls.",
         ]
-        write_results(args.out, stem, rows, COLUMNS, notes, meta)
+        if "bcg-fused" in args.modes:
+            notes.append("bcg-fused: the bcg graph of the lossless fused forward (RunnerConfig(fusions='lossless'); "
+                         "bcg runs fusions='off'). fused_gain_vs_bcg_pct = 1 - bcg_fused_ms / bcg_ms; fused_rel_err "
+                         "and fused_max_abs_diff: final latents vs eager (0 = bit-exact). fused_verified / "
+                         "fused_rejected: (chain, shape) pairs the verifier compared with eager on first sight; "
+                         "the JSON lists each rejection. kernels_per_call: GPU kernels of one transformer call "
+                         "(profiler; bcg-fused counted on graph replay).")
+        write_results(args.out, stem, rows, FUSED_COLUMNS if "bcg-fused" in args.modes else COLUMNS, notes, meta)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ Quality tiers (`RunnerConfig.fusions`):
     fx.remove()                            # the model's own forwards again
 
 Layout: ops (each chain's eager / reference / fused), kernels (Triton, GPU only), verify (first-
-sight verification and counters), registry (rules: module pattern + forward), sana (the SANA block).
+sight verification and counters), registry (rules: module pattern + forward), sana (the SANA block),
+z_image (the Z-Image block; its kernels in kernels_z_image).
 A rule only reorganises *which* calls run; every arithmetic op keeps eager's fp32-then-round plan,
 and LayerNorm, GEMMs, convs and attention stay aten's. The verifier guards the rest: a chain that
 is not equal to eager on live inputs runs eager for good, and the count says so.

@@ -140,9 +140,9 @@ def _capturing(args: tuple) -> bool:
 
 
 def _difference(got: Any, want: Any) -> str | None:
-    if isinstance(want, tuple):  # chains with several outputs (a residual and its norm)
+    if isinstance(want, tuple):  # a chain with several outputs: each must equal eager's
         if not isinstance(got, tuple) or len(got) != len(want):
-            return f"output {type(got).__name__} vs eager tuple of {len(want)}"
+            return f"output {type(got).__name__} vs eager's tuple of {len(want)}"
         for i, (g, w) in enumerate(zip(got, want)):
             why = _difference(g, w)
             if why is not None:

