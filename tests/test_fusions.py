@@ -278,4 +278,4 @@ def test_norm_key_includes_eps():
     x = _rand(1, 4, 8, dtype=torch.float32)
     s = _rand(1, 1, 8, dtype=torch.float32)
     a, b = nn.LayerNorm(8, elementwise_affine=False), nn.LayerNorm(8, eps=1e-3, elementwise_affine=False)
-    assert v.key(ops_norm.LN_ADALN[0], (x, a, s, s)) != v.key(ops_norm.LN_ADALN[0], (x, b, s, s))
+    assert v.key(ops_norm.LN_ADALN, (x, a, s, s)) != v.key(ops_norm.LN_ADALN, (x, b, s, s))

@@ -5,11 +5,11 @@ aten's CUDA order. Its `reference` twin cannot: on the CPU it is aten's CPU Laye
 adaLN's rounding plan, which equals CPU eager bit for bit; the GPU kernel's summation order is
 proven only on the GPU (tests/gpu/test_fusions_gpu.py) and by the verifier on live inputs.
 
-Where nvcc's FMA contraction is ambiguous (`nA * meanA + nB * meanB`) the kernel has variants
-(`MEAN_FMA`). On the H200 variant 0 reproduced aten's mean and rstd on every fp32 and bf16 row
-tried, variants 1 and 2 did not (benchmarks/results/ln_diagnosis_h200.json); only variant 0 is
-registered. If a build of aten contracts otherwise, the verifier rejects it and the chain falls
-back to aten's LayerNorm and the elementwise adaLN kernel.
+Where nvcc's FMA contraction is ambiguous (`nA * meanA + nB * meanB`) the kernel has forms
+(`MEAN_FMA`). On the H200 form 0 reproduced aten's mean and rstd on every fp32 and bf16 row tried,
+the others did not (benchmarks/results/ln_diagnosis_h200.json); form 0 is the chain. If a build of
+aten contracts otherwise, the verifier rejects it and the fallback runs: aten's LayerNorm, then
+the elementwise adaLN chain (and the residual's own chain before them).
 """
 
 from __future__ import annotations
@@ -20,13 +20,6 @@ import torch
 from torch import nn
 
 from .ops import ADALN, NotApplicable, Op, _adaln_eager, _adaln_reference, register
-
-MEAN_FMA_VARIANTS = (0,)
-
-
-def _name(chain: str, variant: int) -> str:
-    return chain if variant == 0 else f"{chain}_v{variant}"
-
 
 def _kernels():
     from . import kernels_norm
@@ -51,16 +44,12 @@ def _ln_adaln_reference(x, norm: nn.Module, scale, shift):
     return _adaln_reference(norm(x), scale, shift)
 
 
-def _ln_adaln_fused(variant: int) -> Callable:
-    def fused(x, norm: nn.Module, scale, shift):
-        _plain_layer_norm(norm)
-        return _kernels().ln_adaln(x, norm.eps, scale, shift, mean_fma=variant)
-
-    return fused
+def _ln_adaln_fused(x, norm: nn.Module, scale, shift):
+    _plain_layer_norm(norm)
+    return _kernels().ln_adaln(x, norm.eps, scale, shift)
 
 
-LN_ADALN = tuple(register(Op(_name("ln_adaln", v), _ln_adaln_eager, _ln_adaln_reference, _ln_adaln_fused(v)))
-                 for v in MEAN_FMA_VARIANTS)
+LN_ADALN = register(Op("ln_adaln", _ln_adaln_eager, _ln_adaln_reference, _ln_adaln_fused))
 
 
 # -- h' = a / r + h; (h', LN(h') * (1 + scale) + shift) -------------------------------------
@@ -76,47 +65,30 @@ def _res_ln_adaln_reference(a, r: float, h, norm: nn.Module, scale, shift):
     return h, _ln_adaln_reference(h, norm, scale, shift)
 
 
-def _res_ln_adaln_fused(variant: int) -> Callable:
-    def fused(a, r: float, h, norm: nn.Module, scale, shift):
-        if r != 1.0:
-            raise NotApplicable("rescale_output_factor != 1")
-        _plain_layer_norm(norm)
-        return _kernels().ln_adaln(a, norm.eps, scale, shift, residual=h, mean_fma=variant)
-
-    return fused
+def _res_ln_adaln_fused(a, r: float, h, norm: nn.Module, scale, shift):
+    if r != 1.0:
+        raise NotApplicable("rescale_output_factor != 1")
+    _plain_layer_norm(norm)
+    return _kernels().ln_adaln(a, norm.eps, scale, shift, residual=h)
 
 
-RES_LN_ADALN = tuple(register(Op(_name("res_ln_adaln", v), _res_ln_adaln_eager, _res_ln_adaln_reference,
-                                 _res_ln_adaln_fused(v)))
-                     for v in MEAN_FMA_VARIANTS)
+RES_LN_ADALN = register(Op("res_ln_adaln", _res_ln_adaln_eager, _res_ln_adaln_reference, _res_ln_adaln_fused))
 
-OP_NAMES = tuple(op.name for op in LN_ADALN + RES_LN_ADALN)
+OP_NAMES = (LN_ADALN.name, RES_LN_ADALN.name)
 
 
 def ln_adaln(call: Callable, x: torch.Tensor, norm: nn.Module, scale, shift) -> torch.Tensor:
-    """adaLN(norm(x)) through the verifier: the kernel variants in turn, then aten's LayerNorm
-    and the elementwise adaLN kernel (which the verifier checks on its own)."""
-    def last(x, norm, scale, shift):
-        return call(ADALN, norm(x), scale, shift)
-
-    chain = last
-    for op in reversed(LN_ADALN):
-        chain = _link(call, op, chain)
-    return chain(x, norm, scale, shift)
+    """adaLN(norm(x)) through the verifier; its fallback is aten's LayerNorm, then the elementwise
+    adaLN chain (which the verifier checks on its own)."""
+    return call(LN_ADALN, x, norm, scale, shift,
+                fallback=lambda x, norm, scale, shift: call(ADALN, norm(x), scale, shift))
 
 
 def res_ln_adaln(call: Callable, residual_op: Op, a, r: float, h, norm: nn.Module, scale, shift):
-    """(a / r + h, adaLN(norm(a / r + h))) through the verifier, variants first; the last link
-    is the residual's own fused op, then `ln_adaln`."""
-    def last(a, r, h, norm, scale, shift):
+    """(a / r + h, adaLN(norm(a / r + h))) through the verifier; its fallback is the residual's own
+    chain, then `ln_adaln`."""
+    def fallback(a, r, h, norm, scale, shift):
         h = call(residual_op, a, r, h)
         return h, ln_adaln(call, h, norm, scale, shift)
 
-    chain = last
-    for op in reversed(RES_LN_ADALN):
-        chain = _link(call, op, chain)
-    return chain(a, r, h, norm, scale, shift)
-
-
-def _link(call: Callable, op: Op, fallback: Callable) -> Callable:
-    return lambda *args: call(op, *args, fallback=fallback)
+    return call(RES_LN_ADALN, a, r, h, norm, scale, shift, fallback=fallback)
