@@ -18,7 +18,7 @@ from jobs.gpu_monitor import GpuMonitor
 from jobs.job_progress import SharedProgress
 from jobs.plan.units import PLAN_DIR
 from jobs.progress import Progress
-from jobs.samples import item_meta, item_sample
+from jobs.samples import item_meta, item_sample, sample_kind
 from jobs.tensorboard_log import TensorBoardLog
 from jobs.stages import StagePipeline
 from jobs.summary import JobStats, StageTimer
@@ -101,8 +101,10 @@ def generate_all(prep, stats: JobStats, timer: StageTimer, stop) -> None:
                         meta.update(result.meta[i] if result.meta else {})
                         audio = result.audio[i] if result.audio else None
                         with timer("sink_wait"):
-                            sink.put(item_sample(it, image, meta, cfg.sink, audio, result.sample_rate))
+                            sample = item_sample(it, image, meta, cfg.sink, audio, result.sample_rate)
+                            sink.put(sample)
                         stats.items_written += 1
+                        stats.kinds[sample_kind(sample)] += 1
                         stats.modes[result.mode] += 1
                         if hooked:  # mid-batch: after the batch's first item; mid-shard: while a shard is open
                             kill_hook("batch", number if i == 0 else -1)

@@ -258,7 +258,7 @@ def finish(prep: Prepared, stats: JobStats, group: Group, met: bool) -> None:
         group.barrier()
     if not topo.leader:
         shards.push_end(leader=False)
-        log.info("%s %s: %d images written", topo, stats.status, stats.items_written)
+        log.info("%s %s: %s", topo, stats.status, stats.written())
         return
     # Workers finish one after another: each leader writes the index of the units done so far,
     # under a lock, and the last one's covers everything.
