@@ -45,7 +45,8 @@ def generate_all(prep, stats: JobStats, timer: StageTimer, stop) -> None:
         runner = attach_runner(prep.family, pipe, cfg, device)
     engine = Engine(cfg, prep.family, pipe, prep.padder, runner, device)
     with timer("batch_sizing"):
-        pick = choose_batch_sizes(cfg, prep.manifest, prep.output_dir / PLAN_DIR, engine)
+        pick = choose_batch_sizes(cfg, prep.manifest, prep.output_dir / PLAN_DIR, engine,
+                                  on_published=prep.sink.shards.on_plan_file)
     prep.plan.batch_sizes = pick.sizes
     engine.set_pool(pick.sizes)
     stats.batching = pick.to_json()
