@@ -145,3 +145,21 @@ def test_a_job_writes_the_clip_and_its_sound_and_resumes(tmp_path):
     before = {p.name: sha(p) for p in (tmp_path / "out").glob("shard-*.tar")}
     again = run_job(compose_cfg(args))
     assert again.items_written == 0 and {p.name: sha(p) for p in (tmp_path / "out").glob("shard-*.tar")} == before
+
+
+def test_guidance_and_other_frame_rates_are_refused(tmp_path):
+    """Guidance-distilled at a fixed 24 fps: the config check names the key and the fix; a dataset row
+    asking for guidance is refused with its file:line, not silently run without it."""
+    from jobs.errors import UserError
+    from jobs.run import run_job
+
+    base = ["model=minimax_h3_tiny", f"output_dir={tmp_path / 'o'}"]
+    with pytest.raises(UserError, match=r"sampling.guidance_scale=4.5, but minimax_h3_tiny is guidance-distilled"):
+        check_config(compose_cfg([*base, "sampling.guidance_scale=4.5"]))
+    with pytest.raises(UserError, match=r"sampling.fps=16, but MiniMaxH3ModularPipeline makes 24 fps only"):
+        check_config(compose_cfg([*base, "sampling.fps=16"]))
+    with pytest.raises(UserError, match=r"sampling.num_frames=81, .* use 124"):
+        check_config(compose_cfg([*base, "sampling.num_frames=81"]))
+    data = write_jsonl(tmp_path / "p.jsonl", [{"key": "a", "prompt": "a red fox", "guidance_scale": 3.0}])
+    with pytest.raises(UserError, match=r"p.jsonl:1.*guidance_scale=3, but minimax_h3_tiny is guidance-distilled"):
+        run_job(compose_cfg([*base, f"dataset.path={data}", "job.progress=false"]))

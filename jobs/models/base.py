@@ -172,6 +172,11 @@ class ModelFamily:
     #: the audio length follow it). A pipeline call takes one rate, so every item of such a job
     #: plays at `sampling.fps`: the plan refuses rows that ask for another (jobs/plan/resolve.py).
     fps_conditions: bool = False
+    #: the one frame rate the model makes (MiniMax-H3: 24), or None; the config check refuses another
+    fixed_fps: Optional[float] = None
+    #: False where the checkpoint is guidance-distilled (no negative branch): guidance_scale > 1 is
+    #: refused in the config and in dataset rows, rather than silently ignored
+    guidance: bool = True
 
     def frames_error(self, cfg: ModelConfig, n: int) -> Optional[str]:
         """None where the family makes `n` frames per item; else why not and what to use instead,

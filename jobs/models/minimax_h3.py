@@ -74,6 +74,8 @@ class MiniMaxH3Family(ModelFamily):
     components = COMPONENTS
     video = True
     fps_conditions = True  # fixed 24 fps: the audio length follows the clip's duration at that rate
+    fixed_fps = float(FPS)
+    guidance = False  # guidance-distilled: one transformer call a step, no negative prompt
 
     # -- loading ---------------------------------------------------------------------------
     def _assemble(self, **parts):
