@@ -119,6 +119,10 @@ class ModelFamily:
         own_weights(pipe, device)  # before the LoRAs fuse: they then add into owned memory
         return self.prepare(pipe, cfg)
 
+    def save(self, pipe, path) -> None:
+        """Write `pipe` as a folder `load` reads (tests save a tiny pipeline and load it as the real preset)."""
+        pipe.save_pretrained(path, safe_serialization=True)
+
     def from_pretrained(self, cfg: ModelConfig, dtype: torch.dtype, **components):
         import diffusers
 

@@ -141,9 +141,8 @@ class MiniMaxH3Family(ModelFamily):
             audio_scheduler=diffusers.MiniMaxH3Scheduler.from_pretrained(sub("audio_scheduler"), local_files_only=True),
         )
 
-    @staticmethod
-    def save(pipe, path) -> None:
-        """Each component into its subfolder, the layout `from_pretrained` reads (tests; tools)."""
+    def save(self, pipe, path) -> None:
+        """Each component into its subfolder, the layout `from_pretrained` reads."""
         for name in COMPONENTS:
             getattr(pipe, name).save_pretrained(os.path.join(path, name))
 
