@@ -26,9 +26,11 @@ bit for bit, for the same text embeddings and seed.
 
 Per-row timesteps: one forward serves rows at two noise levels (video, audio); the pipeline reduces
 them to `(distinct timesteps, index per row)` on the host, once per step. Here the whole plan is
-built before the loop and moved to the device, so each step hands the transformer device tensors the
-graph runner copies into its static buffers: nothing is built on the host inside a step, and the
-forward captures as one segment. The number of distinct timesteps is part of the shape: at the first
+built on the host from the schedules' host grids and moved to the device once per signature (with
+the layout), so each step hands the transformer device tensors the graph runner copies into its
+static buffers: nothing is built on the host or read back from the device inside a step, and the
+forward captures as one segment (the alternative, an eager break around the timestep embedding, would
+split every call for no gain). The number of distinct timesteps is part of the shape: at the first
 step both schedules are at t=0 (one value), then they differ (two), so a run has two graph keys.
 
 Model facts enforced: a clip is `17n + 5` frames (the VAE's chunking) of 5 to 15 s at the fixed
@@ -75,6 +77,9 @@ class MiniMaxH3Family(ModelFamily):
     video = True
     fps_conditions = True  # fixed 24 fps: the audio length follows the clip's duration at that rate
     fixed_fps = float(FPS)
+
+    def __init__(self):
+        self._prepared: dict = {}
     guidance = False  # guidance-distilled: one transformer call a step, no negative prompt
 
     # -- loading ---------------------------------------------------------------------------
@@ -200,16 +205,15 @@ class MiniMaxH3Family(ModelFamily):
                     latent_height=request.height // ratio, latent_width=request.width // ratio,
                     num_audio_latents=audio_latent_num_frames(request.num_frames))
 
-    def layout(self, pipe, text_rows: int, geo: dict, device) -> dict:
-        """MiniMaxH3PrepareLayoutStep's t2va layout, on the device (one for the whole batch)."""
+    def layout(self, pipe, text_rows: int, geo: dict) -> dict:
+        """MiniMaxH3PrepareLayoutStep's t2va layout, on the host (one for the whole batch)."""
         from diffusers.modular_pipelines.minimax_h3.before_denoise import MiniMaxH3PrepareLayoutStep
 
         pos, tags, video, audio, text, _, _ = MiniMaxH3PrepareLayoutStep.build_packed_sequence(
             torch.full((text_rows,), pipe.text_tag, dtype=torch.long), geo["num_latent_frames"],
             geo["latent_height"], geo["latent_width"], geo["num_audio_latents"], pipe.patch_size,
             pipe.audio_channels, pipe.audio_tag, pipe.video_tag)
-        return dict(position_ids=pos.to(device), token_tags=tags.to(device), video_indices=video.to(device),
-                    audio_indices=audio.to(device), text_indices=text.to(device))
+        return dict(position_ids=pos, token_tags=tags, video_indices=video, audio_indices=audio, text_indices=text)
 
     def noise(self, pipe, seeds: Sequence[int], geo: dict, device):
         """Each row's video then audio noise from its own generator, as MiniMaxH3PrepareLatentsStep draws them."""
@@ -226,28 +230,42 @@ class MiniMaxH3Family(ModelFamily):
                                       generator=g, device=device, dtype=torch.float32))
         return torch.stack(video), torch.stack(audio)  # [B, Nv, C*patch], [B, Na*channels, Ca]
 
-    def timestep_plan(self, pipe, steps: int, layout: dict, device) -> list:
-        """MiniMaxH3SetTimestepsStep: both schedules set, and every step's (timesteps, index per row) on the device."""
+    def timestep_plan(self, pipe, steps: int, layout: dict) -> list:
+        """MiniMaxH3SetTimestepsStep's plan: every step's (distinct timesteps, index per row), built on the
+        host from the schedules' host grids (no read back from the device)."""
         from diffusers.modular_pipelines.minimax_h3.before_denoise import MiniMaxH3SetTimestepsStep
 
-        pipe.scheduler.set_timesteps(steps, device=device)
-        pipe.audio_scheduler.set_timesteps(steps, device=device)
-        plan = []
-        for t, ta in zip(pipe.scheduler.timesteps, pipe.audio_scheduler.timesteps):
-            u, idx = MiniMaxH3SetTimestepsStep.build_row_timesteps(
-                layout["video_indices"].cpu(), layout["audio_indices"].cpu(), 0, 0, layout["text_indices"].numel(),
-                float(t), float(ta), max(float(t), pipe.keyframe_noise_aug), 1.0)
-            plan.append((u.to(device), idx.to(device)))
-        return plan
+        video, audio = (type(s)(shift=s.shift) for s in (pipe.scheduler, pipe.audio_scheduler))
+        video.set_timesteps(steps)
+        audio.set_timesteps(steps)
+        return [MiniMaxH3SetTimestepsStep.build_row_timesteps(
+                    layout["video_indices"], layout["audio_indices"], 0, 0, layout["text_indices"].numel(),
+                    float(t), float(ta), max(float(t), pipe.keyframe_noise_aug), 1.0)
+                for t, ta in zip(video.timesteps, audio.timesteps)]
+
+    def prepared(self, pipe, text_rows: int, geo: dict, steps: int, device):
+        """(layout, timestep plan) on the device, made once per (text length, geometry, steps): every batch
+        of a signature reuses them, so a batch copies nothing small to the device before its loop."""
+        key = (tuple(pipe.patch_size), pipe.audio_channels, pipe.scheduler.shift, pipe.audio_scheduler.shift,
+               text_rows, tuple(sorted(geo.items())), steps, str(device))  # what they are made from
+        if key not in self._prepared:
+            if len(self._prepared) >= 64:
+                self._prepared.clear()
+            layout = self.layout(pipe, text_rows, geo)
+            plan = [(u.to(device), i.to(device)) for u, i in self.timestep_plan(pipe, steps, layout)]
+            self._prepared[key] = ({k: v.to(device) for k, v in layout.items()}, plan)
+        return self._prepared[key]
 
     def denoise(self, pipe, request: DenoiseRequest):
         """-> (video rows [B, Nv, C'], audio rows [B, Na, Ca], geometry), denoised."""
         text = request.positive.embeds
         device = text.device
         geo = self.geometry(pipe, request)
-        layout = self.layout(pipe, text.shape[1], geo, device)
+        layout, plan = self.prepared(pipe, text.shape[1], geo, request.steps, device)
         video, audio = self.noise(pipe, request.seeds, geo, device)
-        plan = self.timestep_plan(pipe, request.steps, layout, device)
+        for scheduler in (pipe.scheduler, pipe.audio_scheduler):
+            scheduler.set_timesteps(request.steps, device=device)
+            scheduler.set_begin_index(0)  # the index the first step would look up (a host read of the device)
         transformer = self.transformer(pipe)
         for i, (t, ta) in enumerate(zip(pipe.scheduler.timesteps, pipe.audio_scheduler.timesteps)):
             timestep, indices = plan[i]
