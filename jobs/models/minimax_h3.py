@@ -70,6 +70,17 @@ def frames_rule(n: int, per_chunk: int, kept: int) -> Optional[str]:
             f"{MIN_SECONDS:g} to {MAX_SECONDS:g} s at {FPS} fps ({ok[0]} to {ok[-1]}); use {near}")
 
 
+def cast_keeping_fp32(module: torch.nn.Module, dtype: torch.dtype) -> None:
+    """`module.to(dtype)` except the submodules its class keeps in float32 (`_keep_in_fp32_modules`: the
+    transformer's patch projections, timestep MLP and heads; most of the audio VAE), as `from_pretrained`
+    with `torch_dtype` loads the release."""
+    module.to(dtype)
+    keep = getattr(module, "_keep_in_fp32_modules", None) or []
+    for name, sub in module.named_modules():
+        if name and any(k in name.split(".") for k in keep):
+            sub.float()
+
+
 class MiniMaxH3Family(ModelFamily):
     name = "minimax_h3"
     pipeline_class = "MiniMaxH3ModularPipeline"
@@ -111,7 +122,8 @@ class MiniMaxH3Family(ModelFamily):
             audio_scheduler=MiniMaxH3Scheduler(**tiny["audio_scheduler"]),
         )
         if dtype != torch.float32:
-            pipe.to(dtype=dtype)
+            for name in ("transformer", "vae", "audio_vae", "text_encoder"):
+                cast_keeping_fp32(getattr(pipe, name), dtype)
         return self.prepare(pipe, cfg)
 
     def check_path(self, cfg: ModelConfig) -> None:
