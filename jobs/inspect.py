@@ -140,8 +140,6 @@ def select(paths: Sequence[Path], n: int) -> List[Sample]:
 
 
 def inspect_output(output_dir: Path, out: Optional[Path] = None, samples: int = 36) -> Report:
-    from PIL import Image
-
     from jobs.contact_sheet import Tile, contact_sheet
     from jobs.gallery import Figure, gallery_html
     from jobs.media_info import wav_seconds
