@@ -14,6 +14,8 @@ first (untimed) loop; bcg-fused: the same graph of the lossless fused forward (b
     python benchmarks/bench_families.py --out benchmarks/results          # H200, the image families
     python benchmarks/bench_families.py --families wan,wan_14b,sana_video,ltx2,glm_image --steps 20 \
         --out benchmarks/results                                          # H200, video families (+ GLM-Image)
+    python benchmarks/bench_families.py --families minimax_h3 --steps 20 --out benchmarks/results
+                                                                          # H200, MiniMax-H3 30B (~62 GB bf16)
     python benchmarks/bench_families.py --tiny --out /tmp/smoke           # CPU smoke test (tape)
     python benchmarks/bench_families.py --families z_image --loops 3 --profile --stem fusions_z_image \
         --out benchmarks/results                                          # H200, eager vs bcg vs bcg-fused
@@ -302,6 +304,8 @@ def main() -> None:
             "a step on 512 UMT5 rows; SANA-Video one call on the CFG batch of 2, text bucket 128; LTX-2 three calls "
             "(CFG batch 2, spatio-temporal guidance, modality isolation), 1024 text rows, video and audio latents; "
             "GLM-Image's DiT at 1024x1024, two calls (prior tokens kept, dropped), the family's graph-friendly calls.",
+            "MiniMax-H3 (30B): 480x832x124 (its shortest clip), one call a step on one packed sequence (77 text, "
+            "414 audio, 14430 video rows), two distinct timesteps; float32 modules kept as the checkpoint has them.",
         ]
         if "bcg-fused" in args.modes:
             notes.append("bcg-fused: the bcg graph of the lossless fused forward (RunnerConfig(fusions='lossless'); "

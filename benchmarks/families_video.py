@@ -10,6 +10,10 @@ Standard shape: 480x832, 49 frames (the issue's 480p x 49), batch 1, CFG where t
                 batch 1), post-connector text 1024 x 3840, 51 audio latents (49 frames at 24 fps)
     glm_image   GLM-Image DiT at 1024x1024: 2 calls a step (prior tokens kept / dropped), glyph length 1,
                 with the family's graph-friendly calls (jobs/models/glm_image.py)
+    minimax_h3  MiniMax-H3 (30B, t2va) at 480x832x124 (its shortest clip: 5.17 s at 24 fps): 1 call a step
+                (guidance-distilled) on one packed sequence of 77 text rows, 207 x 2 audio rows and
+                37 x 390 video rows, video and audio rows at their own timesteps; built in bf16 with the
+                checkpoint's float32 modules (`_keep_in_fp32_modules`) upcast, as from_pretrained loads it
 
 The latents of a family that denoises two things at once (LTX-2: video and audio) are one flat
 tensor split inside its step, so the benchmark's Euler loop stays generic.
@@ -17,6 +21,7 @@ tensor split inside its step, so the benchmark's Euler loop stays generic.
 
 from __future__ import annotations
 
+import math
 import types
 
 import torch
@@ -32,13 +37,14 @@ REAL = {
     "sana_video": {},  # SanaVideoTransformer3DModel: SANA-Video 2B 480p
     "ltx2": {},  # LTX2VideoTransformer3DModel: LTX-2's 48-layer audio-video transformer
     "glm_image": {},  # GlmImageTransformer2DModel: GLM-Image's 30-layer DiT
+    "minimax_h3": {},  # MiniMaxH3Transformer3DModel: its defaults are the release's (diffusers' docstring; 5376 wide, 50 layers)
 }
 CLASSES = {"wan": "WanTransformer3DModel", "wan_14b": "WanTransformer3DModel",
            "sana_video": "SanaVideoTransformer3DModel", "ltx2": "LTX2VideoTransformer3DModel",
-           "glm_image": "GlmImageTransformer2DModel"}
+           "glm_image": "GlmImageTransformer2DModel", "minimax_h3": "MiniMaxH3Transformer3DModel"}
 TINY = {"wan_14b": "wan"}  # the tiny preset whose transformer stands in for the CPU smoke test
-CALLS = {"wan": 2, "wan_14b": 2, "sana_video": 1, "ltx2": 3, "glm_image": 2}
-TEXT = {"wan": 512, "wan_14b": 512, "sana_video": 128, "ltx2": 1024, "glm_image": 1}
+CALLS = {"wan": 2, "wan_14b": 2, "sana_video": 1, "ltx2": 3, "glm_image": 2, "minimax_h3": 1}
+TEXT = {"wan": 512, "wan_14b": 512, "sana_video": 128, "ltx2": 1024, "glm_image": 1, "minimax_h3": 77}
 SHAPE = (480, 832, 49)  # height, width, frames
 GUIDANCE = {"wan": 5.0, "wan_14b": 5.0, "sana_video": 6.0, "ltx2": 3.0, "glm_image": 1.5}
 
@@ -47,6 +53,8 @@ def build(family: str, config: dict, device: str, dtype: torch.dtype):
     import diffusers
 
     torch.manual_seed(0)
+    if family == "minimax_h3":
+        return _minimax_build(config, device, dtype)
     with torch.device(device):
         model = getattr(diffusers, CLASSES[family])(**config)
     model = model.to(dtype).eval().requires_grad_(False)
@@ -57,7 +65,27 @@ def build(family: str, config: dict, device: str, dtype: torch.dtype):
     return model
 
 
+def _minimax_build(config: dict, device: str, dtype: torch.dtype):
+    """Built in `dtype` directly (30B parameters would not fit in float32 beside their cast), then the
+    modules the checkpoint keeps in float32 upcast, as from_pretrained loads them."""
+    import diffusers
+
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = diffusers.MiniMaxH3Transformer3DModel(**config)
+    finally:
+        torch.set_default_dtype(default)
+    for name, module in model.named_modules():
+        if name and any(k in name.split(".") for k in model._keep_in_fp32_modules):
+            module.float()
+    return model.eval().requires_grad_(False)
+
+
 def shape(family: str, tiny: bool):
+    if family == "minimax_h3":
+        return (64, 64, 124) if tiny else (480, 832, 124)
     if family == "glm_image":
         return (64, 64, 1) if tiny else (1024, 1024, 1)
     return (64, 64, 9) if tiny else SHAPE
@@ -105,6 +133,8 @@ def make_step(family: str, model, tiny: bool, device: str, dtype: torch.dtype):
 
     if family == "ltx2":
         return _ltx2_step(model, h, w, frames, length, randn, dtype, device, tiny, info)
+    if family == "minimax_h3":
+        return _minimax_step(model, h, w, frames, length, randn, dtype, device, info)
 
     # glm_image: latents /8, patch 2; prior tokens on the 1/16 grid; glyph text of one row
     lat = randn(1, cfg.in_channels, h // 8, w // 8)
@@ -121,6 +151,38 @@ def make_step(family: str, model, tiny: bool, device: str, dtype: torch.dtype):
         cond = fwd(encoder_hidden_states=glyph, prior_token_drop=keep, **kw)[0].float()
         uncond = fwd(encoder_hidden_states=empty, prior_token_drop=drop, **kw)[0].float()
         return uncond + scale * (cond - uncond)
+    return lat, step, info
+
+
+def _minimax_step(model, h, w, frames, length, randn, dtype, device, info):
+    """One call a step on the packed sequence the family builds (jobs/models/minimax_h3.py): the layout of
+    MiniMaxH3PrepareLayoutStep, video rows at the step's t and audio rows at a lower one (two distinct
+    timesteps, the steady state of the two schedules), latents float32 as the pipeline keeps them."""
+    from diffusers.modular_pipelines.minimax_h3.before_denoise import MiniMaxH3PrepareLayoutStep
+    from diffusers.modular_pipelines.minimax_h3.modular_pipeline import (audio_latent_num_frames,
+                                                                           video_latent_num_frames)
+
+    cfg = model.config
+    lf, lh, lw = video_latent_num_frames(frames, 17, 5), h // 16, w // 16  # the video VAE: 16x space, 17-frame chunks
+    n_audio = audio_latent_num_frames(frames)
+    pos, tags, video_idx, audio_idx, text_idx, _, _ = MiniMaxH3PrepareLayoutStep.build_packed_sequence(
+        torch.ones(length, dtype=torch.long), lf, lh, lw, n_audio, tuple(cfg.patch_size), 2, 2, 0)
+    layout = dict(position_ids=pos.to(device), token_tags=tags.to(device), video_indices=video_idx.to(device),
+                  audio_indices=audio_idx.to(device), text_indices=text_idx.to(device))
+    indices = torch.ones(pos.shape[0], dtype=torch.long, device=device)
+    indices[layout["audio_indices"]] = 0  # distinct timesteps sorted: [audio t, video t]
+    nv, na = video_idx.numel(), audio_idx.numel()
+    cv, ca = cfg.in_channels * math.prod(cfg.patch_size), cfg.audio_in_channels
+    lat = torch.cat([randn(1, nv * cv), randn(1, na * ca)], dim=1)
+    text = randn(1, length, cfg.text_dim).to(dtype)
+    info["text_len"] = length
+
+    def step(fwd, lat, t):
+        tv = t.float().reshape(1) / 1000
+        v, a = fwd(hidden_states=lat[:, :nv * cv].view(1, nv, cv), audio_hidden_states=lat[:, nv * cv:].view(1, na, ca),
+                   encoder_hidden_states=text, timestep=torch.cat([tv * 0.5, tv]), timestep_indices=indices,
+                   return_dict=False, **layout)
+        return torch.cat([v.float().flatten(1), a.float().flatten(1)], dim=1)
     return lat, step, info
 
 

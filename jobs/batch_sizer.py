@@ -17,7 +17,8 @@ kernel-bound shapes (SANA-1.6B at 512²: batch 16 ran at 0.98x batch 8), hence t
 
 The pick changes bytes (kernels reduce differently per batch size), so it is made once per
 output_dir and published to `_plan/batching.json`: every worker and every resume uses the same
-sizes, whichever GPU they run on. Probes never capture graphs.
+sizes, whichever GPU they run on (with an object-store output_dir the file goes up with the plan
+and comes back down on resume, jobs/mirror.py). Probes never capture graphs.
 """
 
 from __future__ import annotations
@@ -194,19 +195,23 @@ def read_published(plan_dir: Path) -> Optional[BatchPick]:
     return pick
 
 
-def publish(plan_dir: Path, pick: BatchPick) -> BatchPick:
-    """Publish `pick` unless another worker did first; returns the one every worker uses."""
+def publish(plan_dir: Path, pick: BatchPick, on_published: Callable[[Path], None] = lambda path: None) -> BatchPick:
+    """Publish `pick` unless another worker did first; returns the one every worker uses.
+    `on_published(path)` runs in the worker that published it (an object store's upload)."""
     from jobs.resume import publish_once
 
     data = (json.dumps(pick.to_json(), indent=2) + "\n").encode()
     if publish_once(plan_dir / BATCHING_FILE, data):
+        on_published(plan_dir / BATCHING_FILE)
         return pick
     return read_published(plan_dir)
 
 
 # -- the worker's entry: published pick, configured pool, or a measurement ------------------------
-def choose(cfg, manifest, plan_dir: Path, engine) -> BatchPick:
-    """The batch sizes this worker cuts units with (see the module docstring)."""
+def choose(cfg, manifest, plan_dir: Path, engine,
+           on_published: Callable[[Path], None] = lambda path: None) -> BatchPick:
+    """The batch sizes this worker cuts units with (see the module docstring); `on_published` as
+    for `publish`."""
     from jobs.plan.units import read_unit
 
     published = read_published(plan_dir)
@@ -219,10 +224,11 @@ def choose(cfg, manifest, plan_dir: Path, engine) -> BatchPick:
     limit = min(cfg.bcg.batch_grow_max, max(counts.values(), default=0))
     if mode == "off" or (mode == "auto" and not engine.cuda):
         why = "bcg.batch_grow=off" if mode == "off" else "bcg.batch_grow=auto grows on CUDA only"
-        return publish(plan_dir, BatchPick(sizes=pool, reason=why, source="configured"))
+        return publish(plan_dir, BatchPick(sizes=pool, reason=why, source="configured"), on_published)
     if pool[-1] * 2 > limit:
         return publish(plan_dir, BatchPick(sizes=pool, source="configured",
-                                           reason=f"no signature has {pool[-1] * 2} items, or bcg.batch_grow_max is lower"))
+                                           reason=f"no signature has {pool[-1] * 2} items, or bcg.batch_grow_max is lower"),
+                       on_published)
     sig = max(counts, key=lambda s: (counts[s], s))  # the most common signature: what the job mostly runs
     info = max((u for u in manifest.units if u.signature == sig), key=lambda u: (u.count, -u.id))
     items = read_unit(plan_dir, info, manifest.dataset["path"], cfg.model.dtype)
@@ -234,4 +240,4 @@ def choose(cfg, manifest, plan_dir: Path, engine) -> BatchPick:
     pick.signature, pick.seconds = str(sig), round(time.perf_counter() - t0, 2)
     log.info("batch sizing on %s took %.1fs: pool %s%s (%s)", sig, pick.seconds, pick.sizes,
              f", grown by {pick.grown}" if pick.grown else "", pick.reason)
-    return publish(plan_dir, pick)
+    return publish(plan_dir, pick, on_published)

@@ -248,6 +248,7 @@ def merge_stats(records: list, parts: int):
     statuses = {r["status"] for r in records} | ({"running"} if len(records) < parts else set())
     merged = JobStats(status=next(s for s in STATUS_ORDER if s in statuses))
     merged.modes = Counter()
+    merged.kinds = Counter()
     for r in records:
         for name in ("items_planned", "items_written", "items_skipped_done", "truncated_prompts", "oom_splits",
                      "shards"):
@@ -255,6 +256,7 @@ def merge_stats(records: list, parts: int):
         merged.bad_rows = max(merged.bad_rows, r["bad_rows"])  # every part read the same dataset
         merged.nonfinite_keys += r["nonfinite_keys"]
         merged.modes.update(r["modes"])
+        merged.kinds.update(r.get("kinds", {}))
         merged.signatures = _add(merged.signatures, r["signatures"])
         merged.graph = _add(merged.graph, r["graph"])
         merged.sink = _add(merged.sink, r["sink"])

@@ -1,6 +1,7 @@
 """The engine: one loaded pipeline, its padder and its graph runner, run as three stages per batch.
 
     encode(batch)   prompts -> padded text embeddings      any thread; the encode stream
+                    (+ a family's per-row inputs, e.g. GLM-Image's AR prior)
     submit(batch)   denoise -> latents                      the caller's thread; the main stream
                     decode -> uint8 pixels + finite flags   the decode stream, after the denoise
                     pixels -> pinned host memory            non-blocking copy, then an event
@@ -36,7 +37,7 @@ import torch
 
 from jobs.config import GenerateConfig
 from jobs.errors import UserError
-from jobs.models.base import DenoiseRequest, ModelFamily
+from jobs.models.base import DenoiseRequest, ModelFamily, RowInputs
 from jobs.generated import Generated, HostOutputs, cat, on_device, tensors_of
 from jobs.plan import Batch, Item, Signature
 from jobs.samples import item_fps
@@ -66,6 +67,7 @@ class Encoded:
     negative: Optional[TextEmbeds]
     ready: Optional[torch.cuda.Event]  # recorded on the encode stream after the last op; None on a CPU
     timer: "StageClock"
+    row_inputs: Optional[RowInputs] = None  # the family's per-row inputs beside the text (ModelFamily.row_inputs)
 
 
 @dataclass
@@ -185,10 +187,12 @@ class Engine:
             if sig.cfg:
                 neg = self._to_bucket(self._encode_negatives([it.negative_prompt for it in items]),
                                       sig.text_bucket, "negative prompt")
+            extra = self.family.row_inputs(self.pipe, [it.prompt for it in items], [it.seed for it in items],
+                                           sig.height, sig.width, self.device)
             ready = torch.cuda.Event() if self.cuda else None
             if ready is not None:
                 ready.record()
-        return Encoded(positive=pos, negative=neg, ready=ready, timer=timer)
+        return Encoded(positive=pos, negative=neg, ready=ready, timer=timer, row_inputs=extra)
 
     def _encode_negatives(self, texts: List[str]) -> TextEmbeds:
         missing = sorted({t for t in texts if t not in self._negatives})
@@ -221,7 +225,7 @@ class Engine:
                 for t in text_tensors(enc):
                     t.record_stream(main)
             before = self._counts()
-            out = self._generate_rows(items, batch.signature, enc.positive, enc.negative, timer)
+            out = self._generate_rows(items, batch.signature, enc.positive, enc.negative, enc.row_inputs, timer)
             mode = self._mode_since(before)
             n = len(batch.items)  # dummy rows are dropped here, before the host copy
             with self._stream(self.decode_stream):
@@ -244,9 +248,9 @@ class Engine:
         return self.collect(self.submit(batch, self.encode(batch)))
 
     def _generate_rows(self, items: List[Item], sig: Signature, pos: TextEmbeds, neg: Optional[TextEmbeds],
-                       timer: StageClock) -> Generated:
+                       extra: Optional[RowInputs], timer: StageClock) -> Generated:
         try:
-            return self._run(items, sig, pos, neg, timer)
+            return self._run(items, sig, pos, neg, extra, timer)
         except torch.OutOfMemoryError:
             if len(items) == 1:
                 raise
@@ -258,17 +262,20 @@ class Engine:
             if self.cuda:
                 torch.cuda.empty_cache()
             h, n = len(items) // 2, len(items)
-            a = self._generate_rows(items[:h], sig, rows(pos, 0, h), neg and rows(neg, 0, h), timer)
-            b = self._generate_rows(items[h:], sig, rows(pos, h, n), neg and rows(neg, h, n), timer)
+            a = self._generate_rows(items[:h], sig, rows(pos, 0, h), neg and rows(neg, 0, h), extra and extra.rows(0, h),
+                                    timer)
+            b = self._generate_rows(items[h:], sig, rows(pos, h, n), neg and rows(neg, h, n), extra and extra.rows(h, n),
+                                    timer)
             with self._stream(self.decode_stream):
                 return cat(a, b)
 
     def _run(self, items: List[Item], sig: Signature, pos: TextEmbeds, neg: Optional[TextEmbeds],
-             timer: StageClock) -> Generated:
+             extra: Optional[RowInputs], timer: StageClock) -> Generated:
         request = DenoiseRequest(positive=pos, negative=neg, seeds=[it.seed for it in items],
                                  height=sig.height, width=sig.width, steps=sig.steps,
                                  guidance_scale=sig.guidance_scale, num_frames=sig.frames,
-                                 fps=batch_fps(items, self.family.fps_conditions), prompts=[it.prompt for it in items])
+                                 fps=batch_fps(items, self.family.fps_conditions), prompts=[it.prompt for it in items],
+                                 row_inputs=extra, meta=list(extra.meta) if extra is not None else [])
         with timer.stage("denoise"):
             latents = self.family.denoise(self.pipe, request)
         if self.cuda:
@@ -309,6 +316,8 @@ def text_tensors(enc: Encoded) -> List[torch.Tensor]:
     for text in (enc.positive, enc.negative):
         if text is not None:
             out += [text.embeds] + ([text.mask] if text.mask is not None else []) + list(text.extras.values())
+    if enc.row_inputs is not None:
+        out += list(enc.row_inputs.tensors.values())
     return out
 
 

@@ -23,13 +23,19 @@ class Figure:
     mode: str
     seed: Optional[int]
     shard: str
+    kind: str = "image"  # "image" or "video" (`src` is then an mp4, played in place)
+    audio: Optional[str] = None
+    """A soundtrack's path relative to the page (unquoted), or None."""
+    info: str = ""
+    """What the file holds (size; a video's frames and fps; sound length), read from it."""
 
 
 STYLE = """
 body { font-family: sans-serif; margin: 1.5em; background: #fafafa; color: #222; }
 .grid { display: grid; grid-template-columns: repeat(auto-fill, minmax(220px, 1fr)); gap: 14px; }
 figure { margin: 0; background: #fff; border: 1px solid #ddd; padding: 8px; }
-figure img { width: 100%; image-rendering: pixelated; }
+figure img, figure video { width: 100%; image-rendering: pixelated; }
+figure audio { width: 100%; }
 figcaption { font-size: 12px; word-wrap: break-word; }
 .key { font-weight: bold; } .meta { color: #666; font-family: monospace; }
 """
@@ -52,9 +58,16 @@ def gallery_html(title: str, figures: Sequence[Figure], extras: Sequence[str] = 
     parts.append('<div class="grid">')
     for f in figures:
         link = _e(quote(f.src))
+        if f.kind == "video":
+            media = f'<video src="{link}" controls loop muted preload="metadata"></video><a href="{link}">mp4</a>'
+        else:
+            media = f'<a href="{link}"><img src="{link}" alt="{_e(f.key)}" loading="lazy"></a>'
+        if f.audio is not None:
+            media += f'<audio src="{_e(quote(f.audio))}" controls preload="none"></audio>'
+        info = f'<div class="meta">{_e(f.info)}</div>' if f.info else ""
         parts.append(
-            f'<figure><a href="{link}"><img src="{link}" alt="{_e(f.key)}" loading="lazy"></a>'
-            f'<figcaption><div class="key">{_e(f.key)}</div><div>{_e(f.prompt)}</div>'
+            f'<figure>{media}'
+            f'<figcaption><div class="key">{_e(f.key)}</div><div>{_e(f.prompt)}</div>{info}'
             f'<div class="meta">{_e(f.signature)} · {_e(f.mode)} · seed {_e(f.seed)} · {_e(f.shard)}</div>'
             f"</figcaption></figure>")
     parts += ["</div>", "</body></html>", ""]

@@ -18,7 +18,7 @@ from jobs.gpu_monitor import GpuMonitor
 from jobs.job_progress import SharedProgress
 from jobs.plan.units import PLAN_DIR
 from jobs.progress import Progress
-from jobs.samples import item_meta, item_sample
+from jobs.samples import item_meta, item_sample, sample_kind
 from jobs.tensorboard_log import TensorBoardLog
 from jobs.stages import StagePipeline
 from jobs.summary import JobStats, StageTimer
@@ -45,7 +45,8 @@ def generate_all(prep, stats: JobStats, timer: StageTimer, stop) -> None:
         runner = attach_runner(prep.family, pipe, cfg, device)
     engine = Engine(cfg, prep.family, pipe, prep.padder, runner, device)
     with timer("batch_sizing"):
-        pick = choose_batch_sizes(cfg, prep.manifest, prep.output_dir / PLAN_DIR, engine)
+        pick = choose_batch_sizes(cfg, prep.manifest, prep.output_dir / PLAN_DIR, engine,
+                                  on_published=prep.sink.shards.on_plan_file)
     prep.plan.batch_sizes = pick.sizes
     engine.set_pool(pick.sizes)
     stats.batching = pick.to_json()
@@ -101,8 +102,10 @@ def generate_all(prep, stats: JobStats, timer: StageTimer, stop) -> None:
                         meta.update(result.meta[i] if result.meta else {})
                         audio = result.audio[i] if result.audio else None
                         with timer("sink_wait"):
-                            sink.put(item_sample(it, image, meta, cfg.sink, audio, result.sample_rate))
+                            sample = item_sample(it, image, meta, cfg.sink, audio, result.sample_rate)
+                            sink.put(sample)
                         stats.items_written += 1
+                        stats.kinds[sample_kind(sample)] += 1
                         stats.modes[result.mode] += 1
                         if hooked:  # mid-batch: after the batch's first item; mid-shard: while a shard is open
                             kill_hook("batch", number if i == 0 else -1)

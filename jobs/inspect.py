@@ -4,6 +4,9 @@
         contact_sheet.png         a grid of samples, key and prompt under each tile
         index.html                the same samples, full size, with key/prompt/signature/mode/seed
         images/STEM.jpg|png|webp  the samples' image members, extracted byte for byte
+        images/STEM.mp4 (.wav)    a video sample's clip (and soundtrack), byte for byte; the page plays
+                                  them and names frames, size and fps (sound: its length), read from
+                                  the files themselves; the sheet shows the first frame
         throughput.png            images/s over time by signature, captures and releases marked
                                   (from OUTPUT_DIR/_timeline/, written while the job ran)
 
@@ -31,6 +34,7 @@ log = logging.getLogger("jobs.inspect")
 
 EXIT_USAGE = 2  # as jobs.generate: a user error, one message, no traceback
 IMAGE_EXTS = ("jpg", "png", "webp")
+MEDIA_EXTS = ("mp4",) + IMAGE_EXTS  # a sample's main member; a video sample's frames (f0000.png) are not
 DEFAULT_OUT = "_inspect"
 
 
@@ -44,8 +48,11 @@ class Sample:
     """The tar member stem (webdataset's __key__), a safe file name."""
     ext: str
     image: bytes
+    """The main member's bytes: an image, or a video's mp4."""
     meta: dict
     shard: str
+    audio: Optional[bytes] = None
+    """KEY.wav, where the sample has a soundtrack."""
 
     @property
     def key(self) -> str:
@@ -90,13 +97,13 @@ def shard_paths(output_dir: Path) -> List[Path]:
     return paths
 
 
-def _image_samples(paths: Sequence[Path]):
-    """(stem, ext, raw sample) for every bcgen image sample in the shards, in shard order."""
+def _media_samples(paths: Sequence[Path]):
+    """(stem, ext, raw sample) for every bcgen image or video sample in the shards, in shard order."""
     import webdataset as wds
 
     for raw in wds.WebDataset([str(p) for p in paths], shardshuffle=False):
-        ext = next((e for e in IMAGE_EXTS if e in raw), None)
-        if ext is not None and "json" in raw:  # anything else is not a bcgen image sample
+        ext = next((e for e in MEDIA_EXTS if e in raw), None)
+        if ext is not None and "json" in raw:  # anything else is not a bcgen sample
             yield raw["__key__"], ext, raw
 
 
@@ -108,7 +115,7 @@ def select(paths: Sequence[Path], n: int) -> List[Sample]:
     the chosen samples' images from the shards that hold them.
     """
     groups: Dict[str, List[tuple]] = {}
-    for stem, _, raw in _image_samples(paths):
+    for stem, _, raw in _media_samples(paths):
         meta = json.loads(raw["json"])
         sig = str(meta.get("signature", "?"))
         if sig not in groups and len(groups) >= n:
@@ -123,19 +130,19 @@ def select(paths: Sequence[Path], n: int) -> List[Sample]:
     wanted = {(url, stem): i for i, (url, stem, _) in enumerate(chosen)}
     found: Dict[int, Sample] = {}
     shards = [p for p in paths if any(str(p) == url for url, _ in wanted)]
-    for stem, ext, raw in _image_samples(shards):
+    for stem, ext, raw in _media_samples(shards):
         i = wanted.get((raw["__url__"], stem))
         if i is not None:
-            found[i] = Sample(stem=stem, ext=ext, image=raw[ext], meta=chosen[i][2], shard=Path(raw["__url__"]).name)
+            found[i] = Sample(stem=stem, ext=ext, image=raw[ext], meta=chosen[i][2], shard=Path(raw["__url__"]).name,
+                              audio=raw.get("wav"))
     assert len(found) == len(chosen), "a shard changed between the two passes"
     return [found[i] for i in range(len(chosen))]
 
 
 def inspect_output(output_dir: Path, out: Optional[Path] = None, samples: int = 36) -> Report:
-    from PIL import Image
-
     from jobs.contact_sheet import Tile, contact_sheet
     from jobs.gallery import Figure, gallery_html
+    from jobs.media_info import wav_seconds
     from jobs.throughput_plot import throughput_plot
     from jobs.timeline import TIMELINE_DIR, read_timeline
 
@@ -145,18 +152,25 @@ def inspect_output(output_dir: Path, out: Optional[Path] = None, samples: int = 
     paths = shard_paths(output_dir)
     chosen = select(paths, samples)
     if not chosen:
-        raise InspectError(f"the {len(paths)} shard(s) in {output_dir} hold no image samples "
-                           f"(members {'/'.join(IMAGE_EXTS)} with a .json): is it a bcgen output_dir?")
+        raise InspectError(f"the {len(paths)} shard(s) in {output_dir} hold no image or video samples "
+                           f"(members {'/'.join(MEDIA_EXTS)} with a .json): is it a bcgen output_dir?")
     out = Path(out) if out is not None else output_dir / DEFAULT_OUT
     (out / "images").mkdir(parents=True, exist_ok=True)
     tiles, figures = [], []
     for s in chosen:
         rel = f"images/{s.stem}.{s.ext}"
         (out / rel).write_bytes(s.image)
-        tiles.append(Tile(image=Image.open(io.BytesIO(s.image)), key=s.key, prompt=str(s.meta.get("prompt", ""))))
+        thumb, info = _thumbnail(s)
+        sound = None
+        if s.audio is not None:
+            sound = f"images/{s.stem}.wav"
+            (out / sound).write_bytes(s.audio)
+            info += f"; sound {wav_seconds(s.audio):.2f} s"
+        tiles.append(Tile(image=thumb, key=s.key, prompt=str(s.meta.get("prompt", ""))))
         m = s.meta
         figures.append(Figure(src=rel, key=s.key, prompt=str(m.get("prompt", "")), signature=str(m.get("signature", "")),
-                              mode=str(m.get("mode", "")), seed=m.get("seed"), shard=s.shard))
+                              mode=str(m.get("mode", "")), seed=m.get("seed"), shard=s.shard,
+                              kind="video" if s.ext == "mp4" else "image", audio=sound, info=info))
     sheet = out / "contact_sheet.png"
     contact_sheet(tiles).save(sheet)
 
@@ -177,6 +191,24 @@ def inspect_output(output_dir: Path, out: Optional[Path] = None, samples: int = 
     return Report(out=out, samples=chosen, sheet=sheet, page=page, plot=plot)
 
 
+def _thumbnail(s: Sample):
+    """(PIL image for the sheet, what the page says of the member): a video's first frame and its
+    frames, size and fps; an image and its size."""
+    from PIL import Image
+
+    if s.ext == "mp4":
+        from jobs.media_info import video_info
+
+        try:
+            info = video_info(s.image)
+        except Exception as e:  # noqa: BLE001 - a broken clip is reported on the page, not a crash of inspect
+            log.warning("%s.mp4 (%s) does not decode: %s", s.stem, s.shard, e)
+            return Image.new("RGB", (1, 1)), f"mp4 does not decode: {e}"
+        return Image.fromarray(info.first), info.describe()
+    image = Image.open(io.BytesIO(s.image))
+    return image, f"{image.size[0]}x{image.size[1]}"
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m jobs.inspect", description=__doc__.split("\n\n")[0])
     ap.add_argument("output_dir", help="a bcgen job's output_dir")
@@ -191,7 +223,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except UserError as e:
         log.error("%s", e)
         return EXIT_USAGE
-    log.info("wrote %s, %s%s and %d images under %s", r.sheet.name, r.page.name,
+    log.info("wrote %s, %s%s and %d samples under %s", r.sheet.name, r.page.name,
              f", {r.plot.name}" if r.plot else "", len(r.samples), r.out)
     return 0
 

@@ -2,10 +2,12 @@
 
 Order is what makes the remote safe to resume from:
 
-    start (rank 0, under a lock)   hydrate: the remote's run.json, plan.json and done markers come
-                                   down into the staging folder (a staging folder of another run is
-                                   cleared first), then the plan is joined or made as for a local
-                                   output_dir, then published: units, plan.json, run.json last
+    start (rank 0, under a lock)   hydrate: the remote's run.json, plan.json, batching.json and done
+                                   markers come down into the staging folder (a staging folder of
+                                   another run is cleared first), then the plan is joined or made as
+                                   for a local output_dir, then published: units, plan.json, run.json last
+    batch sizes chosen             _plan/batching.json uploaded by the worker that published it
+                                   (jobs/batch_sizer.py), before any shard made with its sizes
     each unit leased               its unit file fetched (if not staged), its shards scanned
     each shard                     committed locally, then uploaded: tar, parquet, stats, manifest
                                    (sinks/remote.py), then its local payload removed
@@ -69,6 +71,9 @@ class LocalShards:
     def fetch_unit(self, unit_file: Path) -> None:
         pass
 
+    def on_plan_file(self, path: Path) -> None:
+        pass
+
     def push_end(self, leader: bool) -> None:
         pass
 
@@ -125,6 +130,7 @@ class Mirror(LocalShards):
                 if not (self.output_dir / name).exists():
                     self.remote.get(name, self.output_dir / name)
                     fetched += 1
+        fetched += self._sync_batching()
         (self.output_dir / RUN_FILE).write_bytes(remote_run)
         self._push_missing_markers()
         if fetched:
@@ -135,6 +141,30 @@ class Mirror(LocalShards):
     def _staged_anything(self) -> bool:
         d = self.output_dir
         return d.is_dir() and any((d / n).exists() for n in RUN_DIRS + RUN_FILES) or any(d.glob("shard-*"))
+
+    def _sync_batching(self) -> int:
+        """The run's batch sizes (jobs/batch_sizer.py) are the remote's once it has them: they decide
+        bytes, so a staging folder's own pick (a worker killed before uploading it) yields to them;
+        a pick only staged here goes up now. Returns 1 if it was fetched."""
+        from jobs.batch_sizer import BATCHING_FILE
+
+        name = f"_plan/{BATCHING_FILE}"
+        local = self.output_dir / name
+        remote = self.remote.read_bytes(name)
+        if remote is not None:
+            if not local.exists() or local.read_bytes() != remote:
+                from sinks.atomic import atomic_write_bytes
+
+                local.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write_bytes(local, remote)
+                return 1
+        elif local.exists():
+            self.remote.put(local, name)
+        return 0
+
+    def on_plan_file(self, path: Path) -> None:
+        """A file this worker published in the plan folder (the batch sizes): uploaded now."""
+        self.remote.put(path, f"_plan/{path.name}")
 
     def _push_missing_markers(self) -> None:
         """Done markers written here after their shards were uploaded, by a worker killed before it

@@ -86,6 +86,12 @@ def check_config(cfg: GenerateConfig):
     why = family.frames_error(cfg.model, cfg.sampling.num_frames)
     if why is not None:
         raise UserError(f"sampling.{why}")
+    if family.fixed_fps is not None and cfg.sampling.fps != family.fixed_fps:
+        raise UserError(f"sampling.fps={cfg.sampling.fps:g}, but {family.pipeline_class} makes {family.fixed_fps:g} fps "
+                        f"only; set sampling.fps={family.fixed_fps:g}")
+    if not family.guidance and cfg.sampling.guidance_scale > 1.0:
+        raise UserError(f"sampling.guidance_scale={cfg.sampling.guidance_scale:g}, but {cfg.model.name} is "
+                        f"guidance-distilled (no negative branch); set sampling.guidance_scale=1.0")
     if family.video:
         from sinks.video import check_encoder_available
 
@@ -258,7 +264,7 @@ def finish(prep: Prepared, stats: JobStats, group: Group, met: bool) -> None:
         group.barrier()
     if not topo.leader:
         shards.push_end(leader=False)
-        log.info("%s %s: %d images written", topo, stats.status, stats.items_written)
+        log.info("%s %s: %s", topo, stats.status, stats.written())
         return
     # Workers finish one after another: each leader writes the index of the units done so far,
     # under a lock, and the last one's covers everything.

@@ -58,3 +58,8 @@ def item_sample(it: Item, pixels: np.ndarray, meta: dict, sink: SinkConfig, audi
         media.update({frame_ext(i, sink.video_frames): frame for i, frame in enumerate(pixels)})
     media.update(sound)
     return Sample(key=it.key, caption=it.prompt, meta=meta, media=media)
+
+
+def sample_kind(sample: Sample) -> str:
+    """"video" for a sample with a KEY.mp4, else "image" (the closing summary counts them by kind)."""
+    return "video" if "mp4" in sample.media else "image"

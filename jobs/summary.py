@@ -38,6 +38,7 @@ class JobStats:
     nonfinite_keys: List[str] = field(default_factory=list)
     oom_splits: int = 0
     modes: Counter = field(default_factory=Counter)  # replay / eager / mixed, per item
+    kinds: Counter = field(default_factory=Counter)  # image / video, per item written (`sample_kind`)
     signatures: Dict[str, int] = field(default_factory=dict)
     stage_seconds: Dict[str, float] = field(default_factory=dict)
     graph: dict = field(default_factory=dict)
@@ -53,12 +54,26 @@ class JobStats:
     output_dir: str = ""
 
     def images_per_s(self) -> float:
+        """Items written per second of the generate stage (images, or videos: whatever was written)."""
         gen = self.stage_seconds.get("generate", 0.0)
         return self.items_written / gen if gen > 0 else 0.0
+
+    def noun(self) -> str:
+        """What was written, for a person: "images", "videos", or "samples" (both, or none yet)."""
+        kinds = [k for k, n in self.kinds.items() if n]
+        return f"{kinds[0]}s" if len(kinds) == 1 else "samples"
+
+    def written(self) -> str:
+        """"3 videos written", "5 samples written (4 images, 1 video)"."""
+        text = f"{self.items_written} {self.noun()} written"
+        if len([n for n in self.kinds.values() if n]) > 1:
+            text += " (" + ", ".join(f"{n} {k}{'s' if n != 1 else ''}" for k, n in sorted(self.kinds.items()) if n) + ")"
+        return text
 
     def to_json(self) -> dict:
         d = asdict(self)
         d["modes"] = dict(self.modes)
+        d["kinds"] = dict(self.kinds)
         d["nonfinite"] = len(self.nonfinite_keys)
         d["images_per_s"] = round(self.images_per_s(), 3)
         d["stage_seconds"] = {k: round(v, 3) for k, v in self.stage_seconds.items()}
@@ -77,9 +92,9 @@ class JobStats:
         ranked = sorted(self.stage_seconds.items(), key=lambda kv: (order.get(kv[0], len(order)), kv[0]))
         stages = ", ".join(f"{k} {v:.1f}s" for k, v in ranked)
         out = [
-            f"bcgen {self.status}: {self.items_written} images written of {self.items_planned} planned "
+            f"bcgen {self.status}: {self.written()} of {self.items_planned} planned "
             f"({self.items_skipped_done} already done) -> {self.output_dir}",
-            f"  model {self.model} on {self.device}; {self.images_per_s():.2f} images/s while generating",
+            f"  model {self.model} on {self.device}; {self.images_per_s():.2f} {self.noun()}/s while generating",
             f"  stages: {stages}",
             f"  signatures: {len(self.signatures)}; items by mode: "
             + ", ".join(f"{k} {v}" for k, v in sorted(self.modes.items())),

@@ -186,3 +186,40 @@ def test_graph_replay_equals_eager_on_the_cpu_op_tape():
 
     stats = check_family("glm_image", "cpu", "tape")
     assert stats["captures"] == 1 and stats["misses"] == 0 and stats["capture_failures"] == 0 and stats["hits"] > 0
+
+
+def test_the_prior_runs_in_the_encode_stage_and_overlapping_keeps_the_bytes(tiny, monkeypatch):
+    """The engine's encode stage makes each row's prior (on the prefetch thread when the stages
+    overlap), seeded from the row: the same tokens, digests and pixels as the serial path."""
+    import threading
+
+    from jobs.capture_policy import CapturePolicy
+    from jobs.engine import Engine
+    from jobs.plan import Batch, Item, Signature
+    from jobs.stages import StagePipeline
+
+    cfg, fam, pipe = tiny
+    sig = Signature(height=64, width=64, text_bucket=1, steps=1, guidance_scale=1.5, cfg=True, dtype="float32")
+    rows = [Item(key=f"k{i}", prompt=p, negative_prompt="", seed=s, signature=sig, text_tokens=1, truncated=False,
+                 source=f"t:{i + 1}") for i, (p, s) in enumerate([("a red fox", 5), ("a blue owl", 9), ("a cat", 3)])]
+    batches = [Batch(sig, rows[:2], 2), Batch(sig, rows[2:], 2)]  # the second has a dummy row
+    engine = Engine(cfg, fam, pipe, get_padder("glm_image", buckets=[1], native_length=2048), None, "cpu")
+    threads = []
+    real_prior = fam.prior
+
+    def prior(*args, **kwargs):
+        threads.append(threading.current_thread().name)
+        return real_prior(*args, **kwargs)
+
+    monkeypatch.setattr(fam, "prior", prior)
+    serial = [engine.generate(b) for b in batches]
+    assert len(threads) == 4 and threads[0] == threading.current_thread().name
+    threads.clear()
+    overlapped = list(StagePipeline(engine, CapturePolicy(), overlap=True).run(batches, lambda: False))
+    assert threads == ["bcgen-encode"] * 4  # the encode stage's thread, not the denoising one
+    with torch.no_grad():
+        alone = real_prior(pipe, rows[2].prompt, rows[2].seed, 64, 64)[1]  # batched with a dummy row, yet its own
+    metas = [m for r in serial for m in r.meta]
+    assert metas == [m for r in overlapped for m in r.meta] and metas[2] == alone and len({str(m) for m in metas}) == 3
+    for a, b in zip(serial, overlapped):
+        assert all(np.array_equal(x, y) for x, y in zip(a.images, b.images))

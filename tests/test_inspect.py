@@ -18,6 +18,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import unquote
 
+import numpy as np
 import pytest
 
 from tests.helpers import prompts, write_jsonl
@@ -244,3 +245,42 @@ def test_selection_is_round_robin_when_signatures_differ_in_size(tmp_path):
         ("s0", "A"), ("s8", "B"), ("s1", "A"), ("s9", "B"), ("s2", "A"), ("s3", "A")]
     assert [s.shard for s in picked] == ["shard-000000.tar", "shard-000001.tar"] * 2 + ["shard-000000.tar"] * 2
     assert all(s.ext == "png" and s.image == buf.getvalue() for s in picked)
+
+
+def test_video_samples_are_shown_with_frames_size_fps_and_sound(tmp_path):
+    """A video sample (mp4 + wav, through the sink's own encoders) and an image sample: the page
+    plays the clip and the sound from byte-equal copies and names what the files hold; the sheet
+    shows the clip's first frame."""
+    import webdataset as wds
+    from PIL import Image
+
+    from jobs.contact_sheet import SheetLayout, fit
+    from jobs.inspect import inspect_output
+    from jobs.media_info import video_info
+    from sinks import SinkConfig
+    from sinks.audio import Audio, encode_wav
+    from sinks.video import Video, encode_mp4
+
+    g = np.random.default_rng(0)
+    frames = g.integers(0, 256, (5, 32, 48, 3), dtype=np.uint8)
+    mp4 = encode_mp4(Video(frames, 12.0), "mp4", SinkConfig())
+    wav = encode_wav(Audio(np.zeros((8000, 2), np.float32), 16000), "wav", SinkConfig())
+    png = io.BytesIO()
+    Image.new("RGB", (8, 6), (200, 10, 10)).save(png, format="PNG")
+    with wds.TarWriter(str(tmp_path / "shard-000000.tar")) as tw:
+        tw.write({"__key__": "clip", "mp4": mp4, "wav": wav, "f0000.png": png.getvalue(),
+                  "json": json.dumps({"key": "clip", "signature": "A"}).encode()})
+        tw.write({"__key__": "still", "png": png.getvalue(), "json": json.dumps({"key": "still", "signature": "B"}).encode()})
+    report = inspect_output(tmp_path, tmp_path / "view", samples=4)
+    view = tmp_path / "view"
+    assert [(s.key, s.ext) for s in report.samples] == [("clip", "mp4"), ("still", "png")]
+    assert (view / "images/clip.mp4").read_bytes() == mp4 and (view / "images/clip.wav").read_bytes() == wav
+    page = (view / "index.html").read_text()
+    assert '<video src="images/clip.mp4"' in page and '<audio src="images/clip.wav"' in page
+    assert "5 frames, 48x32, 12 fps; sound 0.50 s" in page and "8x6" in page
+    layout = SheetLayout()
+    thumb = fit(Image.fromarray(video_info(mp4).first), layout.thumb)  # 192x128, centred in its square
+    left, top, _, _ = layout.thumb_box(0, 2)
+    top += (layout.thumb - thumb.height) // 2
+    sheet = Image.open(report.sheet).convert("RGB")
+    assert sheet.crop((left, top, left + thumb.width, top + thumb.height)).tobytes() == thumb.tobytes()

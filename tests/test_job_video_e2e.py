@@ -38,9 +38,9 @@ def job(request, tmp_path_factory):
             "job.progress=false", "sink.maxcount=2"]
     if preset == "sana_video_tiny":
         args.append("sink.video_frames=png")  # every frame as an exact image beside the mp4
-    run_cli(*args)
+    proc = run_cli(*args)
     sizes = dict(SIZE, owl=(64, 128)) if preset == "sana_video_tiny" else SIZE
-    return preset, tmp / "out", rows, sizes, args
+    return preset, tmp / "out", rows, sizes, args, proc
 
 
 def decode(data: bytes):
@@ -53,7 +53,7 @@ def test_every_mp4_decodes_with_the_rows_frames_size_and_fps(job):
     import webdataset as wds
     from PIL import Image
 
-    preset, out, rows, sizes, _ = job
+    preset, out, rows, sizes, _, _ = job
     seen = {}
     for sample in wds.WebDataset([str(p) for p in sorted(out.glob("shard-*.tar"))], shardshuffle=False):
         meta = json.loads(sample["json"])
@@ -86,7 +86,7 @@ def test_wids_reads_the_index_and_verify_passes(job):
 
     from jobs.verify import verify_output
 
-    _, out, rows, _, _ = job
+    _, out, rows, _, _, proc = job
     ds = wids.ShardListDataset(str(out / "index.wids.json"), cache_dir=str(out.parent / "wids"), transformations=[])
     assert len(ds) == len(rows)
     keys = []
@@ -100,6 +100,8 @@ def test_wids_reads_the_index_and_verify_passes(job):
     assert report.problems == [] and report.samples == len(rows)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "complete" and summary["items_written"] == len(rows)
+    assert summary["kinds"] == {"video": 3, "image": 1}  # "still" is one frame: an image
+    assert "bcgen complete: 4 samples written (1 image, 3 videos) of 4 planned" in proc.stdout + proc.stderr
 
 
 def test_a_rerun_resumes_and_keeps_the_shards_bytes(job):
@@ -107,7 +109,7 @@ def test_a_rerun_resumes_and_keeps_the_shards_bytes(job):
     from jobs.errors import UserError
     from jobs.run import run_job
 
-    preset, out, rows, _, args = job
+    preset, out, rows, _, args, _ = job
     before = {p.name: sha(p) for p in out.glob("shard-*.tar")}
     stats = run_job(compose_cfg(args))
     assert stats.status == "complete" and stats.items_written == 0

@@ -20,7 +20,8 @@ from tests.helpers import CONF_DIR, compose_cfg, tiny_pipeline
 # (tiny preset, the real preset that loads a folder the tiny one saved)
 PRESETS = [("sana_tiny", "sana"), ("flux_tiny", "flux"), ("qwen_image_tiny", "qwen_image"),
            ("longcat_image_tiny", "longcat_image"), ("z_image_tiny", "z_image"), ("wan_tiny", "wan"),
-           ("sana_video_tiny", "sana_video"), ("ltx2_tiny", "ltx2"), ("glm_image_tiny", "glm_image")]
+           ("sana_video_tiny", "sana_video"), ("ltx2_tiny", "ltx2"), ("glm_image_tiny", "glm_image"),
+           ("minimax_h3_tiny", "minimax_h3")]
 
 
 def test_every_preset_is_listed():
@@ -42,7 +43,7 @@ def test_tiny_and_loaded_pipelines_are_in_eval_mode_and_own_their_weights(tiny, 
     assert set(torch_modules(pipe)) >= {"transformer", "vae", "text_encoder"}
     assert training_modules(pipe) == []
     path = tmp_path / f"{tiny}_diffusers"
-    pipe.save_pretrained(path, safe_serialization=True)
+    fam.save(pipe, path)
     del pipe
 
     real_cfg = compose_cfg([f"model={real}", f"model.path={path}", "model.dtype=float32", "output_dir=/tmp/x"])

@@ -87,3 +87,13 @@ def test_cluster_preset_composes_to_a_slurm_array_of_every_partition():
     assert parts == [f"{i}/{n}" for i in range(n)] and launcher.array_parallelism <= n
     typed = compose_cfg(["+cluster=slurm_h200", "output_dir=/data/x"])  # the rest is a valid job config
     assert typed.device == "cuda" and typed.job.progress is False
+
+
+def test_the_closing_line_names_what_was_written_by_kind():
+    parts = [dict(_part(0, "complete", 2, 1.0), kinds={"video": 2}), dict(_part(1, "complete", 1, 1.0), kinds={"image": 1})]
+    merged = merge_stats(parts, parts=2)
+    assert merged.kinds == {"video": 2, "image": 1} and merged.to_json()["kinds"] == {"video": 2, "image": 1}
+    assert merged.lines()[0].startswith("bcgen complete: 3 samples written (1 image, 2 videos) of 3 planned")
+    videos = merge_stats(parts[:1], parts=1)
+    assert videos.lines()[0].startswith("bcgen complete: 2 videos written") and "videos/s" in videos.lines()[1]
+    assert merge_stats([_part(0, "complete", 0, 1.0)], parts=1).written() == "0 samples written"  # nothing yet

@@ -97,6 +97,41 @@ def test_upload_cut_short_is_not_committed_and_a_changed_object_is_quarantined(s
     assert sorted(p.name for p in (tmp_path / "_manifest").iterdir()) == [f"{records[0].url}.json"]
 
 
+def test_the_batch_sizes_go_up_with_the_plan_and_come_back_on_resume(s3, tmp_path):
+    """_plan/batching.json decides bytes (jobs/batch_sizer.py): the worker that publishes it uploads
+    it; a fresh staging folder gets the remote's; a stale staged one yields to it; one only staged
+    (its worker killed before the upload) goes up when the run resumes."""
+    from jobs.mirror import Mirror
+    from jobs.storage import Output
+
+    bucket = new_bucket()
+    url = f"s3://{bucket}/run"
+    remote = Remote(url)
+    remote.put_bytes("run.json", b'{"run": 1}')
+    remote.put_bytes("_plan/plan.json", b'{"plan": 1}')
+
+    def mirror(staging):
+        return Mirror(Output(given=url, local=tmp_path / staging, remote=url), SPEC)
+
+    first = mirror("a")
+    first.hydrate(overwrite=False)
+    batching = tmp_path / "a" / "_plan" / "batching.json"
+    assert not batching.exists()
+    batching.write_bytes(b'{"sizes": [1, 2, 4]}')  # as jobs/batch_sizer.publish does
+    first.on_plan_file(batching)
+    assert remote.read_bytes("_plan/batching.json") == b'{"sizes": [1, 2, 4]}'
+
+    mirror("b").hydrate(overwrite=False)  # another machine: nothing staged
+    assert (tmp_path / "b" / "_plan" / "batching.json").read_bytes() == b'{"sizes": [1, 2, 4]}'
+    (tmp_path / "b" / "_plan" / "batching.json").write_bytes(b'{"sizes": [8]}')  # staged, not the run's
+    mirror("b").hydrate(overwrite=False)
+    assert (tmp_path / "b" / "_plan" / "batching.json").read_bytes() == b'{"sizes": [1, 2, 4]}'
+
+    remote.rm(["_plan/batching.json"])  # as if its worker was killed between publishing and uploading
+    mirror("a").hydrate(overwrite=False)
+    assert remote.read_bytes("_plan/batching.json") == b'{"sizes": [1, 2, 4]}'
+
+
 KILL_UPLOAD = """
 import os, signal, sys
 from fsspec.callbacks import Callback
@@ -172,11 +207,14 @@ def test_kill_and_resume_against_s3(s3, tmp_path):
     assert "shard-u0000000-0001.tar" in state["shards"]
     committed = dict(state["shards"])
     del committed["shard-u0000000-0001.tar"]
+    batching = fs().cat_file(f"{bucket}/run/_plan/batching.json")  # went up before the first shard
+    assert batching == next(first.glob("*/_plan/batching.json")).read_bytes()
 
     again = cli(args, s3, second, kill="batch:3")  # another machine: nothing staged, the remote is the truth
     assert again.returncode == -signal.SIGKILL, again.stderr[-3000:]
     state = remote_state(bucket)
     assert set(state["shards"]) == state["manifests"]  # the cut-short upload was removed, not adopted
+    assert next(second.glob("*/_plan/batching.json")).read_bytes() == batching  # came down with the plan
     assert max(state["keys"].values()) == 1 and {k: state["shards"][k] for k in committed} == committed
 
     done = cli(args, s3, first)
@@ -191,7 +229,8 @@ def test_kill_and_resume_against_s3(s3, tmp_path):
     f = fs()
     index = json.loads(f.cat_file(f"{bucket}/run/index.wids.json"))
     assert sorted(s["url"] for s in index["shardlist"]) == sorted(state["shards"])
-    assert json.loads(f.cat_file(f"{bucket}/run/summary.json"))["status"] == "complete"
+    summary = json.loads(f.cat_file(f"{bucket}/run/summary.json"))
+    assert summary["status"] == "complete" and summary["batching"]["source"] == "published"
     import pyarrow.dataset as ds
 
     table = ds.dataset(sorted(f.glob(f"{bucket}/run/shard-*.parquet")), filesystem=f).to_table()

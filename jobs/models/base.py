@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
@@ -37,6 +37,19 @@ class TextLength:
 
 
 @dataclass
+class RowInputs:
+    """What a family makes per row in the encode stage beside the text (GLM-Image: its AR prior's
+    tokens), so that work overlaps the previous batch's denoising (jobs/stages.py)."""
+
+    tensors: Dict[str, torch.Tensor]  # batch-first, on the device
+    meta: List[dict]  # per-row json fields that record them (one dict per row)
+
+    def rows(self, a: int, b: int) -> "RowInputs":
+        """Rows a..b (the halves of an out-of-memory split)."""
+        return RowInputs(tensors={k: v[a:b] for k, v in self.tensors.items()}, meta=self.meta[a:b])
+
+
+@dataclass
 class DenoiseRequest:
     """One batch, all items of one signature (same size, steps, guidance, text bucket)."""
 
@@ -50,9 +63,10 @@ class DenoiseRequest:
     num_frames: int = 1  # 1: an image; video families decode [B, F, 3, H, W]
     fps: float = 16.0  # the items' frame rate; only a family with `fps_conditions` feeds it to its model
     prompts: List[str] = field(default_factory=list)  # the rows' prompts (GLM-Image's prior reads the text)
+    row_inputs: Optional[RowInputs] = None  # the encode stage's `ModelFamily.row_inputs`, where the family has any
     meta: List[dict] = field(default_factory=list)
-    """Per-item json fields the family adds while it denoises (GLM-Image: its prior tokens' digest):
-    empty, or one dict per row of the batch. Host-side facts only; filled by `denoise`."""
+    """Per-item json fields (GLM-Image: its prior tokens' digest): empty, or one dict per row of the
+    batch. Host-side facts only; the engine copies them from `row_inputs`."""
 
 
 @dataclass
@@ -104,6 +118,10 @@ class ModelFamily:
         pipe = self.from_pretrained(cfg, dtype)
         own_weights(pipe, device)  # before the LoRAs fuse: they then add into owned memory
         return self.prepare(pipe, cfg)
+
+    def save(self, pipe, path) -> None:
+        """Write `pipe` as a folder `load` reads (tests save a tiny pipeline and load it as the real preset)."""
+        pipe.save_pretrained(path, safe_serialization=True)
 
     def from_pretrained(self, cfg: ModelConfig, dtype: torch.dtype, **components):
         import diffusers
@@ -158,6 +176,11 @@ class ModelFamily:
     #: the audio length follow it). A pipeline call takes one rate, so every item of such a job
     #: plays at `sampling.fps`: the plan refuses rows that ask for another (jobs/plan/resolve.py).
     fps_conditions: bool = False
+    #: the one frame rate the model makes (MiniMax-H3: 24), or None; the config check refuses another
+    fixed_fps: Optional[float] = None
+    #: False where the checkpoint is guidance-distilled (no negative branch): guidance_scale > 1 is
+    #: refused in the config and in dataset rows, rather than silently ignored
+    guidance: bool = True
 
     def frames_error(self, cfg: ModelConfig, n: int) -> Optional[str]:
         """None where the family makes `n` frames per item; else why not and what to use instead,
@@ -172,6 +195,12 @@ class ModelFamily:
 
     def encode(self, pipe, prompts: Sequence[str], cfg: ModelConfig, device, instruction: bool) -> TextEmbeds:
         raise NotImplementedError
+
+    def row_inputs(self, pipe, prompts: Sequence[str], seeds: Sequence[int], height: int, width: int,
+                   device) -> Optional[RowInputs]:
+        """Per-row inputs beside the text, made in the encode stage (on the encode stream, seeded from
+        each row so a row's inputs do not depend on its batch); None where the family has none."""
+        return None
 
     # -- denoise and decode: the stages the job schedules --------------------------------------
     def pipeline_kwargs(self, request: DenoiseRequest) -> dict:

@@ -5,11 +5,13 @@ Two models per image. The AR prior reads the prompt and generates image tokens (
 small preview grid, sampled); the DiT denoises the latents conditioned on those tokens (upsampled
 2x) and on the glyph embeddings of the prompt's quoted text.
 
-- The prior runs eagerly, in `denoise`, once per prompt (batch 1, so a prompt's tokens do not
-  depend on its batch), seeded from the row's seed exactly as the pipeline seeds it (the global
-  torch RNG, `generate_prior_tokens`). Its tokens go to the pipeline as `prior_token_ids`, and
-  their sha256 (of the AR's own grid, int64 little-endian) and grid size go into the sample's
-  json. Only the DiT is wrapped by the bcg runner (`ModelFamily.transformer`).
+- The prior runs eagerly in the encode stage (`row_inputs`), so it overlaps the previous batch's
+  denoising (jobs/stages.py), once per prompt (batch 1, so a prompt's tokens do not depend on its
+  batch), seeded from the row's seed exactly as the pipeline seeds it (`generate_prior_tokens`
+  seeds the global torch RNG: nothing else in a GLM-Image job draws from it, and the encode stage
+  holds the engine's GPU lock, so no capture runs meanwhile). Its tokens go to the pipeline as
+  `prior_token_ids`, and their sha256 (of the AR's own grid, int64 little-endian) and grid size
+  go into the sample's json. Only the DiT is wrapped by the bcg runner (`ModelFamily.transformer`).
 - Text: the glyph length policy is in padding/glm_image.py (native length, nothing padded). The
   unconditional branch is the pipeline's own (empty glyph text, prior tokens dropped), so
   `negative_prompt` is not used by this family.
@@ -39,7 +41,7 @@ from typing import Dict, List, Sequence, Tuple
 import torch
 
 from jobs.config import ModelConfig
-from jobs.models.base import DenoiseRequest, ModelFamily, TextLength, cpu_generators
+from jobs.models.base import DenoiseRequest, ModelFamily, RowInputs, TextLength, cpu_generators
 from jobs.models.registry import register_family
 from jobs.models.tiny import build_scheduler, tiny_text_encoder, tiny_tokenizer
 from padding import TextEmbeds
@@ -199,8 +201,23 @@ class GlmImageFamily(ModelFamily):
         digest = hashlib.sha256(grid.to("cpu", torch.int64).contiguous().numpy().astype("<i8").tobytes()).hexdigest()
         return ids, {"prior_tokens_sha256": digest, "prior_grid": [h, w]}
 
+    def row_inputs(self, pipe, prompts: Sequence[str], seeds: Sequence[int], height: int, width: int,
+                   device) -> RowInputs:
+        """The encode stage's part: every row's prior tokens (and their json fields)."""
+        ids, meta = zip(*(self.prior(pipe, p, s, height, width) for p, s in zip(prompts, seeds)))
+        return RowInputs(tensors={"prior_token_ids": torch.cat(ids)}, meta=list(meta))
+
+    def _prior_ids(self, pipe, request: DenoiseRequest) -> torch.Tensor:
+        """The request's prior tokens: the encode stage's, or made here for a request built by hand."""
+        extra = request.row_inputs
+        if extra is None:
+            extra = self.row_inputs(pipe, request.prompts, request.seeds, request.height, request.width,
+                                    pipe._execution_device)
+            request.meta = list(extra.meta)
+        return extra.tensors["prior_token_ids"]
+
     def pipeline_kwargs(self, request: DenoiseRequest) -> dict:
-        """Everything but `prior_token_ids`, which `denoise` adds after running the prior."""
+        """Everything but `prior_token_ids` (`_prior_ids`)."""
         cfg_on = request.negative is not None
         return dict(
             prompt_embeds=request.positive.embeds,
@@ -213,19 +230,14 @@ class GlmImageFamily(ModelFamily):
         )
 
     def denoise(self, pipe, request: DenoiseRequest):
-        ids, meta = zip(*(self.prior(pipe, p, s, request.height, request.width)
-                          for p, s in zip(request.prompts, request.seeds)))
-        request.meta = list(meta)
-        return pipe(**self.pipeline_kwargs(request), prior_token_ids=torch.cat(ids), output_type=self.denoise_output,
-                    return_dict=False)[0]
+        return pipe(**self.pipeline_kwargs(request), prior_token_ids=self._prior_ids(pipe, request),
+                    output_type=self.denoise_output, return_dict=False)[0]
 
     def denoise_decode(self, pipe, request: DenoiseRequest):
         import numpy as np
 
-        ids = [self.prior(pipe, p, s, request.height, request.width)[0]
-               for p, s in zip(request.prompts, request.seeds)]
-        images = pipe(**self.pipeline_kwargs(request), prior_token_ids=torch.cat(ids), output_type="np",
-                      return_dict=False)[0]
+        images = pipe(**self.pipeline_kwargs(request), prior_token_ids=self._prior_ids(pipe, request),
+                      output_type="np", return_dict=False)[0]
         return np.asarray(images, dtype=np.float32)
 
     # -- decode ----------------------------------------------------------------------------

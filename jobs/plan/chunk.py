@@ -90,7 +90,8 @@ class ChunkContext:
                                 on_long_prompt=cfg.model.on_long_prompt, num_frames=cfg.sampling.num_frames,
                                 fps=cfg.sampling.fps,
                                 frames_error=functools.partial(family.frames_error, cfg.model),
-                                fps_model=family.pipeline_class if family.fps_conditions else "")
+                                fps_model=family.pipeline_class if family.fps_conditions else "",
+                                distilled_model="" if family.guidance else cfg.model.name)
         return cls(label=label, stem=stem, fmt=fmt, max_line_bytes=cfg.dataset.max_line_bytes, prompt_field=cfg.dataset.prompt_field,
                    key_field=cfg.dataset.key_field, defaults=defaults, spill_dir=spill_dir, family=family,
                    model_cfg=cfg.model, tokenizer=LengthTokenizer(family.load_tokenizer(cfg.model)),

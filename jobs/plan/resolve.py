@@ -32,6 +32,9 @@ class ItemDefaults:
     fps_model: str = ""
     """Set (to the pipeline's name) where the model conditions on the frame rate: every item then
     plays at `fps`, since one pipeline call takes one rate; a row asking for another is refused."""
+    distilled_model: str = ""
+    """Set (to the model's name) where the checkpoint is guidance-distilled: a row asking for
+    guidance_scale > 1 is refused (it has no negative branch to guide with)."""
 
 
 @dataclass
@@ -120,6 +123,11 @@ def resolve(rows: Rows, defaults: ItemDefaults, measure, bucket_for, label: str)
         g = rows.guidance[i]
         guidance = defaults.guidance_scale if g is None else float(g)
         cfg = guidance > 1.0
+        if cfg and defaults.distilled_model:
+            errors.append(RowError(label, rows.lines[i], key,
+                                   f"guidance_scale={guidance:g}, but {defaults.distilled_model} is guidance-distilled "
+                                   f"(no negative branch); drop the row's guidance_scale or set it to 1.0"))
+            continue
         pos = pos_len[rows.prompts[i]]
         if pos.truncated and fail_long:
             errors.append(RowError(label, rows.lines[i], key,

@@ -36,11 +36,14 @@ PROMPTS = {
     "sana_video": ("a red fox", "a lighthouse on a cliff at dusk, waves crashing below"),
     "ltx2": ("a red fox", "a lighthouse on a cliff at dusk, waves crashing below"),
     "glm_image": ("a red fox", "a lighthouse on a cliff at dusk, waves crashing below"),  # no quotes: glyph length 1
+    "minimax_h3": ("a red fox", "a blue owl"),  # native text length: two prompts of 3 tokens
 }
-VIDEO = ("wan", "sana_video", "ltx2")
+VIDEO = ("wan", "sana_video", "ltx2", "minimax_h3")
 # Transformer calls with distinct signatures per denoising step, where not 1: LongCat's pipeline passes
 # guidance=None on the cond call only; LTX-2 with CFG adds spatio-temporal and modality guidance calls.
-KEYS = {"longcat_image": 2, "ltx2": 3}
+# MiniMax-H3: the number of distinct timesteps is a shape (one at the first step, where both schedules are at
+# t=0, then two).
+KEYS = {"longcat_image": 2, "ltx2": 3, "minimax_h3": 2}
 
 
 def tokenizer_overrides(name: str) -> list:
@@ -135,7 +138,11 @@ def check_family(name: str, device: str, backend: str, overrides=()) -> dict:
 
 
 def outputs(fam, pipe, request) -> list:
-    """The family's serial output as float arrays: the images, and (LTX-2) the sound of the same call."""
+    """The family's serial output as float arrays: the images, and (LTX-2, MiniMax-H3) the sound of the same call."""
+    if fam.name == "minimax_h3":
+        with torch.no_grad():
+            out = fam.decode(pipe, fam.denoise(pipe, request), request)
+        return [out.images.permute(0, 1, 3, 4, 2).float().cpu().numpy(), out.audio.float().cpu().numpy()]
     if not getattr(pipe, "vocoder", None):
         return [fam.denoise_decode(pipe, request)]
     video, audio = pipe(**fam.pipeline_kwargs(request), output_type="np", return_dict=False)

@@ -1,5 +1,5 @@
 """On CUDA, a whole video job with graph replay writes the same frames (and the same mp4 bytes, and
-LTX-2's wav bytes) as the same job run eager, for each tiny video preset, overlapped stages and the
+LTX-2's and MiniMax-H3's wav bytes) as the same job run eager, for each tiny video preset, overlapped stages and the
 capture policy on.
 
 Needs PyAV on the GPU machine (carry its wheel, e.g. av-18.1.0-cp311-abi3-manylinux_2_28_x86_64.whl,
@@ -28,12 +28,16 @@ def tokenizer_overrides() -> list:
     return [f"model.tiny.text_encoder.tokenizer={found[0]}"] if found else []
 
 
-def rows(n: int) -> list:
+SECOND = {"minimax_h3_tiny": 141}  # a second frame count per preset (MiniMax-H3: 17k+5, 5 to 15 s at 24 fps)
+SOUND = ("ltx2_tiny", "minimax_h3_tiny")
+
+
+def rows(n: int, second: int = 5) -> list:
     words = "a lighthouse on a cliff at dusk with waves and gulls, oil painting, warm light".split()
     out = [{"key": f"v{i:02d}", "prompt": " ".join(words[: 2 + (i * 5) % len(words)])} for i in range(n)]
     for i, r in enumerate(out):
         if i % 3 == 1:
-            r["num_frames"] = 5  # a second signature
+            r["num_frames"] = second  # a second signature
     return out
 
 
@@ -45,14 +49,14 @@ def samples(out: Path) -> dict:
     for s in wds.WebDataset([str(p) for p in sorted(out.glob("shard-*.tar"))], shardshuffle=False):
         meta = json.loads(s["json"])
         frames = np.stack([np.asarray(Image.open(io.BytesIO(s[k]))) for k in sorted(k for k in s if k.endswith(".png"))])
-        got[meta["key"]] = (frames, s["mp4"], meta, s.get("wav"))  # wav: LTX-2's sound
+        got[meta["key"]] = (frames, s["mp4"], meta, s.get("wav"))  # wav: LTX-2's and MiniMax-H3's sound
     return got
 
 
-@pytest.mark.parametrize("preset", ["wan_tiny", "sana_video_tiny", "ltx2_tiny"])
+@pytest.mark.parametrize("preset", ["wan_tiny", "sana_video_tiny", "ltx2_tiny", "minimax_h3_tiny"])
 def test_video_job_replay_equals_eager_frames(tmp_path, preset):
     pytest.importorskip("av", reason="PyAV is needed to write KEY.mp4; carry its wheel in .whl/")
-    data = write_jsonl(tmp_path / "p.jsonl", rows(12))
+    data = write_jsonl(tmp_path / "p.jsonl", rows(12, SECOND.get(preset, 5)))
     common = [f"model={preset}", f"dataset.path={data}", "sink.video_frames=png", "sampling.steps=4",
               "model.dtype=bfloat16", "job.progress=false", "device=cuda", "bcg.batch_sizes=[1,2]",
               *tokenizer_overrides()]
@@ -64,7 +68,7 @@ def test_video_job_replay_equals_eager_frames(tmp_path, preset):
         assert g[k][0].shape == (g[k][2]["num_frames"], 64, 64, 3)
         assert np.array_equal(g[k][0], e[k][0]), f"{k}: replayed frames differ from eager"
         assert g[k][1] == e[k][1], f"{k}: equal frames, but the mp4 bytes differ"
-        assert g[k][3] == e[k][3] and (g[k][3] is not None) == (preset == "ltx2_tiny"), f"{k}: the sound differs"
+        assert g[k][3] == e[k][3] and (g[k][3] is not None) == (preset in SOUND), f"{k}: the sound differs"
     summary = json.loads((tmp_path / "graph" / "summary.json").read_text())
     graph = summary["graph"]
     assert graph["mode"] == "cuda" and graph["captures"] > 0 and graph["hits"] > 0 and graph["misses"] == 0, graph
