@@ -64,6 +64,19 @@ def derive_seed(job_seed: int, key: str) -> int:
     return int.from_bytes(digest[:8], "big") >> 1  # 63 bits: fits torch.Generator.manual_seed
 
 
+def derive_seeds(job_seed: int, keys) -> Tuple["np.ndarray", "np.ndarray"]:
+    """derive_seed of every key of an Arrow string array (int64), and a 64-bit hash of each key
+    (uint64: the digest's next 8 bytes) for the planner's uniqueness check: one sha256 per key,
+    with no Python object per row but the key's bytes and its digest."""
+    import numpy as np
+    import pyarrow as pa
+
+    prefix, sha = f"{job_seed}\x00".encode(), hashlib.sha256
+    blob = b"".join([sha(prefix + k).digest() for k in keys.cast(pa.binary()).to_pylist()])
+    d = np.frombuffer(blob, ">u8").reshape(-1, 4)
+    return (d[:, 0] >> np.uint64(1)).astype(np.int64), d[:, 1].astype(np.uint64)
+
+
 def cut_batches(items: Sequence[Item], sizes: Sequence[int], pad_short: bool) -> List[Tuple[List[Item], int]]:
     """Greedy largest-first cut of one signature run; a tail smaller than every size is padded up."""
     sizes = sorted({int(s) for s in sizes}, reverse=True)

@@ -58,12 +58,23 @@ class LengthTokenizer:
         return {"input_ids": [range(n) for n in self.counts(texts, add_special_tokens)]}
 
     def counts(self, texts: Sequence[str], add_special_tokens: bool = True) -> List[int]:
+        import pyarrow as pa
+
+        return self.counts_array(pa.array(texts, pa.string()), add_special_tokens).tolist()
+
+    def counts_array(self, arr, add_special_tokens: bool = True):
+        """Token counts of an Arrow string array (int64 NumPy), as `len(tok(texts)["input_ids"][i])`."""
         import numpy as np
         import pyarrow as pa
         import pyarrow.compute as pc
 
+        if not self.fast:
+            ids = self.tokenizer(arr.to_pylist(), add_special_tokens=add_special_tokens)["input_ids"]
+            self.slow_calls += 1
+            return np.fromiter((len(x) for x in ids), np.int64, count=len(ids))
         special = self._special[add_special_tokens]
-        arr = pa.array(texts, pa.string())
+        if not len(arr):
+            return np.zeros(0, np.int64)
         simple = pc.and_(pc.string_is_ascii(arr), pc.invert(pc.match_substring_regex(arr, _NOT_SIMPLE.pattern)))
         simple_np = simple.to_numpy(zero_copy_only=False)
         # Pre-tokens, vectorized: lowercase, put spaces around each punctuation character, split.
@@ -74,14 +85,14 @@ class LengthTokenizer:
         enc = flat.dictionary_encode()
         per_word = self._word_lengths(enc.dictionary)
         weights = per_word[enc.indices.to_numpy()] if len(per_word) else np.zeros(0, np.int64)
-        out = (np.bincount(parents, weights=weights, minlength=len(texts)).astype(np.int64) + special).tolist()
-        slow = np.flatnonzero(~simple_np).tolist()
-        if slow:
+        out = np.bincount(parents, weights=weights, minlength=len(arr)).astype(np.int64) + special
+        slow = np.flatnonzero(~simple_np)
+        if len(slow):
             self.slow_calls += 1
-            ids = self.tokenizer([texts[i] for i in slow], add_special_tokens=add_special_tokens)["input_ids"]
-            for i, seq in zip(slow, ids):
-                out[i] = len(seq)
-        self.fast_hits += len(texts) - len(slow)
+            texts = arr.take(pa.array(slow)).to_pylist()
+            ids = self.tokenizer(texts, add_special_tokens=add_special_tokens)["input_ids"]
+            out[slow] = [len(seq) for seq in ids]
+        self.fast_hits += len(arr) - len(slow)
         return out
 
     def _word_lengths(self, words):
@@ -100,10 +111,11 @@ class LengthTokenizer:
             known = np.zeros(len(words), bool)
         new = words.filter(pa.array(~known))
         if len(new):
-            # A pre-token goes through normalizer and pre-tokenizer unchanged, so encoding it alone
-            # gives its WordPiece pieces (one [UNK] past max_input_chars_per_word, as in a prompt).
-            encs = self._backend.encode_batch(new.to_pylist(), add_special_tokens=False)
-            lengths = np.fromiter((len(e.ids) for e in encs), np.int64, count=len(encs))
+            # A pre-token goes through normalizer and pre-tokenizer unchanged, so the WordPiece model
+            # alone gives its pieces (one [UNK] past max_input_chars_per_word, as in a prompt);
+            # model.tokenize skips building an Encoding: ~6x cheaper than encode_batch a word.
+            tokenize = self._backend.model.tokenize
+            lengths = np.fromiter((len(tokenize(w)) for w in new.to_pylist()), np.int64, count=len(new))
             out[~known] = lengths
             if self._vocab is None or len(self._vocab) < _CACHE_LIMIT:
                 self._vocab = new if self._vocab is None else pa.concat_arrays([self._vocab, new])
