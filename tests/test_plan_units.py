@@ -23,10 +23,13 @@ def test_length_tokenizer_counts_equal_the_real_tokenizer():
     fast = LengthTokenizer(tok)
     assert fast.fast
     words = ["red", "Fox", "don't", "4K!", "(octane_render)", "café", "naïve", "東京", "emoji😀", "x" * 101,
-             "supercalifragilisticexpialidocious", "a.b,c;d", "UPPER", "12ab34", "\t", "\x01ctl", "--", "~`^|"]
+             "supercalifragilisticexpialidocious", "a.b,c;d", "UPPER", "12ab34", "\t", "\x01ctl", "--", "~`^|",
+             "[MASK]", "[mask]", "x[SEP]y", "[UNK]!", "\x0b", "a\x0cb", "e\u0301", "\u0301", "\u3000", "a\xa0b",
+             "ΣΑΣ", "İstanbul", "ﬁne", "\x1c", "\x7f", "123456789", "3.14159", "１２３"]
     rng = random.Random(3)
-    texts = ["", " ", "a\tb\nc\r"] + [" ".join(rng.choice(words) for _ in range(rng.randint(1, 30)))
-                                      for _ in range(400)]
+    seps = [" ", " ", " ", "  ", "\t", "\n", "\r\n", ""]
+    texts = ["", " ", "a\tb\nc\r"] + ["".join(rng.choice(words) + rng.choice(seps) for _ in range(rng.randint(1, 30)))
+                                      for _ in range(600)]
     for special in (True, False):
         want = [len(ids) for ids in tok(texts, add_special_tokens=special)["input_ids"]]
         assert fast.counts(texts, special) == want
