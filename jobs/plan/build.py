@@ -96,24 +96,34 @@ def _row_chunks(cfg: GenerateConfig, path: Path, fmt: str, rows_per_chunk: int) 
 
 
 def _map_ordered(tasks: Iterator[ChunkTask], workers: int, initargs: tuple) -> Iterator[ChunkResult]:
-    """Results in task order with at most 2 chunks per process in flight (Pool.imap would read the
-    whole file ahead into its queue)."""
+    """Results in task order. `workers` processes in all: this one and a pool of workers - 1.
+    This process works too: it takes a chunk itself whenever the pool has enough queued (at most
+    3 chunks per pool process in flight; Pool.imap would read the whole file ahead into its
+    queue), so nothing waits while the pool's interpreters start (seconds: they import the
+    model family's modules) and one core is not spent on dispatch alone."""
+    ctx = ChunkContext.build(*initargs)
     if workers <= 1:
-        ctx = ChunkContext.build(*initargs)
         for task in tasks:
             yield process_chunk(ctx, task)
         return
     import multiprocessing as mp
 
     # spawn: the parent may hold torch/tokenizer threads that a fork would copy half-locked.
-    with mp.get_context("spawn").Pool(workers, initializer=init_process, initargs=initargs) as pool:
-        pending: deque = deque()
+    with mp.get_context("spawn").Pool(workers - 1, initializer=init_process, initargs=initargs) as pool:
+        pending: deque = deque()  # AsyncResult (the pool's) or ChunkResult (done here), in task order
+        in_pool = 0
         for task in tasks:
-            pending.append(pool.apply_async(run_in_process, (task,)))
-            if len(pending) >= 2 * workers:
-                yield pending.popleft().get()
+            in_pool = sum(1 for p in pending if not isinstance(p, ChunkResult) and not p.ready())
+            if in_pool < 3 * (workers - 1):
+                pending.append(pool.apply_async(run_in_process, (task,)))
+            else:
+                pending.append(process_chunk(ctx, task))
+            while pending and (isinstance(pending[0], ChunkResult) or pending[0].ready()):
+                done = pending.popleft()
+                yield done if isinstance(done, ChunkResult) else done.get()
         while pending:
-            yield pending.popleft().get()
+            done = pending.popleft()
+            yield done if isinstance(done, ChunkResult) else done.get()
 
 
 @dataclass
