@@ -11,12 +11,15 @@ file:line. tests/test_plan_golden.py holds the plans this must keep giving.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from jobs.dataset_validate import Record, RowError
 from jobs.plan import derive_seeds
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 
 @dataclass
