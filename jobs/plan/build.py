@@ -107,13 +107,21 @@ class _Workers:
         self.ctx: Optional[ChunkContext] = None
 
     def __enter__(self) -> "_Workers":
+        self.ctx = ChunkContext.build(*self.initargs)
         if self.n > 1:
             import multiprocessing as mp
 
+            from jobs.plan import chunk
+
             method = _start_method()
             log.info("planning in %d processes (this one and %d started by %s)", self.n, self.n - 1, method)
-            self.pool = mp.get_context(method).Pool(self.n - 1, initializer=init_process, initargs=self.initargs)
-        self.ctx = ChunkContext.build(*self.initargs)
+            if method == "fork":  # the children inherit this context (and what it imported) as built
+                _warm_imports()
+                chunk.inherit_context(self.ctx)
+            try:
+                self.pool = mp.get_context(method).Pool(self.n - 1, initializer=init_process, initargs=self.initargs)
+            finally:
+                chunk.inherit_context(None)  # forked at Pool(): no later plan in this process sees it
         return self
 
     def __exit__(self, *exc) -> None:
@@ -140,6 +148,16 @@ class _Workers:
         while pending:
             remote_, done = pending.popleft()
             yield done.get() if remote_ else done
+
+
+def _warm_imports() -> None:
+    """What a chunk imports on first use (pyarrow's Table imports pandas: ~0.5 s), before a fork."""
+    import pyarrow as pa
+    import pyarrow.compute  # noqa: F401
+    import pyarrow.json  # noqa: F401
+    import pyarrow.parquet  # noqa: F401
+
+    pa.table({"x": pa.array([0])})
 
 
 def _start_method() -> str:

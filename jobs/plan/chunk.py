@@ -162,12 +162,19 @@ def process_chunk(ctx: ChunkContext, task: ChunkTask) -> ChunkResult:
 _CTX: Optional[ChunkContext] = None
 
 
+def inherit_context(ctx: Optional[ChunkContext]) -> None:
+    """Set (just before a fork) or clear (just after) the context forked children start with."""
+    global _CTX
+    _CTX = ctx
+
+
 def init_process(cfg, label: str, stem: str, fmt: str, spill_dir: str, divisor: int) -> None:
     import os
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the processes are the parallelism
     global _CTX
-    _CTX = ChunkContext.build(cfg, label, stem, fmt, spill_dir, divisor)
+    if _CTX is None:  # spawned (a forked child inherits its parent's, built from the same arguments)
+        _CTX = ChunkContext.build(cfg, label, stem, fmt, spill_dir, divisor)
 
 
 def run_in_process(task: ChunkTask) -> ChunkResult:
