@@ -18,6 +18,7 @@ tokenizer. tests/test_plan_units.py compares with the real tokenizer.
 
 from __future__ import annotations
 
+import itertools
 import re
 from typing import List, Sequence
 
@@ -118,7 +119,7 @@ class LengthTokenizer:
         import numpy as np
 
         table = self._pieces
-        out = np.fromiter((table.get(p, -1) for p in pieces), np.int64, count=len(pieces))
+        out = np.fromiter(map(table.get, pieces, itertools.repeat(-1)), np.int64, count=len(pieces))
         new = np.flatnonzero(out < 0).tolist()
         if new:
             fresh = [pieces[i] for i in new]
@@ -149,14 +150,17 @@ class LengthTokenizer:
         enc = pc.list_flatten(words).dictionary_encode()
         distinct = enc.dictionary.to_pylist()
         known = self._words
-        per_word = np.fromiter((known.get(w, -1) for w in distinct), np.int64, count=len(distinct))
-        tokenize = self._backend.model.tokenize
-        for i in np.flatnonzero(per_word < 0).tolist():
+        per_word = np.fromiter(map(known.get, distinct, itertools.repeat(-1)), np.int64, count=len(distinct))
+        new = np.flatnonzero(per_word < 0)
+        if len(new):
+            tokenize = self._backend.model.tokenize
+            fresh = [distinct[i] for i in new.tolist()]
             # A pre-token passes normalizer and pre-tokenizer unchanged, so the WordPiece model
             # alone gives its pieces (one [UNK] past max_input_chars_per_word, as in a prompt).
-            per_word[i] = n = len(tokenize(distinct[i]))
+            lengths = [len(tokenize(w)) for w in fresh]
+            per_word[new] = lengths
             if len(known) < _CACHE_LIMIT:
-                known[distinct[i]] = n
+                known.update(zip(fresh, lengths))
         parents = pc.list_parent_indices(words).to_numpy()
         out[simple] = np.bincount(parents, weights=per_word[enc.indices.to_numpy()], minlength=len(simple))
         return out
