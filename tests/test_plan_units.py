@@ -83,7 +83,13 @@ def test_units_are_signature_pure_equal_in_dataset_order_and_cover_every_row_onc
     assert {"key", "prompt", "seed", "height", "width", "cost"} <= set(cols)
 
 
-def test_plan_is_the_same_for_any_number_of_processes_and_chunk_size(tmp_path):
+@pytest.mark.parametrize("start", ["fork", "spawn"])
+def test_plan_is_the_same_for_any_number_of_processes_and_chunk_size(tmp_path, monkeypatch, start):
+    import jobs.plan.build as build
+
+    if start not in __import__("multiprocessing").get_all_start_methods():
+        pytest.skip(f"no {start} here")
+    monkeypatch.setattr(build, "_start_method", lambda: start)  # fork where safe (the CLI), else spawn
     rows = _rows(300)
     data = write_jsonl(tmp_path / "p.jsonl", rows)
     one = _plan(_cfg(tmp_path, data, "plan.unit_items=40", "plan.workers=1"), tmp_path / "a")

@@ -4,10 +4,14 @@
          sha256          bounded in flight          sign, spill sorted by signature (chunk.py)
     ──▶ key-uniqueness check over 64-bit key hashes ──▶ per signature, in signature order:
         concatenate its batches chunk by chunk (dataset order) and cut equal units ──▶ _plan/
+                                                      (unit files written by the N processes)
 
-Memory: the chunks in flight, one unit being written, and for the uniqueness check 8 bytes per
-row up to 64M rows (then several passes over hash ranges). Deterministic: units depend on the dataset and config only, not on
-the number of processes or the chunk size (a signature's run is in dataset order).
+The N processes are this one and a pool of N - 1, forked where that is safe (no start-up cost)
+and spawned otherwise; this one takes chunks and unit files too whenever the pool has enough
+queued. Memory: the chunks in flight, the units being written, and for the uniqueness check 8
+bytes per row up to 64M rows (then several passes over hash ranges). Deterministic: units depend
+on the dataset and config only, not on the number of processes, the chunk size or which process
+took what (a signature's run is in dataset order); tests/test_plan_golden.py freezes them.
 """
 
 from __future__ import annotations
