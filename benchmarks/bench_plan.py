@@ -11,6 +11,12 @@ subprocess and samples the RSS of its whole process tree (main + tokenizing proc
 loading the model (config, join the plan, lease a unit, read it, cut the first batch); its
 start-up time and peak RSS are compared between sizes (the model load is the same for any plan).
 
+Besides the CLI's wall clock (interpreter start and imports included: ~9 CPU-s of torch,
+transformers and hydra before the first row) it records plan_dataset's own rate (its log line)
+and the CPU seconds of the planner's whole process tree (getrusage of the waited-for children):
+on a 2-core machine shared with other sessions, prompts per CPU-second is the number that does
+not depend on how busy the others keep the cores.
+
 Targets (issue 11, 2 cores): >= 50k prompts/s with the tiny preset's tokenizer; planner peak RSS
 <= 1.5 GB at 10M; worker RSS and start-up within 10% between 1M and 10M.
 """
