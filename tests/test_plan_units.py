@@ -100,6 +100,22 @@ def test_plan_is_the_same_for_any_number_of_processes_and_chunk_size(tmp_path, m
         assert pq.read_table(tmp_path / "a" / name).equals(pq.read_table(tmp_path / "b" / name))
 
 
+def test_a_chunk_the_fast_lane_declines_midway_replans_row_by_row_with_a_pool(tmp_path):
+    """Chunks ahead of the declined one are still in the pool when the planner starts over row by
+    row: they must end before the spill is cleared (else their files would mix into the new plan)."""
+    path = tmp_path / "p.jsonl"
+    lines = [json.dumps(r) for r in _rows(400)]
+    lines[250] = "{not json"
+    path.write_text("\n".join(lines) + "\n")
+    args = ("plan.unit_items=30", "dataset.on_error=skip", "plan.chunk_mb=0.002")
+    one = _plan(_cfg(tmp_path, path, *args, "plan.workers=1"), tmp_path / "a")
+    two = _plan(_cfg(tmp_path, path, *args, "plan.workers=2"), tmp_path / "b")
+    assert one.manifest.to_json() == two.manifest.to_json() and [e.line for e in two.errors] == [251]
+    for u in one.manifest.units:
+        name = f"{unit_name(u.id)}.parquet"
+        assert pq.read_table(tmp_path / "a" / name).equals(pq.read_table(tmp_path / "b" / name))
+
+
 def test_duplicate_keys_are_found_across_chunks(tmp_path):
     rows = prompts(60)
     rows[50]["key"] = rows[3]["key"]

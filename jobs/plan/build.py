@@ -23,6 +23,7 @@ import os
 import shutil
 import time
 from collections import deque
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Tuple
@@ -140,18 +141,23 @@ class _Workers:
                 yield fn(job)
             return
         pending: deque = deque()  # (True, AsyncResult) from the pool or (False, result) done here
-        for job in jobs:
-            in_pool = sum(1 for remote_, p in pending if remote_ and not p.ready())
-            if in_pool < 3 * (self.n - 1):
-                pending.append((True, self.pool.apply_async(remote, (job,))))
-            else:
-                pending.append((False, fn(job)))
-            while pending and (not pending[0][0] or pending[0][1].ready()):
+        try:
+            for job in jobs:
+                in_pool = sum(1 for remote_, p in pending if remote_ and not p.ready())
+                if in_pool < 3 * (self.n - 1):
+                    pending.append((True, self.pool.apply_async(remote, (job,))))
+                else:
+                    pending.append((False, fn(job)))
+                while pending and (not pending[0][0] or pending[0][1].ready()):
+                    remote_, done = pending.popleft()
+                    yield done.get() if remote_ else done
+            while pending:
                 remote_, done = pending.popleft()
                 yield done.get() if remote_ else done
-        while pending:
-            remote_, done = pending.popleft()
-            yield done.get() if remote_ else done
+        finally:  # closed early (a declined chunk): the pool's jobs still write spill files; let them end
+            for remote_, p in pending:
+                if remote_:
+                    p.wait()
 
 
 def _warm_imports() -> None:
@@ -250,8 +256,14 @@ def _duplicates(col: _Collected, label: str) -> Dict[int, set]:
 
 def _stream(tasks: Iterator[ChunkTask], workers: _Workers, t0: float) -> Optional[_Collected]:
     """Every chunk through the processes, in order; None as soon as one is declined."""
+    # Closed on return: the pool's chunks still in flight are waited for (a declined chunk).
+    with closing(workers.map_ordered(lambda task: process_chunk(workers.ctx, task), run_in_process, tasks)) as results:
+        return _collect(results, t0)
+
+
+def _collect(results: Iterator[ChunkResult], t0: float) -> Optional[_Collected]:
     col = _Collected()
-    for res in workers.map_ordered(lambda task: process_chunk(workers.ctx, task), run_in_process, tasks):
+    for res in results:
         if res.declined:
             return None
         col.results.append(res)
