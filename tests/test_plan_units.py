@@ -177,3 +177,25 @@ def test_arrow_fast_lane_declines_what_it_cannot_vouch_for(line):
     assert arrow_rows(f"{good}\n".encode(), 1, "p", "prompt", "key", 100) is not None
     assert arrow_rows(f"{good}\n{line}\n{good.replace('a', 'b')}\n".encode(), 1, "p", "prompt", "key", 100) is None
     assert arrow_rows(b"\xef\xbb\xbf" + f"{good}\n".encode(), 1, "p", "prompt", "key", 100) is None  # a BOM
+
+
+def test_sana_text_length_arrays_equal_text_lengths():
+    """The planner's columnar form of SANA's rule (lower, strip, count; truncation at
+    max_sequence_length) gives what text_lengths gives, prompt for prompt."""
+    import pyarrow as pa
+
+    from jobs.models.text_encoders import load_tokenizer
+    from jobs.plan.lengths import LengthTokenizer
+
+    cfg = compose_cfg(["output_dir=/tmp/x", "model.max_sequence_length=40"])
+    family = get_family(cfg.model.family)
+    tok = LengthTokenizer(load_tokenizer("minilm"))
+    rng = random.Random(5)
+    words = ["Red", "FOX", "naïve", "İstanbul", "\x1c", "\x0b", "\u3000", "[MASK]", "a,b", "x" * 30, "\t", "ΣΣ"]
+    texts = ["", " \x1f\x0c padded \r\n"] + ["".join(rng.choice(words) + rng.choice(" \n") for _ in range(rng.randint(0, 60)))
+                                           for _ in range(300)]
+    for instruction in (True, False):
+        want = family.text_lengths(tok.tokenizer, texts, cfg.model, instruction)  # the real tokenizer
+        used, raw, limit = family.text_length_arrays(tok, pa.array(texts), cfg.model, instruction)
+        assert [(t.used, t.raw, t.limit) for t in want] == list(zip(used.tolist(), raw.tolist(), limit.tolist()))
+    assert any(t.raw > t.limit for t in want)  # truncation was exercised
