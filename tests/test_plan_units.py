@@ -23,10 +23,13 @@ def test_length_tokenizer_counts_equal_the_real_tokenizer():
     fast = LengthTokenizer(tok)
     assert fast.fast
     words = ["red", "Fox", "don't", "4K!", "(octane_render)", "café", "naïve", "東京", "emoji😀", "x" * 101,
-             "supercalifragilisticexpialidocious", "a.b,c;d", "UPPER", "12ab34", "\t", "\x01ctl", "--", "~`^|"]
+             "supercalifragilisticexpialidocious", "a.b,c;d", "UPPER", "12ab34", "\t", "\x01ctl", "--", "~`^|",
+             "[MASK]", "[mask]", "x[SEP]y", "[UNK]!", "\x0b", "a\x0cb", "e\u0301", "\u0301", "\u3000", "a\xa0b",
+             "ΣΑΣ", "İstanbul", "ﬁne", "\x1c", "\x7f", "123456789", "3.14159", "１２３"]
     rng = random.Random(3)
-    texts = ["", " ", "a\tb\nc\r"] + [" ".join(rng.choice(words) for _ in range(rng.randint(1, 30)))
-                                      for _ in range(400)]
+    seps = [" ", " ", " ", "  ", "\t", "\n", "\r\n", ""]
+    texts = ["", " ", "a\tb\nc\r"] + ["".join(rng.choice(words) + rng.choice(seps) for _ in range(rng.randint(1, 30)))
+                                      for _ in range(600)]
     for special in (True, False):
         want = [len(ids) for ids in tok(texts, add_special_tokens=special)["input_ids"]]
         assert fast.counts(texts, special) == want
@@ -80,12 +83,34 @@ def test_units_are_signature_pure_equal_in_dataset_order_and_cover_every_row_onc
     assert {"key", "prompt", "seed", "height", "width", "cost"} <= set(cols)
 
 
-def test_plan_is_the_same_for_any_number_of_processes_and_chunk_size(tmp_path):
+@pytest.mark.parametrize("start", ["fork", "spawn"])
+def test_plan_is_the_same_for_any_number_of_processes_and_chunk_size(tmp_path, monkeypatch, start):
+    import jobs.plan.build as build
+
+    if start not in __import__("multiprocessing").get_all_start_methods():
+        pytest.skip(f"no {start} here")
+    monkeypatch.setattr(build, "_start_method", lambda: start)  # fork where safe (the CLI), else spawn
     rows = _rows(300)
     data = write_jsonl(tmp_path / "p.jsonl", rows)
     one = _plan(_cfg(tmp_path, data, "plan.unit_items=40", "plan.workers=1"), tmp_path / "a")
     many = _plan(_cfg(tmp_path, data, "plan.unit_items=40", "plan.workers=2", "plan.chunk_mb=0.002"), tmp_path / "b")
     assert one.manifest.to_json() == many.manifest.to_json()
+    for u in one.manifest.units:
+        name = f"{unit_name(u.id)}.parquet"
+        assert pq.read_table(tmp_path / "a" / name).equals(pq.read_table(tmp_path / "b" / name))
+
+
+def test_a_chunk_the_fast_lane_declines_midway_replans_row_by_row_with_a_pool(tmp_path):
+    """Chunks ahead of the declined one are still in the pool when the planner starts over row by
+    row: they must end before the spill is cleared (else their files would mix into the new plan)."""
+    path = tmp_path / "p.jsonl"
+    lines = [json.dumps(r) for r in _rows(400)]
+    lines[250] = "{not json"
+    path.write_text("\n".join(lines) + "\n")
+    args = ("plan.unit_items=30", "dataset.on_error=skip", "plan.chunk_mb=0.002")
+    one = _plan(_cfg(tmp_path, path, *args, "plan.workers=1"), tmp_path / "a")
+    two = _plan(_cfg(tmp_path, path, *args, "plan.workers=2"), tmp_path / "b")
+    assert one.manifest.to_json() == two.manifest.to_json() and [e.line for e in two.errors] == [251]
     for u in one.manifest.units:
         name = f"{unit_name(u.id)}.parquet"
         assert pq.read_table(tmp_path / "a" / name).equals(pq.read_table(tmp_path / "b" / name))
@@ -152,3 +177,25 @@ def test_arrow_fast_lane_declines_what_it_cannot_vouch_for(line):
     assert arrow_rows(f"{good}\n".encode(), 1, "p", "prompt", "key", 100) is not None
     assert arrow_rows(f"{good}\n{line}\n{good.replace('a', 'b')}\n".encode(), 1, "p", "prompt", "key", 100) is None
     assert arrow_rows(b"\xef\xbb\xbf" + f"{good}\n".encode(), 1, "p", "prompt", "key", 100) is None  # a BOM
+
+
+def test_sana_text_length_arrays_equal_text_lengths():
+    """The planner's columnar form of SANA's rule (lower, strip, count; truncation at
+    max_sequence_length) gives what text_lengths gives, prompt for prompt."""
+    import pyarrow as pa
+
+    from jobs.models.text_encoders import load_tokenizer
+    from jobs.plan.lengths import LengthTokenizer
+
+    cfg = compose_cfg(["output_dir=/tmp/x", "model.max_sequence_length=40"])
+    family = get_family(cfg.model.family)
+    tok = LengthTokenizer(load_tokenizer("minilm"))
+    rng = random.Random(5)
+    words = ["Red", "FOX", "naïve", "İstanbul", "\x1c", "\x0b", "\u3000", "[MASK]", "a,b", "x" * 30, "\t", "ΣΣ"]
+    texts = ["", " \x1f\x0c padded \r\n"] + ["".join(rng.choice(words) + rng.choice(" \n") for _ in range(rng.randint(0, 60)))
+                                           for _ in range(300)]
+    for instruction in (True, False):
+        want = family.text_lengths(tok.tokenizer, texts, cfg.model, instruction)  # the real tokenizer
+        used, raw, limit = family.text_length_arrays(tok, pa.array(texts), cfg.model, instruction)
+        assert [(t.used, t.raw, t.limit) for t in want] == list(zip(used.tolist(), raw.tolist(), limit.tolist()))
+    assert any(t.raw > t.limit for t in want)  # truncation was exercised

@@ -165,6 +165,14 @@ class ModelFamily:
     def text_lengths(self, tokenizer, prompts: Sequence[str], cfg: ModelConfig, instruction: bool) -> List[TextLength]:
         raise NotImplementedError
 
+    def text_length_arrays(self, tokenizer, prompts, cfg: ModelConfig, instruction: bool):
+        """`text_lengths` over an Arrow string array, as int64 arrays (used, raw, limit): the
+        planner's form. A family may answer it without a Python object per prompt (sana.py);
+        the answer must equal text_lengths'."""
+        out = self.text_lengths(tokenizer, prompts.to_pylist(), cfg, instruction)
+        return tuple(np.fromiter((getattr(t, f) for t in out), np.int64, count=len(out))
+                     for f in ("used", "raw", "limit"))
+
     def spatial_divisor(self, cfg: ModelConfig) -> int:
         """Pixel sizes must be multiples of this (VAE downsampling x patch size)."""
         raise NotImplementedError

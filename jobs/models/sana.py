@@ -87,6 +87,19 @@ class SanaFamily(ModelFamily):
             out.append(TextLength(used=used, raw=n - n_chi, limit=limit))
         return out
 
+    def text_length_arrays(self, tokenizer, prompts, cfg: ModelConfig, instruction: bool):
+        """text_lengths without the instruction prefix, for a tokenizer that counts Arrow arrays
+        (the planner's LengthTokenizer): `p.lower().strip()` in Arrow where it is ASCII."""
+        counts = getattr(tokenizer, "counts_array", None)
+        if (counts is None or (instruction and cfg.complex_human_instruction)
+                or type(self).text_lengths is not SanaFamily.text_lengths):  # a subclass's own rule
+            return super().text_length_arrays(tokenizer, prompts, cfg, instruction)
+        import numpy as np
+
+        raw = counts(_lower_strip(prompts), add_special_tokens=True)
+        limit = cfg.max_sequence_length
+        return np.maximum(1, np.minimum(raw, limit)), raw, np.full(len(raw), limit, np.int64)
+
     def encode(self, pipe, prompts: Sequence[str], cfg: ModelConfig, device, instruction: bool) -> TextEmbeds:
         # Always at the native max_sequence_length, then cut to the bucket (padding/bucket.py), even
         # for the tiny preset's MiniLM: encoding at the bucket length is not the same computation.
@@ -129,6 +142,26 @@ class SanaFamily(ModelFamily):
             generator=cpu_generators(request.seeds),
             use_resolution_binning=False,  # the plan validated the size; binning would resize
         )
+
+
+_ASCII_SPACE = " \t\n\x0b\x0c\r\x1c\x1d\x1e\x1f"  # what str.strip() strips of ASCII
+
+
+def _lower_strip(arr):
+    """`[p.lower().strip() for p in arr]` as an Arrow array: Arrow's ASCII kernels give Python's
+    answer on ASCII strings; the others go through Python."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    out = pc.ascii_trim(pc.ascii_lower(arr), _ASCII_SPACE)
+    other = np.flatnonzero(~pc.string_is_ascii(arr).to_numpy(zero_copy_only=False))
+    if len(other):
+        fixed = [p.lower().strip() for p in arr.take(pa.array(other)).to_pylist()]
+        mask = np.zeros(len(arr), bool)
+        mask[other] = True
+        out = pc.replace_with_mask(out, pa.array(mask), pa.array(fixed, pa.string()))
+    return out
 
 
 register_family(SanaFamily())

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 @dataclass(frozen=True, order=True, slots=True)
@@ -62,6 +65,19 @@ def derive_seed(job_seed: int, key: str) -> int:
     """A seed from (job seed, key) alone: the same key gets the same noise in any batch or order."""
     digest = hashlib.sha256(f"{job_seed}\x00{key}".encode()).digest()
     return int.from_bytes(digest[:8], "big") >> 1  # 63 bits: fits torch.Generator.manual_seed
+
+
+def derive_seeds(job_seed: int, keys) -> Tuple["np.ndarray", "np.ndarray"]:
+    """derive_seed of every key of an Arrow string array (int64), and a 64-bit hash of each key
+    (uint64: the digest's next 8 bytes) for the planner's uniqueness check: one sha256 per key,
+    with no Python object per row but the key's bytes and its digest."""
+    import numpy as np
+    import pyarrow as pa
+
+    prefix, sha = f"{job_seed}\x00".encode(), hashlib.sha256
+    blob = b"".join([sha(prefix + k).digest() for k in keys.cast(pa.binary()).to_pylist()])
+    d = np.frombuffer(blob, ">u8").reshape(-1, 4)
+    return (d[:, 0] >> np.uint64(1)).astype(np.int64), d[:, 1].astype(np.uint64)
 
 
 def cut_batches(items: Sequence[Item], sizes: Sequence[int], pad_short: bool) -> List[Tuple[List[Item], int]]:

@@ -4,10 +4,14 @@
          sha256          bounded in flight          sign, spill sorted by signature (chunk.py)
     ──▶ key-uniqueness check over 64-bit key hashes ──▶ per signature, in signature order:
         concatenate its batches chunk by chunk (dataset order) and cut equal units ──▶ _plan/
+                                                      (unit files written by the N processes)
 
-Memory: the chunks in flight, one unit being written, and for the uniqueness check 8 bytes per
-row up to 64M rows (then several passes over hash ranges). Deterministic: units depend on the dataset and config only, not on
-the number of processes or the chunk size (a signature's run is in dataset order).
+The N processes are this one and a pool of N - 1, forked where that is safe (no start-up cost)
+and spawned otherwise; this one takes chunks and unit files too whenever the pool has enough
+queued. Memory: the chunks in flight, the units being written, and for the uniqueness check 8
+bytes per row up to 64M rows (then several passes over hash ranges). Deterministic: units depend
+on the dataset and config only, not on the number of processes, the chunk size or which process
+took what (a signature's run is in dataset order); tests/test_plan_golden.py freezes them.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import os
 import shutil
 import time
 from collections import deque
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Tuple
@@ -95,25 +100,91 @@ def _row_chunks(cfg: GenerateConfig, path: Path, fmt: str, rows_per_chunk: int) 
         yield ChunkTask(index=index, rows=rows)
 
 
-def _map_ordered(tasks: Iterator[ChunkTask], workers: int, initargs: tuple) -> Iterator[ChunkResult]:
-    """Results in task order with at most 2 chunks per process in flight (Pool.imap would read the
-    whole file ahead into its queue)."""
-    if workers <= 1:
-        ctx = ChunkContext.build(*initargs)
-        for task in tasks:
-            yield process_chunk(ctx, task)
-        return
-    import multiprocessing as mp
+class _Workers:
+    """`n` processes in all: this one and a pool of n - 1 (none for n = 1), for both phases
+    (chunks, then unit files). This process works too: it takes a job itself whenever the pool
+    has enough queued (at most 3 per pool process in flight; Pool.imap would read the whole file
+    ahead into its queue), so nothing waits while a spawned pool's interpreters start, and one
+    core is not spent on dispatch alone."""
 
-    # spawn: the parent may hold torch/tokenizer threads that a fork would copy half-locked.
-    with mp.get_context("spawn").Pool(workers, initializer=init_process, initargs=initargs) as pool:
-        pending: deque = deque()
-        for task in tasks:
-            pending.append(pool.apply_async(run_in_process, (task,)))
-            if len(pending) >= 2 * workers:
-                yield pending.popleft().get()
-        while pending:
-            yield pending.popleft().get()
+    def __init__(self, n: int, initargs: tuple):
+        self.n, self.initargs, self.pool = n, initargs, None
+        self.ctx: Optional[ChunkContext] = None
+
+    def __enter__(self) -> "_Workers":
+        self.ctx = ChunkContext.build(*self.initargs)
+        if self.n > 1:
+            import multiprocessing as mp
+
+            from jobs.plan import chunk
+
+            method = _start_method()
+            log.info("planning in %d processes (this one and %d started by %s)", self.n, self.n - 1, method)
+            if method == "fork":  # the children inherit this context (and what it imported) as built
+                _warm_imports()
+                chunk.inherit_context(self.ctx)
+            try:
+                self.pool = mp.get_context(method).Pool(self.n - 1, initializer=init_process, initargs=self.initargs)
+            finally:
+                chunk.inherit_context(None)  # forked at Pool(): no later plan in this process sees it
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.pool is not None:
+            self.pool.terminate()
+            self.pool.join()
+
+    def map_ordered(self, fn, remote, jobs: Iterator) -> Iterator:
+        """fn(job) here or remote(job) in the pool, for every job; results in job order."""
+        if self.pool is None:
+            for job in jobs:
+                yield fn(job)
+            return
+        pending: deque = deque()  # (True, AsyncResult) from the pool or (False, result) done here
+        try:
+            for job in jobs:
+                in_pool = sum(1 for remote_, p in pending if remote_ and not p.ready())
+                if in_pool < 3 * (self.n - 1):
+                    pending.append((True, self.pool.apply_async(remote, (job,))))
+                else:
+                    pending.append((False, fn(job)))
+                while pending and (not pending[0][0] or pending[0][1].ready()):
+                    remote_, done = pending.popleft()
+                    yield done.get() if remote_ else done
+            while pending:
+                remote_, done = pending.popleft()
+                yield done.get() if remote_ else done
+        finally:  # closed early (a declined chunk): the pool's jobs still write spill files; let them end
+            for remote_, p in pending:
+                if remote_:
+                    p.wait()
+
+
+def _warm_imports() -> None:
+    """What a chunk imports on first use (pyarrow's Table imports pandas: ~0.5 s), before a fork."""
+    import pyarrow as pa
+    import pyarrow.compute  # noqa: F401
+    import pyarrow.json  # noqa: F401
+    import pyarrow.parquet  # noqa: F401
+
+    pa.table({"x": pa.array([0])})
+
+
+def _start_method() -> str:
+    """fork where it is safe, else spawn. A forked pool starts at once with every module imported
+    (a spawned interpreter spends seconds importing torch and the family's modules before its
+    first chunk). Safe here means: no other Python thread (that could hold a lock the child then
+    needs) and no CUDA context. The native pools a planner holds (jemalloc's background thread,
+    OpenBLAS, the tokenizers' rayon pool) register their own fork handlers, and the children run
+    no torch op. Planning inside a generating process (sink threads, CUDA) therefore spawns."""
+    import multiprocessing as mp
+    import sys
+    import threading
+
+    torch = sys.modules.get("torch")
+    cuda = torch is not None and torch.cuda.is_initialized()
+    safe = threading.active_count() == 1 and not cuda and "fork" in mp.get_all_start_methods()
+    return "fork" if safe else "spawn"
 
 
 @dataclass
@@ -183,10 +254,16 @@ def _duplicates(col: _Collected, label: str) -> Dict[int, set]:
     return drop
 
 
-def _stream(tasks: Iterator[ChunkTask], workers: int, initargs: tuple, t0: float) -> Optional[_Collected]:
+def _stream(tasks: Iterator[ChunkTask], workers: _Workers, t0: float) -> Optional[_Collected]:
     """Every chunk through the processes, in order; None as soon as one is declined."""
+    # Closed on return: the pool's chunks still in flight are waited for (a declined chunk).
+    with closing(workers.map_ordered(lambda task: process_chunk(workers.ctx, task), run_in_process, tasks)) as results:
+        return _collect(results, t0)
+
+
+def _collect(results: Iterator[ChunkResult], t0: float) -> Optional[_Collected]:
     col = _Collected()
-    for res in _map_ordered(tasks, workers, initargs):
+    for res in results:
         if res.declined:
             return None
         col.results.append(res)
@@ -199,29 +276,19 @@ def _stream(tasks: Iterator[ChunkTask], workers: int, initargs: tuple, t0: float
     return col
 
 
-def plan_dataset(cfg: GenerateConfig, divisor: int, work_dir: Path) -> PlanResult:
-    """Stream the dataset into `work_dir` (unit files); the caller publishes it as _plan/."""
-    t0 = time.perf_counter()
-    path, fmt = dataset_file(cfg)
-    label = str(path)
-    spill = work_dir / SPILL_DIR
-    spill.mkdir(parents=True)
-    size = path.stat().st_size
-    workers = cfg.plan.workers or os.cpu_count() or 1
-    if size <= cfg.plan.chunk_mb * (1 << 20):
-        workers = 1  # one chunk: starting processes would cost more than it saves
-    initargs = (cfg, label, path.stem, fmt, str(spill), divisor)
+def _check(cfg: GenerateConfig, path: Path, fmt: str, label: str, spill: Path, workers: _Workers, t0: float):
+    """Stream every chunk, then the whole-file checks: (collected, digest, seconds, drop, keep_until)."""
     digest = hashlib.sha256()
     col = None
     if fmt == "jsonl":
-        col = _stream(_byte_chunks(path, int(cfg.plan.chunk_mb * (1 << 20)), digest), workers, initargs, t0)
+        col = _stream(_byte_chunks(path, int(cfg.plan.chunk_mb * (1 << 20)), digest), workers, t0)
         if col is None:  # a chunk the fast lane would not vouch for: the readers' rules decide
             log.info("%s: not plain LF-separated JSON objects throughout; reading it row by row", label)
             shutil.rmtree(spill)
             spill.mkdir()
     if col is None:
         digest = None
-        col = _stream(_row_chunks(cfg, path, fmt, rows_per_chunk=20000), workers, initargs, t0)
+        col = _stream(_row_chunks(cfg, path, fmt, rows_per_chunk=20000), workers, t0)
     n_rows = col.rows
     if col.unknown:
         log.warning("%s: ignoring fields %s", label, ", ".join(sorted(map(repr, col.unknown))))
@@ -239,7 +306,24 @@ def plan_dataset(cfg: GenerateConfig, divisor: int, work_dir: Path) -> PlanResul
     if not n_valid:
         raise DatasetError(format_row_errors(label, col.errors) + "\nEvery row is bad, so there is nothing to generate.",
                            col.errors)
-    units, signatures = _write_units(col.results, drop, keep_until, cfg, work_dir)
+    return col, digest, streamed, drop, keep_until
+
+
+def plan_dataset(cfg: GenerateConfig, divisor: int, work_dir: Path) -> PlanResult:
+    """Stream the dataset into `work_dir` (unit files); the caller publishes it as _plan/."""
+    t0 = time.perf_counter()
+    path, fmt = dataset_file(cfg)
+    label = str(path)
+    spill = work_dir / SPILL_DIR
+    spill.mkdir(parents=True)
+    size = path.stat().st_size
+    workers = cfg.plan.workers or os.cpu_count() or 1
+    if size <= cfg.plan.chunk_mb * (1 << 20):
+        workers = 1  # one chunk: starting processes would cost more than it saves
+    initargs = (cfg, label, path.stem, fmt, str(spill), divisor)
+    with _Workers(workers, initargs) as pool:
+        col, digest, streamed, drop, keep_until = _check(cfg, path, fmt, label, spill, pool, t0)
+        units, signatures = _write_units(col.results, drop, keep_until, cfg, work_dir, pool)
     shutil.rmtree(spill)
     stat = path.stat()
     dataset = {"path": label, "format": fmt, "digest": digest.hexdigest() if digest else file_digest(path),
@@ -248,6 +332,7 @@ def plan_dataset(cfg: GenerateConfig, divisor: int, work_dir: Path) -> PlanResul
     manifest = PlanManifest(identity={}, dataset=dataset, unit_items=cfg.plan.unit_items, units=units,
                             truncated=col.truncated, signatures=signatures)
     seconds = time.perf_counter() - t0
+    n_rows = col.rows
     log.info("plan: %d rows -> %d items in %d units of %d signatures, %d bad rows, %.1fs (%.0f rows/s, %d processes; "
              "streaming %.1fs, key check + units %.1fs)", n_rows + len(col.errors), manifest.n_items, len(units),
              len(signatures), len(col.errors), seconds, (n_rows + len(col.errors)) / max(seconds, 1e-9), workers,
@@ -280,54 +365,90 @@ def _pieces(results: List[ChunkResult]) -> Dict[tuple, List[Tuple[int, int]]]:
     return by_sig
 
 
-def _write_units(results: List[ChunkResult], drop: Dict[int, set], keep_until: Optional[int],
-                 cfg: GenerateConfig, out: Path) -> Tuple[List[UnitInfo], Dict[str, int]]:
+@dataclass
+class _UnitJob:
+    """One unit file to write: its rows are slices of the signature's spill batches (filtered of
+    dropped duplicates and rows past dataset.limit), in dataset order."""
+
+    path: str
+    sig_fields: tuple
+    slices: List[Tuple[str, int, int, int]]  # (spill file, record batch, start, rows) after filtering
+    drop: Dict[str, List[int]]  # spill file -> lines to leave out
+    keep_until: Optional[int]
+
+
+def _filtered_batch(path: str, b: int, drop: List[int], keep_until: Optional[int]):
     import pyarrow as pa
     import pyarrow.compute as pc
+
+    with pa.memory_map(path) as src:
+        batch = pa.ipc.open_file(src).get_batch(b)
+    mask = None
+    if drop:
+        mask = pc.invert(pc.is_in(batch.column("line"), pa.array(sorted(drop), pa.int64())))
+    if keep_until is not None:
+        m = pc.less_equal(batch.column("line"), keep_until)
+        mask = m if mask is None else pc.and_(mask, m)
+    if mask is not None:
+        batch = batch.filter(mask)
+    return batch.drop_columns(["key_hash"])
+
+
+def write_unit(job: _UnitJob) -> None:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    def batch_of(ci: int, b: int):
+    table = pa.Table.from_batches([_filtered_batch(path, b, job.drop.get(path, []), job.keep_until).slice(start, n)
+                                   for path, b, start, n in job.slices])
+    for name, value in zip(SIGNATURE_COLUMNS, job.sig_fields):
+        # pa.scalar infers the type a list of the value would get: int64, double, bool
+        table = table.append_column(name, pa.repeat(pa.scalar(value), table.num_rows))
+    pq.write_table(table, job.path)
+
+
+def _write_units(results: List[ChunkResult], drop: Dict[int, set], keep_until: Optional[int],
+                 cfg: GenerateConfig, out: Path, workers: "_Workers") -> Tuple[List[UnitInfo], Dict[str, int]]:
+    """Cut each signature's run (in signature order) into equal units, numbered in that order; the
+    files are written by all the processes."""
+    drops = {results[ci].path: sorted(lines) for ci, lines in
+             ((ci, drop.get(res.index)) for ci, res in enumerate(results)) if lines}
+    affected = bool(drop) or keep_until is not None
+
+    def rows(ci: int, b: int) -> int:
         res = results[ci]
-        with pa.memory_map(res.path) as src:
-            batch = pa.ipc.open_file(src).get_batch(b)
-        mask = None
-        if res.index in drop:
-            mask = pc.invert(pc.is_in(batch.column("line"), pa.array(sorted(drop[res.index]), pa.int64())))
-        if keep_until is not None:
-            m = pc.less_equal(batch.column("line"), keep_until)
-            mask = m if mask is None else pc.and_(mask, m)
-        if mask is not None:
-            batch = batch.filter(mask)
-        return batch.drop_columns(["key_hash"])
+        if not affected:
+            return res.groups[b][1]
+        return _filtered_batch(res.path, b, drops.get(res.path, []), keep_until).num_rows
 
     units: List[UnitInfo] = []
+    jobs: List[_UnitJob] = []
     signatures: Dict[str, int] = {}
     by_sig = _pieces(results)
     for sig_fields in sorted(by_sig):
-        pieces = by_sig[sig_fields]
+        pieces = [(results[ci].path, b, rows(ci, b)) for ci, b in by_sig[sig_fields]]
         sig = Signature(**dict(zip(SIGNATURE_COLUMNS, sig_fields)), dtype=cfg.model.dtype)
-        affected = drop or keep_until is not None
-        n = sum(batch_of(ci, b).num_rows if affected else results[ci].groups[b][1] for ci, b in pieces)
+        n = sum(r for _, _, r in pieces)
         if not n:
             continue
         signatures[str(sig)] = n
         k = math.ceil(n / cfg.plan.unit_items)
         sizes = [n // k + (1 if i < n % k else 0) for i in range(k)]  # equal units, no stub tail
-        buffered, have = [], 0
-        for ci, b in pieces:
-            batch = batch_of(ci, b)
-            while batch.num_rows:
-                take = min(batch.num_rows, sizes[0] - have)
-                buffered.append(batch.slice(0, take))
-                batch = batch.slice(take)
+        slices, have = [], 0
+        for path, b, r in pieces:
+            start = 0
+            while start < r:
+                take = min(r - start, sizes[0] - have)
+                slices.append((path, b, start, take))
+                start += take
                 have += take
                 if have == sizes[0]:
                     uid = len(units)
-                    table = pa.Table.from_batches(buffered)
-                    for name, value in zip(SIGNATURE_COLUMNS, sig_fields):
-                        table = table.append_column(name, pa.array([value] * table.num_rows))
-                    pq.write_table(table, out / f"{unit_name(uid)}.parquet")
+                    jobs.append(_UnitJob(path=str(out / f"{unit_name(uid)}.parquet"), sig_fields=sig_fields,
+                                         slices=slices, drop={p: drops[p] for p, *_ in slices if p in drops},
+                                         keep_until=keep_until))
                     units.append(UnitInfo(id=uid, signature=sig, count=have, cost=have * item_cost(sig)))
-                    buffered, have = [], 0
+                    slices, have = [], 0
                     sizes.pop(0)
+    for _ in workers.map_ordered(write_unit, write_unit, iter(jobs)):
+        pass
     return units, signatures

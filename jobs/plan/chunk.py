@@ -8,13 +8,12 @@ batch per signature, rows in file order within each: concatenating a signature's
 the chunks in order gives that signature's run in dataset order, with no global sort.
 
 Key uniqueness across the whole file cannot be checked inside a chunk: each row's 64-bit key
-hash goes back to the planner, which checks them all at the end (plan/build.py).
+hash (from the digest that derives its seed, jobs.plan.derive_seeds) goes back to the planner, which checks them all at the end (plan/build.py).
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional, Tuple
@@ -52,10 +51,6 @@ class _ChunkValidator(RowValidator):
 
     def _claim_key(self, line: int, record: Record, derived: bool):
         return record
-
-
-def key_hash(key: str) -> int:
-    return int.from_bytes(hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little")
 
 
 @dataclass
@@ -121,41 +116,46 @@ def process_chunk(ctx: ChunkContext, task: ChunkTask) -> ChunkResult:
     rows, errors, unknown = validate(ctx, task)
     if rows is None:
         return ChunkResult(index=task.index, path="", groups=[], n_rows=0, declined=True)
-    measure = lambda texts, instruction: ctx.family.text_lengths(ctx.tokenizer, texts, ctx.model_cfg, instruction)  # noqa: E731
+    measure = lambda texts, instruction: ctx.family.text_length_arrays(ctx.tokenizer, texts, ctx.model_cfg, instruction)  # noqa: E731
     res, row_errors = resolve(rows, ctx.defaults, measure, ctx.bucket_for, ctx.label)
     errors += row_errors
-    n = len(res.keys)
-    hashes = np.fromiter((key_hash(k) for k in res.keys), dtype=np.uint64, count=n)
-    # Stable: within a signature, rows keep file order.
-    order = sorted(range(n), key=res.sig.__getitem__)
-    costs = {s: item_cost(Signature(**dict(zip(SIGNATURE_COLUMNS, s)), dtype=ctx.defaults.dtype)) for s in set(res.sig)}
+    n = len(res)
+    # Stable (lexsort is): within a signature, rows keep file order; signatures in tuple order.
+    order = np.lexsort(res.sig[::-1])
+    sig = [c[order] for c in res.sig]
+    change = np.zeros(n, bool)
+    change[:1] = True  # a signature run starts at row 0 and wherever a field changes
+    for c in sig:
+        change[1:] |= c[1:] != c[:-1]
+    starts = np.flatnonzero(change).tolist()
+    bounds = list(zip(starts, starts[1:] + [n]))
+    # The signature's fields as the Python values a tuple of them always held (ints, a float, a bool).
+    kinds = (int, int, int, int, float, bool, int)
+    sigs = [tuple(k(c[s].item()) for k, c in zip(kinds, sig)) for s, _ in bounds]
+    cost = np.repeat([item_cost(Signature(**dict(zip(SIGNATURE_COLUMNS, s)), dtype=ctx.defaults.dtype)) for s in sigs],
+                     [e - s for s, e in bounds]).astype(np.float64)
+    take = pa.array(order, pa.int64())
     table = pa.table({
-        "key": pa.array(res.keys, pa.string()),
-        "prompt": pa.array(res.prompts, pa.string()),
-        "negative_prompt": pa.array(res.negatives, pa.string()),
-        "seed": pa.array(res.seeds, pa.int64()),
-        "line": pa.array(res.lines, pa.int64()),
-        "text_tokens": pa.array(res.tokens, pa.int32()),
-        "truncated": pa.array(res.truncated, pa.bool_()),
-        "cost": pa.array([costs[s] for s in res.sig], pa.float64()),
-        "fps": pa.array(res.fps, pa.float64()),
-        "key_hash": pa.array(hashes, pa.uint64()),
-    }).take(pa.array(order, pa.int64()))
+        "key": res.keys.take(take),
+        "prompt": res.prompts.take(take),
+        "negative_prompt": res.negatives.take(take),
+        "seed": pa.array(res.seeds[order], pa.int64()),
+        "line": pa.array(res.lines[order], pa.int64()),
+        "text_tokens": pa.array(res.tokens[order], pa.int32()),
+        "truncated": pa.array(res.truncated[order], pa.bool_()),
+        "cost": pa.array(cost, pa.float64()),
+        "fps": pa.array(res.fps[order], pa.float64()),
+        "key_hash": pa.array(res.key_hash[order], pa.uint64()),
+    })
     path = str(Path(ctx.spill_dir) / f"chunk-{task.index:07d}.arrow")
     groups: List[Tuple[tuple, int]] = []
     with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
-        start = 0
-        while start < n:
-            sig = res.sig[order[start]]
-            end = start
-            while end < n and res.sig[order[end]] == sig:
-                end += 1
+        for s, (start, end) in zip(sigs, bounds):
             # One record batch per signature: the planner reads a signature's rows of a chunk by index.
             writer.write_batch(table.slice(start, end - start).combine_chunks().to_batches()[0])
-            groups.append((sig, end - start))
-            start = end
+            groups.append((s, end - start))
     return ChunkResult(index=task.index, path=path, groups=groups, n_rows=n, errors=errors,
-                       truncated=sum(res.truncated), unknown_fields=unknown)
+                       truncated=int(res.truncated.sum()), unknown_fields=unknown)
 
 
 # -- the per-process context of a multiprocessing pool --------------------------------------
@@ -163,12 +163,19 @@ def process_chunk(ctx: ChunkContext, task: ChunkTask) -> ChunkResult:
 _CTX: Optional[ChunkContext] = None
 
 
+def inherit_context(ctx: Optional[ChunkContext]) -> None:
+    """Set (just before a fork) or clear (just after) the context forked children start with."""
+    global _CTX
+    _CTX = ctx
+
+
 def init_process(cfg, label: str, stem: str, fmt: str, spill_dir: str, divisor: int) -> None:
     import os
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the processes are the parallelism
     global _CTX
-    _CTX = ChunkContext.build(cfg, label, stem, fmt, spill_dir, divisor)
+    if _CTX is None:  # spawned (a forked child inherits its parent's, built from the same arguments)
+        _CTX = ChunkContext.build(cfg, label, stem, fmt, spill_dir, divisor)
 
 
 def run_in_process(task: ChunkTask) -> ChunkResult:

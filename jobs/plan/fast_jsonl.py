@@ -93,17 +93,18 @@ def arrow_rows(data: bytes, first_line: int, stem: str, prompt_field: str, key_f
             return None
 
     n = table.num_rows
-    lines = list(range(first_line, first_line + n))
+    lines = np.arange(first_line, first_line + n, dtype=np.int64)
 
-    def values(name):
+    def values(name, typ):
         a = col.get(name)
-        return [None] * n if a is None or a.type == pa.null() else a.to_pylist()
+        return pa.nulls(n, typ) if a is None or a.type == pa.null() else a.cast(typ)
 
-    keys = values(key_field)
-    if keys_arr is None or keys_arr.null_count:
-        keys = [k if k is not None else f"{stem}-{line:06d}" for k, line in zip(keys, lines)]
-    guidance, fps = values("guidance_scale"), values("fps")
-    return Rows(keys=keys, prompts=col[prompt_field].to_pylist(), lines=lines, negatives=values("negative_prompt"),
-                seeds=values("seed"), widths=values("width"), heights=values("height"), steps=values("steps"),
-                guidance=[None if v is None else float(v) for v in guidance], frames=values("num_frames"),
-                fps=[None if v is None else float(v) for v in fps])
+    keys = values(key_field, pa.string())
+    if keys.null_count:  # derived from the file's stem and line
+        derived = [f"{stem}-{line:06d}" for line in lines[np.flatnonzero(keys.is_null().to_numpy(zero_copy_only=False))].tolist()]
+        keys = pc.replace_with_mask(keys, keys.is_null(), pa.array(derived, pa.string())) if derived else keys
+    return Rows(keys=keys, prompts=col[prompt_field], lines=lines, negatives=values("negative_prompt", pa.string()),
+                seeds=values("seed", pa.int64()), widths=values("width", pa.int64()),
+                heights=values("height", pa.int64()), steps=values("steps", pa.int64()),
+                guidance=values("guidance_scale", pa.float64()), frames=values("num_frames", pa.int64()),
+                fps=values("fps", pa.float64()))

@@ -1,17 +1,25 @@
 """Validated rows (as columns) + the job's defaults -> each item's signature, seed and text length.
 
-Columns, not objects: the planner resolves millions of rows, and a frozen dataclass per row costs
-more than everything else done to it. A row-level problem (a size the model cannot take, a prompt
-too long under model.on_long_prompt=fail) becomes a RowError naming file:line.
+Columns, not objects: the planner resolves millions of rows, so a row is never a Python object
+here. Every rule is a NumPy/Arrow expression over a whole chunk; Python runs only per bad row (to
+word its message), per distinct value where a policy is a Python callable (the padder's bucket,
+the family's frame rule), and for one hash per row (seeds). A row-level problem (a size the model
+cannot take, a prompt too long under model.on_long_prompt=fail) becomes a RowError naming
+file:line. tests/test_plan_golden.py holds the plans this must keep giving.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, Tuple
+
+import numpy as np
 
 from jobs.dataset_validate import Record, RowError
-from jobs.plan import derive_seed
+from jobs.plan import derive_seeds
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 
 @dataclass
@@ -39,113 +47,163 @@ class ItemDefaults:
 
 @dataclass
 class Rows:
-    """Valid dataset rows as columns; None means "use the job's default"."""
+    """Valid dataset rows as Arrow columns (a null means "use the job's default"), `lines` as
+    NumPy. Keys are complete (derived ones filled in)."""
 
-    keys: List[str]
-    prompts: List[str]
-    lines: List[int]
-    negatives: List[Optional[str]]
-    seeds: List[Optional[int]]
-    widths: List[Optional[int]]
-    heights: List[Optional[int]]
-    steps: List[Optional[int]]
-    guidance: List[Optional[float]]
-    frames: List[Optional[int]]
-    fps: List[Optional[float]]
+    keys: "pa.Array"  # string
+    prompts: "pa.Array"  # string
+    lines: np.ndarray  # int64
+    negatives: "pa.Array"  # string
+    seeds: "pa.Array"  # int64
+    widths: "pa.Array"  # int64
+    heights: "pa.Array"  # int64
+    steps: "pa.Array"  # int64
+    guidance: "pa.Array"  # float64
+    frames: "pa.Array"  # int64
+    fps: "pa.Array"  # float64
+
+    def __len__(self) -> int:
+        return len(self.lines)
 
     @classmethod
     def from_records(cls, records: Sequence[Record]) -> "Rows":
-        return cls(keys=[r.key for r in records], prompts=[r.prompt for r in records],
-                   lines=[int(r.source.rpartition(":")[2]) for r in records],
-                   negatives=[r.negative_prompt for r in records], seeds=[r.seed for r in records],
-                   widths=[r.width for r in records], heights=[r.height for r in records],
-                   steps=[r.steps for r in records], guidance=[r.guidance_scale for r in records],
-                   frames=[r.num_frames for r in records], fps=[r.fps for r in records])
+        import pyarrow as pa
+
+        def col(name, typ, conv=None):
+            values = [getattr(r, name) for r in records]
+            if conv is not None:
+                values = [None if v is None else conv(v) for v in values]
+            return pa.array(values, typ)
+
+        return cls(keys=col("key", pa.string()), prompts=col("prompt", pa.string()),
+                   lines=np.array([int(r.source.rpartition(":")[2]) for r in records], np.int64),
+                   negatives=col("negative_prompt", pa.string()), seeds=col("seed", pa.int64()),
+                   widths=col("width", pa.int64()), heights=col("height", pa.int64()),
+                   steps=col("steps", pa.int64()), guidance=col("guidance_scale", pa.float64(), float),
+                   frames=col("num_frames", pa.int64()), fps=col("fps", pa.float64(), float))
+
+
+# The signature's fields, as resolved columns (dtype is the job's): the order of SIGNATURE_COLUMNS.
+SIG_FIELDS = ("height", "width", "text_bucket", "steps", "guidance_scale", "cfg", "frames")
 
 
 @dataclass
 class Resolved:
-    """Items as columns, in row order; `sig` is the signature's fields (height, width, text_bucket,
-    steps, guidance_scale, cfg, frames): dtype is the job's. fps is the item's, not the signature's:
-    it is written into the video, and changes nothing the denoiser sees."""
+    """The valid items as columns, in row order. `sig` holds the signature's fields (SIG_FIELDS)
+    as NumPy arrays. fps is the item's, not the signature's: it is written into the video, and
+    changes nothing the denoiser sees. `key_hash` is a 64-bit hash of the key (for the planner's
+    whole-file uniqueness check)."""
 
-    keys: List[str] = field(default_factory=list)
-    prompts: List[str] = field(default_factory=list)
-    negatives: List[str] = field(default_factory=list)
-    seeds: List[int] = field(default_factory=list)
-    lines: List[int] = field(default_factory=list)
-    tokens: List[int] = field(default_factory=list)
-    truncated: List[bool] = field(default_factory=list)
-    fps: List[float] = field(default_factory=list)
-    sig: List[tuple] = field(default_factory=list)
+    keys: "pa.Array"
+    prompts: "pa.Array"
+    negatives: "pa.Array"
+    seeds: np.ndarray
+    lines: np.ndarray
+    tokens: np.ndarray
+    truncated: np.ndarray
+    fps: np.ndarray
+    key_hash: np.ndarray
+    sig: Tuple[np.ndarray, ...]
 
-
-def _lengths(texts: Sequence[str], measure, instruction: bool) -> Dict[str, "object"]:
-    """Tokenize each distinct text once."""
-    distinct = sorted(set(texts))
-    table = {}
-    for start in range(0, len(distinct), 8192):
-        chunk = distinct[start:start + 8192]
-        table.update(zip(chunk, measure(chunk, instruction)))
-    return table
+    def __len__(self) -> int:
+        return len(self.lines)
 
 
-def resolve(rows: Rows, defaults: ItemDefaults, measure, bucket_for, label: str) -> Tuple[Resolved, List[RowError]]:
-    """`measure(texts, instruction) -> [TextLength]` (the family's text_lengths); `bucket_for(tokens)`."""
+def _or(a, default) -> np.ndarray:
+    """`value or default` per row (null and 0 take the default), as int64."""
+    import pyarrow.compute as pc
+
+    v = pc.fill_null(a, 0).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    return np.where(v == 0, np.int64(default), v)
+
+
+def _floats(a, default: float) -> np.ndarray:
+    import pyarrow.compute as pc
+
+    return pc.fill_null(a, float(default)).to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
+
+
+def _valid(a) -> np.ndarray:
+    return a.is_valid().to_numpy(zero_copy_only=False)
+
+
+Measure = Callable[["pa.Array", bool], Tuple[np.ndarray, np.ndarray, np.ndarray]]
+
+
+def resolve(rows: Rows, defaults: ItemDefaults, measure: Measure, bucket_for, label: str
+            ) -> Tuple[Resolved, List[RowError]]:
+    """`measure(texts, instruction) -> (used, raw, limit)` arrays (the family's text_length_arrays);
+    `bucket_for(tokens)`."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     d = defaults.spatial_divisor
-    negatives = [defaults.negative_prompt if n is None else n for n in rows.negatives]
-    pos_len = _lengths(rows.prompts, measure, True)
-    neg_len = _lengths(negatives, measure, False)
-    out, errors = Resolved(), []
-    fail_long = defaults.on_long_prompt == "fail"
-    buckets: Dict[int, int] = {}
-    frame_errors: Dict[int, Optional[str]] = {}
-    for i, key in enumerate(rows.keys):
-        h = rows.heights[i] or defaults.height
-        w = rows.widths[i] or defaults.width
-        if h % d or w % d:
-            errors.append(RowError(label, rows.lines[i], key,
-                                   f"size {h}x{w} is not a multiple of {d} (VAE downsampling x patch size); "
-                                   f"use e.g. {round(h / d) * d or d}x{round(w / d) * d or d}"))
-            continue
-        frames = rows.frames[i] or defaults.num_frames
-        if frames not in frame_errors:
-            frame_errors[frames] = defaults.frames_error(frames)
-        if frame_errors[frames] is not None:
-            errors.append(RowError(label, rows.lines[i], key, frame_errors[frames]))
-            continue
-        if defaults.fps_model and rows.fps[i] is not None and float(rows.fps[i]) != defaults.fps:
-            errors.append(RowError(label, rows.lines[i], key,
-                                   f"fps={rows.fps[i]:g}, but {defaults.fps_model} conditions on the frame rate and "
-                                   f"a batch shares one: drop the row's fps (the job's is {defaults.fps:g}) or run "
-                                   f"these rows in a job with sampling.fps={rows.fps[i]:g}"))
-            continue
-        g = rows.guidance[i]
-        guidance = defaults.guidance_scale if g is None else float(g)
-        cfg = guidance > 1.0
-        if cfg and defaults.distilled_model:
-            errors.append(RowError(label, rows.lines[i], key,
-                                   f"guidance_scale={guidance:g}, but {defaults.distilled_model} is guidance-distilled "
-                                   f"(no negative branch); drop the row's guidance_scale or set it to 1.0"))
-            continue
-        pos = pos_len[rows.prompts[i]]
-        if pos.truncated and fail_long:
-            errors.append(RowError(label, rows.lines[i], key,
-                                   f"prompt has {pos.raw} tokens, more than the model's {pos.limit}; "
-                                   f"shorten it or set model.on_long_prompt=truncate"))
-            continue
-        tokens = max(pos.used, neg_len[negatives[i]].used) if cfg else pos.used
-        bucket = buckets.get(tokens)
-        if bucket is None:
-            bucket = buckets[tokens] = bucket_for(tokens)
-        seed = rows.seeds[i]
-        out.keys.append(key)
-        out.prompts.append(rows.prompts[i])
-        out.negatives.append(negatives[i] if cfg else "")
-        out.seeds.append(derive_seed(defaults.job_seed, key) if seed is None else seed)
-        out.lines.append(rows.lines[i])
-        out.tokens.append(tokens)
-        out.truncated.append(pos.truncated)
-        out.fps.append(defaults.fps if rows.fps[i] is None else rows.fps[i])
-        out.sig.append((h, w, bucket, rows.steps[i] or defaults.steps, guidance if cfg else 1.0, cfg, frames))
+    h, w = _or(rows.heights, defaults.height), _or(rows.widths, defaults.width)
+    frames, steps = _or(rows.frames, defaults.num_frames), _or(rows.steps, defaults.steps)
+    guidance = _floats(rows.guidance, defaults.guidance_scale)
+    fps = _floats(rows.fps, defaults.fps)
+    cfg = guidance > 1.0
+    negatives = pc.fill_null(rows.negatives, defaults.negative_prompt)
+    pos_used, pos_raw, pos_limit = measure(rows.prompts, True)
+    neg = negatives.dictionary_encode()  # most rows share the job's negative prompt: measure each once
+    neg_used = measure(neg.dictionary, False)[0][neg.indices.to_numpy(zero_copy_only=False)]
+    truncated = pos_raw > pos_limit
+
+    # The first rule a row breaks is its error, in the order the rules are checked.
+    bad_size = (h % d != 0) | (w % d != 0)
+    frame_errors = {int(f): defaults.frames_error(int(f)) for f in np.unique(frames)}
+    bad_frames = ~bad_size & np.isin(frames, [f for f, e in frame_errors.items() if e is not None])
+    bad = bad_size | bad_frames
+    bad_fps = np.zeros(len(rows), bool)
+    if defaults.fps_model:
+        bad_fps = ~bad & _valid(rows.fps) & (fps != defaults.fps)
+        bad |= bad_fps
+    bad_distilled = np.zeros(len(rows), bool)
+    if defaults.distilled_model:
+        bad_distilled = ~bad & cfg
+        bad |= bad_distilled
+    bad_long = ~bad & truncated if defaults.on_long_prompt == "fail" else np.zeros(len(rows), bool)
+    bad |= bad_long
+    errors = [_row_error(i, rows, label, d, h, w, frames, frame_errors, fps, guidance, pos_raw, pos_limit,
+                         defaults, bad_size, bad_frames, bad_fps, bad_distilled)
+              for i in np.flatnonzero(bad).tolist()]
+
+    ok = ~bad
+    keep = pa.array(ok)
+    keys = rows.keys.filter(keep)
+    cfg_ok = cfg[ok]
+    tokens = np.where(cfg_ok, np.maximum(pos_used[ok], neg_used[ok]), pos_used[ok])
+    distinct, inverse = np.unique(tokens, return_inverse=True)
+    bucket = np.array([bucket_for(int(t)) for t in distinct.tolist()], np.int64)[inverse.reshape(-1)]
+    derived, key_hash = derive_seeds(defaults.job_seed, keys)
+    given = rows.seeds.filter(keep)
+    seeds = np.where(_valid(given), pc.fill_null(given, 0).to_numpy(zero_copy_only=False), derived)
+    out = Resolved(keys=keys, prompts=rows.prompts.filter(keep),
+                   negatives=pc.if_else(pa.array(cfg_ok), negatives.filter(keep), ""),
+                   seeds=seeds.astype(np.int64), lines=rows.lines[ok], tokens=tokens, truncated=truncated[ok],
+                   fps=fps[ok], key_hash=key_hash,
+                   sig=(h[ok], w[ok], bucket, steps[ok], np.where(cfg_ok, guidance[ok], 1.0), cfg_ok, frames[ok]))
     return out, errors
+
+
+def _row_error(i, rows, label, d, h, w, frames, frame_errors, fps, guidance, pos_raw, pos_limit, defaults,
+               bad_size, bad_frames, bad_fps, bad_distilled) -> RowError:
+    line, key = int(rows.lines[i]), rows.keys[i].as_py()
+    if bad_size[i]:
+        hi, wi = int(h[i]), int(w[i])
+        return RowError(label, line, key, f"size {hi}x{wi} is not a multiple of {d} (VAE downsampling x patch size); "
+                                          f"use e.g. {round(hi / d) * d or d}x{round(wi / d) * d or d}")
+    if bad_frames[i]:
+        return RowError(label, line, key, frame_errors[int(frames[i])])
+    if bad_fps[i]:
+        f = float(fps[i])
+        return RowError(label, line, key,
+                        f"fps={f:g}, but {defaults.fps_model} conditions on the frame rate and "
+                        f"a batch shares one: drop the row's fps (the job's is {defaults.fps:g}) or run "
+                        f"these rows in a job with sampling.fps={f:g}")
+    if bad_distilled[i]:
+        return RowError(label, line, key,
+                        f"guidance_scale={float(guidance[i]):g}, but {defaults.distilled_model} is guidance-distilled "
+                        f"(no negative branch); drop the row's guidance_scale or set it to 1.0")
+    return RowError(label, line, key, f"prompt has {int(pos_raw[i])} tokens, more than the model's {int(pos_limit[i])}; "
+                                      f"shorten it or set model.on_long_prompt=truncate")
