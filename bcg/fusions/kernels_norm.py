@@ -9,11 +9,14 @@ multiple of 4 and the pointers are 8-byte aligned) reduces one row per block of 
   then the 4 warps pairwise through shared memory (warp w takes warp w + 2, then + 1)
   (`cuWelfordCombine`);
 - var = sigma2 / N, rstd = rsqrtf(var + eps), y = rstd * (x - mean), rounded to the storage dtype.
-This kernel keeps that order exactly: each of its 128 "threads" is one element of a [4, 32]
-tensor, and the merges are halvings of that tensor's last axis. nvcc compiles aten with FMA
-contraction on (its default), so the products that feed adds are explicit FMAs here; where the
-contraction is ambiguous (`nA * meanA + nB * meanB`), `MEAN_FMA` picks the form and the verifier
-keeps the one that equals aten on the live inputs (ops_norm.py chains them).
+This kernel keeps that order: each of its 128 "threads" is one element of a 1-D tensor laid out
+one per hardware thread, and Triton's tree reduction over it (butterfly shuffles 16 ... 1, then
+the 4 warps' partials 2, 1) merges the same pairs in the same order as aten's (REDUCE=0 spells
+the shuffle-down out instead: same bits, 20x slower). nvcc compiles aten with FMA contraction on
+(its default), so the products that feed adds are explicit FMAs here. Where the contraction is
+ambiguous (`nA * meanA + nB * meanB`) and for the other floating-point choices, the defaults are
+the forms that matched aten's per-row mean and rstd on every fp32 and bf16 row tried on the H200
+(benchmarks/bench_fusion_kernels.py --diagnose -> benchmarks/results/ln_diagnosis_h200.json).
 
 The adaLN part then follows the elementwise rounding plan of kernels.py (fp32 ops, storage-dtype
 rounding where eager stores): `ln(x) * (1 + scale) + shift`. With `HAS_RES`, the row is first
