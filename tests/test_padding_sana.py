@@ -3,7 +3,8 @@
 SANA's cross-attention turns mask 0 into a -10000 additive bias, so softmax gives masked keys a
 weight of exactly 0 in float32 (exp(-10000) underflows); the real tokens' outputs cannot change.
 What can change is the reduction order inside the attention kernel when the key length changes,
-so the tolerance is float32 rounding: 1e-5 absolute on latents of unit scale (measured: 0 or ~1e-7).
+so the tolerance is float32 rounding: 1e-5 of the output's largest magnitude (the trained demo
+weights give outputs up to ~8; measured: 0, or 0.6-1.3e-6 of that with 1-2 CPU threads).
 """
 
 from __future__ import annotations
@@ -70,8 +71,10 @@ def test_rebucketed_text_gives_the_native_output(tiny, bucket):
     padder = get_padder("sana", buckets=[64, 128, 256, 512, 1024], native_length=300)
     padded = padder.pad(native, bucket) if bucket <= 300 else _grow(native, bucket)
     assert padded.length == bucket
-    diff = (forward(pipe, padded) - forward(pipe, native)).abs().max().item()
-    assert diff <= TOL, f"bucket {bucket}: max abs diff {diff}"
+    want = forward(pipe, native)
+    diff = (forward(pipe, padded) - want).abs().max().item()
+    scale = max(1.0, want.abs().max().item())
+    assert diff <= TOL * scale, f"bucket {bucket}: max abs diff {diff} on outputs up to {scale}"
 
 
 def _grow(text: TextEmbeds, bucket: int) -> TextEmbeds:
