@@ -27,17 +27,18 @@ import torch.nn.functional as F
 
 from ..breaks import _AttentionKernelBreaks
 from ..graph import active_capture
-from .ops import (ADALN, CONV_BIAS_GLU, CONV_BIAS_SILU, DWCONV_GLU_COLS, DWCONV_GLU_ROWS, GATED_RESIDUAL,
+from .ops import (CONV_BIAS_GLU, CONV_BIAS_SILU, DWCONV_GLU_COLS, DWCONV_GLU_ROWS, GATED_RESIDUAL,
                   GATED_RESIDUAL_LINEAR, GLU, LINEAR_ATTENTION, RESCALE_RESIDUAL)
 from .ops_norm import ln_adaln, res_ln_adaln
 from .verify import Verifier
 
 
 # The one-pass depthwise conv + bias + GLU kernel (ops.DWCONV_GLU_ROWS) is bit-exact with cuDNN
-# on the H200 in bf16 and fp16 (cuDNN sums the 9 taps row-major). It is faster than cuDNN's conv +
-# the fused bias/GLU kernel on small grids only (SANA-1.6B, 2 rows: 31 vs 43 us at 16x16 pixels;
-# 101 vs 89 us at 32x32; benchmarks/results/fusion_kernels_h200.md), so it runs up to this many
-# pixels a call (batch x height x width) and cuDNN's pair beyond.
+# on the H200 in bf16 and fp16 (cuDNN sums the 9 taps row-major). It measured faster than cuDNN's
+# conv + the fused bias/GLU kernel on small grids only (SANA-1.6B, 2 rows: 31 vs 43 us a call at
+# 16x16 pixels; 101 vs 89 us at 32x32; benchmarks/results/fusion_kernels_dw_h200.md, per-call times
+# with Python launch overhead in both), so it runs up to this many pixels a call (batch x height x
+# width) and cuDNN's pair beyond.
 ONE_PASS_DWCONV_MAX_PIXELS = 512
 
 
