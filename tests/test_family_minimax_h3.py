@@ -106,6 +106,26 @@ def test_real_preset_loads_saved_folder_and_matches(tiny, tmp_path):
     assert torch.equal(a.images, b.images) and torch.equal(a.audio, b.audio)
 
 
+def test_bf16_tiny_keeps_float32_what_from_pretrained_keeps(tiny, tmp_path):
+    """The bf16 tiny preset's dtypes, tensor by tensor, are the ones `from_pretrained(torch_dtype=bf16)`
+    gives the same components: the VAE's bare `scale1`/`scale2` parameters included, without which its
+    float32 `norm_out` gets bf16 input (CUDA's LayerNorm refuses that; the CPU's does not)."""
+    from jobs.models.minimax_h3 import cast_keeping_fp32
+
+    _, _, pipe = tiny
+    for name in ("transformer", "vae", "audio_vae"):
+        component = getattr(pipe, name)
+        component.save_pretrained(tmp_path / name)
+        loaded = type(component).from_pretrained(tmp_path / name, torch_dtype=torch.bfloat16)
+        want = {k: v.dtype for k, v in loaded.state_dict().items()}
+        copy = type(component).from_config(component.config)
+        cast_keeping_fp32(copy, torch.bfloat16)
+        got = {k: v.dtype for k, v in copy.state_dict().items()}
+        assert got == want, (name, {k: (got.get(k), want[k]) for k in want if got.get(k) != want[k]})
+        kinds = set(want.values())  # the audio VAE is kept all float32; the others are a mix
+        assert kinds == ({torch.float32} if name == "audio_vae" else {torch.float32, torch.bfloat16}), (name, kinds)
+
+
 def test_graph_replay_equals_eager_on_the_cpu_op_tape():
     """The GPU test's check (tests/gpu/test_family_graphs_gpu.py) on bcg's CPU op tape: the per-row
     timestep plan reaches the transformer as device tensors, so every call after the two captures
