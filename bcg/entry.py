@@ -91,6 +91,29 @@ def copy_into(dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> None:
         fused_d[0].copy_(fused_s[0])
 
 
+def static_like(t: torch.Tensor) -> torch.Tensor:
+    """An empty static buffer for live input `t`, with `t`'s strides where they describe a dense,
+    non-overlapping layout (a contiguous tensor, a transposed or permuted view). A kernel may pick
+    its path by layout, and two paths need not round alike (cuBLAS on LTX-2's transposed latents
+    vs on a contiguous copy: 4 ulp apart), so the graph must compute on the layout eager saw; the
+    key holds the strides, so every replay's input has them too. An overlapping input (an expanded
+    timestep, stride 0 over a dimension of size > 1) cannot be written in place with its strides;
+    it gets a contiguous buffer, the same values at every index."""
+    if _dense(t):
+        return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+    return torch.empty(t.shape, dtype=t.dtype, device=t.device)
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """True when `t`'s elements tile one block of memory exactly once (any order of dimensions)."""
+    expected = 1
+    for stride, size in sorted((st, sz) for st, sz in zip(t.stride(), t.shape) if sz != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
 def _warmup_like(t: torch.Tensor) -> torch.Tensor:
     # Random, never zeros: zeros can steer a model down a branch (or a kernel choice) that the
     # real inputs never take. Integer/bool tensors (masks, ids) keep their live values.
@@ -106,8 +129,8 @@ def capture_entry(
     """Warm up, capture `fn(*args, **kwargs)` with static buffers; returns the entry and this
     call's output (a clone, computed by the capture itself)."""
     t0 = time.perf_counter()
-    # Contiguous copies allocated before the capture: outside the graph pool, fixed addresses.
-    static = [torch.empty(t.shape, dtype=t.dtype, device=t.device).copy_(t) for t in leaves]
+    # Copies allocated before the capture: outside the graph pool, fixed addresses.
+    static = [static_like(t).copy_(t) for t in leaves]
     s_args, s_kwargs = rebuild(args, kwargs, static)
     with backend.stream():
         for _ in range(warmup_iters):

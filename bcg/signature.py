@@ -1,10 +1,10 @@
 """Graph signatures: a hashable key built from a call's arguments, in microseconds.
 
 A captured graph is valid only for calls that look like the capture call: same tensor shapes,
-dtypes and devices, and the same host values (a guidance scale or `return_dict` steers Python
+dtypes, devices and strides, and the same host values (a guidance scale or `return_dict` steers Python
 control flow that the graph froze). The key therefore holds:
 
-    tensor                     -> ("<T>", shape, dtype, device)
+    tensor                     -> ("<T>", shape, dtype, device, strides)
     None / str                 -> the value
     bool / int / float         -> (type, value)   # 1 == 1.0 == True, but they may steer code apart
     torch.dtype / torch.device -> the value
@@ -14,6 +14,11 @@ control flow that the graph froze). The key therefore holds:
 `flatten` walks the arguments once and returns the key and the tensor leaves in a fixed order
 (positional arguments, then keyword arguments sorted by name, containers depth first); `rebuild`
 walks the same order to put other tensors (static buffers, warm-up data) in their place.
+
+Strides are part of the key because kernels choose their path by layout, and two paths need not
+round alike: LTX-2's pipeline hands its batch-1 guidance calls a transposed view of the latents,
+and cuBLAS on that view differs in the last bits from cuBLAS on a contiguous copy. The static
+buffers keep the live strides too (`bcg/entry.py`), so a replay computes on the layout eager saw.
 
 Fast paths: pipelines sometimes pass long lists of None (one passed 72,000 Nones a step and ran
 4x slower). A list or tuple of at least `_RUN_MIN` items that is all None, all scalars of one
@@ -68,7 +73,7 @@ def _key(obj: Any, leaves: list) -> Key:
     t = type(obj)
     if t is torch.Tensor or isinstance(obj, torch.Tensor):
         leaves.append(obj)
-        return (_TENSOR, obj.shape, obj.dtype, obj.device)
+        return (_TENSOR, obj.shape, obj.dtype, obj.device, obj.stride())
     if obj is None or t is str:
         return obj
     if t in _SCALARS:
@@ -175,7 +180,7 @@ def describe_difference(a: Key, b: Key, limit: int = 8) -> list[str]:
 
 
 def _is_tensor_key(k: Key) -> bool:
-    return type(k) is tuple and len(k) == 4 and k[0] == _TENSOR
+    return type(k) is tuple and len(k) == 5 and k[0] == _TENSOR
 
 
 def _is_container_key(k: Key) -> bool:
@@ -187,9 +192,9 @@ def _diff(path: str, x: Key, y: Key, out: list[str]) -> None:
     if x == y:
         return
     if _is_tensor_key(x) and _is_tensor_key(y):
-        for label, i in (("shape", 1), ("dtype", 2), ("device", 3)):
-            if x[i] != y[i]:
-                xs, ys = (tuple(x[i]), tuple(y[i])) if i == 1 else (x[i], y[i])
+        for label, i in (("shape", 1), ("dtype", 2), ("device", 3), ("strides", 4)):
+            if x[i] != y[i] and not (i == 4 and x[1] != y[1]):  # new shapes bring new strides: said once
+                xs, ys = (tuple(x[i]), tuple(y[i])) if i in (1, 4) else (x[i], y[i])
                 out.append(f"{path}: {label} {xs} vs {ys}")
         return
     if _is_container_key(x) and _is_container_key(y) and x[0] is y[0]:

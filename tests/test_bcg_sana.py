@@ -267,3 +267,23 @@ def test_config_rejects_bad_values_by_name():
         from bcg import GraphRunner
 
         GraphRunner(lambda: None, RunnerConfig(backend="cuda"), device=torch.device("cpu"))
+
+
+@torch.no_grad()
+def test_static_inputs_keep_the_live_layout(model, tape):
+    """A channels-last latent is captured into a channels-last static buffer, and replays on it (the
+    graph must compute on the layout eager saw: tests/test_bcg_signature.py says why); an expanded
+    timestep, which cannot be written in place with stride 0, gets a contiguous one."""
+    r = tape()
+    kw = inputs()
+    kw["hidden_states"] = kw["hidden_states"].contiguous(memory_format=torch.channels_last)
+    ref = model(**kw)[0]
+    model(**inputs(seed=3, hidden_states=kw["hidden_states"].clone(memory_format=torch.channels_last)))
+    (entry,) = r.entries()
+    static = dict(zip(["encoder_attention_mask", "encoder_hidden_states", "hidden_states", "timestep"],
+                      entry.static_inputs))
+    assert static["hidden_states"].stride() == kw["hidden_states"].stride() != kw["hidden_states"].contiguous().stride()
+    assert static["timestep"].is_contiguous() and kw["timestep"].stride() == (0,)
+    model(**inputs())  # the contiguous latent: a second key, its own contiguous buffer
+    assert r.counters.captures == 2 and r.counters.hits == 1
+    assert torch.equal(model(**kw)[0], ref) and r.counters.hits == 2

@@ -17,6 +17,17 @@ def test_tensor_keys_by_shape_dtype_device_not_values():
     assert sig(a) != sig(torch.zeros(2, 3, device="meta"))
 
 
+def test_tensor_keys_hold_strides():
+    """A transposed view and a contiguous tensor of one shape are two keys: kernels pick their path by
+    layout (cuBLAS on LTX-2's transposed latents rounds apart from a contiguous copy)."""
+    x = torch.zeros(1, 8, 192)
+    view = x.transpose(1, 2)  # shape (1, 192, 8), strides (1536, 1, 192)
+    assert sig(view) != sig(view.contiguous())
+    assert sig(view) == sig(torch.ones(1, 8, 192).transpose(1, 2))
+    lines = describe_difference(sig(h=view), sig(h=view.contiguous()))
+    assert lines == ["h: strides (1536, 1, 192) vs (1536, 8, 1)"]
+
+
 def test_scalars_keep_their_type_and_value():
     assert sig(1) != sig(1.0) != sig(True)
     assert sig(1) != sig(True)
