@@ -195,8 +195,10 @@ def graph_timed(fn, calls: int = 20, reps: int = 7) -> float:
 
 
 SILU_DW_SHAPES = {"512x1": (2, 16), "1024x1": (2, 32)}  # CFG rows, latent side
-SILU_DW_TILES = ([(r, 32, c, w, dot) for dot in (True, False) for r in (4, 8, 16, 32) for c in (32, 64)
-                  for w in (4, 8)] + [(8, 16, 32, 4, True), (8, 16, 64, 4, True), (2, 32, 32, 4, True)])
+# rows, columns, channels, warps, shift by dot (kernels.SILU_DW_TILE); each (tile, grid width) compiles once
+SILU_DW_TILES = ([(r, 32, c, w, True) for r in (4, 8, 16, 32) for c, w in ((32, 4), (64, 4), (64, 8))]
+                 + [(r, 32, c, w, False) for r in (8, 16) for c, w in ((32, 4), (64, 8))]
+                 + [(8, 16, 32, 4, True), (2, 32, 32, 4, True)])
 
 
 def silu_dw_rows() -> list[dict]:
