@@ -227,8 +227,10 @@ def silu_dw_rows() -> list[dict]:
         want = eager()
         row = {"kernel": "silu_dw", "shape": name, "rows": rows, "side": side,
                "eager_us": graph_timed(eager), "conv1x1_nobias_us": graph_timed(lambda: F.conv2d(x, w_in, None)),
-               "today_cudnn_pair_us": graph_timed(cudnn_pair), "today_cudnn_pair_equal": bool(torch.equal(cudnn_pair(), want)),
-               "today_one_pass_dw_us": graph_timed(one_pass_dw), "today_one_pass_dw_equal": bool(torch.equal(one_pass_dw(), want)),
+               "today_cudnn_pair_us": graph_timed(cudnn_pair),
+               "today_cudnn_pair_equal": bool(torch.equal(cudnn_pair(), want)),
+               "today_one_pass_dw_us": graph_timed(one_pass_dw),
+               "today_one_pass_dw_equal": bool(torch.equal(one_pass_dw(), want)),
                "default_tile": list(kernels.SILU_DW_TILE), "tiles": []}
         for tile in SILU_DW_TILES:
             def new():
