@@ -7,8 +7,14 @@
 2. The one-pass depthwise 3x3 conv + bias + GLU (kernels.dwconv_glu): a sweep of tiles
    (pixels, channels, warps), each checked equal to cuDNN's conv + the fused bias/GLU kernel,
    timed against that pair.
+3. `silu_dw`: GLUMBConv up to conv_point (1x1 conv, bias, SiLU, depthwise 3x3, bias, GLU) as eager
+   runs it, as today's fused paths run it (1x1 conv + bias_silu_, then cuDNN's depthwise conv +
+   bias_glu or the one-pass dwconv_glu) and as the 1x1 conv + kernels.silu_dwconv_glu over a sweep
+   of tiles; each checked equal to eager. Timed as CUDA-graph replays of 20 calls (no Python
+   launch overhead, as the job's graphs run them).
 
     python benchmarks/bench_fusion_kernels.py --out benchmarks/results
+    python benchmarks/bench_fusion_kernels.py --only silu_dw --out benchmarks/results
 
 Shapes are SANA-1.6B's (D = 2240, GLUMBConv 2 x 5600 channels) under CFG (2 rows an image) at
 512² and 1024², batch 1 and 4. Times: median of CUDA-event timings of `--iters` back-to-back calls.
@@ -162,44 +168,144 @@ def dw_rows(iters: int) -> list[dict]:
     return out
 
 
-def write(out_dir: Path, rows: list[dict], cmd: str) -> None:
+def graph_timed(fn, calls: int = 20, reps: int = 7) -> float:
+    """us a call: `calls` calls captured into one CUDA graph, replayed; median of `reps` replays."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up (Triton compiles, cuDNN picks) outside the capture
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) * 1000 / calls)
+    del graph
+    return round(statistics.median(times), 2)
+
+
+SILU_DW_SHAPES = {"512x1": (2, 16), "1024x1": (2, 32)}  # CFG rows, latent side
+# rows, columns, channels, warps, shift by dot (kernels.SILU_DW_TILE); each (tile, grid width) compiles once
+SILU_DW_TILES = ([(r, 32, c, w, True) for r in (4, 8, 16, 32) for c, w in ((32, 4), (64, 4), (64, 8))]
+                 + [(r, 32, c, w, False) for r in (8, 16) for c, w in ((32, 4), (64, 8))]
+                 + [(8, 16, 32, 4, True), (2, 32, 32, 4, True)])
+
+
+def silu_dw_rows() -> list[dict]:
+    from bcg.fusions import kernels, ops
+
+    torch.manual_seed(0)
+    dt = torch.bfloat16
+    conv_in = torch.nn.Conv2d(D, 2 * HIDDEN, 1).cuda().to(dt)
+    conv_dw = torch.nn.Conv2d(2 * HIDDEN, 2 * HIDDEN, 3, 1, 1, groups=2 * HIDDEN).cuda().to(dt)
+    w_in, b_in, w_dw, b_dw = conv_in.weight, conv_in.bias, conv_dw.weight, conv_dw.bias
+    out = []
+    for name, (rows, side) in SILU_DW_SHAPES.items():
+        # as the block makes it: LN + adaLN output [B, N, D] viewed as a channels-last [B, D, h, w]
+        x = torch.randn(rows, side * side, D, device="cuda").to(dt).unflatten(1, (side, side)).permute(0, 3, 1, 2)
+        raw = F.conv2d(x, w_in, None)
+
+        def eager():
+            return ops.SILU_DWCONV_GLU.eager(x, conv_in, conv_dw)
+
+        def cudnn_pair():  # today's path above ONE_PASS_DWCONV_MAX_PIXELS
+            return ops.CONV_BIAS_GLU.fused(ops.CONV_BIAS_SILU.fused(x, conv_in), conv_dw)
+
+        def one_pass_dw():  # today's path up to ONE_PASS_DWCONV_MAX_PIXELS
+            return kernels.dwconv_glu(ops.CONV_BIAS_SILU.fused(x, conv_in), w_dw, b_dw, False)
+
+        want = eager()
+        row = {"kernel": "silu_dw", "shape": name, "rows": rows, "side": side,
+               "eager_us": graph_timed(eager), "conv1x1_nobias_us": graph_timed(lambda: F.conv2d(x, w_in, None)),
+               "today_cudnn_pair_us": graph_timed(cudnn_pair),
+               "today_cudnn_pair_equal": bool(torch.equal(cudnn_pair(), want)),
+               "today_one_pass_dw_us": graph_timed(one_pass_dw),
+               "today_one_pass_dw_equal": bool(torch.equal(one_pass_dw(), want)),
+               "default_tile": list(kernels.SILU_DW_TILE), "tiles": []}
+        for tile in SILU_DW_TILES:
+            def new():
+                return kernels.silu_dwconv_glu(F.conv2d(x, w_in, None), b_in, w_dw, b_dw, tile)
+            try:
+                eq = bool(torch.equal(new(), want))
+                us = graph_timed(new)
+                kus = graph_timed(lambda: kernels.silu_dwconv_glu(raw, b_in, w_dw, b_dw, tile))
+            except Exception as exc:  # noqa: BLE001 - a tile that does not compile is a row too
+                eq, us, kus = False, None, None
+                print(f"tile {tile}: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+            row["tiles"].append({"tile": list(tile), "us": us, "kernel_only_us": kus, "equal": eq})
+            print(json.dumps({"shape": name, **row["tiles"][-1]}), flush=True)
+        ok = [t for t in row["tiles"] if t["equal"] and t["us"] is not None]
+        row["best"] = min(ok, key=lambda t: t["us"]) if ok else None
+        out.append(row)
+        print(json.dumps({k: v for k, v in row.items() if k != "tiles"}), flush=True)
+    return out
+
+
+def write(out_dir: Path, rows: list[dict], cmd: str, stem: str = "fusion_kernels") -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     tag = device_tag()
-    (out_dir / f"fusion_kernels_{tag}.json").write_text(json.dumps({"env": environment(), "command": cmd,
-                                                                    "rows": rows}, indent=1))
-    lines = [f"# fusion_kernels_{tag}", "", f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
+    (out_dir / f"{stem}_{tag}.json").write_text(json.dumps({"env": environment(), "command": cmd,
+                                                            "rows": rows}, indent=1))
+    lines = [f"# {stem}_{tag}", "", f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
              f"- command: `{cmd}`", "", "| kernel | shape | equal to eager | fused us | replaces us |",
              "|---|---|---|---|---|"]
     for r in rows:
-        if r["kernel"] == "ln_adaln":
+        if r["kernel"] == "silu_dw":
+            b, default = r["best"], next((t for t in r["tiles"] if t["tile"] == r["default_tile"]), None)
+            lines.append(
+                f"| silu_dw (CUDA graph, us a call) | {r['shape']} | "
+                f"{sum(t['equal'] for t in r['tiles'])} of {len(r['tiles'])} tiles; today "
+                f"{r['today_cudnn_pair_equal']}/{r['today_one_pass_dw_equal']} "
+                f"| 1x1 + new: best {b['us'] if b else '-'} (tile {b['tile'] if b else '-'}, kernel "
+                f"{b['kernel_only_us'] if b else '-'}), default {default['us'] if default else '-'} "
+                f"| eager {r['eager_us']}; today {r['today_cudnn_pair_us']} (cuDNN dw) / "
+                f"{r['today_one_pass_dw_us']} (one-pass dw); 1x1 alone {r['conv1x1_nobias_us']} |")
+        elif r["kernel"] == "ln_adaln":
             lines.append(f"| ln_adaln | {r['shape']} | {r['equal_of_3']} | {r['fused_us']} / res {r['fused_res_us']} "
                          f"| {r['aten_ln_plus_adaln_us']} / res {r['add_ln_adaln_us']} |")
         else:
             b = r["best"]
             lines.append(f"| dwconv_glu | {r['shape']} | {'all' if all(t['equal'] for t in r['tiles']) else 'some'} "
                          f"| {b['us'] if b else '-'} (tile {b['tile'] if b else '-'}) | {r['cudnn_plus_glu_us']} |")
-    (out_dir / f"fusion_kernels_{tag}.md").write_text("\n".join(lines) + "\n")
+    (out_dir / f"{stem}_{tag}.md").write_text("\n".join(lines) + "\n")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="benchmarks/results")
     p.add_argument("--iters", type=int, default=50)
-    p.add_argument("--skip", default="", help="comma list: ln, dw")
+    p.add_argument("--skip", default="", help="comma list: ln, dw, silu_dw")
+    p.add_argument("--only", default="", help="comma list: run only these sections (ln, dw, silu_dw)")
     p.add_argument("--diagnose", action="store_true", help="only: which kernel form equals aten's LN stats")
     a = p.parse_args()
-    skip = set(filter(None, a.skip.split(",")))
+    sections = ("ln", "dw", "silu_dw")
+    only = set(filter(None, a.only.split(","))) or set(sections)
+    ran = [n for n in sections if n in only and n not in set(filter(None, a.skip.split(",")))]
     rows = []
     with torch.inference_mode():
         if a.diagnose:
             rows = diagnose(a.iters)
             (Path(a.out) / "ln_diagnosis.json").write_text(json.dumps(rows, indent=1))
             return
-        if "ln" not in skip:
+        if "ln" in ran:
             rows += ln_rows(a.iters)
-        if "dw" not in skip:
+        if "dw" in ran:
             rows += dw_rows(a.iters)
-    write(Path(a.out), rows, "python benchmarks/bench_fusion_kernels.py " + " ".join(sys.argv[1:]))
+        if "silu_dw" in ran:
+            rows += silu_dw_rows()
+    # a partial run gets its own files (fusion_kernels_silu_dw_h200.*): it must not replace the full run's
+    stem = "fusion_kernels" if len(ran) == len(sections) else "_".join(["fusion_kernels", *ran])
+    write(Path(a.out), rows, "python benchmarks/bench_fusion_kernels.py " + " ".join(sys.argv[1:]), stem)
 
 
 if __name__ == "__main__":

@@ -108,7 +108,8 @@ def test_install_and_remove_leave_model_code_and_outputs(dtype, grad_mode):
     assert c.verified >= 5 and c.fused_calls > 0
     # Only the conv chains may differ on the CPU (oneDNN fuses the bias; see above): their
     # fallbacks run instead, and the output is still eager's.
-    conv_chains = ("conv_bias_silu", "conv_bias_glu", "dwconv_glu_rows", "dwconv_glu_cols")
+    conv_chains = ("conv_bias_silu", "conv_bias_glu", "dwconv_glu_rows", "dwconv_glu_cols",
+                   "silu_dwconv_glu")
     assert all(r.split()[0] in conv_chains for r in c.rejections), c.rejections
 
 

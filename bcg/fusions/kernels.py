@@ -294,3 +294,119 @@ def dwconv_glu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, col_ma
 def _check(ok: bool, why: str) -> None:
     if not ok:
         raise NotApplicable(why)
+
+
+# -- GLUMBConv from the raw 1x1 conv output: bias + SiLU, depthwise 3x3, bias + GLU in one pass --
+# Eager: cuDNN's 1x1 conv (stored), + bias (stored), SiLU (stored: the activation, 2 x hidden
+# channels, written once and read back by the depthwise conv), the depthwise conv (stored), + bias
+# (stored), x * silu(gate). Here the activation never leaves the program: a program owns ROWS
+# output rows x BW columns x BC channels of both GLU halves and walks the input rows y0-1 ..
+# y0+ROWS once, activating each loaded element once. Each input row feeds three output rows
+# (ky = 2, 1, 0 for rows r-1, r, r+1): adding its taps to a rolling pair of accumulators in input
+# row order sums every output's 9 taps row-major, cuDNN's order (DWCONV_GLU_ROWS, verified).
+# The depthwise conv zero-pads the ACTIVATION: out-of-grid taps are 0, not silu(bias).
+@triton.jit
+def _act(y_ptr, offs, m, bias):
+    """silu(y + bias) as eager stores it: the bias add rounded, then SiLU rounded; 0 outside m."""
+    v = tl.load(y_ptr + offs, mask=m, other=0.0).to(tl.float32)
+    return tl.where(m, _r(_silu(_r(v + bias, y_ptr)), y_ptr), 0.0)
+
+
+@triton.jit
+def _act_row(y_ptr, b_ptr, row, rin, x, xm, W, C2, ch, jm, x0, SHIFT_DOT: tl.constexpr, BW: tl.constexpr):
+    """The activated input row `row` at columns x-1, x, x+1 ([BW, BC] each, fp32)."""
+    bias = tl.load(b_ptr + ch, mask=jm, other=0.0).to(tl.float32)
+    pix = row * W  # int64: first pixel of the row
+    if SHIFT_DOT:
+        # activate the row once and shift it by one column with 0/1 matrices on the tensor cores:
+        # one product per output is nonzero, so the dot is exact (for finite activations)
+        c = _act(y_ptr, (pix + x)[:, None] * C2 + ch[None, :], (rin & xm)[:, None] & jm[None, :], bias[None, :])
+        i = tl.arange(0, BW)
+        cl = c.to(y_ptr.dtype.element_ty)
+        left = tl.dot((i[None, :] == i[:, None] - 1).to(y_ptr.dtype.element_ty), cl)
+        right = tl.dot((i[None, :] == i[:, None] + 1).to(y_ptr.dtype.element_ty), cl)
+        # the tile's two halo columns (0 outside the grid)
+        hl = _act(y_ptr, (pix + x0 - 1) * C2 + ch, rin & (x0 > 0) & jm, bias)
+        hr = _act(y_ptr, (pix + x0 + BW) * C2 + ch, rin & (x0 + BW < W) & jm, bias)
+        left = tl.where((i == 0)[:, None], hl[None, :], left)
+        right = tl.where((i == BW - 1)[:, None], hr[None, :], right)
+    else:  # load the three shifted rows and activate each (3x the SiLU work, no tensor cores)
+        ml = rin & (x >= 1) & (x - 1 < W)
+        mr = rin & (x + 1 < W)
+        left = _act(y_ptr, (pix + x - 1)[:, None] * C2 + ch[None, :], ml[:, None] & jm[None, :], bias[None, :])
+        c = _act(y_ptr, (pix + x)[:, None] * C2 + ch[None, :], (rin & xm)[:, None] & jm[None, :], bias[None, :])
+        right = _act(y_ptr, (pix + x + 1)[:, None] * C2 + ch[None, :], mr[:, None] & jm[None, :], bias[None, :])
+    return left, c, right
+
+
+@triton.jit
+def _taps3(acc, left, c, right, w_ptr, ch, jm, KY: tl.constexpr):
+    """acc + the three taps of kernel row KY, added left to right (one rounding each)."""
+    acc = acc + left * tl.load(w_ptr + ch * 9 + KY * 3, mask=jm, other=0.0).to(tl.float32)[None, :]
+    acc = acc + c * tl.load(w_ptr + ch * 9 + KY * 3 + 1, mask=jm, other=0.0).to(tl.float32)[None, :]
+    return acc + right * tl.load(w_ptr + ch * 9 + KY * 3 + 2, mask=jm, other=0.0).to(tl.float32)[None, :]
+
+
+@triton.jit
+def _silu_dw_glu_kernel(y_ptr, bi_ptr, w_ptr, bd_ptr, o_ptr, H, W, Hc, NWB, ROWS: tl.constexpr,
+                        BW: tl.constexpr, BC: tl.constexpr, SHIFT_DOT: tl.constexpr):
+    # y: raw conv_inverted output [B, 2Hc, H, W] channels-last; bi: its bias [2Hc]
+    # w: depthwise [2Hc, 1, 3, 3]; bd: its bias [2Hc]; o: [B, Hc, H, W] channels-last
+    b = tl.program_id(2).to(tl.int64)
+    y0 = (tl.program_id(0) // NWB) * ROWS
+    x0 = (tl.program_id(0) % NWB) * BW
+    x = x0 + tl.arange(0, BW)
+    xm = x < W
+    j = tl.program_id(1) * BC + tl.arange(0, BC)
+    jm = j < Hc
+    C2 = 2 * Hc
+    bx = tl.load(bd_ptr + j, mask=jm, other=0.0).to(tl.float32)[None, :]
+    bg = tl.load(bd_ptr + j + Hc, mask=jm, other=0.0).to(tl.float32)[None, :]
+    zero = tl.zeros((BW, BC), dtype=tl.float32)
+    ax0, ag0, ax1, ag1 = zero, zero, zero, zero  # output rows r-1 and r (value, gate halves)
+    for t in range(ROWS + 2):
+        r = y0 - 1 + t
+        rin = (r >= 0) & (r < H)
+        row = b * H + r
+        lx, cx, rx = _act_row(y_ptr, bi_ptr, row, rin, x, xm, W, C2, j, jm, x0, SHIFT_DOT, BW)
+        lg, cg, rg = _act_row(y_ptr, bi_ptr, row, rin, x, xm, W, C2, j + Hc, jm, x0, SHIFT_DOT, BW)
+        ax0 = _taps3(ax0, lx, cx, rx, w_ptr, j, jm, 2)
+        ag0 = _taps3(ag0, lg, cg, rg, w_ptr, j + Hc, jm, 2)
+        # output row r-1 is complete: cuDNN stores the conv, aten adds the bias, then the GLU
+        om = (r - 1 >= y0) & (r - 1 < H)  # no output row in the first two steps
+        xb = _r(_r(ax0, o_ptr) + bx, o_ptr)
+        gb = _r(_r(ag0, o_ptr) + bg, o_ptr)
+        out = (xb * _r(_silu(gb), o_ptr)).to(o_ptr.dtype.element_ty)
+        dst = ((row - 1) * W + x)[:, None] * Hc + j[None, :]
+        tl.store(o_ptr + dst, out, mask=(om & xm)[:, None] & jm[None, :])
+        ax0 = _taps3(ax1, lx, cx, rx, w_ptr, j, jm, 1)
+        ag0 = _taps3(ag1, lg, cg, rg, w_ptr, j + Hc, jm, 1)
+        ax1 = _taps3(zero, lx, cx, rx, w_ptr, j, jm, 0)
+        ag1 = _taps3(zero, lg, cg, rg, w_ptr, j + Hc, jm, 0)
+
+
+SILU_DW_TILE = (8, 32, 32, 4, True)
+"""rows, columns (at most: a narrower grid takes the next power of 2, 16 or more), channels, warps,
+shift by dot: a reasoned guess (at 32x32 a program holds whole rows); bench_fusion_kernels.py
+--only silu_dw sweeps it."""
+
+
+def silu_dwconv_glu(y: torch.Tensor, b_inv: torch.Tensor, w_dw: torch.Tensor, b_dw: torch.Tensor,
+                    tile: tuple | None = None) -> torch.Tensor:
+    """GLU(depthwise_conv3x3(silu(y + b_inv)) + b_dw) for the raw (bias-less) channels-last conv
+    output y [B, 2H, h, w] -> [B, H, h, w] channels-last. `tile` changes speed only."""
+    _check(y.dim() == 4 and y.is_contiguous(memory_format=torch.channels_last), "y must be channels-last")
+    # fp32: the taps' products are not exact, so the sum's FMA contraction would decide the bits
+    _check(y.dtype in (torch.bfloat16, torch.float16), "bf16 or fp16 (fp32 products are not exact)")
+    B, C2, Hh, Ww = y.shape
+    _check(C2 % 2 == 0 and w_dw.shape == (C2, 1, 3, 3) and w_dw.is_contiguous(), "a 3x3 depthwise weight")
+    _check(all(t is not None and t.shape == (C2,) and t.is_contiguous() for t in (b_inv, b_dw)), "both biases [C]")
+    _check(y.dtype == b_inv.dtype == w_dw.dtype == b_dw.dtype, "one dtype")
+    out = torch.empty((B, C2 // 2, Hh, Ww), dtype=y.dtype, device=y.device, memory_format=torch.channels_last)
+    rows, cols, bc, warps, dot = tile or SILU_DW_TILE
+    bw = min(cols, max(16, triton.next_power_of_2(Ww)))  # tl.dot wants 16 or more
+    nwb = triton.cdiv(Ww, bw)
+    grid = (triton.cdiv(Hh, rows) * nwb, triton.cdiv(C2 // 2, bc), B)
+    _silu_dw_glu_kernel[grid](y, b_inv, w_dw, b_dw, out, Hh, Ww, C2 // 2, nwb, ROWS=rows, BW=bw, BC=bc,
+                              SHIFT_DOT=bool(dot), num_warps=warps, **OPTS)
+    return out

@@ -239,6 +239,51 @@ DWCONV_GLU_COLS = register(Op("dwconv_glu_cols", _cbg_eager, lambda x, c: _dw_re
                               _dw_fused(True)))
 
 
+# -- GLUMBConv from its input: 1x1 conv (cuDNN, no bias), then bias + SiLU + depthwise 3x3 + bias +
+#    GLU in one pass (the activation between the two convs never reaches memory) -----------------
+def _sdg_eager(x, conv_inv: nn.Conv2d, conv_dw: nn.Conv2d):
+    return _glu_eager(conv_dw(F.silu(conv_inv(x))))
+
+
+def silu_dw_glu_plan(y, b_inv, w_dw, b_dw, silu: Callable = F.silu):
+    """The kernel's rounding plan on the raw 1x1 conv output y (channels-last): bias add rounded,
+    SiLU rounded (zero padding applies to this activation), the 9 taps row-major in fp32, rounded,
+    then `_glu_reference`'s bias + GLU. `silu` is a parameter so that a test can pin the exp."""
+    dt = y.dtype
+    a = silu(_r(y.float() + b_inv.float().view(1, -1, 1, 1), dt)).to(dt)
+    B, C2, H, W = a.shape
+    ap = F.pad(a.float(), (1, 1, 1, 1))
+    w = w_dw.float()[:, 0]
+    acc = torch.zeros((B, C2, H, W), dtype=torch.float32, device=y.device)
+    for ky in range(3):
+        for kx in range(3):  # one rounding per add: half-precision products are exact in fp32
+            acc = acc + ap[:, :, ky:ky + H, kx:kx + W] * w[:, ky, kx].view(1, -1, 1, 1)
+    d = _r(acc.to(dt).float() + b_dw.float().view(1, -1, 1, 1), dt)
+    v, g = torch.chunk(d, 2, dim=1)
+    return (v * _r(silu(g), dt)).to(dt).contiguous(memory_format=torch.channels_last)
+
+
+def _sdg_applicable(x, conv_inv: nn.Conv2d, conv_dw: nn.Conv2d) -> None:
+    _dw_applicable(conv_dw)
+    if conv_inv.kernel_size != (1, 1) or conv_inv.groups != 1 or conv_inv.bias is None or conv_dw.bias is None:
+        raise NotApplicable("conv_inverted is not a plain 1x1 conv with bias")
+    if x.dtype not in (torch.bfloat16, torch.float16):
+        raise NotApplicable("bf16 or fp16 only (fp32 tap products are not exact)")
+
+
+def _sdg_reference(x, conv_inv: nn.Conv2d, conv_dw: nn.Conv2d):
+    _sdg_applicable(x, conv_inv, conv_dw)
+    return silu_dw_glu_plan(_conv_nobias(x, conv_inv), conv_inv.bias, conv_dw.weight, conv_dw.bias)
+
+
+def _sdg_fused(x, conv_inv: nn.Conv2d, conv_dw: nn.Conv2d):
+    _sdg_applicable(x, conv_inv, conv_dw)
+    return _kernels().silu_dwconv_glu(_conv_nobias(x, conv_inv), conv_inv.bias, conv_dw.weight, conv_dw.bias)
+
+
+SILU_DWCONV_GLU = register(Op("silu_dwconv_glu", _sdg_eager, _sdg_reference, _sdg_fused))
+
+
 # -- cross-attention output: `/ rescale_output_factor` then the block's residual add ---------
 def _rescale_residual_eager(a, r: float, h):
     return a / r + h

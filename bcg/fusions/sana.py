@@ -8,7 +8,8 @@ Per block, eager runs ~50 kernels (about 26 elementwise, 9 copies); the fused fo
     linear attention  relu, .float(), pad, two reshape copies; divide, cast   ~9 -> 2
     residual 1        to_out bias, gate *, +            3 -> 1 (to_out's matmul stays aten)
     cross-attention   the mask prepared once a forward (not once a block); `/ 1.0` dropped
-    GLUMBConv         conv bias + SiLU; conv bias + chunk + x * silu(gate)   5 -> 2
+    GLUMBConv         conv bias + SiLU; conv bias + chunk + x * silu(gate)   5 -> 2; or, after the
+                      1x1 conv, bias + SiLU + depthwise conv + bias + GLU in one kernel
     residual 2        gate *, +                        2 -> 1
 
 Everything else (projections, LayerNorm, convs, SDPA) is the module's own call and bcg's attention
@@ -28,7 +29,7 @@ import torch.nn.functional as F
 from ..breaks import _AttentionKernelBreaks
 from ..graph import active_capture
 from .ops import (CONV_BIAS_GLU, CONV_BIAS_SILU, DWCONV_GLU_COLS, DWCONV_GLU_ROWS, GATED_RESIDUAL,
-                  GATED_RESIDUAL_LINEAR, GLU, LINEAR_ATTENTION, RESCALE_RESIDUAL)
+                  GATED_RESIDUAL_LINEAR, GLU, LINEAR_ATTENTION, RESCALE_RESIDUAL, SILU_DWCONV_GLU)
 from .ops_norm import ln_adaln, res_ln_adaln
 from .verify import Verifier
 
@@ -40,6 +41,12 @@ from .verify import Verifier
 # with Python launch overhead in both), so it runs up to this many pixels a call (batch x height x
 # width) and cuDNN's pair beyond.
 ONE_PASS_DWCONV_MAX_PIXELS = 512
+
+# The one-pass bias + SiLU + depthwise conv + bias + GLU from the raw 1x1 conv output
+# (ops.SILU_DWCONV_GLU) runs for calls of this many pixels (batch x height x width, inclusive);
+# elsewhere, and where the verifier rejects it, the two chains above. Not yet timed on the GPU:
+# bench_fusion_kernels.py --only silu_dw measures it against both paths.
+SILU_DWCONV_PIXELS = (1, 1 << 40)
 
 
 def check_block(block: nn.Module) -> str | None:
@@ -163,6 +170,15 @@ def block_forward(block: nn.Module, fx: Verifier) -> Callable:
         return call(DWCONV_GLU_ROWS, x, conv,
                     fallback=lambda x, c: call(DWCONV_GLU_COLS, x, c, fallback=conv_glu))
 
+    def two_pass(x, conv_inv, conv_dw):  # the 1x1 conv + bias + SiLU, then the depthwise chain
+        return dwconv_glu(call(CONV_BIAS_SILU, x, conv_inv), conv_dw)
+
+    def glumbconv_in(x):  # GLUMBConv up to conv_point: x [B, D, h, w] -> [B, hidden, h, w]
+        lo, hi = SILU_DWCONV_PIXELS
+        if not lo <= x.shape[0] * x.shape[2] * x.shape[3] <= hi:
+            return two_pass(x, ff.conv_inverted, ff.conv_depth)
+        return call(SILU_DWCONV_GLU, x, ff.conv_inverted, ff.conv_depth, fallback=two_pass)
+
     def forward(
         hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
@@ -221,8 +237,7 @@ def block_forward(block: nn.Module, fx: Verifier) -> Callable:
 
         # 4. Feed-forward (GLUMBConv inlined)
         norm_hidden_states = norm_hidden_states.unflatten(1, (height, width)).permute(0, 3, 1, 2)
-        x = call(CONV_BIAS_SILU, norm_hidden_states, ff.conv_inverted)
-        x = dwconv_glu(x, ff.conv_depth)
+        x = glumbconv_in(norm_hidden_states)
         ff_output = ff.conv_point(x)
         ff_output = ff_output.flatten(2, 3).permute(0, 2, 1)
         hidden_states = call(GATED_RESIDUAL, hidden_states, gate_mlp, ff_output)

@@ -148,3 +148,31 @@ def test_key_first_seen_in_capture_runs_eager():
     model = build(TINY, torch.bfloat16)
     fx = _check_model(model, [cfg_inputs(TINY, torch.bfloat16)], warmup_iters=0)
     assert fx["unverified_in_capture"] > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("side", [16, 32, 13])
+def test_silu_dwconv_glu_equals_eager(dtype, side):
+    """GLUMBConv's input half in one kernel after the 1x1 conv (SANA-1.6B widths, CFG's 2 rows at
+    512² and 1024², and an odd grid) equals eager's silu(conv_inverted) -> conv_depth -> GLU, for
+    the default tile and both shift modes."""
+    import torch.nn.functional as F
+
+    from bcg.fusions import kernels
+
+    g = torch.Generator("cuda").manual_seed(side)
+    D, hidden = 2240, 5600
+    conv_in = nn.Conv2d(D, 2 * hidden, 1, device="cuda", dtype=dtype)
+    conv_dw = nn.Conv2d(2 * hidden, 2 * hidden, 3, 1, 1, groups=2 * hidden, device="cuda", dtype=dtype)
+    x = (torch.randn(2, side * side, D, generator=g, device="cuda") * 3).to(dtype)
+    x = x.unflatten(1, (side, side)).permute(0, 3, 1, 2)  # as the block makes it
+    bad = []
+    with torch.no_grad():
+        want = ops.SILU_DWCONV_GLU.eager(x, conv_in, conv_dw)
+        raw = F.conv2d(x, conv_in.weight, None)
+        for tile in (None, (8, 32, 32, 4, False), (4, 32, 64, 8, True), (32, 32, 32, 4, True)):
+            got = kernels.silu_dwconv_glu(raw, conv_in.bias, conv_dw.weight, conv_dw.bias, tile)
+            if not (torch.equal(got, want) and got.stride() == want.stride()):
+                bad.append(f"tile {tile}: {int((got != want).sum())} of {want.numel()} differ")
+        assert torch.equal(ops.SILU_DWCONV_GLU.fused(x, conv_in, conv_dw), want)
+    assert not bad, bad
