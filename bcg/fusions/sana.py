@@ -35,18 +35,21 @@ from .verify import Verifier
 
 
 # The one-pass depthwise conv + bias + GLU kernel (ops.DWCONV_GLU_ROWS) is bit-exact with cuDNN
-# on the H200 in bf16 and fp16 (cuDNN sums the 9 taps row-major). It measured faster than cuDNN's
-# conv + the fused bias/GLU kernel on small grids only (SANA-1.6B, 2 rows: 31 vs 43 us a call at
-# 16x16 pixels; 101 vs 89 us at 32x32; benchmarks/results/fusion_kernels_dw_h200.md, per-call times
-# with Python launch overhead in both), so it runs up to this many pixels a call (batch x height x
-# width) and cuDNN's pair beyond.
-ONE_PASS_DWCONV_MAX_PIXELS = 512
+# on the H200 in bf16 and fp16 (cuDNN sums the 9 taps row-major). Timed inside CUDA graphs (no
+# Python launch overhead), cuDNN's depthwise conv + the fused bias/GLU kernel is faster at both
+# SANA-1.6B shapes: with the 1x1 conv and its bias + SiLU, 67 vs 71 us a block at 16x16 pixels
+# (batch 2) and 247 vs 277 us at 32x32 (benchmarks/results/fusion_kernels_silu_dw_h200.md). An
+# earlier per-call timing, overhead included, had favoured the one-pass kernel on small grids. So it
+# runs for calls of at most this many pixels (batch x height x width): none by default.
+ONE_PASS_DWCONV_MAX_PIXELS = 0
 
 # The one-pass bias + SiLU + depthwise conv + bias + GLU from the raw 1x1 conv output
-# (ops.SILU_DWCONV_GLU) runs for calls of this many pixels (batch x height x width, inclusive);
-# elsewhere, and where the verifier rejects it, the two chains above. Not yet timed on the GPU:
-# bench_fusion_kernels.py --only silu_dw measures it against both paths.
-SILU_DWCONV_PIXELS = (1, 1 << 40)
+# (ops.SILU_DWCONV_GLU) is bit-exact on the H200 (18 of 18 tiles at both shapes) but slower than
+# the two chains above: with the 1x1 conv, 86 vs 67 us a block at 16x16 pixels and 346 vs 247 us
+# at 32x32 (best tiles; same file). It saves the activation's write and read, but applying bias +
+# SiLU per loaded tap row and shifting columns costs more than the memory it saves. It runs for
+# calls in this pixel range (inclusive): none by default; the verifier still guards it if enabled.
+SILU_DWCONV_PIXELS = (1, 0)
 
 
 def check_block(block: nn.Module) -> str | None:

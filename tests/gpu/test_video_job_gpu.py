@@ -53,6 +53,24 @@ def samples(out: Path) -> dict:
     return got
 
 
+def mp4_difference(a, b) -> str:
+    """What differs between two mp4s of equal frames: packets, timing, and which one this process's
+    encoder reproduces from the frames (its bytes repeat itself, or not)."""
+    import av
+
+    from sinks.config import SinkConfig
+    from sinks.video import Video, encode_mp4
+
+    def packets(data):
+        with av.open(io.BytesIO(data)) as c:
+            s = c.streams.video[0]
+            return [(p.pts, p.size) for p in c.demux(s) if p.size], s.time_base, s.average_rate
+    again = [encode_mp4(Video(a[0], float(a[2].get("fps", 16))), "mp4", SinkConfig()) for _ in range(3)]
+    return (f"sizes {len(a[1])} vs {len(b[1])}; fps {a[2].get('fps')} vs {b[2].get('fps')}; packets {packets(a[1])} "
+            f"vs {packets(b[1])}; re-encoded here: equals graph {again[0] == a[1]}, equals eager {again[0] == b[1]}, "
+            f"repeats {len(set(again)) == 1}")
+
+
 @pytest.mark.parametrize("preset", ["wan_tiny", "sana_video_tiny", "ltx2_tiny", "minimax_h3_tiny"])
 def test_video_job_replay_equals_eager_frames(tmp_path, preset):
     pytest.importorskip("av", reason="PyAV is needed to write KEY.mp4; carry its wheel in .whl/")
@@ -67,7 +85,7 @@ def test_video_job_replay_equals_eager_frames(tmp_path, preset):
     for k in g:
         assert g[k][0].shape == (g[k][2]["num_frames"], 64, 64, 3)
         assert np.array_equal(g[k][0], e[k][0]), f"{k}: replayed frames differ from eager"
-        assert g[k][1] == e[k][1], f"{k}: equal frames, but the mp4 bytes differ"
+        assert g[k][1] == e[k][1], f"{k}: equal frames, but the mp4 bytes differ; {mp4_difference(g[k], e[k])}"
         assert g[k][3] == e[k][3] and (g[k][3] is not None) == (preset in SOUND), f"{k}: the sound differs"
     summary = json.loads((tmp_path / "graph" / "summary.json").read_text())
     graph = summary["graph"]
