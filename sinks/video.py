@@ -6,9 +6,13 @@ Deterministic settings, so equal frames give equal bytes: one encoder thread (x2
 depends on its thread count, which would otherwise follow the machine's cores), CRF rate control
 (no bitrate feedback from timing), constant frame rate with pts = frame index, and the muxer's
 `bitexact` flag (no FFmpeg version string in the file). x264's own SEI still names its version
-and settings, so the bytes are reproducible for one PyAV build, on any CPU and in any process
-(tests/test_sinks_video.py), not across PyAV/FFmpeg/x264 versions. Resume and verify never
-re-encode: they compare shards with the manifests written when they were committed.
+and settings, so the bytes are reproducible for one PyAV build, and not across PyAV/FFmpeg/x264
+versions. Not on every CPU either: the CPU machines tested repeat themselves (tests/test_sinks_video.py),
+but on the H200 host (session 20) the same frames encoded three times in one process gave three
+different files, frame sizes apart from the second frame on; the cause, in x264 or in FFmpeg's
+RGB -> YUV conversion there, is not found yet. Where bytes must repeat across runs and machines,
+the per-frame images (`sink.video_frames`) are the record. Resume and verify never re-encode:
+they compare shards with the manifests written when they were committed.
 
 Colour: the frames are RGB; H.264 stores 4:2:0 YUV (yuv420p, what every player decodes), so
 width and height must be even, and the round trip is lossy (crf 18: a few levels per channel on

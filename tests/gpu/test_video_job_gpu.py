@@ -1,4 +1,5 @@
-"""On CUDA, a whole video job with graph replay writes the same frames (and the same mp4 bytes, and
+"""On CUDA, a whole video job with graph replay writes the same frames (and the same mp4 bytes where the
+host's encoder repeats itself, see `check_mp4s`; and
 LTX-2's and MiniMax-H3's wav bytes) as the same job run eager, for each tiny video preset, overlapped stages and the
 capture policy on.
 
@@ -53,22 +54,30 @@ def samples(out: Path) -> dict:
     return got
 
 
-def mp4_difference(a, b) -> str:
-    """What differs between two mp4s of equal frames: packets, timing, and which one this process's
-    encoder reproduces from the frames (its bytes repeat itself, or not)."""
+def check_mp4s(key: str, a, b) -> None:
+    """Two jobs' mp4s of equal frames. Where this host's H.264 encoder gives the same bytes each time it
+    encodes these frames, the jobs' bytes must be equal too. The H200 host's does not always: in
+    session 20 the same frames, encoded three times in one process, gave three different files (frame
+    sizes apart from the second frame on; the CPU machines tested repeat themselves), so there
+    the check is what a reader gets: the same number of frames, size and rate."""
     import av
 
     from sinks.config import SinkConfig
     from sinks.video import Video, encode_mp4
 
-    def packets(data):
+    if a[1] == b[1]:
+        return
+    again = {encode_mp4(Video(a[0], float(a[2]["fps"])), "mp4", SinkConfig()) for _ in range(3)}
+    assert len(again) > 1, f"{key}: equal frames and an encoder that repeats itself, but the mp4 bytes differ"
+
+    def stream(data):
         with av.open(io.BytesIO(data)) as c:
             s = c.streams.video[0]
-            return [(p.pts, p.size) for p in c.demux(s) if p.size], s.time_base, s.average_rate
-    again = [encode_mp4(Video(a[0], float(a[2].get("fps", 16))), "mp4", SinkConfig()) for _ in range(3)]
-    return (f"sizes {len(a[1])} vs {len(b[1])}; fps {a[2].get('fps')} vs {b[2].get('fps')}; packets {packets(a[1])} "
-            f"vs {packets(b[1])}; re-encoded here: equals graph {again[0] == a[1]}, equals eager {again[0] == b[1]}, "
-            f"repeats {len(set(again)) == 1}")
+            frames = [f for f in c.decode(s)]
+            return len(frames), frames[0].width, frames[0].height, s.average_rate
+
+    assert stream(a[1]) == stream(b[1]) == (a[2]["num_frames"], 64, 64, a[2]["fps"]), key
+    print(f"\n[video gpu] {key}: mp4 bytes differ; this host's encoder does not repeat itself on these frames")
 
 
 @pytest.mark.parametrize("preset", ["wan_tiny", "sana_video_tiny", "ltx2_tiny", "minimax_h3_tiny"])
@@ -85,7 +94,7 @@ def test_video_job_replay_equals_eager_frames(tmp_path, preset):
     for k in g:
         assert g[k][0].shape == (g[k][2]["num_frames"], 64, 64, 3)
         assert np.array_equal(g[k][0], e[k][0]), f"{k}: replayed frames differ from eager"
-        assert g[k][1] == e[k][1], f"{k}: equal frames, but the mp4 bytes differ; {mp4_difference(g[k], e[k])}"
+        check_mp4s(k, g[k], e[k])
         assert g[k][3] == e[k][3] and (g[k][3] is not None) == (preset in SOUND), f"{k}: the sound differs"
     summary = json.loads((tmp_path / "graph" / "summary.json").read_text())
     graph = summary["graph"]
