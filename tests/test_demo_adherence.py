@@ -3,8 +3,8 @@
 Bundled prompts in held-out phrasings (the model never saw them verbatim), generated at the
 default job's settings (128 px, 8 steps, guidance 4.5, trained weights) and read back by the fixed
 pixel rule (jobs/demo/classify.py). The thresholds sit well above chance (1/8 for a colour) and a
-little under what the shipped weights reach on these prompts (object colour 14/16, background
-16/16, shape 8/16; benchmarks/results/adherence_*.md has the full set): a padder that hands the
+little under what the shipped weights reach on these prompts (object colour 15/16, background
+16/16, shape 15/16; benchmarks/results/adherence_*.md has the full set): a padder that hands the
 model another prompt's text, a job that files an image under another key, or weights that did not
 load fail here. Scored against shuffled labels the same images fail, so the check can fail.
 """
@@ -54,7 +54,7 @@ def rows():
 
 def check(result, n):
     correct = result["correct"]
-    assert correct["color"] >= 0.75 * n and correct["background"] >= 0.8 * n and correct["shape"] >= 0.375 * n, \
+    assert correct["color"] >= 0.75 * n and correct["background"] >= 0.8 * n and correct["shape"] >= 0.625 * n, \
         result["accuracy"]
 
 
