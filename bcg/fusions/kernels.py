@@ -385,10 +385,11 @@ def _silu_dw_glu_kernel(y_ptr, bi_ptr, w_ptr, bd_ptr, o_ptr, H, W, Hc, NWB, ROWS
         ag1 = _taps3(zero, lg, cg, rg, w_ptr, j + Hc, jm, 0)
 
 
-SILU_DW_TILE = (8, 32, 32, 4, True)
+SILU_DW_TILE = (8, 16, 32, 4, True)
 """rows, columns (at most: a narrower grid takes the next power of 2, 16 or more), channels, warps,
-shift by dot: a reasoned guess (at 32x32 a program holds whole rows); bench_fusion_kernels.py
---only silu_dw sweeps it."""
+shift by dot. The H200 sweep's best at SANA-1.6B's 32x32 (207 us a call, kernel alone) and within
+4% of the best at 16x16 (benchmarks/results/fusion_kernels_silu_dw_h200.md); still slower than
+cuDNN's pair, so bcg/fusions/sana.py leaves the op off by default."""
 
 
 def silu_dwconv_glu(y: torch.Tensor, b_inv: torch.Tensor, w_dw: torch.Tensor, b_dw: torch.Tensor,
