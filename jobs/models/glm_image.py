@@ -203,9 +203,16 @@ class GlmImageFamily(ModelFamily):
 
     def row_inputs(self, pipe, prompts: Sequence[str], seeds: Sequence[int], height: int, width: int,
                    device) -> RowInputs:
-        """The encode stage's part: every row's prior tokens (and their json fields)."""
-        ids, meta = zip(*(self.prior(pipe, p, s, height, width) for p, s in zip(prompts, seeds)))
-        return RowInputs(tensors={"prior_token_ids": torch.cat(ids)}, meta=list(meta))
+        """The encode stage's part: every row's prior tokens (and their json fields). The prior runs
+        once per distinct (prompt, seed): a batch's dummy rows repeat its last row, and the prior,
+        seeded by the row, would only make the same tokens again (an autoregressive pass each)."""
+        made: dict = {}
+        for key in zip(prompts, seeds):
+            if key not in made:
+                made[key] = self.prior(pipe, key[0], key[1], height, width)
+        rows = [made[key] for key in zip(prompts, seeds)]
+        return RowInputs(tensors={"prior_token_ids": torch.cat([ids for ids, _ in rows])},
+                         meta=[dict(meta) for _, meta in rows])
 
     def _prior_ids(self, pipe, request: DenoiseRequest) -> torch.Tensor:
         """The request's prior tokens: the encode stage's, or made here for a request built by hand."""
