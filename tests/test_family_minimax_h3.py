@@ -107,22 +107,24 @@ def test_real_preset_loads_saved_folder_and_matches(tiny, tmp_path):
 
 
 def test_bf16_tiny_keeps_float32_what_from_pretrained_keeps(tiny, tmp_path):
-    """The bf16 tiny preset's dtypes, tensor by tensor, are the ones `from_pretrained(torch_dtype=bf16)`
-    gives the same components: the VAE's bare `scale1`/`scale2` parameters included, without which its
-    float32 `norm_out` gets bf16 input (CUDA's LayerNorm refuses that; the CPU's does not)."""
+    """The bf16 tiny build's tensors are, dtype and value, the ones `from_pretrained(torch_dtype=bf16)`
+    loads from a float32 save: the VAE's bare `scale1`/`scale2` parameters included, without which its
+    float32 `norm_out` gets bf16 input (CUDA's LayerNorm refuses that; the CPU's does not), and the
+    kept tensors at full float32 precision (not rounded to bf16 and back)."""
     from jobs.models.minimax_h3 import cast_keeping_fp32
 
     _, _, pipe = tiny
     for name in ("transformer", "vae", "audio_vae"):
-        component = getattr(pipe, name)
+        component = getattr(pipe, name)  # float32
         component.save_pretrained(tmp_path / name)
-        loaded = type(component).from_pretrained(tmp_path / name, torch_dtype=torch.bfloat16)
-        want = {k: v.dtype for k, v in loaded.state_dict().items()}
-        copy = type(component).from_config(component.config)
-        cast_keeping_fp32(copy, torch.bfloat16)
-        got = {k: v.dtype for k, v in copy.state_dict().items()}
-        assert got == want, (name, {k: (got.get(k), want[k]) for k in want if got.get(k) != want[k]})
-        kinds = set(want.values())  # the audio VAE is kept all float32; the others are a mix
+        want = type(component).from_pretrained(tmp_path / name, torch_dtype=torch.bfloat16)
+        got = type(component).from_pretrained(tmp_path / name)  # the same float32 tensors (weight norm: no deepcopy)
+        cast_keeping_fp32(got, torch.bfloat16)
+        for (k, a), (k2, b) in zip(sorted(got.state_dict().items()), sorted(want.state_dict().items())):
+            assert k == k2 and a.dtype == b.dtype and torch.equal(a, b), (name, k, a.dtype, b.dtype)
+        for (k, a), (_, b) in zip(sorted(got.named_buffers()), sorted(want.named_buffers())):
+            assert a.dtype == b.dtype, (name, k, a.dtype, b.dtype)  # non-persistent ones too
+        kinds = {t.dtype for t in want.state_dict().values()}  # the audio VAE is kept all float32
         assert kinds == ({torch.float32} if name == "audio_vae" else {torch.float32, torch.bfloat16}), (name, kinds)
 
 

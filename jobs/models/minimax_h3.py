@@ -71,20 +71,20 @@ def frames_rule(n: int, per_chunk: int, kept: int) -> Optional[str]:
 
 
 def cast_keeping_fp32(module: torch.nn.Module, dtype: torch.dtype) -> None:
-    """`module.to(dtype)` except what its class keeps in float32 (`_keep_in_fp32_modules`: the
-    transformer's patch projections, timestep MLP and heads; most of the audio VAE; the video VAE's
-    norms and residual scales), as `from_pretrained` with `torch_dtype` loads the release.
+    """Cast `module` to `dtype` as `from_pretrained(torch_dtype=dtype)` loads a float32 save of it: what
+    its class keeps in float32 (`_keep_in_fp32_modules`: the transformer's patch projections, timestep
+    MLP and heads; most of the audio VAE; the video VAE's norms and residual scales) stays float32,
+    untouched, and so do the non-persistent buffers (they are not in the checkpoint).
 
-    The rule is `from_pretrained`'s own: a tensor stays float32 when one of the dot-separated parts of
-    its state-dict name is a kept name. Matching parameter names, not module names, matters: the
-    video VAE keeps bare parameters (`scale1`, `scale2`) that make its residual stream float32, so
-    its float32 `norm_out` gets float32 input (a module-only match left them bf16, which CUDA's
-    LayerNorm refuses)."""
-    module.to(dtype)
+    The rule is `from_pretrained`'s own: a state-dict tensor stays float32 when one of the
+    dot-separated parts of its name is a kept name. Matching tensor names, not module names,
+    matters: the video VAE keeps bare parameters (`scale1`, `scale2`) that make its residual stream
+    float32, so its float32 `norm_out` gets float32 input (a module-only match left them bf16, which
+    CUDA's LayerNorm refuses)."""
     keep = getattr(module, "_keep_in_fp32_modules", None) or []
-    for name, tensor in [*module.named_parameters(), *module.named_buffers()]:
-        if tensor.is_floating_point() and any(k in name.split(".") for k in keep):
-            tensor.data = tensor.data.float()
+    for name, tensor in module.state_dict(keep_vars=True).items():
+        if tensor.is_floating_point() and not any(k in name.split(".") for k in keep):
+            tensor.data = tensor.data.to(dtype)
 
 
 class MiniMaxH3Family(ModelFamily):
