@@ -218,10 +218,10 @@ def silu_dw_rows() -> list[dict]:
         def eager():
             return ops.SILU_DWCONV_GLU.eager(x, conv_in, conv_dw)
 
-        def cudnn_pair():  # today's path above ONE_PASS_DWCONV_MAX_PIXELS
+        def cudnn_pair():  # the default path (sana.ONE_PASS_DWCONV_MAX_PIXELS = 0)
             return ops.CONV_BIAS_GLU.fused(ops.CONV_BIAS_SILU.fused(x, conv_in), conv_dw)
 
-        def one_pass_dw():  # today's path up to ONE_PASS_DWCONV_MAX_PIXELS
+        def one_pass_dw():  # the path up to sana.ONE_PASS_DWCONV_MAX_PIXELS (off by default)
             return kernels.dwconv_glu(ops.CONV_BIAS_SILU.fused(x, conv_in), w_dw, b_dw, False)
 
         want = eager()
