@@ -119,7 +119,8 @@ def probe_batch(items: Sequence[Item], sig: Signature, size: int, steps: int) ->
 
 
 class EngineProber:
-    """Times `engine.generate` at 1 and 3 steps for a batch size, eager, and records peak memory.
+    """Times `engine.generate` at n and n + 2 steps for a batch size, eager, and records peak memory;
+    n is the family's fewest steps (1, or MiniMax-H3's 2).
 
     An out-of-memory denoise is split in halves by the engine (jobs/engine.py) rather than raised:
     the probe then reads slower per image, so the size is not taken either."""
@@ -127,22 +128,26 @@ class EngineProber:
     def __init__(self, engine, items: Sequence[Item], sig: Signature):
         self.engine, self.items, self.sig = engine, list(items), sig
         self.cuda = engine.cuda
+        self.first = max(1, int(getattr(engine.family, "min_steps", 1)))
 
     def __call__(self, size: int) -> Optional[Probe]:
+        n = self.first
         try:
-            # Warm at 2 steps: every shape of a step sequence seen once (kernel autotune, fused-kernel
+            # Warm at n + 1 steps: every shape of a step sequence seen once (kernel autotune, fused-kernel
             # checks); a one-time cost left in a timed call would be multiplied by the step count.
-            self._run(size, 2)
-            t1, m1 = self._run(size, 1)
-            t3, m3 = self._run(size, 3)
+            self._run(size, n + 1)
+            ta, ma = self._run(size, n)
+            tb, mb = self._run(size, n + 2)
         except torch.OutOfMemoryError:
             self.engine.end_run()
             torch.cuda.empty_cache()
             log.info("batch sizing: batch %d ran out of memory", size)
             return None
-        p = Probe(batch=size, one_step_ms=t1, two_step_ms=t1 + (t3 - t1) / 2, peak_bytes=max(m1, m3))
-        log.info("batch sizing: batch %d: %.1f ms at 1 step, %.1f ms at 3, peak %.2f GiB", size, t1, t3,
-                 p.peak_bytes / 2**30)
+        step = (tb - ta) / 2
+        one = ta - (n - 1) * step  # the fixed part (text, decode) plus one step
+        p = Probe(batch=size, one_step_ms=one, two_step_ms=one + step, peak_bytes=max(ma, mb))
+        log.info("batch sizing: batch %d: %.1f ms at %d step(s), %.1f ms at %d, peak %.2f GiB", size, ta, n, tb,
+                 n + 2, p.peak_bytes / 2**30)
         return p
 
     def _run(self, size: int, steps: int):

@@ -86,6 +86,9 @@ def check_config(cfg: GenerateConfig):
     why = family.frames_error(cfg.model, cfg.sampling.num_frames)
     if why is not None:
         raise UserError(f"sampling.{why}")
+    if cfg.sampling.steps < family.min_steps:
+        raise UserError(f"sampling.steps={cfg.sampling.steps}, but {cfg.model.name}'s scheduler takes at least "
+                        f"{family.min_steps} steps; set sampling.steps={family.min_steps} or more")
     if family.fixed_fps is not None and cfg.sampling.fps != family.fixed_fps:
         raise UserError(f"sampling.fps={cfg.sampling.fps:g}, but {family.pipeline_class} makes {family.fixed_fps:g} fps "
                         f"only; set sampling.fps={family.fixed_fps:g}")

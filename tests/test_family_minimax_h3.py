@@ -184,3 +184,39 @@ def test_guidance_and_other_frame_rates_are_refused(tmp_path):
     data = write_jsonl(tmp_path / "p.jsonl", [{"key": "a", "prompt": "a red fox", "guidance_scale": 3.0}])
     with pytest.raises(UserError, match=r"p.jsonl:1.*guidance_scale=3, but minimax_h3_tiny is guidance-distilled"):
         run_job(compose_cfg([*base, f"dataset.path={data}", "job.progress=false"]))
+
+
+def test_fewer_steps_than_its_scheduler_takes_are_refused(tmp_path):
+    """MiniMaxH3Scheduler.set_timesteps refuses 1 step: the config check says so before a model loads,
+    and a dataset row asking for 1 step is refused with its file:line, not crashed on mid-job."""
+    from jobs.errors import UserError
+    from jobs.run import run_job
+
+    base = ["model=minimax_h3_tiny", f"output_dir={tmp_path / 'o'}"]
+    with pytest.raises(UserError, match=r"sampling.steps=1, but minimax_h3_tiny's scheduler takes at least 2 steps"):
+        check_config(compose_cfg([*base, "sampling.steps=1"]))
+    data = write_jsonl(tmp_path / "p.jsonl", [{"key": "a", "prompt": "a red fox"},
+                                              {"key": "b", "prompt": "a blue owl", "steps": 1}])
+    with pytest.raises(UserError, match=r"p.jsonl:2.*steps=1, but minimax_h3_tiny's scheduler takes at least 2"):
+        run_job(compose_cfg([*base, f"dataset.path={data}", "sampling.steps=2", "job.progress=false"]))
+
+
+def test_batch_sizing_probes_at_the_steps_its_scheduler_takes(tiny):
+    """Batch sizing times a probe batch at n and n + 2 steps (after a warm call at n + 1), n being the
+    family's fewest: 2 here (at 1 the scheduler raised, which ended the H200 job test of session 21)."""
+    from jobs.batch_sizer import EngineProber
+    from jobs.engine import Engine
+    from jobs.plan import Item, Signature
+    from padding import get_padder
+
+    cfg, fam, pipe = tiny
+    padder = get_padder("minimax_h3", buckets=cfg.text_buckets, native_length=cfg.model.max_sequence_length)
+    engine = Engine(cfg, fam, pipe, padder, None, "cpu")
+    sig = Signature(height=64, width=64, text_bucket=3, steps=4, guidance_scale=1.0, cfg=False,
+                    dtype=cfg.model.dtype, frames=FRAMES)
+    items = [Item(key="fox", prompt="a red fox", negative_prompt="", seed=1, signature=sig, text_tokens=3,
+                  truncated=False, source="t:1", fps=24.0)]
+    prober = EngineProber(engine, items, sig)
+    assert prober.first == fam.min_steps == 2
+    probe = prober(1)
+    assert probe is not None and probe.batch == 1  # times are not asserted: timing is the benchmarks' job

@@ -189,6 +189,9 @@ class ModelFamily:
     #: False where the checkpoint is guidance-distilled (no negative branch): guidance_scale > 1 is
     #: refused in the config and in dataset rows, rather than silently ignored
     guidance: bool = True
+    #: the fewest denoising steps its scheduler takes (MiniMax-H3's needs 2): the config check and
+    #: the plan refuse fewer, and batch sizing times its probes at this many steps and more
+    min_steps: int = 1
 
     def frames_error(self, cfg: ModelConfig, n: int) -> Optional[str]:
         """None where the family makes `n` frames per item; else why not and what to use instead,

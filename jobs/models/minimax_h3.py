@@ -98,6 +98,7 @@ class MiniMaxH3Family(ModelFamily):
     def __init__(self):
         self._prepared: dict = {}
     guidance = False  # guidance-distilled: one transformer call a step, no negative prompt
+    min_steps = 2  # MiniMaxH3Scheduler.set_timesteps refuses fewer than 2 inference steps
 
     # -- loading ---------------------------------------------------------------------------
     def _assemble(self, **parts):

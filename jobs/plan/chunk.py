@@ -86,7 +86,8 @@ class ChunkContext:
                                 fps=cfg.sampling.fps,
                                 frames_error=functools.partial(family.frames_error, cfg.model),
                                 fps_model=family.pipeline_class if family.fps_conditions else "",
-                                distilled_model="" if family.guidance else cfg.model.name)
+                                distilled_model="" if family.guidance else cfg.model.name,
+                                min_steps=family.min_steps, model_name=cfg.model.name)
         return cls(label=label, stem=stem, fmt=fmt, max_line_bytes=cfg.dataset.max_line_bytes, prompt_field=cfg.dataset.prompt_field,
                    key_field=cfg.dataset.key_field, defaults=defaults, spill_dir=spill_dir, family=family,
                    model_cfg=cfg.model, tokenizer=LengthTokenizer(family.load_tokenizer(cfg.model)),

@@ -43,6 +43,9 @@ class ItemDefaults:
     distilled_model: str = ""
     """Set (to the model's name) where the checkpoint is guidance-distilled: a row asking for
     guidance_scale > 1 is refused (it has no negative branch to guide with)."""
+    min_steps: int = 1
+    """The fewest steps the family's scheduler takes: a row asking for fewer is refused."""
+    model_name: str = ""
 
 
 @dataclass
@@ -162,10 +165,12 @@ def resolve(rows: Rows, defaults: ItemDefaults, measure: Measure, bucket_for, la
     if defaults.distilled_model:
         bad_distilled = ~bad & cfg
         bad |= bad_distilled
+    bad_steps = ~bad & (steps < defaults.min_steps)
+    bad |= bad_steps
     bad_long = ~bad & truncated if defaults.on_long_prompt == "fail" else np.zeros(len(rows), bool)
     bad |= bad_long
     errors = [_row_error(i, rows, label, d, h, w, frames, frame_errors, fps, guidance, pos_raw, pos_limit,
-                         defaults, bad_size, bad_frames, bad_fps, bad_distilled)
+                         defaults, bad_size, bad_frames, bad_fps, bad_distilled, bad_steps, steps)
               for i in np.flatnonzero(bad).tolist()]
 
     ok = ~bad
@@ -187,7 +192,7 @@ def resolve(rows: Rows, defaults: ItemDefaults, measure: Measure, bucket_for, la
 
 
 def _row_error(i, rows, label, d, h, w, frames, frame_errors, fps, guidance, pos_raw, pos_limit, defaults,
-               bad_size, bad_frames, bad_fps, bad_distilled) -> RowError:
+               bad_size, bad_frames, bad_fps, bad_distilled, bad_steps, steps) -> RowError:
     line, key = int(rows.lines[i]), rows.keys[i].as_py()
     if bad_size[i]:
         hi, wi = int(h[i]), int(w[i])
@@ -205,5 +210,9 @@ def _row_error(i, rows, label, d, h, w, frames, frame_errors, fps, guidance, pos
         return RowError(label, line, key,
                         f"guidance_scale={float(guidance[i]):g}, but {defaults.distilled_model} is guidance-distilled "
                         f"(no negative branch); drop the row's guidance_scale or set it to 1.0")
+    if bad_steps[i]:
+        return RowError(label, line, key,
+                        f"steps={int(steps[i])}, but {defaults.model_name}'s scheduler takes at least "
+                        f"{defaults.min_steps}; set the row's steps to {defaults.min_steps} or more")
     return RowError(label, line, key, f"prompt has {int(pos_raw[i])} tokens, more than the model's {int(pos_limit[i])}; "
                                       f"shorten it or set model.on_long_prompt=truncate")
