@@ -11,6 +11,9 @@ several times in this process and once in each of several fresh processes:
 - `numpy-yuv`: the conversion done in numpy (integer BT.601, limited range), yuv420p to the encoder;
 - `numpy-yuv-asm0`: as numpy-yuv, with x264's assembly off (`x264-params asm=0`).
 
+Then, as the sink runs them (a thread pool of sink.encode_threads), distinct clips encoded
+concurrently are compared with their serial encodes.
+
 A variant repeats itself when every encode gave one digest. Session 20 saw the H200 host give three
 files for three encodes of the same frames in one process; this says whether the conversion or the
 encoder is what varies. Writes probe_mp4_repeat_<host>.json.
@@ -120,6 +123,20 @@ def digests(repeats: int) -> dict:
     return out
 
 
+def pool_mismatches(workers: int, rounds: int) -> dict:
+    """The sink encodes in a thread pool (sink.encode_threads): distinct 64x64 clips encoded
+    concurrently, each compared with its serial encode."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    clips = [frames(100 + i, 13, 64, 64) for i in range(2 * workers)]
+    serial = [encode(c, "sink") for c in clips]
+    bad = 0
+    with ThreadPoolExecutor(workers) as pool:
+        for _ in range(rounds):
+            bad += sum(x != y for x, y in zip(serial, pool.map(lambda c: encode(c, "sink"), clips)))
+    return {"workers": workers, "encodes": rounds * len(clips), "differing_from_serial": bad}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=4, help="encodes per variant in each process")
@@ -144,12 +161,15 @@ def main() -> None:
             every = {d for p in per_process for d in p}
             table[f"{clip} {v}"] = {"distinct_in_one_process": [len(p) for p in per_process],
                                    "distinct_overall": len(every)}
-    result = {"host": platform.node(), "cpu": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+    pools = [pool_mismatches(w, 5) for w in (2, 8)]
+    result = {"pools": pools, "host": platform.node(), "cpu": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
               "av": av.__version__, "libs": {k: ".".join(map(str, v)) for k, v in av.library_versions.items()},
               "repeats": args.repeats, "processes": 1 + args.processes, "variants": table, "runs": runs}
     print(f"{'clip / variant':34} distinct per process   distinct overall")
     for k, row in table.items():
         print(f"{k:34} {str(row['distinct_in_one_process']):22} {row['distinct_overall']}")
+    for p in pools:
+        print(f"thread pool of {p['workers']}: {p['differing_from_serial']} of {p['encodes']} encodes differ from serial")
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "probe_mp4_repeat.json").write_text(json.dumps(result, indent=1))

@@ -37,6 +37,7 @@ def elementwise_cases(dtype, B=2, N=24, D=48, heads=3):
                                      _rand(B, D, N, dtype=dtype).transpose(1, 2), lin)),
         (ops.LINEAR_ATTENTION, (*(_rand(B, N, D, dtype=dtype) for _ in range(3)), heads)),
         (ops.GLU, (_rand(B, 16, 4, 4, dtype=dtype).contiguous(memory_format=torch.channels_last),)),
+        (ops.MODULATION, (_rand(5, 6, D, dtype=dtype, scale=0.1), _rand(B, 6 * D, dtype=dtype), B)),
     ]
 
 
@@ -253,6 +254,34 @@ def test_mask_cache_serves_one_forward_and_misses_on_a_new_mask():
     assert cache.get(attn, m.clone(), 12, 2) is not b  # another tensor
 
 
+def test_modulation_cache_makes_every_block_once_a_forward():
+    """One add for every block's scale_shift_table + timestep a forward: the other blocks take their
+    slice (the same tensor object), a new timestep tensor or another batch size makes it again, and
+    so does a table edited in place since (a LoRA fused); each slice equals the block's own add."""
+    from bcg.fusions.sana import ModulationCache
+
+    model = tiny_sana(torch.bfloat16)
+    blocks = list(model.transformer_blocks)
+    fx = Verifier("reference")
+    cache = ModulationCache()
+    for b in blocks:
+        cache.add(b)
+    t = _rand(2, blocks[0].scale_shift_table.numel(), dtype=torch.bfloat16)
+    with torch.no_grad():
+        first = [cache.get(fx.call, b, t, 2) for b in blocks]
+        again = [cache.get(fx.call, b, t, 2) for b in blocks]
+        for b, m in zip(blocks, first):
+            assert _same(m, b.scale_shift_table[None] + t.reshape(2, 6, -1))
+        assert all(x.data_ptr() == y.data_ptr() for x, y in zip(first, again))
+        assert fx.counters.verified == 1 and fx.counters.fused_calls == 0  # one stacked add, verified once
+        blocks[1].scale_shift_table.add_(1)  # edited in place: stacked again, with the new values
+        m = cache.get(fx.call, blocks[1], t, 2)
+        assert _same(m, blocks[1].scale_shift_table[None] + t.reshape(2, 6, -1))
+        t2 = t.clone()
+        assert cache.get(fx.call, blocks[0], t2, 2).data_ptr() != first[0].data_ptr()  # another tensor
+    assert fx.counters.fused_calls == 2
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_norm_chains_replace_the_two_kernel_path_and_keep_eager_bits(dtype):
     """LN + adaLN (and the cross-attention residual before norm2) run as one op each; on the CPU
@@ -268,7 +297,7 @@ def test_norm_chains_replace_the_two_kernel_path_and_keep_eager_bits(dtype):
     assert all(torch.equal(o, ref) for o in outs)
     verified = {k[0] for k, ok in fx.verifier.state.items() if ok}
     seen = {k[0] for k in fx.verifier.state}
-    assert {"ln_adaln", "res_ln_adaln"} <= verified
+    assert {"ln_adaln", "res_ln_adaln", "modulation"} <= verified
     assert not seen & {"adaln", "rescale_residual"}, seen
 
 

@@ -284,6 +284,21 @@ def _sdg_fused(x, conv_inv: nn.Conv2d, conv_dw: nn.Conv2d):
 SILU_DWCONV_GLU = register(Op("silu_dwconv_glu", _sdg_eager, _sdg_reference, _sdg_fused))
 
 
+# -- every block's modulation at once: scale_shift_table[None] + timestep.reshape(B, 6, -1) ------
+def _modulation_eager(tables, t, batch: int):
+    """tables [L, 6, D] (the blocks' scale_shift_table, stacked) -> [L, B, 6, D]: each block's own
+    add, as SanaTransformerBlock.forward writes it."""
+    return torch.stack([tables[i][None] + t.reshape(batch, 6, -1) for i in range(tables.shape[0])])
+
+
+def _modulation_stacked(tables, t, batch: int):
+    # one broadcast add: the same fp32 add and rounding for every element, one launch instead of L
+    return tables[:, None] + t.reshape(1, batch, 6, -1)
+
+
+MODULATION = register(Op("modulation", _modulation_eager, _modulation_stacked, _modulation_stacked))
+
+
 # -- cross-attention output: `/ rescale_output_factor` then the block's residual add ---------
 def _rescale_residual_eager(a, r: float, h):
     return a / r + h

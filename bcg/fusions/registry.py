@@ -47,7 +47,7 @@ def _builtin() -> None:
     from . import ops_norm, sana, z_image
 
     register(Rule("sana_block", "SanaTransformerBlock", sana.check_block, sana.block_forward,
-                  ("adaln", "linear_attention", "gated_residual_linear", "gated_residual",
+                  ("modulation", "adaln", "linear_attention", "gated_residual_linear", "gated_residual",
                    "rescale_residual", "conv_bias_silu", "conv_bias_glu", "glu", "dwconv_glu_rows",
                    "dwconv_glu_cols", "silu_dwconv_glu") + ops_norm.OP_NAMES))
     register(Rule("z_image_block", "ZImageTransformerBlock", z_image.check_block, z_image.block_forward,

@@ -3,6 +3,7 @@
 Per block, eager runs ~50 kernels (about 26 elementwise, 9 copies); the fused forward ~28
 (SANA-1.6B: 1,010 kernels a step -> ~573; fewer with the one-pass conv and the norm kernels), its chains verified one by one:
 
+    modulation        table + timestep embedding       1 kernel a block -> 2 a forward (stack + add)
     adaLN x2          LN(x) * (1 + scale) + shift      3 kernels -> 1 (LayerNorm in aten's order,
                       kernels_norm.py; the cross-attention residual joins norm2's kernel)
     linear attention  relu, .float(), pad, two reshape copies; divide, cast   ~9 -> 2
@@ -29,7 +30,7 @@ import torch.nn.functional as F
 from ..breaks import _AttentionKernelBreaks
 from ..graph import active_capture
 from .ops import (CONV_BIAS_GLU, CONV_BIAS_SILU, DWCONV_GLU_COLS, DWCONV_GLU_ROWS, GATED_RESIDUAL,
-                  GATED_RESIDUAL_LINEAR, GLU, LINEAR_ATTENTION, RESCALE_RESIDUAL, SILU_DWCONV_GLU)
+                  GATED_RESIDUAL_LINEAR, GLU, LINEAR_ATTENTION, MODULATION, RESCALE_RESIDUAL, SILU_DWCONV_GLU)
 from .ops_norm import ln_adaln, res_ln_adaln
 from .verify import Verifier
 
@@ -97,14 +98,59 @@ class MaskCache:
         # Inference tensors (the job runs under torch.inference_mode) carry no version counter:
         # for them the key is the tensor's identity alone. diffusers builds the mask anew in every
         # transformer forward and never edits it in place, so identity is enough there.
-        version = None if mask.is_inference() else mask._version
-        key = (attn.heads, target_length, batch_size, version)
+        key = (attn.heads, target_length, batch_size, _version(mask))
         e = self.entry
         if e is not None and e[0] is mask and e[1] == key:
             return e[2]
         out = attn.prepare_attention_mask(mask, target_length, batch_size)
         self.entry = (mask, key, out)
         return out
+
+
+class ModulationCache:
+    """Every block adds its own `scale_shift_table` to the same timestep embedding: a small add each
+    (one launch of ~7 us a block at SANA-1.6B, 20 a forward). The first block of a forward makes all
+    the fused blocks' modulations in one add (ops.MODULATION, verified like every chain) and the
+    others take their slice. Keyed like MaskCache: the timestep tensor itself (so its id cannot be
+    reused), its version and the batch size; and each block's table version when it was stacked, so
+    a table edited in place since (a LoRA fused) makes the stack again."""
+
+    def __init__(self) -> None:
+        self.blocks: list[nn.Module] = []
+        self.entry: tuple | None = None
+
+    def add(self, block: nn.Module) -> None:
+        self.blocks.append(block)
+
+    def get(self, call: Callable, block: nn.Module, timestep: torch.Tensor, batch_size: int) -> torch.Tensor:
+        if self._stale(block, timestep, batch_size):
+            self.entry = (timestep, (_version(timestep), batch_size), *self._make(call, block, timestep, batch_size))
+        index, out = self.entry[2], self.entry[3]
+        if id(block) not in index:  # a block whose table cannot join the stack: its own add
+            return block.scale_shift_table[None] + timestep.reshape(batch_size, 6, -1)
+        return out[index[id(block)][0]]
+
+    def _stale(self, block: nn.Module, timestep: torch.Tensor, batch_size: int) -> bool:
+        e = self.entry
+        if e is None or e[0] is not timestep or e[1] != (_version(timestep), batch_size):
+            return True  # another forward (a new embedding), or this one edited in place
+        stacked = e[2].get(id(block))
+        return stacked is not None and stacked[1] != _version(block.scale_shift_table)
+
+    def _make(self, call: Callable, first: nn.Module, timestep: torch.Tensor, batch_size: int) -> tuple:
+        t0 = first.scale_shift_table
+        same = [b for b in self.blocks
+                if b.scale_shift_table.shape == t0.shape and b.scale_shift_table.dtype == t0.dtype
+                and b.scale_shift_table.device == t0.device]
+        tables = torch.stack([b.scale_shift_table for b in same])
+        index = {id(b): (i, _version(b.scale_shift_table)) for i, b in enumerate(same)}
+        return index, call(MODULATION, tables, timestep, batch_size)
+
+
+def _version(t: torch.Tensor):
+    """A tensor's in-place edit counter; inference tensors (the job runs under torch.inference_mode)
+    have none, and are never edited in place by diffusers."""
+    return None if t.is_inference() else t._version
 
 
 def _cross_attention(attn, hidden_states, encoder_hidden_states, attention_mask, masks: MaskCache):
@@ -153,6 +199,8 @@ def block_forward(block: nn.Module, fx: Verifier) -> Callable:
     attn1, attn2, ff = block.attn1, block.attn2, block.ff
     call = fx.call
     masks = fx.shared.setdefault("sana_masks", MaskCache())  # one per installation: all blocks
+    modulation = fx.shared.setdefault("sana_modulation", ModulationCache())
+    modulation.add(block)
     try:
         from diffusers.models.transformers.sana_transformer import SanaAttnProcessor2_0
     except ImportError:  # pragma: no cover - check_block refused such a diffusers already
@@ -194,9 +242,8 @@ def block_forward(block: nn.Module, fx: Verifier) -> Callable:
         batch_size = hidden_states.shape[0]
 
         # 1. Modulation
-        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = (
-            block.scale_shift_table[None] + timestep.reshape(batch_size, 6, -1)
-        ).chunk(6, dim=1)
+        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = modulation.get(
+            call, block, timestep, batch_size).chunk(6, dim=1)
 
         # 2. Self attention (SanaLinearAttnProcessor2_0 inlined)
         norm_hidden_states = ln_adaln(call, hidden_states, block.norm1, scale_msa, shift_msa)

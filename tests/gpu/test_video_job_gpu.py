@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -68,7 +69,13 @@ def check_mp4s(key: str, a, b) -> None:
     if a[1] == b[1]:
         return
     again = {encode_mp4(Video(a[0], float(a[2]["fps"])), "mp4", SinkConfig()) for _ in range(3)}
-    assert len(again) > 1, f"{key}: equal frames and an encoder that repeats itself, but the mp4 bytes differ"
+    keep = os.environ.get("BCG_TEST_ARTIFACTS")  # the device run's $OUT: the two files, to compare there
+    if keep:
+        for tag, data in (("graph", a[1]), ("eager", b[1]), ("again", next(iter(again)))):
+            (Path(keep) / f"{key}.{tag}.mp4").write_bytes(data)
+    where = (f"re-encoding here gave {len(again)} file(s); the graph job's equals one: {a[1] in again}, "
+             f"the eager job's: {b[1] in again}; sizes {len(a[1])}, {len(b[1])}")
+    assert len(again) > 1, f"{key}: equal frames and an encoder that repeats itself, but the mp4 bytes differ ({where})"
 
     def stream(data):
         with av.open(io.BytesIO(data)) as c:
