@@ -114,13 +114,17 @@ def encode(clip: np.ndarray, variant: str, fps: int = 16) -> bytes:
 CLIPS = {"64x64x12": (64, 64, 12), "480x832x17": (480, 832, 17)}
 
 
-def digests(repeats: int) -> dict:
+def clips(files: list) -> dict:
+    """The seeded clips, or the given .npy frame stacks ([F, H, W, 3] uint8: a job's frames)."""
+    if files:
+        return {Path(f).name: np.load(f) for f in files}
+    return {name: frames(7, n, h, w) for name, (h, w, n) in CLIPS.items()}
+
+
+def digests(repeats: int, files: list) -> dict:
     """{clip: {variant: [digest, ...]}} for `repeats` encodes each, in this process."""
-    out = {}
-    for name, (h, w, n) in CLIPS.items():
-        clip = frames(7, n, h, w)
-        out[name] = {v: [hashlib.sha256(encode(clip, v)).hexdigest()[:16] for _ in range(repeats)] for v in VARIANTS}
-    return out
+    return {name: {v: [hashlib.sha256(encode(clip, v)).hexdigest()[:16] for _ in range(repeats)] for v in VARIANTS}
+            for name, clip in clips(files).items()}
 
 
 def pool_mismatches(workers: int, rounds: int) -> dict:
@@ -141,27 +145,30 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=4, help="encodes per variant in each process")
     ap.add_argument("--processes", type=int, default=3, help="fresh processes, each encoding --repeats times")
+    ap.add_argument("--frames", nargs="*", default=[], help=".npy frame stacks to encode instead of the seeded clips")
+    ap.add_argument("--no-pool", action="store_true", help="skip the thread-pool check")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(digests(args.repeats)))
+        print(json.dumps(digests(args.repeats, args.frames)))
         return
-    runs = [digests(args.repeats)]
+    runs = [digests(args.repeats, args.frames)]
     for _ in range(args.processes):
-        child = subprocess.run([sys.executable, __file__, "--child", "--repeats", str(args.repeats)],
+        child = subprocess.run([sys.executable, __file__, "--child", "--repeats", str(args.repeats),
+                                "--frames", *args.frames],
                                capture_output=True, text=True, check=True, env=dict(os.environ))
         runs.append(json.loads(child.stdout.strip().splitlines()[-1]))
     import av
 
     table = {}
-    for clip in CLIPS:
+    for clip in runs[0]:
         for v in VARIANTS:
             per_process = [sorted(set(r[clip][v])) for r in runs]
             every = {d for p in per_process for d in p}
             table[f"{clip} {v}"] = {"distinct_in_one_process": [len(p) for p in per_process],
                                    "distinct_overall": len(every)}
-    pools = [pool_mismatches(w, 5) for w in (2, 8)]
+    pools = [] if args.no_pool else [pool_mismatches(w, 5) for w in (2, 8)]
     result = {"pools": pools, "host": platform.node(), "cpu": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
               "av": av.__version__, "libs": {k: ".".join(map(str, v)) for k, v in av.library_versions.items()},
               "repeats": args.repeats, "processes": 1 + args.processes, "variants": table, "runs": runs}

@@ -8,9 +8,11 @@ depends on its thread count, which would otherwise follow the machine's cores), 
 `bitexact` flag (no FFmpeg version string in the file). x264's own SEI still names its version
 and settings, so the bytes are reproducible for one PyAV build, and not across PyAV/FFmpeg/x264
 versions. Not on every CPU either: the CPU machines tested repeat themselves (tests/test_sinks_video.py),
-but on the H200 host (session 20) the same frames encoded three times in one process gave three
-different files, frame sizes apart from the second frame on; the cause, in x264 or in FFmpeg's
-RGB -> YUV conversion there, is not found yet. Where bytes must repeat across runs and machines,
+but on the H200 host the same frames sometimes give other bytes in another process (session 21:
+one packet of nine differs between the graph job, the eager job and a re-encode, each in its own
+process, while three encodes in one process agreed; a re-run gave equal bytes; seeded clips, with
+swscale or numpy doing the RGB -> YUV step, repeated themselves in four processes:
+benchmarks/probe_mp4_repeat.py). The cause there is not found yet. Where bytes must repeat across runs and machines,
 the per-frame images (`sink.video_frames`) are the record. Resume and verify never re-encode:
 they compare shards with the manifests written when they were committed.
 

@@ -1,7 +1,6 @@
-"""On CUDA, a whole video job with graph replay writes the same frames (and the same mp4 bytes where the
-host's encoder repeats itself, see `check_mp4s`; and
-LTX-2's and MiniMax-H3's wav bytes) as the same job run eager, for each tiny video preset, overlapped stages and the
-capture policy on.
+"""On CUDA, a whole video job with graph replay writes the same frames and LTX-2's and MiniMax-H3's
+same wav bytes as the same job run eager, for each tiny video preset, overlapped stages and the capture
+policy on; and mp4s that decode alike (equal bytes where the host's x264 gives them, see `check_mp4s`).
 
 Needs PyAV on the GPU machine (carry its wheel, e.g. av-18.1.0-cp311-abi3-manylinux_2_28_x86_64.whl,
 in `.whl/`); without it the test skips. The tokenizer comes from `.minilm/` there (in the repository,
@@ -56,26 +55,24 @@ def samples(out: Path) -> dict:
 
 
 def check_mp4s(key: str, a, b) -> None:
-    """Two jobs' mp4s of equal frames. Where this host's H.264 encoder gives the same bytes each time it
-    encodes these frames, the jobs' bytes must be equal too. The H200 host's does not always: in
-    session 20 the same frames, encoded three times in one process, gave three different files (frame
-    sizes apart from the second frame on; the CPU machines tested repeat themselves), so there
-    the check is what a reader gets: the same number of frames, size and rate."""
+    """Two jobs' mp4s of equal frames. On the machines tested they are equal bytes; on the H200 host
+    they sometimes are not, and the byte-exact record of a video is its per-frame images (the PNG
+    frames above, compared exactly). Measured there: session 20, three encodes of the same frames in
+    one process gave three files; session 21, three encodes in one process gave one file, but the two
+    jobs and the test process gave three (one packet of nine differs; a later run of the same test
+    gave equal bytes). So x264's output there varies from process to process, by something the
+    settings do not fix (one thread, CRF, bitexact muxer); not found yet. Where the bytes differ, the
+    check is what a reader gets: the same number of frames, size and rate. BCG_TEST_ARTIFACTS (the
+    device run's $OUT) keeps both files and the frames, for benchmarks/probe_mp4_repeat.py --frames."""
     import av
-
-    from sinks.config import SinkConfig
-    from sinks.video import Video, encode_mp4
 
     if a[1] == b[1]:
         return
-    again = {encode_mp4(Video(a[0], float(a[2]["fps"])), "mp4", SinkConfig()) for _ in range(3)}
-    keep = os.environ.get("BCG_TEST_ARTIFACTS")  # the device run's $OUT: the two files, to compare there
+    keep = os.environ.get("BCG_TEST_ARTIFACTS")
     if keep:
-        for tag, data in (("graph", a[1]), ("eager", b[1]), ("again", next(iter(again)))):
+        for tag, data in (("graph", a[1]), ("eager", b[1])):
             (Path(keep) / f"{key}.{tag}.mp4").write_bytes(data)
-    where = (f"re-encoding here gave {len(again)} file(s); the graph job's equals one: {a[1] in again}, "
-             f"the eager job's: {b[1] in again}; sizes {len(a[1])}, {len(b[1])}")
-    assert len(again) > 1, f"{key}: equal frames and an encoder that repeats itself, but the mp4 bytes differ ({where})"
+        np.save(Path(keep) / f"{key}.frames.npy", a[0])
 
     def stream(data):
         with av.open(io.BytesIO(data)) as c:
@@ -84,7 +81,8 @@ def check_mp4s(key: str, a, b) -> None:
             return len(frames), frames[0].width, frames[0].height, s.average_rate
 
     assert stream(a[1]) == stream(b[1]) == (a[2]["num_frames"], 64, 64, a[2]["fps"]), key
-    print(f"\n[video gpu] {key}: mp4 bytes differ; this host's encoder does not repeat itself on these frames")
+    print(f"\n[video gpu] {key}: equal frames, mp4 bytes differ ({len(a[1])} vs {len(b[1])} bytes); "
+          f"equal frame count, size and rate")
 
 
 @pytest.mark.parametrize("preset", ["wan_tiny", "sana_video_tiny", "ltx2_tiny", "minimax_h3_tiny"])
