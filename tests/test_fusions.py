@@ -6,6 +6,7 @@ that differs, and never verifies inside a capture."""
 from __future__ import annotations
 
 import logging
+from unittest import mock
 
 import pytest
 import torch
@@ -282,6 +283,52 @@ def test_modulation_cache_makes_every_block_once_a_forward():
     assert fx.counters.fused_calls == 2
 
 
+def test_norm_handoff_is_taken_only_by_its_block_with_that_tensor():
+    """Block i leaves the next block's norm1 output beside its own output; the next block takes it
+    only for that very tensor, unedited, with the same timestep embedding. Anything else (another
+    block, a copy, an in-place edit, another embedding) drops it, and the block normalises itself."""
+    from bcg.fusions.sana import NormHandoff
+
+    a, b = nn.Identity(), nn.Identity()
+    h, t, n = torch.zeros(2, 3), torch.zeros(2), torch.ones(2, 3)
+    handoff = NormHandoff()
+    handoff.put(b, h, t, n)
+    assert handoff.take(b, h, t) is n and handoff.take(b, h, t) is None  # taken once
+    for block, hidden, step in ((a, h, t), (b, h.clone(), t), (b, h, t.clone())):
+        handoff.put(b, h, t, n)
+        assert handoff.take(block, hidden, step) is None and handoff.entry is None
+    handoff.put(b, h, t, n)
+    h.add_(1)  # edited in place after it was normalised
+    assert handoff.take(b, h, t) is None
+
+
+def test_every_block_but_the_last_hands_its_norm_on():
+    """Three blocks: blocks 0 and 1 end in the residual + next norm1 kernel, the last in the plain
+    gated residual; only block 0 normalises its own input; the output is eager's, bit for bit."""
+    from diffusers import SanaTransformer2DModel
+
+    torch.manual_seed(0)
+    model = SanaTransformer2DModel(**{**TINY, "num_layers": 3}).to(torch.bfloat16).eval().requires_grad_(False)
+    kw = tiny_inputs(torch.bfloat16)
+    calls: dict = {}
+    real = Verifier.call
+
+    def counting(self, op, *args, **kwargs):  # every chain a fused forward asks the verifier for
+        calls[op.name] = calls.get(op.name, 0) + 1
+        return real(self, op, *args, **kwargs)
+
+    with torch.inference_mode(), mock.patch.object(Verifier, "call", counting):
+        ref = model(**kw)[0]
+        fx = install_fusions(model, backend="reference")
+        model(**kw)  # verifies
+        calls.clear()
+        out = model(**kw)[0]
+        fx.remove()
+    assert torch.equal(out, ref)
+    assert not [r for r in fx.counters.rejections if "ln_adaln" in r.split()[0]], fx.counters.rejections
+    assert calls["gated_res_ln_adaln"] == 2 and calls["gated_residual"] == 1 and calls["ln_adaln"] == 1, calls
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_norm_chains_replace_the_two_kernel_path_and_keep_eager_bits(dtype):
     """LN + adaLN (and the cross-attention residual before norm2) run as one op each; on the CPU
@@ -297,7 +344,8 @@ def test_norm_chains_replace_the_two_kernel_path_and_keep_eager_bits(dtype):
     assert all(torch.equal(o, ref) for o in outs)
     verified = {k[0] for k, ok in fx.verifier.state.items() if ok}
     seen = {k[0] for k in fx.verifier.state}
-    assert {"ln_adaln", "res_ln_adaln", "modulation"} <= verified
+    assert {"ln_adaln", "res_ln_adaln", "gated_res_ln_adaln", "modulation"} <= verified
+    assert fx.verifier.shared["sana_norm_handoff"].entry is None  # the last block took what it was left
     assert not seen & {"adaln", "rescale_residual"}, seen
 
 

@@ -20,8 +20,9 @@ the forms that matched aten's per-row mean and rstd on every fp32 and bf16 row t
 
 The adaLN part then follows the elementwise rounding plan of kernels.py (fp32 ops, storage-dtype
 rounding where eager stores): `ln(x) * (1 + scale) + shift`. With `HAS_RES`, the row is first
-`a + h` (the cross-attention residual that SANA's `norm2` reads), stored as the block's new
-hidden state and normalised from its rounded values.
+`a + h` (the cross-attention residual that SANA's `norm2` reads), or `h + gate * a` (the
+feed-forward's residual that the next block's `norm1` reads), stored as the new hidden state and
+normalised from its rounded values.
 """
 
 from __future__ import annotations
@@ -89,17 +90,21 @@ def _halve(m, s, c, R: tl.constexpr, OFF: tl.constexpr, MEAN_FMA: tl.constexpr, 
 
 
 @triton.jit
-def _load_row_x(x_ptr, h_ptr, base, offs, mask, HAS_RES: tl.constexpr):
+def _load_row_x(x_ptr, h_ptr, g_ptr, base, g_base, g_sd, offs, mask, HAS_RES: tl.constexpr):
     x = tl.load(x_ptr + base + offs, mask=mask, other=0.0).to(tl.float32)
-    if HAS_RES:  # the residual's sum, rounded where eager stores it
+    if HAS_RES == 1:  # the residual's sum, rounded where eager stores it
         h = tl.load(h_ptr + base + offs, mask=mask, other=0.0).to(tl.float32)
         x = (x + h).to(x_ptr.dtype.element_ty).to(tl.float32)
+    elif HAS_RES == 2:  # h + gate * x (the feed-forward's residual): the product stored, then the sum
+        h = tl.load(h_ptr + base + offs, mask=mask, other=0.0).to(tl.float32)
+        g = tl.load(g_ptr + g_base + offs * g_sd, mask=mask, other=0.0).to(tl.float32)
+        x = (h + (g * x).to(x_ptr.dtype.element_ty).to(tl.float32)).to(x_ptr.dtype.element_ty).to(tl.float32)
     return x
 
 
 @triton.jit
 def _ln_adaln_kernel(x_ptr, h_ptr, s_ptr, t_ptr, o_ptr, r_ptr, m_ptr, rs_ptr, D, N, eps, s_sb, s_sd,
-                     t_sb, t_sd, HAS_RES: tl.constexpr, MEAN_FMA: tl.constexpr, ROUNDS: tl.constexpr,
+                     t_sb, t_sd, g_ptr, g_sb, g_sd, HAS_RES: tl.constexpr, MEAN_FMA: tl.constexpr, ROUNDS: tl.constexpr,
                      BLOCK_D: tl.constexpr, ONLINE: tl.constexpr = 0, SIG_FMA: tl.constexpr = 0,
                      RSQ: tl.constexpr = 0, REDUCE: tl.constexpr = 1, STATS: tl.constexpr = False):
     # ONLINE / SIG_FMA / RSQ / MEAN_FMA / REDUCE: the alternatives benchmarks/bench_fusion_kernels.py
@@ -109,6 +114,7 @@ def _ln_adaln_kernel(x_ptr, h_ptr, s_ptr, t_ptr, o_ptr, r_ptr, m_ptr, rs_ptr, D,
     row = tl.program_id(0).to(tl.int64)
     base = row * D
     b = row // N
+    g_base = b * g_sb
     t = tl.arange(0, LANES * WARPS)
     nvec = D // VEC
     mean = tl.zeros((LANES * WARPS,), tl.float32)
@@ -118,7 +124,7 @@ def _ln_adaln_kernel(x_ptr, h_ptr, s_ptr, t_ptr, o_ptr, r_ptr, m_ptr, rs_ptr, D,
         v = t + k * (LANES * WARPS)
         vm = v < nvec
         for ii in tl.static_range(VEC):
-            x = _load_row_x(x_ptr, h_ptr, base, v * VEC + ii, vm, HAS_RES)
+            x = _load_row_x(x_ptr, h_ptr, g_ptr, base, g_base, g_sd, v * VEC + ii, vm, HAS_RES)
             new_cnt = cnt + 1.0
             delta = x - mean
             inv = tl.div_rn(tl.full(new_cnt.shape, 1.0, tl.float32), new_cnt)
@@ -171,7 +177,7 @@ def _ln_adaln_kernel(x_ptr, h_ptr, s_ptr, t_ptr, o_ptr, r_ptr, m_ptr, rs_ptr, D,
     # normalise, round (LayerNorm's store), then adaLN's plan
     offs = tl.arange(0, BLOCK_D)
     dm = offs < D
-    x = _load_row_x(x_ptr, h_ptr, base, offs, dm, HAS_RES)
+    x = _load_row_x(x_ptr, h_ptr, g_ptr, base, g_base, g_sd, offs, dm, HAS_RES)
     if HAS_RES:
         tl.store(r_ptr + base + offs, x.to(r_ptr.dtype.element_ty), mask=dm)
     y = _r(rstd * (x - mu), o_ptr)
@@ -183,9 +189,10 @@ def _ln_adaln_kernel(x_ptr, h_ptr, s_ptr, t_ptr, o_ptr, r_ptr, m_ptr, rs_ptr, D,
 
 def ln_adaln(x: torch.Tensor, eps: float, scale: torch.Tensor, shift: torch.Tensor,
              residual: torch.Tensor | None = None, mean_fma: int = 0, stats: tuple | None = None,
-             **forms):
+             gate: torch.Tensor | None = None, **forms):
     """adaLN(LayerNorm(x)) for contiguous x [B, N, D] (no affine); with `residual`, x is first
-    `x + residual` and the pair (x + residual, adaLN(LN(x + residual))) is returned.
+    `x + residual` (with `gate` [B or 1, 1, D] too: `residual + gate * x`, the feed-forward's gated
+    residual) and the pair (that sum, adaLN(LN(that sum))) is returned.
     `stats` (mean, rstd fp32 [B * N]) and `forms` (ONLINE, SIG_FMA, RSQ, REDUCE) are for the
     diagnosis in benchmarks/bench_fusion_kernels.py."""
     _check(x.dim() == 3 and x.is_contiguous(), "x must be a contiguous [B, N, D]")
@@ -197,6 +204,10 @@ def ln_adaln(x: torch.Tensor, eps: float, scale: torch.Tensor, shift: torch.Tens
     if residual is not None:
         _check(residual.shape == x.shape and residual.is_contiguous() and residual.dtype == x.dtype,
                "residual must be a contiguous tensor like x")
+    _check(gate is None or residual is not None, "a gate needs a residual")
+    g = gate.expand(B, N, D) if gate is not None else None
+    _check(g is None or (g.dtype == x.dtype and (N == 1 or g.stride(1) == 0)),
+           "gate must have x's dtype and broadcast over tokens")
     s, t = scale.expand(B, N, D), shift.expand(B, N, D)
     _check(N == 1 or (s.stride(1) == 0 and t.stride(1) == 0), "scale/shift must broadcast over tokens")
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
@@ -207,9 +218,12 @@ def ln_adaln(x: torch.Tensor, eps: float, scale: torch.Tensor, shift: torch.Tens
            "unaligned buffers take aten's other LayerNorm kernel")
     rounds = triton.cdiv(D // _VEC, _LANES * _WARPS)
     m, rs = stats if stats is not None else (out, out)
+    has_res = 0 if residual is None else (1 if gate is None else 2)
     _ln_adaln_kernel[(B * N,)](x, residual if residual is not None else x, s, t, out, res, m, rs, D, N, eps,
                                s.stride(0), s.stride(2), t.stride(0), t.stride(2),
-                               HAS_RES=residual is not None, MEAN_FMA=mean_fma, ROUNDS=rounds,
+                               g if g is not None else x, g.stride(0) if g is not None else 0,
+                               g.stride(2) if g is not None else 0,
+                               HAS_RES=has_res, MEAN_FMA=mean_fma, ROUNDS=rounds,
                                BLOCK_D=triton.next_power_of_2(D), STATS=stats is not None,
                                num_warps=_WARPS, **forms, **OPTS)
     return (res, out) if residual is not None else out

@@ -19,7 +19,8 @@ from typing import Callable
 import torch
 from torch import nn
 
-from .ops import ADALN, NotApplicable, Op, _adaln_eager, _adaln_reference, register
+from .ops import ADALN, GATED_RESIDUAL, NotApplicable, Op, _adaln_eager, _adaln_reference, _gres_reference, register
+
 
 def _kernels():
     from . import kernels_norm
@@ -74,7 +75,28 @@ def _res_ln_adaln_fused(a, r: float, h, norm: nn.Module, scale, shift):
 
 RES_LN_ADALN = register(Op("res_ln_adaln", _res_ln_adaln_eager, _res_ln_adaln_reference, _res_ln_adaln_fused))
 
-OP_NAMES = (LN_ADALN.name, RES_LN_ADALN.name)
+
+# -- h' = h + g * y; (h', LN(h') * (1 + scale) + shift): a block's last residual and the next block's
+# norm1 (SANA: the feed-forward's gated residual, then the next block's norm1 + adaLN) ------------
+def _gres_ln_adaln_eager(y, g, h, norm: nn.Module, scale, shift):
+    h = h + g * y
+    return h, _ln_adaln_eager(h, norm, scale, shift)
+
+
+def _gres_ln_adaln_reference(y, g, h, norm: nn.Module, scale, shift):
+    h = _gres_reference(h, g, y)
+    return h, _ln_adaln_reference(h, norm, scale, shift)
+
+
+def _gres_ln_adaln_fused(y, g, h, norm: nn.Module, scale, shift):
+    _plain_layer_norm(norm)
+    return _kernels().ln_adaln(y, norm.eps, scale, shift, residual=h, gate=g)
+
+
+GRES_LN_ADALN = register(Op("gated_res_ln_adaln", _gres_ln_adaln_eager, _gres_ln_adaln_reference,
+                            _gres_ln_adaln_fused))
+
+OP_NAMES = (LN_ADALN.name, RES_LN_ADALN.name, GRES_LN_ADALN.name)
 
 
 def ln_adaln(call: Callable, x: torch.Tensor, norm: nn.Module, scale, shift) -> torch.Tensor:
@@ -92,3 +114,13 @@ def res_ln_adaln(call: Callable, residual_op: Op, a, r: float, h, norm: nn.Modul
         return h, ln_adaln(call, h, norm, scale, shift)
 
     return call(RES_LN_ADALN, a, r, h, norm, scale, shift, fallback=fallback)
+
+
+def gated_res_ln_adaln(call: Callable, y, g, h, norm: nn.Module, scale, shift):
+    """(h + g * y, adaLN(norm(h + g * y))) through the verifier; its fallback is the gated
+    residual's own chain, then `ln_adaln`."""
+    def fallback(y, g, h, norm, scale, shift):
+        h = call(GATED_RESIDUAL, h, g, y)
+        return h, ln_adaln(call, h, norm, scale, shift)
+
+    return call(GRES_LN_ADALN, y, g, h, norm, scale, shift, fallback=fallback)

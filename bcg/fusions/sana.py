@@ -11,7 +11,7 @@ Per block, eager runs ~50 kernels (about 26 elementwise, 9 copies); the fused fo
     cross-attention   the mask prepared once a forward (not once a block); `/ 1.0` dropped
     GLUMBConv         conv bias + SiLU; conv bias + chunk + x * silu(gate)   5 -> 2; or, after the
                       1x1 conv, bias + SiLU + depthwise conv + bias + GLU in one kernel
-    residual 2        gate *, +                        2 -> 1
+    residual 2        gate *, +                        2 -> 1, joined by the next block's norm1 + adaLN
 
 Everything else (projections, LayerNorm, convs, SDPA) is the module's own call and bcg's attention
 breaks stay where they were, so the forward is the block's source with chains swapped for `fx.call`.
@@ -31,7 +31,7 @@ from ..breaks import _AttentionKernelBreaks
 from ..graph import active_capture
 from .ops import (CONV_BIAS_GLU, CONV_BIAS_SILU, DWCONV_GLU_COLS, DWCONV_GLU_ROWS, GATED_RESIDUAL,
                   GATED_RESIDUAL_LINEAR, GLU, LINEAR_ATTENTION, MODULATION, RESCALE_RESIDUAL, SILU_DWCONV_GLU)
-from .ops_norm import ln_adaln, res_ln_adaln
+from .ops_norm import gated_res_ln_adaln, ln_adaln, res_ln_adaln
 from .verify import Verifier
 
 
@@ -122,6 +122,12 @@ class ModulationCache:
     def add(self, block: nn.Module) -> None:
         self.blocks.append(block)
 
+    def following(self, block: nn.Module) -> nn.Module | None:
+        """The fused block installed after this one (the model's next, in SanaTransformer2DModel's
+        loop), or None for the last."""
+        i = next(i for i, b in enumerate(self.blocks) if b is block)
+        return self.blocks[i + 1] if i + 1 < len(self.blocks) else None
+
     def get(self, call: Callable, block: nn.Module, timestep: torch.Tensor, batch_size: int) -> torch.Tensor:
         if self._stale(block, timestep, batch_size):
             self.entry = (timestep, (_version(timestep), batch_size), *self._make(call, block, timestep, batch_size))
@@ -145,6 +151,26 @@ class ModulationCache:
         tables = torch.stack([b.scale_shift_table for b in same])
         index = {id(b): (i, _version(b.scale_shift_table)) for i, b in enumerate(same)}
         return index, call(MODULATION, tables, timestep, batch_size)
+
+
+class NormHandoff:
+    """A block's last residual and the next block's norm1 + adaLN in one kernel (ops_norm.GRES_LN_ADALN;
+    Inductor fuses the same pair across the block boundary): block i makes the next block's
+    normalised input along with its own output and leaves it here. Block i + 1 takes it only if it
+    is the block it was made for, called with that very output tensor (not edited since) and the
+    same timestep embedding; otherwise it is dropped and the block normalises its input itself."""
+
+    def __init__(self) -> None:
+        self.entry: tuple | None = None
+
+    def put(self, target: nn.Module, hidden: torch.Tensor, timestep: torch.Tensor, normed: torch.Tensor) -> None:
+        self.entry = (target, hidden, _version(hidden), timestep, normed)
+
+    def take(self, block: nn.Module, hidden: torch.Tensor, timestep: torch.Tensor) -> torch.Tensor | None:
+        e, self.entry = self.entry, None
+        if e is None or e[0] is not block or e[1] is not hidden or e[2] != _version(hidden) or e[3] is not timestep:
+            return None
+        return e[4]
 
 
 def _version(t: torch.Tensor):
@@ -201,6 +227,7 @@ def block_forward(block: nn.Module, fx: Verifier) -> Callable:
     masks = fx.shared.setdefault("sana_masks", MaskCache())  # one per installation: all blocks
     modulation = fx.shared.setdefault("sana_modulation", ModulationCache())
     modulation.add(block)
+    handoff = fx.shared.setdefault("sana_norm_handoff", NormHandoff())
     try:
         from diffusers.models.transformers.sana_transformer import SanaAttnProcessor2_0
     except ImportError:  # pragma: no cover - check_block refused such a diffusers already
@@ -245,8 +272,11 @@ def block_forward(block: nn.Module, fx: Verifier) -> Callable:
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = modulation.get(
             call, block, timestep, batch_size).chunk(6, dim=1)
 
-        # 2. Self attention (SanaLinearAttnProcessor2_0 inlined)
-        norm_hidden_states = ln_adaln(call, hidden_states, block.norm1, scale_msa, shift_msa)
+        # 2. Self attention (SanaLinearAttnProcessor2_0 inlined); norm1 made by the previous block's
+        # last kernel where it could
+        norm_hidden_states = handoff.take(block, hidden_states, timestep)
+        if norm_hidden_states is None:
+            norm_hidden_states = ln_adaln(call, hidden_states, block.norm1, scale_msa, shift_msa)
         norm_hidden_states = norm_hidden_states.to(hidden_states.dtype)
         if _inlinable(attn1):
             query = attn1.to_q(norm_hidden_states)
@@ -290,8 +320,14 @@ def block_forward(block: nn.Module, fx: Verifier) -> Callable:
         x = glumbconv_in(norm_hidden_states)
         ff_output = ff.conv_point(x)
         ff_output = ff_output.flatten(2, 3).permute(0, 2, 1)
-        hidden_states = call(GATED_RESIDUAL, hidden_states, gate_mlp, ff_output)
-
+        following = modulation.following(block)
+        if following is None:
+            return call(GATED_RESIDUAL, hidden_states, gate_mlp, ff_output)
+        # the residual, then the next block's norm1 + adaLN: one kernel (NormHandoff)
+        shift_next, scale_next = modulation.get(call, following, timestep, batch_size).chunk(6, dim=1)[:2]
+        hidden_states, normed = gated_res_ln_adaln(call, ff_output, gate_mlp, hidden_states, following.norm1,
+                                                   scale_next, shift_next)
+        handoff.put(following, hidden_states, timestep, normed)
         return hidden_states
 
     forward.__bcg_fusion__ = "sana_block"  # type: ignore[attr-defined]

@@ -75,7 +75,8 @@ def test_each_chain_is_bit_exact(dtype):
 @pytest.mark.parametrize("D", [2240, 32, 1152])
 def test_layer_norm_chain_equals_aten(dtype, D):
     """The fused LN + adaLN kernel reproduces aten's CUDA LayerNorm + the three adaLN ops on every
-    input (outlier channels, several row counts), alone and after the residual add."""
+    input (outlier channels, several row counts), alone, after the residual add and after the gated
+    residual (x + gate * a)."""
     from bcg.fusions import kernels_norm  # Triton: GPU machines only
 
     norm = nn.LayerNorm(D, eps=1e-6, elementwise_affine=False).cuda()
@@ -92,9 +93,14 @@ def test_layer_norm_chain_equals_aten(dtype, D):
             want = norm(x) * (1 + sc) + sh
             h2 = a / 1.0 + x
             want_r = norm(h2) * (1 + sc) + sh
+            gate = (torch.randn(B, 1, D, generator=g, device="cuda") * 0.3).to(dtype)
+            h3 = x + gate * a  # the feed-forward's residual, then the next block's norm1
+            want_g = norm(h3) * (1 + sc) + sh
             got = kernels_norm.ln_adaln(x, 1e-6, sc, sh)
             r, got_r = kernels_norm.ln_adaln(a, 1e-6, sc, sh, residual=x)
-            for what, g_, w_ in (("ln_adaln", got, want), ("residual", r, h2), ("res_ln_adaln", got_r, want_r)):
+            rg, got_g = kernels_norm.ln_adaln(a, 1e-6, sc, sh, residual=x, gate=gate)
+            for what, g_, w_ in (("ln_adaln", got, want), ("residual", r, h2), ("res_ln_adaln", got_r, want_r),
+                                 ("gated residual", rg, h3), ("gated_res_ln_adaln", got_g, want_g)):
                 if not torch.equal(g_, w_):
                     bad.append(f"{what} {B}x{N}: {int((g_ != w_).sum())} of {w_.numel()} differ, "
                                f"max {float((g_.float() - w_.float()).abs().max()):.3g}")
