@@ -16,7 +16,7 @@ concurrently are compared with their serial encodes.
 
 A variant repeats itself when every encode gave one digest. Session 20 saw the H200 host give three
 files for three encodes of the same frames in one process; this says whether the conversion or the
-encoder is what varies. Writes probe_mp4_repeat_<host>.json.
+encoder is what varies. `--out DIR` writes DIR/probe_mp4_repeat.json.
 """
 
 from __future__ import annotations
@@ -169,14 +169,16 @@ def main() -> None:
             table[f"{clip} {v}"] = {"distinct_in_one_process": [len(p) for p in per_process],
                                    "distinct_overall": len(every)}
     pools = [] if args.no_pool else [pool_mismatches(w, 5) for w in (2, 8)]
-    result = {"pools": pools, "host": platform.node(), "cpu": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+    result = {"pools": pools, "host": platform.node(), "cpu": platform.processor() or platform.machine(),
+              "cpus": os.cpu_count(),
               "av": av.__version__, "libs": {k: ".".join(map(str, v)) for k, v in av.library_versions.items()},
               "repeats": args.repeats, "processes": 1 + args.processes, "variants": table, "runs": runs}
     print(f"{'clip / variant':34} distinct per process   distinct overall")
     for k, row in table.items():
         print(f"{k:34} {str(row['distinct_in_one_process']):22} {row['distinct_overall']}")
     for p in pools:
-        print(f"thread pool of {p['workers']}: {p['differing_from_serial']} of {p['encodes']} encodes differ from serial")
+        print(f"thread pool of {p['workers']}: {p['differing_from_serial']} of {p['encodes']} encodes "
+              f"differ from serial")
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "probe_mp4_repeat.json").write_text(json.dumps(result, indent=1))
