@@ -128,7 +128,7 @@ class EngineProber:
     def __init__(self, engine, items: Sequence[Item], sig: Signature):
         self.engine, self.items, self.sig = engine, list(items), sig
         self.cuda = engine.cuda
-        self.first = max(1, int(getattr(engine.family, "min_steps", 1)))
+        self.first = engine.family.min_steps
 
     def __call__(self, size: int) -> Optional[Probe]:
         n = self.first
