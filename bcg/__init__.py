@@ -17,7 +17,8 @@ reassigned, resized or handed to callers (callers get clones). `RunnerConfig.deb
 checks their addresses on every replay.
 
 Files: signature (keys), graph (segments, breaks, capture state), breaks (decorator,
-installation), backend (protocol), cuda_backend (CUDA graphs), tape (CPU op tape for tests),
+installation), memo (breaks re-run only when their inputs changed), backend (protocol),
+cuda_backend (CUDA graphs), tape (CPU op tape for tests),
 entry (one captured signature), runner (hit / capture / miss), counters, config; fusions/ (the
 "lossless" tier's bit-exact fused Triton kernels, verified against eager on first sight; installed
 by `apply_graph_runner` on the CUDA backend; `RunnerConfig.fusions`).
@@ -26,6 +27,7 @@ by `apply_graph_runner` on the CUDA backend; `RunnerConfig.fusions`).
 from .breaks import count_breaks, eager_on_graph, install_breaks, remove_breaks
 from .config import RunnerConfig
 from .counters import Counters
+from .memo import memo_on_graph
 from .runner import GraphRunner, apply_graph_runner
 from .signature import describe_difference, flatten, signature
 
@@ -39,6 +41,7 @@ __all__ = [
     "eager_on_graph",
     "flatten",
     "install_breaks",
+    "memo_on_graph",
     "remove_breaks",
     "signature",
 ]

@@ -27,6 +27,10 @@ class Counters:
     peak_graph_bytes: int = 0
     evictions: int = 0
     releases: int = 0
+    memo_runs: int = 0
+    """Replays on which a memo break (bcg.memo) re-ran: its inputs had changed."""
+    memo_reuses: int = 0
+    """Replays on which a memo break kept its last results (SANA: the prompt's K/V, 42 GEMMs)."""
 
     def as_dict(self) -> dict:
         d = asdict(self)

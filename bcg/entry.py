@@ -7,6 +7,9 @@ fresh results into their bridges, replay writes the output. None of them is ever
 resized or freed while the entry lives, and callers never get them: they get clones, so two calls
 (the two CFG branches) never see each other's output. `check_buffers` verifies the addresses
 (`RunnerConfig.debug_check_buffers` runs it on every replay).
+
+Memo breaks (bcg.memo) keep their bridges across replays while their inputs are unchanged; the
+entry's `InputSources` tells them which live inputs changed (noted before each replay's copy).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import torch
 
 from .backend import Backend
 from .graph import CapturedForward, capture_forward
+from .memo import InputSources
 from .signature import Key, rebuild, summarize
 from .tree import clone_tree, tensor_leaves
 
@@ -31,6 +35,7 @@ class GraphEntry:
     output: Any
     capture_seconds: float
     summary: str
+    sources: InputSources | None = None
     addresses: tuple[int, ...] = field(default=())
 
     def __post_init__(self) -> None:
@@ -47,8 +52,11 @@ class GraphEntry:
     def _buffers(self) -> list[torch.Tensor]:
         return self.static_inputs + self.graph.bridge_tensors() + tensor_leaves(self.output)
 
-    def replay(self, leaves: list[torch.Tensor], check: bool = False) -> Any:
-        """Copy the live tensor leaves in, replay, return a clone of the output."""
+    def replay(self, leaves: list[torch.Tensor], check: bool = False, scope: int | None = None) -> Any:
+        """Copy the live tensor leaves in, replay, return a clone of the output. `scope`: the
+        runner's call scope (bcg.memo: when inference tensors count as unchanged)."""
+        if self.sources is not None:
+            self.sources.note(leaves, scope)
         copy_into(self.static_inputs, leaves)
         if check:
             self.check_buffers()
@@ -70,6 +78,7 @@ class GraphEntry:
             "signature": self.summary,
             "segments": self.segments,
             "breaks": len(self.graph.breaks),
+            "memo_breaks": sum(type(b).__name__ == "MemoStep" for b in self.graph.breaks),
             "graph_bytes": self.nbytes,
             "capture_seconds": round(self.capture_seconds, 4),
         }
@@ -124,10 +133,11 @@ def _warmup_like(t: torch.Tensor) -> torch.Tensor:
 
 def capture_entry(
     fn: Callable, args: tuple, kwargs: dict, key: Key, leaves: list[torch.Tensor],
-    backend: Backend, warmup_iters: int,
+    backend: Backend, warmup_iters: int, counters: Any = None, scope: int | None = None,
 ) -> tuple[GraphEntry, Any]:
     """Warm up, capture `fn(*args, **kwargs)` with static buffers; returns the entry and this
-    call's output (a clone, computed by the capture itself)."""
+    call's output (a clone, computed by the capture itself). `counters` (memo runs and reuses)
+    and `scope` (the runner's call scope) serve memo breaks."""
     t0 = time.perf_counter()
     # Copies allocated before the capture: outside the graph pool, fixed addresses.
     static = [static_like(t).copy_(t) for t in leaves]
@@ -137,8 +147,9 @@ def capture_entry(
             w_args, w_kwargs = rebuild(args, kwargs, [_warmup_like(t) for t in leaves])
             fn(*w_args, **w_kwargs)
         recorder = backend.recorder()
-        output, graph = capture_forward(lambda: fn(*s_args, **s_kwargs), recorder)
+        sources = InputSources(static, leaves, scope, counters)
+        output, graph = capture_forward(lambda: fn(*s_args, **s_kwargs), recorder, sources)
         result = clone_tree(output)
     backend.synchronize()
-    entry = GraphEntry(key, static, graph, output, time.perf_counter() - t0, summarize(key))
+    entry = GraphEntry(key, static, graph, output, time.perf_counter() - t0, summarize(key), sources)
     return entry, result

@@ -9,6 +9,9 @@ a segfault) and each replay copies the fresh eager result into them. The break's
 too: they are graph-pool tensors of the previous segment, and freeing them would let a later
 segment of the same pool reuse their memory while the break still reads it.
 
+A memo break (`bcg.memo`) is a break whose replay step re-runs its function only when its inputs
+changed since its last run (the prompt embeddings, passed unchanged through a pipeline call).
+
 Capture state is thread-local and cleared in try/finally; starting a capture while one is active
 on the thread raises. Backends (`bcg.backend`) record the segments: CUDA graphs on GPU, an aten
 op tape on CPU for tests.
@@ -23,6 +26,7 @@ from typing import Any, Callable
 import torch
 
 from .backend import Recorder, Step
+from .memo import InputSources, MemoStep, memo_inputs
 from .tree import tensor_leaves
 
 _state = threading.local()
@@ -59,7 +63,7 @@ class CapturedForward:
     breaks: list[BreakStep] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.breaks = [s for s in self.steps if isinstance(s, BreakStep)]
+        self.breaks = [s for s in self.steps if isinstance(s, (BreakStep, MemoStep))]
 
     @property
     def segments(self) -> int:
@@ -74,8 +78,9 @@ class CapturedForward:
 
 
 class _Capture:
-    def __init__(self, recorder: Recorder) -> None:
+    def __init__(self, recorder: Recorder, sources: InputSources | None) -> None:
         self.recorder = recorder
+        self.sources = sources
         self.steps: list[Step] = []
         self.segment_open = False
 
@@ -89,23 +94,41 @@ class _Capture:
 
     def run_break(self, fn: Callable, args: tuple, kwargs: dict) -> Any:
         """End the segment, run `fn` eagerly once, record it, open the next segment."""
-        self.end()
-        # Breaks inside `fn` are already eager: hide the capture while it runs.
-        _state.capture = None
-        try:
-            out = fn(*args, **kwargs)
-        finally:
-            _state.capture = self
+        out = self._eager(fn, args, kwargs)
         self.steps.append(BreakStep(fn, args, dict(kwargs), tensor_leaves(out)))
         self.begin()
         return out
 
+    def run_memo(self, fn: Callable, args: tuple, kwargs: dict, params: list[torch.Tensor]) -> Any:
+        """A break whose replay re-runs `fn` only when its inputs changed (bcg.memo); a plain
+        break when one of its tensor arguments is not a static input."""
+        inputs = memo_inputs(self.sources, fn, args, kwargs)
+        if inputs is None:
+            return self.run_break(fn, args, kwargs)
+        out = self._eager(fn, args, kwargs)
+        for i in inputs:
+            self.sources.watch(i)
+        self.steps.append(MemoStep(fn, args, dict(kwargs), tensor_leaves(out), self.sources, inputs, list(params)))
+        self.begin()
+        return out
 
-def capture_forward(call: Callable[[], Any], recorder: Recorder) -> tuple[Any, CapturedForward]:
-    """Capture `call()` as segments; returns its output (valid: backends run what they record)."""
+    def _eager(self, fn: Callable, args: tuple, kwargs: dict) -> Any:
+        self.end()
+        # Breaks inside `fn` are already eager: hide the capture while it runs.
+        _state.capture = None
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _state.capture = self
+
+
+def capture_forward(call: Callable[[], Any], recorder: Recorder,
+                    sources: InputSources | None = None) -> tuple[Any, CapturedForward]:
+    """Capture `call()` as segments; returns its output (valid: backends run what they record).
+    `sources`: the static inputs `call` reads, for memo breaks (without it they are plain breaks)."""
     if active_capture() is not None:
         raise RuntimeError("bcg: a capture is already running on this thread; captures do not nest")
-    cap = _Capture(recorder)
+    cap = _Capture(recorder, sources)
     _state.capture = cap
     try:
         cap.begin()

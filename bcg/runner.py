@@ -56,6 +56,8 @@ class GraphRunner:
         self._entries: OrderedDict[Key, GraphEntry] = OrderedDict()  # LRU order: oldest first
         self._eager_keys: set[Key] = set()  # failed or over the memory bound: eager for good
         self._logged: set[Key] = set()
+        self._scope: int | None = None  # the open call_scope's number (bcg.memo)
+        self._scopes = 0
         self._module: nn.Module | None = None
         log.info("bcg: %s runs %s (%s)", name,
                  "as graphs" if self.backend else "eager", self.reason)
@@ -76,7 +78,7 @@ class GraphRunner:
         if entry is not None:
             self._entries.move_to_end(key)
             self.counters.hits += 1
-            return entry.replay(leaves, self.config.debug_check_buffers)
+            return entry.replay(leaves, self.config.debug_check_buffers, self._scope)
         if key in self._eager_keys:
             self._miss(key, "its capture failed or exceeded bcg.max_graph_bytes")
         elif not self.capture_allowed:
@@ -94,7 +96,7 @@ class GraphRunner:
         try:
             with self.capture_lock:
                 entry, out = capture_entry(self.fn, args, kwargs, key, leaves, self.backend,
-                                           self.config.warmup_iters)
+                                           self.config.warmup_iters, self.counters, self._scope)
         except Exception as exc:  # noqa: BLE001 - any failure makes this signature eager
             self._eager_keys.add(key)
             self._logged.add(key)  # this line is the one log line of the signature
@@ -150,6 +152,20 @@ class GraphRunner:
             detail = "no signature is captured"
         log.warning("bcg: signature MISSED [%s]: %s; running eager. %s",
                     summarize(key), why, detail)
+
+    @contextlib.contextmanager
+    def call_scope(self):
+        """One pipeline call (all its denoising steps). Inside it, an inference tensor passed
+        again as the same object counts as unchanged, so memo breaks (bcg.memo) reuse what they
+        made from it; tensors with a version counter are checked by version, scope or not. The
+        caller promises not to edit such inputs in place during the call (diffusers pipelines
+        do not: they pass the same prompt embeddings to every step)."""
+        self._scopes += 1
+        outer, self._scope = self._scope, self._scopes
+        try:
+            yield self
+        finally:
+            self._scope = outer
 
     # -- lifecycle -----------------------------------------------------------------------
     def release_all(self) -> None:

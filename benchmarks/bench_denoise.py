@@ -33,6 +33,7 @@ from common import (TINY, LoopTimer, build_sana, denoise_inputs, device_tag, env
                     flow_schedule, kernel_profile, sync, write_results)
 
 from bcg import RunnerConfig, apply_graph_runner  # noqa: E402
+from bcg.fusions import install_fusions  # noqa: E402
 
 GUIDANCE = 4.5
 COLUMNS = ["mode", "resolution", "batch", "denoise_ms", "denoise_min_ms", "denoise_max_ms",
@@ -83,7 +84,12 @@ def setup_mode(mode: str, model):
             torch._dynamo.reset()
 
         return model, teardown, runner, False
-    if mode.startswith("bcg-fused"):  # one segment + the lossless fused kernels (bcg/fusions)
+    if mode == "bcg-fused-noprompt":  # the fused blocks alone: K/V made every step (no sana_prompt)
+        runner = apply_graph_runner(model, RunnerConfig(backend="cuda", break_policy="none", fusions="lossless"))
+        runner.fusions.remove()
+        runner.fusions = install_fusions(model, rules=["sana_block"])
+        return model, runner.remove, runner, False
+    if mode.startswith("bcg-fused"):  # one graph + the lossless fused kernels (bcg/fusions)
         backend = "cuda" if torch.cuda.is_available() else "tape"
         policy = mode[len("bcg-fused-"):] if mode.startswith("bcg-fused-") else "none"
         runner = apply_graph_runner(model, RunnerConfig(backend=backend, break_policy=policy,
@@ -142,6 +148,7 @@ def measure(mode: str, model, res: int, batch: int, loops: int, ref: torch.Tenso
         if "verified" in fx:
             row.update(fusions_verified=fx["verified"], fusions_rejected=fx["rejected"],
                        fusion_rejections=fx["rejections"])
+        row.update(memo_runs=stats["memo_runs"], memo_reuses=stats["memo_reuses"])
     if ref is not None:
         row["rel_err_vs_eager"] = float((out - ref).norm() / ref.norm())
         row["max_abs_err_vs_eager"] = float((out - ref).abs().max())
@@ -212,7 +219,8 @@ def main() -> None:
     p.add_argument("--configs", default="512x1,1024x1,512x4,1024x4")
     p.add_argument("--modes", default="eager,bcg-none,bcg-attention,bcg-fused",
                    help="modes run at every config (bcg-compile: the compiled forward as a graph; "
-                        "bcg-fused: one graph of the lossless fused kernels, bcg/fusions)")
+                        "bcg-fused: one graph of the lossless fused kernels, bcg/fusions; "
+                        "bcg-fused-noprompt: the same without sana_prompt, K/V made every step)")
     p.add_argument("--tag", default="", help="suffix of the result file names")
     p.add_argument("--budget-s", type=float, default=420, help="wall budget for the whole run")
     p.add_argument("--compile-row-s", type=float, default=110,

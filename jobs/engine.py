@@ -276,7 +276,10 @@ class Engine:
                                  guidance_scale=sig.guidance_scale, num_frames=sig.frames,
                                  fps=batch_fps(items, self.family.fps_conditions), prompts=[it.prompt for it in items],
                                  row_inputs=extra, meta=list(extra.meta) if extra is not None else [])
-        with timer.stage("denoise"):
+        # One pipeline call: its prompt embeddings (inference tensors) stay as they are through
+        # every step, so the graphs' memo breaks (SANA's prompt K/V) may keep what they made.
+        scope = self.runner.call_scope() if self.runner is not None else contextlib.nullcontext()
+        with timer.stage("denoise"), scope:
             latents = self.family.denoise(self.pipe, request)
         if self.cuda:
             self.decode_stream.wait_stream(torch.cuda.current_stream(self.device))

@@ -98,13 +98,16 @@ def test_install_and_remove_leave_model_code_and_outputs(dtype, grad_mode):
     with grad_mode():
         ref = model(**kw)[0]
         fx = install_fusions(model, backend="reference")
-        assert len(fx.installed) == TINY["num_layers"]
+        # every block, and the caption path's two modules (sana_prompt)
+        assert [r for r, _, _ in fx.installed].count("sana_block") == TINY["num_layers"]
+        assert [m for r, m, _ in fx.installed if r == "sana_prompt"] == [model.caption_projection, model.caption_norm]
         assert all("forward" in b.__dict__ for b in model.transformer_blocks)
         outs = [model(**kw)[0] for _ in range(2)]  # first sight verifies, then the fused plans
-        assert fx.remove() == TINY["num_layers"]
+        assert fx.remove() == TINY["num_layers"] + 2
         after = model(**kw)[0]
     assert SanaTransformerBlock.forward is class_forward
-    assert all("forward" not in b.__dict__ for b in model.transformer_blocks)
+    assert all("forward" not in m.__dict__ for m in [*model.transformer_blocks, model.caption_projection,
+                                                     model.caption_norm])
     assert all(torch.equal(o, ref) for o in outs) and torch.equal(after, ref)
     c = fx.counters
     assert c.verified >= 5 and c.fused_calls > 0
@@ -121,7 +124,8 @@ def test_blocks_with_their_own_forward_are_left_alone():
     mine = blk.forward
     blk.forward = mine  # an instance forward: someone else's wrapper
     fx = install_fusions(model, backend="reference")
-    assert len(fx.installed) == TINY["num_layers"] - 1 and blk.__dict__["forward"] is mine
+    blocks = [m for r, m, _ in fx.installed if r == "sana_block"]
+    assert len(blocks) == TINY["num_layers"] - 1 and blk.__dict__["forward"] is mine
     fx.remove()
     assert blk.__dict__["forward"] is mine
 
@@ -236,7 +240,9 @@ def test_inlined_cross_attention_keeps_the_attention_breaks():
             runner.remove()
             fx.remove()
     assert all(torch.equal(o, r) for o, r in zip(outs, refs + refs))
-    assert {e["segments"] for e in stats["entries"]} == {TINY["num_layers"] + 1}
+    # one break a block (its SDPA) and the prompt-state memo (sana_prompt): layers + 2 segments
+    assert {(e["segments"], e["breaks"], e["memo_breaks"]) for e in stats["entries"]} == {
+        (TINY["num_layers"] + 2, TINY["num_layers"] + 1, 1)}
     assert fx.counters.verified > 0
 
 

@@ -12,7 +12,8 @@ Quality tiers (`RunnerConfig.fusions`):
 
 Layout: ops (each chain's eager / reference / fused), kernels (Triton, GPU only), verify (first-
 sight verification and counters), registry (rules: module pattern + forward), sana (the SANA block),
-z_image (the Z-Image block; its kernels in kernels_z_image).
+sana_prompt (SANA's caption path and K/V, once per prompt batch under a graph), z_image (the
+Z-Image block; its kernels in kernels_z_image).
 A rule only reorganises *which* calls run; every arithmetic op keeps eager's fp32-then-round plan,
 and LayerNorm, GEMMs, convs and attention stay aten's. The verifier guards the rest: a chain that
 is not equal to eager on live inputs runs eager for good, and the count says so.
@@ -75,9 +76,11 @@ class Fusions:
             if why is not None:
                 self.skipped[why] = self.skipped.get(why, 0) + 1
                 continue
-            fwd = rule.make_forward(sub, self.verifier)
-            sub.forward = fwd
-            self.installed.append((rule.name, sub, fwd))
+            made = rule.make_forward(sub, self.verifier)
+            for child, fwd in (made.items() if isinstance(made, dict) else [("", made)]):
+                target = sub.get_submodule(child) if child else sub
+                target.forward = fwd
+                self.installed.append((rule.name, target, fwd))
         for why, n in self.skipped.items():
             log.warning("bcg.fusions: %d module(s) keep their forward: %s", n, why)
         log.info("bcg.fusions: %d forward(s) fused (%s backend)", len(self.installed), self.verifier.backend)

@@ -22,7 +22,9 @@ class Rule:
     """Class name of the modules the rule applies to."""
     check: Callable[[nn.Module], "str | None"]
     """Why a matching module cannot take the rule (None: it can)."""
-    make_forward: Callable[[nn.Module, Verifier], Callable]
+    make_forward: Callable[[nn.Module, Verifier], "Callable | dict[str, Callable]"]
+    """The module's new forward, or {child name: forward} for a rule that swaps children's
+    forwards (sana_prompt: the model's caption path)."""
     ops: tuple[str, ...]
     """The fused chains the forward uses (ops.OPS names)."""
 
@@ -46,6 +48,7 @@ def get(name: str) -> Rule:
 def _builtin() -> None:
     from . import ops_norm, sana, z_image
 
+    register(Rule("sana_prompt", "SanaTransformer2DModel", sana.check_prompt, sana.prompt_forwards, ()))
     register(Rule("sana_block", "SanaTransformerBlock", sana.check_block, sana.block_forward,
                   ("modulation", "adaln", "linear_attention", "gated_residual_linear", "gated_residual",
                    "rescale_residual", "conv_bias_silu", "conv_bias_glu", "glu", "dwconv_glu_rows",

@@ -16,8 +16,10 @@ Per block, eager runs ~50 kernels (about 26 elementwise, 9 copies); the fused fo
 Everything else (projections, convs, SDPA) is the module's own call and bcg's attention breaks stay
 where they were, so the forward is the block's source with chains swapped for `fx.call`.
 Installation sets an instance `forward` on each block; removal deletes it. Model code is not edited.
-The blocks of one installation share three small caches (`Verifier.shared`): the cross-attention
-mask, the forward's modulations, and the norm one block hands the next.
+The blocks of one installation share small caches (`Verifier.shared`): the cross-attention mask,
+the forward's modulations, the norm one block hands the next, and the prompt state (the caption
+path and every block's cross-attention K/V, made once per prompt batch under a graph:
+sana_prompt.py, installed on the model by the `sana_prompt` rule).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from ..graph import active_capture
 from .ops import (CONV_BIAS_GLU, CONV_BIAS_SILU, DWCONV_GLU_COLS, DWCONV_GLU_ROWS, GATED_RESIDUAL,
                   GATED_RESIDUAL_LINEAR, GLU, LINEAR_ATTENTION, MODULATION, RESCALE_RESIDUAL, SILU_DWCONV_GLU)
 from .ops_norm import gated_res_ln_adaln, ln_adaln, res_ln_adaln
+from .sana_prompt import PromptState, caption_forwards, check_model
 from .verify import Verifier
 
 
@@ -79,6 +82,17 @@ def check_block(block: nn.Module) -> str | None:
         if conv.bias is None or conv.padding_mode != "zeros":
             return "GLUMBConv convs without bias or with non-zero padding"
     return None
+
+
+def check_prompt(model: nn.Module) -> str | None:
+    """Why this model's caption path cannot make the prompt state (sana_prompt; None: it can)."""
+    return check_model(model, check_block)
+
+
+def prompt_forwards(model: nn.Module, fx: Verifier) -> dict[str, Callable]:
+    """caption_projection / caption_norm forwards that make every fused block's K/V once per
+    prompt batch under a graph (sana_prompt.py)."""
+    return caption_forwards(model, fx.shared.setdefault("sana_prompt", PromptState()), check_block)
 
 
 def _inlinable(attn: nn.Module) -> bool:
@@ -181,9 +195,11 @@ def _version(t: torch.Tensor):
     return None if t.is_inference() else t._version
 
 
-def _cross_attention(attn, hidden_states, encoder_hidden_states, attention_mask, masks: MaskCache):
+def _cross_attention(attn, hidden_states, encoder_hidden_states, attention_mask, masks: MaskCache,
+                     prompt: PromptState):
     """SanaAttnProcessor2_0, op for op, up to `to_out` (the caller fuses `/ rescale_output_factor`
-    with the residual), with the prepared mask shared across blocks."""
+    with the residual), with the prepared mask shared across blocks and K/V from the prompt state
+    (sana_prompt) where it made them."""
     batch_size, sequence_length, _ = (
         hidden_states.shape if encoder_hidden_states is None else encoder_hidden_states.shape
     )
@@ -193,8 +209,12 @@ def _cross_attention(attn, hidden_states, encoder_hidden_states, attention_mask,
     query = attn.to_q(hidden_states)
     if encoder_hidden_states is None:
         encoder_hidden_states = hidden_states
-    key = attn.to_k(encoder_hidden_states)
-    value = attn.to_v(encoder_hidden_states)
+    kv = prompt.take_kv(attn, encoder_hidden_states)
+    if kv is None:
+        key = attn.to_k(encoder_hidden_states)
+        value = attn.to_v(encoder_hidden_states)
+    else:
+        key, value = kv
     if attn.norm_q is not None:
         query = attn.norm_q(query)
     if attn.norm_k is not None:
@@ -230,6 +250,7 @@ def block_forward(block: nn.Module, fx: Verifier) -> Callable:
     modulation = fx.shared.setdefault("sana_modulation", ModulationCache())
     modulation.add(block)
     handoff = fx.shared.setdefault("sana_norm_handoff", NormHandoff())
+    prompt = fx.shared.setdefault("sana_prompt", PromptState())
     try:
         from diffusers.models.transformers.sana_transformer import SanaAttnProcessor2_0
     except ImportError:  # pragma: no cover - check_block refused such a diffusers already
@@ -302,7 +323,7 @@ def block_forward(block: nn.Module, fx: Verifier) -> Callable:
         # 3. Cross attention (the module's own call: bcg's breaks live there)
         if attn2 is not None and type(attn2.processor) is SanaAttnProcessor2_0 and _inlinable(attn2):
             attn_output = _cross_attention(attn2, hidden_states, encoder_hidden_states,
-                                           encoder_attention_mask, masks)
+                                           encoder_attention_mask, masks, prompt)
             # the residual add, norm2 and its modulation: one kernel
             hidden_states, norm_hidden_states = res_ln_adaln(
                 call, RESCALE_RESIDUAL, attn_output, attn2.rescale_output_factor, hidden_states,

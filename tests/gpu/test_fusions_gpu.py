@@ -134,7 +134,7 @@ def test_sana_1600m_fused_forward_equals_eager():
              cfg_inputs(SANA_1600M, torch.bfloat16, batch=1, side=32, text=300, real=47, seed=1),
              cfg_inputs(SANA_1600M, torch.bfloat16, batch=4, side=16, text=300, real=47, seed=2)]
     fx = _check_model(model, cases)
-    assert fx["modules"] == SANA_1600M["num_layers"]
+    assert fx["modules"] == SANA_1600M["num_layers"] + 2  # the blocks, the caption path's two modules
     rejected = {r.split()[0] for r in fx["rejections"]}
     assert rejected <= set(GUESSES), fx["rejections"]
     assert not rejected & set(ops_norm.OP_NAMES), fx["rejections"]  # the norm kernels equal aten's
@@ -147,7 +147,41 @@ def test_tiny_sana_fused_forward_equals_eager(dtype, policy):
     model = build(TINY, dtype)
     cases = [cfg_inputs(TINY, dtype, seed=s) for s in range(2)]
     fx = _check_model(model, cases, policy)
-    assert fx["modules"] == TINY["num_layers"]
+    assert fx["modules"] == TINY["num_layers"] + 2
+
+
+@pytest.mark.parametrize("grad_mode", [torch.no_grad, torch.inference_mode])
+@pytest.mark.parametrize("config", ["tiny", "1600m"])
+def test_prompt_state_is_made_once_per_prompt_batch(config, grad_mode):
+    """The denoising loop's shape: new latents and timestep each step, one prompt batch for four
+    steps (then a second batch). Every step equals eager, bit for bit, while the caption path and
+    the cross-attention K/V (bcg/fusions/sana_prompt.py) ran once per batch, not once per step.
+    inference_mode is the job's: inference tensors have no version counter, the call scope counts."""
+    cfg = TINY if config == "tiny" else SANA_1600M
+    model = build(cfg, torch.bfloat16)
+    side, text = (8, 12) if config == "tiny" else (32, 300)
+    batches = []
+    for b in range(2):
+        base = cfg_inputs(cfg, torch.bfloat16, side=side, text=text, real=5, seed=10 * b)
+        batches.append([dict(base, hidden_states=cfg_inputs(cfg, torch.bfloat16, side=side, text=text,
+                                                             seed=10 * b + i + 1)["hidden_states"],
+                             timestep=base["timestep"] - 40 * i) for i in range(4)])
+    with grad_mode():
+        refs = [[model(**kw)[0] for kw in steps] for steps in batches]
+        runner = apply_graph_runner(model, RunnerConfig(break_policy="none", fusions="lossless"))
+        try:
+            outs = []
+            for steps in batches:
+                with runner.call_scope():
+                    outs.append([model(**kw)[0] for kw in steps])
+            c = runner.counters
+        finally:
+            runner.remove()
+    for b, (want, got) in enumerate(zip(refs, outs)):
+        for i, (r, o) in enumerate(zip(want, got)):
+            assert torch.equal(o, r), (b, i, (o.float() - r.float()).abs().max().item())
+    # batch 0: capture + 3 replays (reused); batch 1: 4 replays, the first re-runs the memo
+    assert (c.captures, c.hits, c.memo_runs, c.memo_reuses) == (1, 7, 1, 6), c
 
 
 def test_key_first_seen_in_capture_runs_eager():
