@@ -89,7 +89,7 @@ def setup_mode(mode: str, model):
         runner.fusions.remove()
         runner.fusions = install_fusions(model, rules=["sana_block"])
         return model, runner.remove, runner, False
-    if mode.startswith("bcg-fused"):  # one graph + the lossless fused kernels (bcg/fusions)
+    if mode.startswith("bcg-fused"):  # graphs of the lossless fused forward (bcg/fusions), prompt memo included
         backend = "cuda" if torch.cuda.is_available() else "tape"
         policy = mode[len("bcg-fused-"):] if mode.startswith("bcg-fused-") else "none"
         runner = apply_graph_runner(model, RunnerConfig(backend=backend, break_policy=policy,

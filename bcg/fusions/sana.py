@@ -1,7 +1,8 @@
 """SANA: `SanaTransformerBlock.forward` with its elementwise chains fused (diffusers 0.42 source).
 
 Per block, eager runs ~50 kernels (about 26 elementwise, 9 copies); the fused forward ~23
-(SANA-1.6B: 1,010 kernels a step -> 478 on the H200; Inductor 492), its chains verified one by one:
+(SANA-1.6B: 1,010 kernels a step -> 478 on the H200, 427 with the prompt memo below; Inductor 492),
+its chains verified one by one:
 
     modulation        table + timestep embedding       1 kernel a block -> 2 a forward (stack + add)
     adaLN x2          LN(x) * (1 + scale) + shift      3 kernels -> 1 (LayerNorm in aten's order,
