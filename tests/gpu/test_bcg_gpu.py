@@ -77,7 +77,8 @@ def check_replays(model, policy, cases, expect_segments=None):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("policy, segments", [("none", 1), ("attention", TINY["num_layers"] + 1)])
+# Segments: the lossless tier's prompt memo (bcg/fusions/sana_prompt.py) is one break more.
+@pytest.mark.parametrize("policy, segments", [("none", 2), ("attention", TINY["num_layers"] + 2)])
 def test_tiny_sana_replay_equals_eager(dtype, policy, segments):
     model = build(TINY, dtype)
     cases = [cfg_inputs(TINY, dtype, seed=s) for s in range(3)]
@@ -93,7 +94,7 @@ def sana16b():
     torch.cuda.empty_cache()
 
 
-@pytest.mark.parametrize("policy, segments", [("none", 1), ("attention", 21)])
+@pytest.mark.parametrize("policy, segments", [("none", 2), ("attention", 22)])
 def test_sana_1600m_replay_equals_eager_cfg_two_text_lengths(sana16b, policy, segments):
     # 512^2 (16x16 latents), CFG batch 2, two text buckets (64, 128) with masked tails.
     cases = [cfg_inputs(SANA_1600M, torch.bfloat16, side=16, text=text, real=47, seed=s)
@@ -109,7 +110,7 @@ def test_sana_1600m_replay_equals_eager_cfg_two_text_lengths(sana16b, policy, se
 def test_sana_1600m_batch4_1024_replay_equals_eager(sana16b):
     cases = [cfg_inputs(SANA_1600M, torch.bfloat16, batch=4, side=32, text=300, real=47, seed=s)
              for s in (0, 1)]
-    check_replays(sana16b, "none", cases, 1)
+    check_replays(sana16b, "none", cases, 2)
 
 
 def test_release_all_returns_graph_memory(sana16b):
