@@ -1,4 +1,5 @@
-"""Kernel-level check of two SANA-1.6B fusions on the GPU: bit-exactness against eager, and time.
+"""Kernel-level check of fusions on the GPU (SANA-1.6B's, and Z-Image's RMSNorm variance): bit-exactness
+against eager, and time.
 
 1. LayerNorm + adaLN (bcg/fusions/kernels_norm.py), alone and with the residual add before it:
    each MEAN_FMA variant against eager (aten LayerNorm, then adaLN's three bf16 ops), on hidden
@@ -12,9 +13,13 @@
    bias_glu or the one-pass dwconv_glu) and as the 1x1 conv + kernels.silu_dwconv_glu over a sweep
    of tiles; each checked equal to eager. Timed as CUDA-graph replays of 20 calls (no Python
    launch overhead, as the job's graphs run them).
+4. `row_var`: Z-Image's RMSNorm variance (kernels_z_image.row_variance) at its 1024² shapes, a sweep of
+   tiles (rows a program, warps, unrolled loop), each checked equal to aten's `x.float().pow(2).mean(-1)`,
+   timed as CUDA-graph replays beside those two aten kernels.
 
     python benchmarks/bench_fusion_kernels.py --out benchmarks/results
     python benchmarks/bench_fusion_kernels.py --only silu_dw --out benchmarks/results
+    python benchmarks/bench_fusion_kernels.py --only row_var --out benchmarks/results
 
 Shapes are SANA-1.6B's (D = 2240, GLUMBConv 2 x 5600 channels) under CFG (2 rows an image) at
 512² and 1024², batch 1 and 4. Times: median of CUDA-event timings of `--iters` back-to-back calls.
@@ -251,6 +256,43 @@ def silu_dw_rows() -> list[dict]:
     return out
 
 
+# Z-Image at 1024², batch 1: 4,096 image tokens + the caption, 3840 wide, 30 heads of 128
+ROW_VAR_SHAPES = {"norm 4192x3840": (4192, 3840), "qk norm 125760x128": (4192 * 30, 128)}
+ROW_VAR_TILES = {3840: [(r, w, u) for r in (1, 2, 4, 8, 16) for w in (1, 4) for u in (True, False)],
+                 128: [(r, w, False) for r in (4, 16, 64) for w in (1, 4)]}
+
+
+def row_var_rows() -> list[dict]:
+    """kernels_z_image.row_variance: every tile against aten's `x.float().pow(2).mean(-1)` (bits)
+    and its time inside a CUDA graph, beside aten's two kernels it replaces."""
+    from bcg.fusions import kernels_z_image as K
+
+    torch.manual_seed(0)
+    out = []
+    for name, (M, L) in ROW_VAR_SHAPES.items():
+        x = torch.randn(M, L, device="cuda").to(torch.bfloat16)
+        want = x.float().pow(2).mean(-1, keepdim=True)
+        modes = [m for m in K.VAR_MODES if (m.startswith("vec") or L == 128)
+                 and torch.equal(K.row_variance(x, m), want)]
+        row = {"kernel": "row_var", "shape": name, "modes_equal_to_aten": modes,
+               "aten_us": graph_timed(lambda: x.float().pow(2).mean(-1, keepdim=True)),
+               "default_tile": list(K.VAR_TILE["vec" if L > 128 else "strided"]), "tiles": []}
+        mode = modes[0] if modes else ("vec_dec" if L > 128 else "strided_dec")
+        for tile in ROW_VAR_TILES[L]:
+            try:
+                eq = bool(torch.equal(K.row_variance(x, mode, tile), want))
+                us = graph_timed(lambda: K.row_variance(x, mode, tile))
+            except Exception as exc:  # noqa: BLE001 - a tile that does not compile is a row too
+                eq, us = False, None
+                print(f"tile {tile}: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+            row["tiles"].append({"tile": list(tile), "us": us, "equal": eq})
+        ok = [t for t in row["tiles"] if t["equal"] and t["us"] is not None]
+        row["best"] = min(ok, key=lambda t: t["us"]) if ok else None
+        out.append(row)
+        print(json.dumps(row), flush=True)
+    return out
+
+
 def write(out_dir: Path, rows: list[dict], cmd: str, stem: str = "fusion_kernels") -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     tag = device_tag()
@@ -270,6 +312,13 @@ def write(out_dir: Path, rows: list[dict], cmd: str, stem: str = "fusion_kernels
                 f"{b['kernel_only_us'] if b else '-'}), default {default['us'] if default else '-'} "
                 f"| eager {r['eager_us']}; today {r['today_cudnn_pair_us']} (cuDNN dw) / "
                 f"{r['today_one_pass_dw_us']} (one-pass dw); 1x1 alone {r['conv1x1_nobias_us']} |")
+        elif r["kernel"] == "row_var":
+            b, default = r["best"], next((t for t in r["tiles"] if t["tile"] == r["default_tile"]), None)
+            lines.append(f"| row_var (CUDA graph, us a call; modes equal to aten: {r['modes_equal_to_aten']}) "
+                         f"| {r['shape']} | {sum(t['equal'] for t in r['tiles'])} of {len(r['tiles'])} tiles "
+                         f"| best {b['us'] if b else '-'} (tile {b['tile'] if b else '-'}), default "
+                         f"{default['us'] if default else '-'} (tile {r['default_tile']}) "
+                         f"| aten pow + mean {r['aten_us']} |")
         elif r["kernel"] == "ln_adaln":
             lines.append(f"| ln_adaln | {r['shape']} | {r['equal_of_3']} | {r['fused_us']} / res {r['fused_res_us']} "
                          f"| {r['aten_ln_plus_adaln_us']} / res {r['add_ln_adaln_us']} |")
@@ -284,11 +333,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="benchmarks/results")
     p.add_argument("--iters", type=int, default=50)
-    p.add_argument("--skip", default="", help="comma list: ln, dw, silu_dw")
-    p.add_argument("--only", default="", help="comma list: run only these sections (ln, dw, silu_dw)")
+    p.add_argument("--skip", default="", help="comma list: ln, dw, silu_dw, row_var")
+    p.add_argument("--only", default="", help="comma list: run only these sections (ln, dw, silu_dw, row_var)")
     p.add_argument("--diagnose", action="store_true", help="only: which kernel form equals aten's LN stats")
     a = p.parse_args()
-    sections = ("ln", "dw", "silu_dw")
+    sections = ("ln", "dw", "silu_dw", "row_var")
     only = set(filter(None, a.only.split(","))) or set(sections)
     ran = [n for n in sections if n in only and n not in set(filter(None, a.skip.split(",")))]
     rows = []
@@ -303,6 +352,8 @@ def main() -> None:
             rows += dw_rows(a.iters)
         if "silu_dw" in ran:
             rows += silu_dw_rows()
+        if "row_var" in ran:
+            rows += row_var_rows()
     # a partial run gets its own files (fusion_kernels_silu_dw_h200.*): it must not replace the full run's
     stem = "fusion_kernels" if len(ran) == len(sections) else "_".join(["fusion_kernels", *ran])
     write(Path(a.out), rows, "python benchmarks/bench_fusion_kernels.py " + " ".join(sys.argv[1:]), stem)

@@ -88,38 +88,46 @@ def _lane_tree(t, ROWS: tl.constexpr, W: tl.constexpr, DEC: tl.constexpr):
 
 
 @triton.jit
+def _sq4(base, j, lane, c4, m):
+    # x² of the [ROWS, 32, 4] tile of step j: lane l's 4 contiguous elements (j * 32 + l) * 4 + i
+    v = tl.load(base[:, None, None] + ((j * 32 + lane) * 4)[None, :, None] + c4[None, None, :], mask=m,
+                other=0.0).to(tl.float32)
+    return v * v
+
+
+@triton.jit
 def _row_var_kernel(x_ptr, o_ptr, M, factor, L: tl.constexpr, VEC: tl.constexpr, DEC: tl.constexpr,
-                    ROWS: tl.constexpr):
+                    ROWS: tl.constexpr, UNROLL: tl.constexpr):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     rm = rows < M
     lane = tl.arange(0, 32)
-    base = x_ptr + rows.to(tl.int64)[:, None] * L
-    m = rm[:, None] & (lane < 32)[None, :]
-    a0 = tl.zeros((ROWS, 32), dtype=tl.float32)
-    a1 = tl.zeros((ROWS, 32), dtype=tl.float32)
-    a2 = tl.zeros((ROWS, 32), dtype=tl.float32)
-    a3 = tl.zeros((ROWS, 32), dtype=tl.float32)
+    base = x_ptr + rows.to(tl.int64) * L
     if VEC:
-        for j in range(L // 128):  # in order: the lane's accumulation order
-            p = base + ((j * 32 + lane) * 4)[None, :]
-            v0 = tl.load(p, mask=m, other=0.0).to(tl.float32)
-            v1 = tl.load(p + 1, mask=m, other=0.0).to(tl.float32)
-            v2 = tl.load(p + 2, mask=m, other=0.0).to(tl.float32)
-            v3 = tl.load(p + 3, mask=m, other=0.0).to(tl.float32)
-            a0 = a0 + v0 * v0
-            a1 = a1 + v1 * v1
-            a2 = a2 + v2 * v2
-            a3 = a3 + v3 * v3
+        # One [ROWS, 32, 4] load a step (8-byte vectors in bf16, coalesced across lanes); the four
+        # accumulators are the last axis, each summed in its lane's order.
+        c4 = tl.arange(0, 4)
+        m = rm[:, None, None] & (lane < 32)[None, :, None] & (c4 < 4)[None, None, :]
+        acc = tl.zeros((ROWS, 32, 4), dtype=tl.float32)
+        if UNROLL:  # every step's load issued up front: a program's loads overlap
+            for j in tl.static_range(L // 128):
+                acc = acc + _sq4(base, j, lane, c4, m)
+        else:
+            for j in range(L // 128):
+                acc = acc + _sq4(base, j, lane, c4, m)
+        even, odd = tl.split(tl.reshape(acc, (ROWS, 32, 2, 2)))  # i = 2 * a + b: even holds i = 0, 2
+        a0, a2 = tl.split(even)
+        a1, a3 = tl.split(odd)
     else:
-        p = base + lane[None, :]
+        m = rm[:, None] & (lane < 32)[None, :]
+        p = base[:, None] + lane[None, :]
         v0 = tl.load(p, mask=m, other=0.0).to(tl.float32)
         v1 = tl.load(p + 32, mask=m, other=0.0).to(tl.float32)
         v2 = tl.load(p + 64, mask=m, other=0.0).to(tl.float32)
         v3 = tl.load(p + 96, mask=m, other=0.0).to(tl.float32)
-        a0 = a0 + v0 * v0
-        a1 = a1 + v1 * v1
-        a2 = a2 + v2 * v2
-        a3 = a3 + v3 * v3
+        a0 = v0 * v0
+        a1 = v1 * v1
+        a2 = v2 * v2
+        a3 = v3 * v3
     t = ((a0 + a1) + a2) + a3
     t = _lane_tree(t, ROWS, 32, DEC)
     t = _lane_tree(t, ROWS, 16, DEC)
@@ -129,21 +137,29 @@ def _row_var_kernel(x_ptr, o_ptr, M, factor, L: tl.constexpr, VEC: tl.constexpr,
     tl.store(o_ptr + rows, tl.reshape(t, (ROWS,)) * factor, mask=rm)
 
 
-def row_variance(x: torch.Tensor, mode: str) -> torch.Tensor:
+VAR_TILE = {"vec": (4, 4, True), "strided": (16, 4, False)}
+"""(rows a program, warps, unroll the row loop) per order family. Session 22's choice: rows of 3840
+had run 16 rows a program with four strided loads a step, ~47 us a call at Z-Image's 4,192 rows;
+`bench_fusion_kernels.py --only row_var` sweeps the tiles (every tile bit-exact: the order is the
+same, only the loads and the grid change)."""
+
+
+def row_variance(x: torch.Tensor, mode: str, tile: tuple | None = None) -> torch.Tensor:
     """`x.float().pow(2).mean(-1, keepdim=True)` in aten's CUDA reduction order `mode` (VAR_MODES)."""
     _check(x.is_contiguous() and x.dim() >= 2, "x must be contiguous")
     L = x.shape[-1]
     M = x.numel() // L
     _check(M >= 16, "fewer than 16 rows: aten's block is no longer one warp a row")
-    if mode.startswith("vec"):
+    vec = mode.startswith("vec")
+    if vec:
         _check(L % 128 == 0 and L < 8192, "vectorized rows: a multiple of 128, under 8192 (one warp a row)")
     else:
         _check(L == 128, "the unvectorized order is modelled for rows of 128")
     out = torch.empty((*x.shape[:-1], 1), dtype=torch.float32, device=x.device)
     factor = float(np.float32(M) / np.float32(M * L))  # aten: static_cast<float>(outputs) / numel
-    rows = 16
-    _row_var_kernel[(triton.cdiv(M, rows),)](x, out, M, factor, L=L, VEC=mode.startswith("vec"),
-                                             DEC=mode.endswith("dec"), ROWS=rows, **OPTS)
+    rows, warps, unroll = tile or VAR_TILE["vec" if vec else "strided"]
+    _row_var_kernel[(triton.cdiv(M, rows),)](x, out, M, factor, L=L, VEC=vec, DEC=mode.endswith("dec"),
+                                             ROWS=rows, UNROLL=unroll, num_warps=warps, **OPTS)
     return out
 
 
