@@ -197,14 +197,15 @@ def test_tiny_fused_forward_equals_eager(dtype, policy):
     _check_model(model, [inputs(TINY, dtype, 8, [7]), inputs(TINY, dtype, 8, [7, 40], seed=1)], policy)
 
 
-# Family -> the block class its fusion rule targets (tests/gpu/test_family_graphs_gpu.py has no SANA
+# Family -> the classes its fusion rules target (tests/gpu/test_family_graphs_gpu.py has no SANA
 # prompts: it covers the families without a dedicated GPU test; these two prompts share SANA's bucket).
-FUSED_FAMILIES = {"sana": "SanaTransformerBlock", "z_image": "ZImageTransformerBlock"}
+FUSED_FAMILIES = {"sana": ("SanaTransformerBlock", "SanaTransformer2DModel"),  # blocks; the caption path
+                  "z_image": ("ZImageTransformerBlock",)}
 SANA_PROMPTS = ("a red fox", "a lighthouse on a cliff at dusk, waves crashing below")
 
 
 def test_every_rule_has_a_family_here():
-    assert {r.target for r in RULES.values()} <= set(FUSED_FAMILIES.values())
+    assert {r.target for r in RULES.values()} <= {t for targets in FUSED_FAMILIES.values() for t in targets}
 
 
 def _offline_minilm(name: str) -> list[str]:
