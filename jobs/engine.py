@@ -81,6 +81,7 @@ class Submitted:
     batch_size: int
     timer: "StageClock"
     observed: bool = False  # the capture policy has seen its denoise time (jobs/stages.py)
+    alone: bool = False  # no other batch was in flight beside its denoise (jobs/stages.py)
 
 
 class StageClock:

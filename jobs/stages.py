@@ -123,7 +123,11 @@ class StagePipeline:
                         self.engine.end_run()  # sorted plan: the previous signature never comes back
                     current = batch.signature
                 self._begin(batch, left[index[id(batch)]], flight)
-                flight.append(self._submit(batch, enc))
+                sub = self._submit(batch, enc)
+                # Overlapped, a batch's denoise shares the GPU with the previous batch's decode;
+                # one submitted with nothing in flight had it alone (the capture policy's rule).
+                sub.alone = self.overlap and not flight
+                flight.append(sub)
                 while len(flight) > self.depth:
                     yield self._collect(flight.popleft())
             while flight:  # their work is done: hand it on, so the sink can commit it
@@ -161,7 +165,7 @@ class StagePipeline:
         if ms is None:
             return
         sub.observed = True
-        if self.policy.observe((sub.batch.signature, sub.batch_size), sub.mode, ms):
+        if self.policy.observe((sub.batch.signature, sub.batch_size), sub.mode, ms, sub.alone):
             self.engine.end_run()  # replay did not pay: free the graphs, the rest runs eager
 
     def _collect(self, sub: Submitted) -> BatchResult:

@@ -144,6 +144,33 @@ def test_policy_releases_graphs_when_replay_does_not_pay_and_learns_the_ratio():
     assert not p.wants_capture(other, steps=20, batches_left=10)
 
 
+def test_a_batch_that_ran_alone_is_not_the_eager_measurement():
+    """The overlapped pipeline's first batch denoises without a decode beside it; the batches after
+    it share the GPU with one. Its time must not stand for eager, or replay (beside a decode) looks
+    slower than it is: the H200 job once released every key's graphs this way."""
+    p = CapturePolicy(prior_ratio=0.9, min_gain=0.02)
+    key = (SIG, 8)
+    p.observe(key, "eager", 2250.0, alone=True)
+    assert p.needs_measurement(key) and not p.wants_capture(key, steps=20, batches_left=58)
+    p.observe(key, "eager", 2500.0)  # beside a decode, like every later batch
+    assert p.wants_capture(key, steps=20, batches_left=57)
+    p.observe(key, "replay", 2700.0)  # the capturing batch
+    assert not p.observe(key, "replay", 2404.0)  # 3.8% under 2500: the graphs stay
+    assert {r["batch"]: (r["decision"], r["eager_ms"], r["batches"]) for r in p.report()} == {8: ("captured", 2500.0, 4)}
+
+
+def test_the_overlapped_pipeline_marks_only_its_first_batch_alone(sana):
+    cfg, fam, pipe, padder = sana
+    engine = Engine(cfg, fam, pipe, padder, None, "cpu")
+    batches = [Batch(SIG, items(1, i), 1) for i in range(3)]
+    for overlap, want in ((True, [True, False, False]), (False, [False, False, False])):
+        pipeline = StagePipeline(engine, CapturePolicy(), overlap=overlap)
+        seen, observe = [], pipeline._observe
+        pipeline._observe = lambda sub, wait: (seen.append(sub.alone), observe(sub, wait))
+        assert len(list(pipeline.run(batches, stop=lambda: False))) == 3
+        assert seen == want, overlap
+
+
 def test_policy_always_captures_every_capturable_key():
     p = CapturePolicy(mode="always")
     assert p.wants_capture((SIG, 1), steps=20, batches_left=1)
