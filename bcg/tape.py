@@ -6,7 +6,8 @@ fresh result into the recorded output, so recorded tensors behave like a CUDA gr
 memory: a new value copied into a static input changes the replayed result, a stale bridge
 changes it too, and a tensor re-created outside the tape is never seen.
 
-    view ops (alias outputs)       not re-run: the recorded view still aliases its base
+    view ops (alias outputs)       not re-run: the recorded view still aliases its base (a may-alias
+                                   op whose output is new memory, as reshape can be, is functional)
     in-place and out= ops          re-run: they write into the recorded tensors themselves
     functional ops                 re-run, result copied into the recorded output
 
@@ -64,6 +65,11 @@ class _Op:
                     dst.copy_(src)
 
 
+def _aliases_an_input(out: Any, args: tuple, kwargs: dict) -> bool:
+    inputs = {t.untyped_storage().data_ptr() for t in _tensors(list(args) + list(kwargs.values()))}
+    return any(t.untyped_storage().data_ptr() in inputs for t in _tensors(out))
+
+
 def _kind(func) -> str:
     schema = func._schema
     if any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments):
@@ -89,6 +95,11 @@ class _TapeMode(TorchDispatchMode):
             )
         out = func(*args, **kwargs)
         kind = _kind(func)
+        if kind == "view" and not _aliases_an_input(out, args, kwargs):
+            # A may-alias op that made a new tensor: reshape of a layout no view can express,
+            # .to() a new dtype, contiguous(). No-grad dispatch decomposes these into a clone or
+            # _to_copy; inference_mode hands the composite op here whole. Re-run it like any other.
+            kind = "functional"
         if kind != "view":
             self.ops.append(_Op(func, args, kwargs, _tensors(out), kind == "functional"))
         return out

@@ -138,3 +138,21 @@ def test_tape_replays_inplace_and_view_ops():
     x.copy_(torch.arange(6.0) * 10)
     graph.replay()
     assert torch.equal(out, expected())
+
+
+@pytest.mark.parametrize("grad_mode", [torch.no_grad, torch.inference_mode])
+def test_tape_reruns_may_alias_ops_that_made_new_memory(grad_mode):
+    """Under inference_mode the tape sees composite ops whole: reshape of a transposed tensor,
+    .to() another dtype and contiguous() return new memory although their schemas may alias. They
+    must be re-run on replay like functional ops (a view of the input is not)."""
+    with grad_mode():
+        x = torch.randn(2, 6, 4).transpose(1, 2)  # [2, 4, 6], no view can flatten it
+
+        def f():
+            return x.reshape(2, -1) * 1, x.to(torch.float64), x.contiguous(), x[:, :1]
+
+        outs, graph = capture_forward(f, TapeRecorder())
+        x.copy_(torch.randn(2, 6, 4).transpose(1, 2))
+        graph.replay()
+        want = (x.reshape(2, -1), x.to(torch.float64), x.contiguous(), x[:, :1])
+        assert all(torch.equal(o, w) for o, w in zip(outs, want))

@@ -32,15 +32,13 @@ def _steps(n: int, dtype, seed: int = 0) -> list[dict]:
     return out
 
 
-# no_grad only: the CPU op tape does not replay SANA under inference_mode (without this rule too:
-# bf16's timestep embedding, and the fused blocks' strided matmul, differ on replay). The call
-# scope that inference tensors need is tested on the tape in tests/test_bcg_memo.py, and the job
-# (inference_mode) runs fused SANA under CUDA graphs in tests/gpu.
+# inference_mode is the job's: inference tensors carry no version counter, so the call scope counts.
+@pytest.mark.parametrize("grad_mode", [torch.no_grad, torch.inference_mode])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_prompt_kv_made_once_per_prompt_batch_and_outputs_stay_eager(dtype):
+def test_prompt_kv_made_once_per_prompt_batch_and_outputs_stay_eager(dtype, grad_mode):
     model = tiny_sana(dtype)
     steps, steps2 = _steps(4, dtype), _steps(2, dtype, seed=7)
-    with torch.no_grad():
+    with grad_mode():
         refs = [model(**kw)[0] for kw in steps + steps2]
         fx = install_fusions(model, backend="reference")
         runner = apply_graph_runner(model, RunnerConfig(backend="tape", fusions="off", break_policy="none"))
