@@ -157,20 +157,26 @@ def dw_rows(iters: int) -> list[dict]:
         want = pair()
         row = {"kernel": "dwconv_glu", "shape": name, "cudnn_plus_glu_us": timed(pair, iters),
                "cudnn_conv_us": timed(lambda: F.conv2d(x, w, None, 1, 1, 1, 2 * HIDDEN), iters), "tiles": []}
-        for tile in TILES:
-            try:
-                got = kernels.dwconv_glu(x, w, bias, False, tile)
-                eq = bool(torch.equal(got, want))
-                us = timed(lambda: kernels.dwconv_glu(x, w, bias, False, tile), iters)
-            except Exception as exc:  # noqa: BLE001 - a tile that does not compile is a row too
-                eq, us = False, None
-                print(f"tile {tile}: {type(exc).__name__}: {exc}", flush=True)
-            row["tiles"].append({"tile": list(tile), "us": us, "equal": eq})
-        ok = [t for t in row["tiles"] if t["equal"] and t["us"] is not None]
-        row["best"] = min(ok, key=lambda t: t["us"]) if ok else None
+        sweep(row, TILES, lambda tile: kernels.dwconv_glu(x, w, bias, False, tile), want,
+              lambda f: timed(f, iters))
         out.append(row)
         print(json.dumps({k: v for k, v in row.items() if k != "tiles"}), flush=True)
     return out
+
+
+def sweep(row: dict, tiles, run, want: torch.Tensor, time_fn) -> None:
+    """Each tile's `run(tile)` against `want` (bits) and its time into row["tiles"]; row["best"]: the
+    fastest equal tile. A tile that does not compile is a row too."""
+    for tile in tiles:
+        try:
+            eq = bool(torch.equal(run(tile), want))
+            us = time_fn(lambda: run(tile))
+        except Exception as exc:  # noqa: BLE001
+            eq, us = False, None
+            print(f"tile {tile}: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+        row["tiles"].append({"tile": list(tile), "us": us, "equal": eq})
+    ok = [t for t in row["tiles"] if t["equal"] and t["us"] is not None]
+    row["best"] = min(ok, key=lambda t: t["us"]) if ok else None
 
 
 def graph_timed(fn, calls: int = 20, reps: int = 7) -> float:
@@ -278,16 +284,7 @@ def row_var_rows() -> list[dict]:
                "aten_us": graph_timed(lambda: x.float().pow(2).mean(-1, keepdim=True)),
                "default_tile": list(K.VAR_TILE["vec" if L > 128 else "strided"]), "tiles": []}
         mode = modes[0] if modes else ("vec_dec" if L > 128 else "strided_dec")
-        for tile in ROW_VAR_TILES[L]:
-            try:
-                eq = bool(torch.equal(K.row_variance(x, mode, tile), want))
-                us = graph_timed(lambda: K.row_variance(x, mode, tile))
-            except Exception as exc:  # noqa: BLE001 - a tile that does not compile is a row too
-                eq, us = False, None
-                print(f"tile {tile}: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
-            row["tiles"].append({"tile": list(tile), "us": us, "equal": eq})
-        ok = [t for t in row["tiles"] if t["equal"] and t["us"] is not None]
-        row["best"] = min(ok, key=lambda t: t["us"]) if ok else None
+        sweep(row, ROW_VAR_TILES[L], lambda tile: K.row_variance(x, mode, tile), want, graph_timed)
         out.append(row)
         print(json.dumps(row), flush=True)
     return out
