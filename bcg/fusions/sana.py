@@ -34,6 +34,7 @@ import torch.nn.functional as F
 
 from ..breaks import _AttentionKernelBreaks
 from ..graph import active_capture
+from ..memo import version as _version  # None for inference tensors (the job's torch.inference_mode)
 from .ops import (CONV_BIAS_GLU, CONV_BIAS_SILU, DWCONV_GLU_COLS, DWCONV_GLU_ROWS, GATED_RESIDUAL,
                   GATED_RESIDUAL_LINEAR, GLU, LINEAR_ATTENTION, MODULATION, RESCALE_RESIDUAL, SILU_DWCONV_GLU)
 from .ops_norm import gated_res_ln_adaln, ln_adaln, res_ln_adaln
@@ -188,12 +189,6 @@ class NormHandoff:
         if e is None or e[0] is not block or e[1] is not hidden or e[2] != _version(hidden) or e[3] is not timestep:
             return None
         return e[4]
-
-
-def _version(t: torch.Tensor):
-    """A tensor's in-place edit counter; inference tensors (the job runs under torch.inference_mode)
-    have none, and are never edited in place by diffusers."""
-    return None if t.is_inference() else t._version
 
 
 def _cross_attention(attn, hidden_states, encoder_hidden_states, attention_mask, masks: MaskCache,
