@@ -4,6 +4,9 @@ step's output is still eager's, bit for bit; a new or edited prompt makes them a
 
 from __future__ import annotations
 
+import dataclasses
+
+import numpy as np
 import pytest
 import torch
 
@@ -104,3 +107,39 @@ def test_kv_go_only_to_their_attention_with_that_normed_tensor():
     assert state.take_kv(b, n) is None and state.take_kv(a, n.clone()) is None
     assert state.take_kv(a, n) == (k, v)
     assert state.take_kv(a, n) is None  # taken once
+
+
+def test_the_job_reuses_the_prompt_state_across_a_batchs_steps():
+    """The job's path: Engine.generate runs the SANA pipeline under inference_mode (inference
+    tensors: no version counters), inside the runner's call scope. The prompt state is made once a
+    batch and reused by its other steps, and the images are the eager engine's bytes."""
+    from jobs.engine import Engine
+    from jobs.plan import Batch
+    from padding import get_padder
+    from tests.helpers import tiny_pipeline
+    from tests.test_stages import SIG, items
+
+    cfg, fam, pipe = tiny_pipeline("sana_tiny", "sampling.height=64", "sampling.width=64", "sampling.steps=3")
+    padder = get_padder("sana", buckets=cfg.text_buckets, native_length=cfg.model.max_sequence_length)
+    sig = dataclasses.replace(SIG, steps=3)
+    batches = [Batch(sig, items(2, 0, sig), 2), Batch(sig, items(2, 2, sig), 2)]
+    eager = [Engine(cfg, fam, pipe, padder, None, "cpu").generate(b) for b in batches]
+    transformer = fam.transformer(pipe)
+    fx = install_fusions(transformer, backend="reference")
+    runner = apply_graph_runner(transformer, RunnerConfig(backend="tape", break_policy="none", fusions="off"))
+    try:
+        engine = Engine(cfg, fam, pipe, padder, runner, "cpu")
+        graphed = []
+        for b in batches:
+            engine.begin_batch(b)
+            graphed.append(engine.generate(b))
+        c = runner.counters
+    finally:
+        runner.remove()
+        fx.remove()
+    for a, b in zip(eager, graphed):
+        assert all(np.array_equal(x, y) for x, y in zip(a.images, b.images))
+    # 3 steps a batch, one transformer call each (CFG in one batch): batch 1 captures on its first
+    # step and replays two; batch 2 replays three, the first re-making the prompt state.
+    assert (c.captures, c.hits) == (1, 5)
+    assert (c.memo_runs, c.memo_reuses) == (1, 4)
