@@ -104,7 +104,9 @@ class JobStats:
             f"  graphs: {g.get('mode', 'eager')}, hits {g.get('hits', 0)}, misses {g.get('misses', 0)}, "
             f"declined by the capture policy {g.get('declined', 0)}, "
             f"captures {g.get('captures', 0)} ({g.get('capture_seconds', 0.0):.1f}s), "
-            f"segments {g.get('segments', 0)}, capture failures {g.get('capture_failures', 0)}",
+            f"segments {g.get('segments', 0)}, capture failures {g.get('capture_failures', 0)}"
+            + (f", prompt state reused {g['memo_reuses']} / made {g['memo_runs']} times on replay"
+               if g.get("memo_reuses") or g.get("memo_runs") else ""),
             self._batching_line(),
             f"  shards: {self.shards} committed this run; bad rows {self.bad_rows}; truncated prompts "
             f"{self.truncated_prompts}; NaN/Inf images {len(self.nonfinite_keys)}; OOM splits {self.oom_splits}",

@@ -133,7 +133,7 @@ def test_the_job_reuses_the_prompt_state_across_a_batchs_steps():
         for b in batches:
             engine.begin_batch(b)
             graphed.append(engine.generate(b))
-        c = runner.counters
+        c, stats = runner.counters, runner.stats()
     finally:
         runner.remove()
         fx.remove()
@@ -143,3 +143,7 @@ def test_the_job_reuses_the_prompt_state_across_a_batchs_steps():
     # step and replays two; batch 2 replays three, the first re-making the prompt state.
     assert (c.captures, c.hits) == (1, 5)
     assert (c.memo_runs, c.memo_reuses) == (1, 4)
+    from jobs.summary import JobStats  # the job's closing block says so
+
+    line = next(x for x in JobStats(graph=stats).lines() if x.lstrip().startswith("graphs:"))
+    assert line.endswith("prompt state reused 4 / made 1 times on replay"), line
