@@ -219,7 +219,7 @@ def main() -> None:
     p.add_argument("--configs", default="512x1,1024x1,512x4,1024x4")
     p.add_argument("--modes", default="eager,bcg-none,bcg-attention,bcg-fused",
                    help="modes run at every config (bcg-compile: the compiled forward as a graph; "
-                        "bcg-fused: one graph of the lossless fused kernels, bcg/fusions; "
+                        "bcg-fused: graphs of the lossless fused forward, bcg/fusions, prompt memo included; "
                         "bcg-fused-noprompt: the same without sana_prompt, K/V made every step)")
     p.add_argument("--tag", default="", help="suffix of the result file names")
     p.add_argument("--budget-s", type=float, default=420, help="wall budget for the whole run")
