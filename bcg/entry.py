@@ -21,7 +21,7 @@ from typing import Any, Callable
 import torch
 
 from .backend import Backend
-from .graph import CapturedForward, capture_forward
+from .graph import CapturedForward, MemoStep, capture_forward
 from .memo import InputSources
 from .signature import Key, rebuild, summarize
 from .tree import clone_tree, tensor_leaves
@@ -78,7 +78,7 @@ class GraphEntry:
             "signature": self.summary,
             "segments": self.segments,
             "breaks": len(self.graph.breaks),
-            "memo_breaks": sum(type(b).__name__ == "MemoStep" for b in self.graph.breaks),
+            "memo_breaks": sum(isinstance(b, MemoStep) for b in self.graph.breaks),
             "graph_bytes": self.nbytes,
             "capture_seconds": round(self.capture_seconds, 4),
         }

@@ -26,7 +26,7 @@ from typing import Any, Callable
 import torch
 
 from .backend import Recorder, Step
-from .memo import InputSources, MemoStep, memo_inputs
+from .memo import InputSources, memo_inputs, version
 from .tree import tensor_leaves
 
 _state = threading.local()
@@ -54,6 +54,35 @@ class BreakStep:
 
 
 @dataclass
+class MemoStep(BreakStep):
+    """A break re-run on replay only when its inputs' generations or its params' versions moved
+    (bcg.memo); otherwise its bridges keep the last results."""
+
+    sources: InputSources
+    inputs: tuple[int, ...]
+    params: list[torch.Tensor]
+    last: tuple = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.last = self._state()
+
+    def _state(self) -> tuple:
+        return (tuple(self.sources.generation[i] for i in self.inputs), tuple(version(p) for p in self.params))
+
+    def replay(self) -> None:
+        state = self._state()
+        counters = self.sources.counters
+        if state == self.last:
+            if counters is not None:
+                counters.memo_reuses += 1
+            return
+        super().replay()
+        self.last = state
+        if counters is not None:
+            counters.memo_runs += 1
+
+
+@dataclass
 class CapturedForward:
     """The steps of one captured call, replayed in capture order."""
 
@@ -63,7 +92,7 @@ class CapturedForward:
     breaks: list[BreakStep] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.breaks = [s for s in self.steps if isinstance(s, (BreakStep, MemoStep))]
+        self.breaks = [s for s in self.steps if isinstance(s, BreakStep)]  # memo breaks too
 
     @property
     def segments(self) -> int:

@@ -6,9 +6,10 @@ cross-attention K and V, 42 GEMMs a forward). `memo_on_graph(fn, params)` marks 
 
 - outside a capture it is `fn` (an eager forward computes it every call);
 - during a capture it is a break (bcg.graph): `fn` runs eagerly once and its outputs become
-  bridges; on replay the `MemoStep` re-runs `fn` only when the live tensor behind one of its inputs
-  changed since its last run, or one of `params` was edited in place. Otherwise the bridges keep
-  the last results, which are the bits `fn` would make again (same calls, same inputs).
+  bridges; on replay its step (`bcg.graph.MemoStep`) re-runs `fn` only when the live tensor behind
+  one of its inputs changed since its last run, or one of `params` was edited in place. Otherwise
+  the bridges keep the last results, which are the bits `fn` would make again (same calls, same
+  inputs).
 
 Which live inputs changed is the entry's `InputSources`. Every live input is still copied into its
 static buffer on every replay (so nothing else about replay changes); for the static inputs a memo
@@ -31,7 +32,6 @@ from __future__ import annotations
 import functools
 import logging
 import weakref
-from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
@@ -78,41 +78,6 @@ class InputSources:
 
 def _source(live: torch.Tensor, scope: int | None) -> tuple:
     return weakref.ref(live), version(live), scope
-
-
-@dataclass
-class MemoStep:
-    """A break re-run on replay only when its inputs' generations or its params' versions moved."""
-
-    fn: Callable
-    args: tuple
-    kwargs: dict
-    bridges: list[torch.Tensor]
-    sources: InputSources
-    inputs: tuple[int, ...]
-    params: list[torch.Tensor]
-    last: tuple = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.last = self._state()
-
-    def _state(self) -> tuple:
-        return (tuple(self.sources.generation[i] for i in self.inputs), tuple(version(p) for p in self.params))
-
-    def replay(self) -> None:
-        state = self._state()
-        counters = self.sources.counters
-        if state == self.last:
-            if counters is not None:
-                counters.memo_reuses += 1
-            return
-        fresh = self.fn(*self.args, **self.kwargs)
-        for dst, src in zip(self.bridges, tensor_leaves(fresh)):
-            if src is not dst:
-                dst.copy_(src)
-        self.last = state
-        if counters is not None:
-            counters.memo_runs += 1
 
 
 def memo_on_graph(fn: Callable, params: Callable[[], list[torch.Tensor]]) -> Callable:
