@@ -13,7 +13,7 @@ Modes, all at the same steps, size and guidance, on the same prompts (benchmarks
     plainN    a plain diffusers loop: SanaPipeline.from_pretrained(DIR) called on N prompts at a
               time with output_type="pil" (what a user writes instead of bcgen; it writes no files)
 Each mode runs in its own process. Per mode: images/s over the generation stage and over the
-whole wall time, GPU busy over the generation stage (NVML, jobs/gpu_monitor.py), the job's stage
+whole wall time, GPU busy over the generation stage (NVML, jobs/telemetry/gpu_monitor.py), the job's stage
 breakdown and graph counters, and whether bcg's bytes equal `off`'s.
 
 Components (published configs; vocabularies cut to the offline MiniLM tokenizer's 30,522):
@@ -180,7 +180,7 @@ import json, sys, time
 sys.path.insert(0, {root!r})
 import torch
 from diffusers import SanaPipeline
-from jobs.gpu_monitor import GpuMonitor
+from jobs.telemetry.gpu_monitor import GpuMonitor
 path, prompts, res, steps, guidance, batch, limit = sys.argv[1:]
 res, steps, guidance, batch, limit = int(res), int(steps), float(guidance), int(batch), int(limit)
 t0 = time.perf_counter()
@@ -281,7 +281,7 @@ def report(args) -> None:
              "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         lines.append("| " + " | ".join("—" if r.get(c) is None else str(r.get(c)) for c in cols) + " |")
-    lines += ["", "Batch sizing (jobs/batch_sizer.py):", ""]
+    lines += ["", "Batch sizing (jobs/worker/batch_sizer.py):", ""]
     for r in rows:
         b = r.get("batching") or {}
         if b:

@@ -41,9 +41,9 @@ WORKER_PROBE = r"""
 import sys, time
 t0 = time.perf_counter()
 from tests.helpers import compose_cfg
-from jobs.distributed import Group, Topology
-from jobs.run import prepare
-from jobs.summary import StageTimer
+from jobs.worker.ranks import Group, Topology
+from jobs.worker.prepare import prepare
+from jobs.telemetry.summary import StageTimer
 import torch
 cfg = compose_cfg(sys.argv[1:])
 prep = prepare(cfg, StageTimer(), Group(Topology(), torch.device("cpu"), 1.0), torch.device("cpu"))

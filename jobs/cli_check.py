@@ -69,8 +69,8 @@ def _check_one(overrides: List[str], multirun: bool) -> None:
     from omegaconf.errors import OmegaConfBaseException
 
     from jobs.config import register_configs, to_typed
-    from jobs.resume import check_writable
-    from jobs.storage import resolve
+    from jobs.output.claim import check_writable
+    from jobs.output.storage import resolve
 
     register_configs()
     try:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from jobs.dataset import DatasetConfig
-from jobs.dataset_validate import MAX_FPS, MAX_FRAMES, MAX_SIDE, MAX_STEPS
+from jobs.dataset.rules import MAX_FPS, MAX_FRAMES, MAX_SIDE, MAX_STEPS
 from jobs.errors import UserError
 from sinks.config import SinkConfig
 
@@ -160,12 +160,12 @@ class BcgConfig:
     """Quality tier: lossless (bit-exact fused kernels, verified against eager) | fast (= compile) | off."""
     capture: str = "auto"
     """auto: a (signature, batch size) captures only when its remaining batches pay for the capture,
-    measured on its first batch (jobs/capture_policy.py); always: capture every capturable one."""
+    measured on its first batch (jobs/worker/dispatcher.py); always: capture every capturable one."""
     capture_min_gain: float = 0.02
     """auto: release a key's graphs when replay is not this fraction faster than eager."""
     batch_grow: str = "auto"
     """Grow the pool past its largest size (x2, x4, ...) while memory allows and it pays, measured at
-    warm-up on the real model (jobs/batch_sizer.py): auto (on CUDA) | on (any device) | off."""
+    warm-up on the real model (jobs/worker/batch_sizer.py): auto (on CUDA) | on (any device) | off."""
     batch_grow_max: int = 64
     """The largest batch size growing may reach."""
     batch_grow_min_gain: float = 0.03
@@ -211,7 +211,7 @@ class JobConfig:
     dist_timeout_min: float = 1440.0
     """Ranks (torchrun) wait at most this long at a barrier: the last one waits for the slowest rank."""
     overlap: Optional[bool] = None
-    """Overlap text encoding and VAE decoding with denoising (jobs/stages.py): true | false | null
+    """Overlap text encoding and VAE decoding with denoising (jobs/worker/scheduler.py): true | false | null
     (null: on with CUDA, off on a CPU, where the stages share the same cores). Bytes are the same."""
     verify: str = "members"
     """On resume, check each committed shard against its manifest: members (file size and the member
@@ -224,10 +224,10 @@ class JobConfig:
     lease expires) until every unit is done; false: exit and leave them to their holders."""
     tensorboard: Optional[str] = None
     """A folder for TensorBoard: each worker logs images/s, the job's done items and ETA, and the
-    graph runner's counters (jobs/tensorboard_log.py). Needs `pip install -e '.[tensorboard]'`."""
+    graph runner's counters (jobs/telemetry/tensorboard.py). Needs `pip install -e '.[tensorboard]'`."""
     staging_dir: Optional[str] = None
     """With an object-store output_dir (s3://...): the local folder where shards are committed
-    before their upload, and where leases and locks live (jobs/storage.py). null: a folder per
+    before their upload, and where leases and locks live (jobs/output/storage.py). null: a folder per
     output_dir under ~/.cache/bcgen/staging/. Array tasks or nodes sharing one run need a folder
     they all mount (NFS, Lustre)."""
 
@@ -282,7 +282,7 @@ class GenerateConfig:
     plan: PlanConfig = field(default_factory=PlanConfig)
     output_dir: str = "outputs/sana_tiny"
     """Shards, index, summary and error ledger go here; stable across reruns (resume). A local path
-    or an object store URL through fsspec (s3://bucket/prefix, gs://...; jobs/storage.py)."""
+    or an object store URL through fsspec (s3://bucket/prefix, gs://...; jobs/output/storage.py)."""
     device: str = "auto"
     """auto (cuda if available) | cpu | cuda."""
 
@@ -301,7 +301,7 @@ def register_configs() -> None:
 
     from omegaconf import OmegaConf
 
-    from jobs.storage import local_dir_of
+    from jobs.output.storage import local_dir_of
 
     # hydra.run.dir (its logs) must be a local folder: an object-store output_dir logs into its staging folder.
     OmegaConf.register_new_resolver("bcgen_local", local_dir_of, replace=True)

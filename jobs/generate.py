@@ -27,7 +27,7 @@ register_configs()
 
 
 def main_typed(cfg) -> int:
-    from jobs.run import run_job
+    from jobs.worker.run import run_job
 
     try:
         stats = run_job(cfg)

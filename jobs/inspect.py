@@ -10,203 +10,24 @@
         throughput.png            images/s over time by signature, captures and releases marked
                                   (from OUTPUT_DIR/_timeline/, written while the job ran)
 
-Samples come from the committed shards that index.wids.json lists (every `shard-*.tar` before
-the job has written its index), read with webdataset. They are chosen round-robin over signatures
-in the order the shards hold them, so a sheet of N shows every signature when there are at most N,
-and the same output always gives the same sheet. Memory stays bounded: N images and the metadata of
-at most N² samples, however large the output. Only PIL is needed to draw.
+The look itself is jobs/look/report.py.
 """
 
 from __future__ import annotations
 
 import argparse
-import io
-import json
 import logging
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Optional, Sequence
 
 from jobs.errors import UserError
+from jobs.look.report import DEFAULT_OUT, inspect_output
+from jobs.output.storage import local_folder_arg
 
 log = logging.getLogger("jobs.inspect")
 
 EXIT_USAGE = 2  # as jobs.generate: a user error, one message, no traceback
-IMAGE_EXTS = ("jpg", "png", "webp")
-MEDIA_EXTS = ("mp4",) + IMAGE_EXTS  # a sample's main member; a video sample's frames (f0000.png) are not
-DEFAULT_OUT = "_inspect"
-
-
-class InspectError(UserError):
-    """OUTPUT_DIR is not something inspect can read; the message names the path and the fix."""
-
-
-@dataclass(frozen=True)
-class Sample:
-    stem: str
-    """The tar member stem (webdataset's __key__), a safe file name."""
-    ext: str
-    image: bytes
-    """The main member's bytes: an image, or a video's mp4."""
-    meta: dict
-    shard: str
-    audio: Optional[bytes] = None
-    """KEY.wav, where the sample has a soundtrack."""
-
-    @property
-    def key(self) -> str:
-        return str(self.meta.get("key", self.stem))
-
-
-@dataclass(frozen=True)
-class Report:
-    out: Path
-    samples: List[Sample]
-    sheet: Path
-    page: Path
-    plot: Optional[Path]  # None when the output has no timeline
-
-
-def shard_paths(output_dir: Path) -> List[Path]:
-    """The committed shards, as the index lists them; every shard-*.tar when there is no index yet."""
-    from sinks import INDEX_NAME
-
-    if not output_dir.exists():
-        raise InspectError(f"{output_dir} does not exist: pass the output_dir of a bcgen job "
-                           f"(a folder holding shard-*.tar and {INDEX_NAME})")
-    if not output_dir.is_dir():
-        raise InspectError(f"{output_dir} is not a folder: pass the output_dir of a bcgen job, not a file in it")
-    index = output_dir / INDEX_NAME
-    if index.is_file():
-        try:
-            urls = [s["url"] for s in json.loads(index.read_text())["shardlist"]]
-        except (ValueError, KeyError, TypeError) as e:
-            raise InspectError(f"{index} is not a wids shard index ({e}); delete it to read shard-*.tar instead, "
-                               f"or rerun the job to rewrite it") from None
-        paths = [output_dir / u for u in urls]
-        missing = [str(p) for p in paths if not p.is_file()]
-        if missing:
-            raise InspectError(f"{index} lists {len(missing)} shard(s) that are not there: {', '.join(missing[:3])}; "
-                               f"rerun the job with the same command to restore a consistent folder")
-    else:
-        paths = sorted(output_dir.glob("shard-*.tar"))
-    if not paths:
-        raise InspectError(f"{output_dir} holds no committed shards (no shard-*.tar, or an empty {INDEX_NAME}): "
-                           f"pass the output_dir of a job that has committed at least one shard")
-    return paths
-
-
-def _media_samples(paths: Sequence[Path]):
-    """(stem, ext, raw sample) for every bcgen image or video sample in the shards, in shard order."""
-    import webdataset as wds
-
-    for raw in wds.WebDataset([str(p) for p in paths], shardshuffle=False):
-        ext = next((e for e in MEDIA_EXTS if e in raw), None)
-        if ext is not None and "json" in raw:  # anything else is not a bcgen sample
-            yield raw["__key__"], ext, raw
-
-
-def select(paths: Sequence[Path], n: int) -> List[Sample]:
-    """N samples round-robin over signatures, signatures in order of first appearance.
-
-    Two passes keep memory bounded whatever the output holds: the first keeps metadata only (at
-    most n per signature, of the first n signatures: round-robin takes no more), the second reads
-    the chosen samples' images from the shards that hold them.
-    """
-    groups: Dict[str, List[tuple]] = {}
-    for stem, _, raw in _media_samples(paths):
-        meta = json.loads(raw["json"])
-        sig = str(meta.get("signature", "?"))
-        if sig not in groups and len(groups) >= n:
-            continue
-        group = groups.setdefault(sig, [])
-        if len(group) < n:
-            group.append((raw["__url__"], stem, meta))
-    chosen, depth = [], 0
-    while len(chosen) < n and any(depth < len(g) for g in groups.values()):
-        chosen += [g[depth] for g in groups.values() if depth < len(g)][: n - len(chosen)]
-        depth += 1
-    wanted = {(url, stem): i for i, (url, stem, _) in enumerate(chosen)}
-    found: Dict[int, Sample] = {}
-    shards = [p for p in paths if any(str(p) == url for url, _ in wanted)]
-    for stem, ext, raw in _media_samples(shards):
-        i = wanted.get((raw["__url__"], stem))
-        if i is not None:
-            found[i] = Sample(stem=stem, ext=ext, image=raw[ext], meta=chosen[i][2], shard=Path(raw["__url__"]).name,
-                              audio=raw.get("wav"))
-    assert len(found) == len(chosen), "a shard changed between the two passes"
-    return [found[i] for i in range(len(chosen))]
-
-
-def inspect_output(output_dir: Path, out: Optional[Path] = None, samples: int = 36) -> Report:
-    from jobs.contact_sheet import Tile, contact_sheet
-    from jobs.gallery import Figure, gallery_html
-    from jobs.media_info import wav_seconds
-    from jobs.throughput_plot import throughput_plot
-    from jobs.timeline import TIMELINE_DIR, read_timeline
-
-    if samples < 1:
-        raise InspectError(f"--samples {samples}: give at least 1")
-    output_dir = Path(output_dir)
-    paths = shard_paths(output_dir)
-    chosen = select(paths, samples)
-    if not chosen:
-        raise InspectError(f"the {len(paths)} shard(s) in {output_dir} hold no image or video samples "
-                           f"(members {'/'.join(MEDIA_EXTS)} with a .json): is it a bcgen output_dir?")
-    out = Path(out) if out is not None else output_dir / DEFAULT_OUT
-    (out / "images").mkdir(parents=True, exist_ok=True)
-    tiles, figures = [], []
-    for s in chosen:
-        rel = f"images/{s.stem}.{s.ext}"
-        (out / rel).write_bytes(s.image)
-        thumb, info = _thumbnail(s)
-        sound = None
-        if s.audio is not None:
-            sound = f"images/{s.stem}.wav"
-            (out / sound).write_bytes(s.audio)
-            info += f"; sound {wav_seconds(s.audio):.2f} s"
-        tiles.append(Tile(image=thumb, key=s.key, prompt=str(s.meta.get("prompt", ""))))
-        m = s.meta
-        figures.append(Figure(src=rel, key=s.key, prompt=str(m.get("prompt", "")), signature=str(m.get("signature", "")),
-                              mode=str(m.get("mode", "")), seed=m.get("seed"), shard=s.shard,
-                              kind="video" if s.ext == "mp4" else "image", audio=sound, info=info))
-    sheet = out / "contact_sheet.png"
-    contact_sheet(tiles).save(sheet)
-
-    entries = read_timeline(output_dir)
-    plot = None
-    if entries:
-        plot = out / "throughput.png"
-        throughput_plot(entries).save(plot)
-    else:
-        log.warning("no timeline in %s: no throughput plot (jobs record one as they run, in %s/)",
-                    output_dir / TIMELINE_DIR, TIMELINE_DIR)
-    n_sigs = len({f.signature for f in figures})
-    note = (f"{len(figures)} samples from {len(paths)} shard(s), {n_sigs} signature(s), chosen round-robin over "
-            f"signatures." + ("" if plot else " No timeline was recorded, so there is no throughput plot."))
-    page = out / "index.html"
-    extras = ["contact_sheet.png"] + (["throughput.png"] if plot else [])
-    page.write_text(gallery_html(f"bcgen output: {output_dir}", figures, extras, note), encoding="utf-8")
-    return Report(out=out, samples=chosen, sheet=sheet, page=page, plot=plot)
-
-
-def _thumbnail(s: Sample):
-    """(PIL image for the sheet, what the page says of the member): a video's first frame and its
-    frames, size and fps; an image and its size."""
-    from PIL import Image
-
-    if s.ext == "mp4":
-        from jobs.media_info import video_info
-
-        try:
-            info = video_info(s.image)
-        except Exception as e:  # noqa: BLE001 - a broken clip is reported on the page, not a crash of inspect
-            log.warning("%s.mp4 (%s) does not decode: %s", s.stem, s.shard, e)
-            return Image.new("RGB", (1, 1)), f"mp4 does not decode: {e}"
-        return Image.fromarray(info.first), info.describe()
-    image = Image.open(io.BytesIO(s.image))
-    return image, f"{image.size[0]}x{image.size[1]}"
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -217,8 +38,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[%(levelname)s] %(message)s")
     try:
-        from jobs.storage import local_folder_arg
-
         r = inspect_output(local_folder_arg(args.output_dir, "jobs.inspect"), args.out, args.samples)
     except UserError as e:
         log.error("%s", e)

@@ -12,8 +12,8 @@ from typing import Iterable
 
 from sinks.atomic import atomic_write_bytes
 from sinks.manifest import ShardRecord
+from sinks.names import INDEX_NAME
 
-INDEX_NAME = "index.wids.json"
 
 
 def wids_index(records: Iterable[ShardRecord], name: str | None = None) -> dict:

@@ -3,7 +3,7 @@
 A manifest records the facts of one committed shard (`ShardRecord`: keys, size, sha256, member
 names and sizes), kept in `OUTPUT_DIR/_manifest/NAME.json` and written atomically right after the
 shard's commit. It is the witness of what was committed: a shard that no longer matches it was
-changed afterwards, and is moved to `_quarantine/` (sinks/verify.py, sinks/quarantine.py) so its
+changed afterwards, and is moved to `_quarantine/` (sinks/tar_check.py, sinks/quarantine.py) so its
 samples are generated again. A manifest that is missing (a crash between commit and manifest
 write) or unreadable is rebuilt from the tar, if the tar has the layout every shard has.
 The `_manifest/` folder keeps output_dir's `shard-*.tar` listing to shards only.
@@ -27,12 +27,12 @@ from typing import Optional
 from sinks.atomic import atomic_write_bytes
 from sinks.errors import CorruptShardError
 from sinks.keys import key_from_stem
+from sinks.names import MANIFEST_DIR
 from sinks.sidecars import MetaSpec
-from sinks.verify import check_against_manifest, check_layout, sha256_file
+from sinks.tar_check import check_against_manifest, check_layout, sha256_file
 
 log = logging.getLogger(__name__)
 
-MANIFEST_DIR = "_manifest"
 MANIFEST_VERSION = 3  # 2 added `members`, 3 `sidecars`; versions 1 and 2 are still read
 # The names this package's writers give shards (DEFAULT_NAME_PATTERN, or one per rank, shard-rPPPP-NNNNNN):
 # a file matching a shard glob but not this (`shard-000001 (copy).tar`) is a stray, never adopted.

@@ -18,12 +18,9 @@ import time
 from pathlib import Path
 from typing import List, Optional
 
-from sinks.manifest import MANIFEST_DIR
+from sinks.names import MANIFEST_DIR, QUARANTINE_DIR, QUARANTINE_LOG
 
 log = logging.getLogger(__name__)
-
-QUARANTINE_DIR = "_quarantine"
-LOG_NAME = "log.jsonl"
 
 
 def _free_name(directory: Path, name: str) -> Path:
@@ -87,13 +84,13 @@ def _log(output_dir: Path, url: str, target: Path, reason: str, nsamples: Option
 def append_log(output_dir: Path, entry: dict) -> None:
     """Add one entry to _quarantine/log.jsonl (also for shards moved aside on an object store)."""
     (Path(output_dir) / QUARANTINE_DIR).mkdir(exist_ok=True)
-    with open(Path(output_dir) / QUARANTINE_DIR / LOG_NAME, "a", encoding="utf-8") as f:  # one short line: an atomic append
+    with open(Path(output_dir) / QUARANTINE_DIR / QUARANTINE_LOG, "a", encoding="utf-8") as f:  # one short line: an atomic append
         f.write(json.dumps(entry) + "\n")
 
 
 def quarantine_log(output_dir: Path) -> List[dict]:
     """Every shard ever quarantined in output_dir, oldest first."""
-    path = Path(output_dir) / QUARANTINE_DIR / LOG_NAME
+    path = Path(output_dir) / QUARANTINE_DIR / QUARANTINE_LOG
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]

@@ -29,12 +29,12 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from sinks.manifest import MANIFEST_DIR, ShardRecord, manifest_path
+from sinks.manifest import ShardRecord, manifest_path
+from sinks.names import MANIFEST_DIR, QUARANTINE_DIR
 from sinks.sidecars import sidecar_names
 
 log = logging.getLogger(__name__)
 
-QUARANTINE_DIR = "_quarantine"
 
 
 class Remote:

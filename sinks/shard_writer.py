@@ -141,7 +141,7 @@ class ShardWriter:
         while True:
             path = self.output_dir / self.name_pattern.format(index=self._next_index)
             self._next_index += 1
-            # A manifest without its tar: the shard was uploaded (an object store, jobs/mirror.py).
+            # A manifest without its tar: the shard was uploaded (an object store, jobs/output/mirror.py).
             if not (path.exists() or manifest_path(self.output_dir, path.name).exists()):
                 return path
             log.info("%s exists (committed by an earlier run); skipping to the next index", path.name)

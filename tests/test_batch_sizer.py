@@ -1,4 +1,4 @@
-"""Batch size by memory (jobs/batch_sizer.py): the growth rule, its publication, and a real job."""
+"""Batch size by memory (jobs/worker/batch_sizer.py): the growth rule, its publication, and a real job."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from jobs.batch_sizer import BATCHING_FILE, BatchPick, Probe, grow, publish, read_published
+from jobs.output.layout import BATCHING_FILE
+from jobs.worker.batch_sizer import BatchPick, Probe, grow, publish, read_published
 from tests.helpers import write_jsonl
 from tests.test_job_e2e import FAST, run_cli
 

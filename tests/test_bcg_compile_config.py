@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from bcg import RunnerConfig, apply_graph_runner
-from jobs.resume import run_identity
+from jobs.plan.identity import run_identity
 from tests.helpers import compose_cfg
 
 

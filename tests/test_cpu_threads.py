@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from jobs.resume import open_run, run_identity
+from jobs.output.claim import open_run
+from jobs.plan.identity import run_identity
 from tests.helpers import compose_cfg
 
 

@@ -12,8 +12,8 @@ import tracemalloc
 import pytest
 
 from jobs.dataset import DatasetConfig, DatasetError, load_dataset
-from jobs.dataset_formats import read_txt
-from jobs.dataset_lines import read_lines
+from jobs.dataset.formats import read_txt
+from jobs.dataset.lines import read_lines
 
 
 def load(path, **kw):
@@ -32,7 +32,7 @@ def test_every_line_ending_ends_a_line(tmp_path, eol):
 
 
 def test_cr_then_lf_split_across_read_chunks_is_one_ending(tmp_path, monkeypatch):
-    import jobs.dataset_lines as lines
+    import jobs.dataset.lines as lines
 
     monkeypatch.setattr(lines, "CHUNK", 4)  # "abc\r" | "\ndef" | "\r\rg": endings across chunk edges
     path = tmp_path / "p.txt"

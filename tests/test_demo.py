@@ -119,7 +119,7 @@ def test_weights_choice_is_validated():
     ("+model.tiny.weigths=random", "model.tiny.weigths is not a key of a SANA tiny preset"),
 ])
 def test_trained_weights_refuse_another_architecture(tmp_path, override, message):
-    from jobs.run import check_config
+    from jobs.preflight import check_config
 
     cfg = compose_cfg([override, f"output_dir={tmp_path}"])
     with pytest.raises(UserError, match=message):
@@ -129,14 +129,14 @@ def test_trained_weights_refuse_another_architecture(tmp_path, override, message
 
 
 def test_other_tiny_presets_have_no_trained_weights(tmp_path):
-    from jobs.run import check_config
+    from jobs.preflight import check_config
 
     with pytest.raises(UserError, match="flux_tiny has no trained weights"):
         check_config(compose_cfg(["model=flux_tiny", "+model.tiny.weights=trained", f"output_dir={tmp_path}"]))
 
 
 def test_run_identity_tells_trained_from_random():
-    from jobs.resume import run_identity
+    from jobs.plan.identity import run_identity
 
     trained = run_identity(compose_cfg(["output_dir=/tmp/x"]), "d", 1)["model"]
     rand = run_identity(compose_cfg(["output_dir=/tmp/x", "model.tiny.weights=random"]), "d", 1)["model"]

@@ -6,7 +6,7 @@ import torch
 
 import pytest
 
-from jobs.engine import Engine, row, stack_rows
+from jobs.worker.pipeline import Engine, row, stack_rows
 from padding import TextEmbeds, get_padder
 from tests.helpers import tiny_pipeline
 

@@ -15,7 +15,7 @@ import torch
 
 from bcg import signature
 from jobs.models.base import DenoiseRequest
-from jobs.run import check_config
+from jobs.preflight import check_config
 from padding import PaddingRefused, TextEmbeds, get_padder
 from tests.helpers import compose_cfg, tiny_pipeline
 

@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 import torch
 
-from jobs.generated import on_device
+from jobs.worker.outputs import on_device
 from jobs.models.base import DenoiseRequest
 from jobs.models.glm_image import capturable_forward, glyph_length, glyph_texts
-from jobs.pixels import to_uint8
-from jobs.run import check_config
+from jobs.worker.pixels import to_uint8
+from jobs.preflight import check_config
 from padding import PaddingRefused, get_padder
 from tests.helpers import compose_cfg, tiny_pipeline
 
@@ -193,10 +193,10 @@ def test_the_prior_runs_in_the_encode_stage_and_overlapping_keeps_the_bytes(tiny
     overlap), seeded from the row: the same tokens, digests and pixels as the serial path."""
     import threading
 
-    from jobs.capture_policy import CapturePolicy
-    from jobs.engine import Engine
+    from jobs.worker.dispatcher import CapturePolicy
+    from jobs.worker.pipeline import Engine
     from jobs.plan import Batch, Item, Signature
-    from jobs.stages import StagePipeline
+    from jobs.worker.scheduler import StagePipeline
 
     cfg, fam, pipe = tiny
     sig = Signature(height=64, width=64, text_bucket=1, steps=1, guidance_scale=1.5, cfg=True, dtype="float32")

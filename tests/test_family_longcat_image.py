@@ -18,7 +18,7 @@ from bcg import signature
 from jobs.models.base import DenoiseRequest
 from jobs.models.longcat_image import TEXT_LENGTH
 from jobs.models.registry import get_family
-from jobs.run import check_config
+from jobs.preflight import check_config
 from padding import PaddingRefused, TextEmbeds, get_padder
 from tests.helpers import compose_cfg, tiny_pipeline
 

@@ -19,11 +19,11 @@ import torch
 from bcg import signature
 from jobs.dataset import DatasetError
 from jobs.errors import UserError
-from jobs.generated import on_device
+from jobs.worker.outputs import on_device
 from jobs.models.base import DenoiseRequest
-from jobs.pixels import to_uint8
+from jobs.worker.pixels import to_uint8
 from jobs.plan.build import plan_dataset
-from jobs.run import check_config
+from jobs.preflight import check_config
 from padding import PaddingRefused, TextEmbeds, get_padder
 from tests.helpers import compose_cfg, prompts, tiny_pipeline, write_jsonl
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from jobs.models.base import DenoiseRequest
-from jobs.run import check_config
+from jobs.preflight import check_config
 from tests.helpers import compose_cfg, tiny_pipeline, write_jsonl
 
 FRAMES = 124  # 17k+5, the shortest clip (5.17 s at 24 fps)
@@ -142,7 +142,7 @@ def test_a_job_writes_the_clip_and_its_sound_and_resumes(tmp_path):
     import av
     import webdataset as wds
 
-    from jobs.run import run_job
+    from jobs.worker.run import run_job
     from tests.test_job_e2e import sha
 
     rows = [{"key": "fox", "prompt": "a red fox"}, {"key": "owl", "prompt": "a blue owl"},
@@ -172,7 +172,7 @@ def test_guidance_and_other_frame_rates_are_refused(tmp_path):
     """Guidance-distilled at a fixed 24 fps: the config check names the key and the fix; a dataset row
     asking for guidance is refused with its file:line, not silently run without it."""
     from jobs.errors import UserError
-    from jobs.run import run_job
+    from jobs.worker.run import run_job
 
     base = ["model=minimax_h3_tiny", f"output_dir={tmp_path / 'o'}"]
     with pytest.raises(UserError, match=r"sampling.guidance_scale=4.5, but minimax_h3_tiny is guidance-distilled"):
@@ -190,7 +190,7 @@ def test_fewer_steps_than_its_scheduler_takes_are_refused(tmp_path):
     """MiniMaxH3Scheduler.set_timesteps refuses 1 step: the config check says so before a model loads,
     and a dataset row asking for 1 step is refused with its file:line, not crashed on mid-job."""
     from jobs.errors import UserError
-    from jobs.run import run_job
+    from jobs.worker.run import run_job
 
     base = ["model=minimax_h3_tiny", f"output_dir={tmp_path / 'o'}"]
     with pytest.raises(UserError, match=r"sampling.steps=1, but minimax_h3_tiny's scheduler takes at least 2 steps"):
@@ -204,8 +204,8 @@ def test_fewer_steps_than_its_scheduler_takes_are_refused(tmp_path):
 def test_batch_sizing_probes_at_the_steps_its_scheduler_takes(tiny):
     """Batch sizing times a probe batch at n and n + 2 steps (after a warm call at n + 1), n being the
     family's fewest: 2 here (at 1 the scheduler raised, which ended the H200 job test of session 21)."""
-    from jobs.batch_sizer import EngineProber
-    from jobs.engine import Engine
+    from jobs.worker.batch_sizer import EngineProber
+    from jobs.worker.pipeline import Engine
     from jobs.plan import Item, Signature
     from padding import get_padder
 

@@ -18,7 +18,7 @@ import torch
 from bcg import signature
 from jobs.models.base import DenoiseRequest
 from jobs.models.qwen_image import PROMPT_TEMPLATE, TEMPLATE_DROP, TOKENIZER_MAX
-from jobs.run import check_config
+from jobs.preflight import check_config
 from padding import TextEmbeds, get_padder
 from tests.helpers import compose_cfg, tiny_pipeline
 

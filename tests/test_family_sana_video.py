@@ -19,8 +19,8 @@ import torch
 from bcg import signature
 from jobs.errors import UserError
 from jobs.models.base import DenoiseRequest
-from jobs.pixels import to_uint8, to_uint8_torch
-from jobs.run import check_config
+from jobs.worker.pixels import to_uint8, to_uint8_torch
+from jobs.preflight import check_config
 from padding import TextEmbeds, get_padder
 from padding.bucket import BucketPadder
 from tests.helpers import compose_cfg, tiny_pipeline

@@ -20,9 +20,9 @@ from bcg import signature
 from jobs.dataset import DatasetError
 from jobs.errors import UserError
 from jobs.models.base import DenoiseRequest
-from jobs.pixels import to_uint8, to_uint8_torch
+from jobs.worker.pixels import to_uint8, to_uint8_torch
 from jobs.plan.build import plan_dataset
-from jobs.run import check_config
+from jobs.preflight import check_config
 from padding import PaddingRefused, TextEmbeds, get_padder
 from tests.helpers import compose_cfg, prompts, tiny_pipeline, write_jsonl
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from jobs.dataset import DatasetError
 from jobs.errors import UserError
 from jobs.plan.build import plan_dataset
-from jobs.run import check_config
+from jobs.preflight import check_config
 from tests.helpers import compose_cfg, write_jsonl
 from tests.test_job_e2e import FAST, run_cli
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from jobs.engine import Engine
+from jobs.worker.pipeline import Engine
 from jobs.models.registry import get_family
 from jobs.plan import Batch, Item, Signature, derive_seed
 from padding import get_padder
@@ -155,8 +155,8 @@ def test_ctrl_c_commits_complete_samples_and_says_how_to_resume(tmp_path):
 
 def _poisoned_loader(monkeypatch):
     """The real tiny pipeline, with its output projection poisoned: every image comes out NaN."""
-    import jobs.generate_loop as loop
-    from jobs.engine import load_pipeline
+    import jobs.worker.loop as loop
+    from jobs.worker.model import load_pipeline
 
     def load(family, cfg, device):
         pipe = load_pipeline(family, cfg, device)
@@ -169,7 +169,7 @@ def _poisoned_loader(monkeypatch):
 
 @pytest.mark.parametrize("policy", ["record", "ledger"])
 def test_nonfinite_images_reach_json_summary_or_ledger(tmp_path, monkeypatch, policy):
-    from jobs.run import run_job
+    from jobs.worker.run import run_job
 
     _poisoned_loader(monkeypatch)
     data = write_jsonl(tmp_path / "p.jsonl", prompts(3))

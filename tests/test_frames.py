@@ -14,8 +14,9 @@ from jobs.errors import UserError
 from jobs.models.registry import get_family
 from jobs.plan import Signature
 from jobs.plan.build import plan_dataset
-from jobs.plan.units import read_unit, unit_name
-from jobs.run import check_config
+from jobs.plan.units import read_unit
+from jobs.output.layout import unit_name
+from jobs.preflight import check_config
 from tests.helpers import compose_cfg, prompts, write_jsonl
 
 BAD = [

@@ -213,7 +213,7 @@ def test_registry_refuses_duplicates_and_names_the_known():
 
 def test_job_config_tier_is_part_of_run_identity():
     from jobs.config import BcgConfig, GenerateConfig
-    from jobs.resume import run_identity
+    from jobs.plan.identity import run_identity
 
     assert BcgConfig().fusions == "lossless"
     with pytest.raises(Exception, match="bcg.fusions"):

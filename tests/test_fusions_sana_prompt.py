@@ -113,7 +113,7 @@ def test_the_job_reuses_the_prompt_state_across_a_batchs_steps():
     """The job's path: Engine.generate runs the SANA pipeline under inference_mode (inference
     tensors: no version counters), inside the runner's call scope. The prompt state is made once a
     batch and reused by its other steps, and the images are the eager engine's bytes."""
-    from jobs.engine import Engine
+    from jobs.worker.pipeline import Engine
     from jobs.plan import Batch
     from padding import get_padder
     from tests.helpers import tiny_pipeline
@@ -143,7 +143,7 @@ def test_the_job_reuses_the_prompt_state_across_a_batchs_steps():
     # step and replays two; batch 2 replays three, the first re-making the prompt state.
     assert (c.captures, c.hits) == (1, 5)
     assert (c.memo_runs, c.memo_reuses) == (1, 4)
-    from jobs.summary import JobStats  # the job's closing block says so
+    from jobs.telemetry.summary import JobStats
 
     line = next(x for x in JobStats(graph=stats).lines() if x.lstrip().startswith("graphs:"))
     assert line.endswith("prompt state reused 4 / made 1 times on replay"), line

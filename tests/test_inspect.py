@@ -131,7 +131,7 @@ def test_page_escapes_dataset_text_and_samples_round_robin(inspected):
 def test_contact_sheet_has_one_tile_per_sample_in_order(inspected):
     from PIL import Image
 
-    from jobs.contact_sheet import SheetLayout, fit
+    from jobs.look.contact_sheet import SheetLayout, fit
 
     out, view, _ = inspected
     layout = SheetLayout()
@@ -148,7 +148,7 @@ def test_contact_sheet_has_one_tile_per_sample_in_order(inspected):
 def test_throughput_plot_shows_each_signature_and_the_captures(inspected):
     from PIL import Image
 
-    from jobs.throughput_plot import CAPTURE, PALETTE, RELEASE, PlotLayout
+    from jobs.look.throughput_plot import CAPTURE, PALETTE, RELEASE, PlotLayout
 
     _, view, _ = inspected
     plot = Image.open(view / "throughput.png").convert("RGB")
@@ -172,7 +172,7 @@ def test_bad_output_dir_exits_2_naming_it(tmp_path, caplog):
 
 
 def test_shards_without_an_index_are_read_and_a_stale_index_is_refused(inspected, tmp_path):
-    from jobs.inspect import InspectError, shard_paths
+    from jobs.look.report import InspectError, shard_paths
 
     out, _, _ = inspected
     shards = sorted(out.glob("shard-*.tar"))[:2]
@@ -186,7 +186,7 @@ def test_shards_without_an_index_are_read_and_a_stale_index_is_refused(inspected
 
 def test_timeline_reader_skips_torn_lines_and_overwritten_runs(tmp_path):
     from bcg import Counters
-    from jobs.timeline import Timeline, read_timeline
+    from jobs.telemetry.timeline import Timeline, read_timeline
 
     (tmp_path / "run.json").write_text('{"old": 1}')
     old = Timeline(tmp_path, "shard")
@@ -205,8 +205,8 @@ def test_timeline_reader_skips_torn_lines_and_overwritten_runs(tmp_path):
 
 
 def test_plot_cuts_idle_time_between_runs_and_keeps_every_image():
-    from jobs.throughput_plot import series
-    from jobs.timeline import BatchEntry
+    from jobs.look.throughput_plot import series
+    from jobs.telemetry.timeline import BatchEntry
 
     def e(start, t, items, sig, caps=0):
         return BatchEntry(t=t, start=start, run="r", part="shard", items=items, signature=sig, mode="replay",
@@ -227,7 +227,7 @@ def test_selection_is_round_robin_when_signatures_differ_in_size(tmp_path):
     import webdataset as wds
     from PIL import Image
 
-    from jobs.inspect import select
+    from jobs.look.report import select
 
     buf = io.BytesIO()
     Image.new("RGB", (8, 8), (200, 10, 10)).save(buf, format="PNG")
@@ -254,9 +254,9 @@ def test_video_samples_are_shown_with_frames_size_fps_and_sound(tmp_path):
     import webdataset as wds
     from PIL import Image
 
-    from jobs.contact_sheet import SheetLayout, fit
-    from jobs.inspect import inspect_output
-    from jobs.media_info import video_info
+    from jobs.look.contact_sheet import SheetLayout, fit
+    from jobs.look.report import inspect_output
+    from jobs.look.media_info import video_info
     from sinks import SinkConfig
     from sinks.audio import Audio, encode_wav
     from sinks.video import Video, encode_mp4

@@ -55,7 +55,7 @@ def test_images_and_the_priors_digest(job):
 def test_wids_reads_the_index_and_verify_passes(job):
     import wids
 
-    from jobs.verify import verify_output
+    from jobs.output.audit import verify_output
 
     out, _ = job
     ds = wids.ShardListDataset(str(out / "index.wids.json"), cache_dir=str(out.parent / "wids"), transformations=[])
@@ -65,7 +65,7 @@ def test_wids_reads_the_index_and_verify_passes(job):
 
 
 def test_a_rerun_resumes_and_keeps_the_shards_bytes(job):
-    from jobs.run import run_job
+    from jobs.worker.run import run_job
 
     out, args = job
     before = {p.name: sha(p) for p in out.glob("shard-*.tar")}

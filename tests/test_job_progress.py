@@ -1,4 +1,4 @@
-"""The whole job's progress across workers (jobs/job_progress.py), and TensorBoard logging."""
+"""The whole job's progress across workers (jobs/telemetry/progress.py), and TensorBoard logging."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import sys
 import pytest
 
 from jobs.errors import UserError
-from jobs.job_progress import PROGRESS_DIR, RateMeter, SharedProgress, format_eta
-from jobs.worker.done import mark_done
+from jobs.output.layout import PROGRESS_DIR
+from jobs.telemetry.progress import RateMeter, SharedProgress, format_eta
+from jobs.output.done import mark_done
 from sinks.manifest import ShardRecord
 
 
@@ -98,8 +99,8 @@ def test_tensorboard_log_reads_back(tmp_path):
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from jobs.job_progress import JobView
-    from jobs.tensorboard_log import TensorBoardLog, check_tensorboard
+    from jobs.telemetry.progress import JobView
+    from jobs.telemetry.tensorboard import TensorBoardLog, check_tensorboard
 
     check_tensorboard(str(tmp_path))
     log = TensorBoardLog(str(tmp_path), "part0000-host-1")
@@ -117,7 +118,7 @@ def test_tensorboard_log_reads_back(tmp_path):
 
 
 def test_tensorboard_missing_is_a_user_error(monkeypatch):
-    from jobs.tensorboard_log import check_tensorboard
+    from jobs.telemetry.tensorboard import check_tensorboard
 
     monkeypatch.setitem(sys.modules, "tensorboard", None)  # as if not installed
     with pytest.raises(UserError, match=r"job.tensorboard='/tmp/tb' needs the tensorboard package.*\[tensorboard\]"):

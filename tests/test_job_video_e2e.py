@@ -84,7 +84,7 @@ def test_every_mp4_decodes_with_the_rows_frames_size_and_fps(job):
 def test_wids_reads_the_index_and_verify_passes(job):
     import wids
 
-    from jobs.verify import verify_output
+    from jobs.output.audit import verify_output
 
     _, out, rows, _, _, proc = job
     ds = wids.ShardListDataset(str(out / "index.wids.json"), cache_dir=str(out.parent / "wids"), transformations=[])
@@ -107,7 +107,7 @@ def test_wids_reads_the_index_and_verify_passes(job):
 def test_a_rerun_resumes_and_keeps_the_shards_bytes(job):
     """The same command again (in this process: the CLI path ran above) generates nothing."""
     from jobs.errors import UserError
-    from jobs.run import run_job
+    from jobs.worker.run import run_job
 
     preset, out, rows, _, args, _ = job
     before = {p.name: sha(p) for p in out.glob("shard-*.tar")}

@@ -7,7 +7,7 @@ import torch
 
 from jobs.models.base import DenoiseRequest
 from jobs.models.registry import get_family
-from jobs.run import check_config
+from jobs.preflight import check_config
 from tests.helpers import compose_cfg
 
 

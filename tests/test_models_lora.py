@@ -8,8 +8,8 @@ import torch
 from jobs.models.base import DenoiseRequest
 from jobs.models.lora import lora_identity
 from jobs.models.registry import get_family
-from jobs.resume import run_identity
-from jobs.run import check_config
+from jobs.plan.identity import run_identity
+from jobs.preflight import check_config
 from tests.helpers import compose_cfg, tiny_pipeline
 
 SCALE = 0.7

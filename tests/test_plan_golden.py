@@ -25,7 +25,7 @@ import pytest
 from jobs.dataset import DatasetError
 from jobs.models.registry import get_family
 from jobs.plan.build import plan_dataset
-from jobs.plan.units import unit_name
+from jobs.output.layout import unit_name
 from tests.helpers import compose_cfg
 
 GOLDEN = Path(__file__).parent / "data" / "plan_golden.json"

@@ -11,7 +11,8 @@ import pytest
 from jobs.dataset import DatasetError
 from jobs.models.registry import get_family
 from jobs.plan.build import plan_dataset
-from jobs.plan.units import read_unit, unit_name
+from jobs.plan.units import read_unit
+from jobs.output.layout import unit_name
 from tests.helpers import compose_cfg, prompts, write_jsonl
 
 

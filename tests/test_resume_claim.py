@@ -8,7 +8,8 @@ import multiprocessing as mp
 
 import pytest
 
-from jobs.resume import RUN_FILE, open_run
+from jobs.output.layout import RUN_FILE
+from jobs.output.claim import open_run
 
 CTX = mp.get_context("fork")  # children only touch files: no torch threads to inherit
 

@@ -1,6 +1,6 @@
 """Kill a running job at chosen instants (SIGKILL, SIGTERM), rerun it, and read every shard back.
 
-The instants come from the job's test hook (BCGEN_TEST_KILL_AT, jobs/resume.py::kill_hook): during
+The instants come from the job's test hook (BCGEN_TEST_KILL_AT, jobs/kill_hook.py): during
 planning, mid-batch, and while a shard is half written. Each step keeps what the one before
 committed, byte for byte, and the last rerun leaves every dataset key in exactly one shard.
 """

@@ -10,7 +10,9 @@ import os
 import pytest
 
 from jobs.errors import UserError
-from jobs.resume import RUN_FILE, open_run, run_identity
+from jobs.output.layout import RUN_FILE
+from jobs.output.claim import open_run
+from jobs.plan.identity import run_identity
 from tests.helpers import compose_cfg
 
 

@@ -6,8 +6,9 @@ import fnmatch
 
 import pytest
 
-from jobs.distributed import Topology, merge_stats, ranks_from_env, task_from_config, topology
-from jobs.worker.unit_sink import unit_shard_glob, unit_shard_pattern
+from jobs.worker.ranks import Topology, ranks_from_env, task_from_config, topology
+from jobs.telemetry.parts import merge_stats
+from jobs.output.layout import unit_shard_glob, unit_shard_pattern
 from tests.helpers import CONF_DIR, compose_cfg
 
 ARRAY = {"SLURM_ARRAY_TASK_ID": "7", "SLURM_ARRAY_TASK_MIN": "4", "SLURM_ARRAY_TASK_MAX": "11",

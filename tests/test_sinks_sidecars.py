@@ -13,7 +13,7 @@ import pytest
 
 from sinks import AsyncSink, Sample, SinkConfig, scan_output
 from sinks.manifest import load_manifest, manifest_path
-from sinks.quarantine import QUARANTINE_DIR
+from sinks.names import QUARANTINE_DIR
 from sinks.sidecars import MetaSpec, sidecar_names
 
 SPEC = MetaSpec(columns=(("prompt", "string"), ("seed", "int64"), ("ok", "bool"), ("mode", "string"),
@@ -163,7 +163,7 @@ def test_spec_refuses_reserved_or_repeated_columns(bad):
 
 
 def test_jobs_verify_names_a_changed_parquet_and_one_without_its_shard(tmp_path):
-    from jobs.verify import verify_output
+    from jobs.output.audit import verify_output
     from sinks import write_wids_index
 
     records = write(tmp_path)

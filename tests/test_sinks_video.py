@@ -17,7 +17,7 @@ import pytest
 import webdataset as wds
 
 from jobs.plan import Item, Signature
-from jobs.samples import item_meta, item_sample
+from jobs.worker.samples import item_meta, item_sample
 from sinks import AsyncSink, Sample, SinkConfig, Video, write_wids_index
 from sinks.manifest import load_manifest, verify_shard
 from sinks.sample import encode_sample

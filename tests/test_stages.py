@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 import torch
 
-from jobs.capture_policy import CapturePolicy
-from jobs.engine import Engine
+from jobs.worker.dispatcher import CapturePolicy
+from jobs.worker.pipeline import Engine
 from jobs.models.base import DenoiseRequest
-from jobs.pixels import to_uint8, to_uint8_torch
+from jobs.worker.pixels import to_uint8, to_uint8_torch
 from jobs.plan import Batch, Item, Signature, derive_seed
-from jobs.stages import StagePipeline, batches_left_in_run
+from jobs.worker.scheduler import StagePipeline, batches_left_in_run
 from padding import get_padder
 from tests.helpers import tiny_pipeline
 

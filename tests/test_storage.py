@@ -1,4 +1,4 @@
-"""Where output goes (jobs/storage.py): local paths, file:// URLs, object stores and their staging
+"""Where output goes (jobs/output/storage.py): local paths, file:// URLs, object stores and their staging
 folder, and the layouts refused because their workers could not share leases."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from jobs.errors import UserError
-from jobs.storage import check_shared_staging, default_staging, protocol_of, resolve
+from jobs.output.storage import check_shared_staging, default_staging, protocol_of, resolve
 
 
 def test_plain_paths_and_file_urls_are_local_folders(tmp_path):
@@ -71,7 +71,7 @@ def test_hydra_logs_of_an_object_store_run_go_to_its_staging_folder(tmp_path, mo
 
 def test_unreachable_store_is_a_user_error(tmp_path, monkeypatch):
     pytest.importorskip("s3fs")
-    from jobs.mirror import Mirror
+    from jobs.output.mirror import Mirror
     from sinks.sidecars import MetaSpec
 
     # Nothing listens on port 9 of the loopback: the probe fails at once, and the message says where to look.

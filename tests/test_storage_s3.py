@@ -98,11 +98,11 @@ def test_upload_cut_short_is_not_committed_and_a_changed_object_is_quarantined(s
 
 
 def test_the_batch_sizes_go_up_with_the_plan_and_come_back_on_resume(s3, tmp_path):
-    """_plan/batching.json decides bytes (jobs/batch_sizer.py): the worker that publishes it uploads
+    """_plan/batching.json decides bytes (jobs/worker/batch_sizer.py): the worker that publishes it uploads
     it; a fresh staging folder gets the remote's; a stale staged one yields to it; one only staged
     (its worker killed before the upload) goes up when the run resumes."""
-    from jobs.mirror import Mirror
-    from jobs.storage import Output
+    from jobs.output.mirror import Mirror
+    from jobs.output.storage import Output
 
     bucket = new_bucket()
     url = f"s3://{bucket}/run"

@@ -145,7 +145,7 @@ def test_members_level_catches_cut_members_of_the_same_size_but_not_payload_flip
 def test_header_reader_agrees_with_tarfile_and_checks_checksums(tmp_path):
     import numpy as np
 
-    from sinks.verify import _tarfile_members, tar_members
+    from sinks.tar_check import _tarfile_members, tar_members
 
     with AsyncSink(tmp_path, SinkConfig(format="png", maxcount=10)) as sink:
         for i, key in enumerate(["a", "b/../c.d", "é" * 40, "k" * 150]):

@@ -8,8 +8,9 @@ import signal
 import time
 
 
-from jobs.worker.done import done_units, mark_done
-from jobs.worker.lease import Leaser, lease_path, live_leases, read_lease
+from jobs.output.done import done_units, mark_done
+from jobs.worker.lease import Leaser
+from jobs.output.leases import lease_path, live_leases, read_lease
 from sinks import ShardRecord
 
 CTX = mp.get_context("fork")  # children only touch files

@@ -1,7 +1,7 @@
 """What a model family provides to the job: load, plan text lengths, encode, denoise + decode.
 
 A family adapts one diffusers pipeline class. The job drives the pipeline from outside, in three
-stages it can overlap (jobs/stages.py): `encode` prompts (so the family's padder can re-bucket the
+stages it can overlap (jobs/worker/scheduler.py): `encode` prompts (so the family's padder can re-bucket the
 embeddings), `denoise` by handing the padded embeddings back to the pipeline's own `__call__`
 (whose denoising loop calls the transformer that the bcg runner has wrapped), and `decode` the
 latents with the pipeline's VAE. Nothing here knows about graphs or streams.
@@ -39,7 +39,7 @@ class TextLength:
 @dataclass
 class RowInputs:
     """What a family makes per row in the encode stage beside the text (GLM-Image: its AR prior's
-    tokens), so that work overlaps the previous batch's denoising (jobs/stages.py)."""
+    tokens), so that work overlaps the previous batch's denoising (jobs/worker/scheduler.py)."""
 
     tensors: Dict[str, torch.Tensor]  # batch-first, on the device
     meta: List[dict]  # per-row json fields that record them (one dict per row)

@@ -6,7 +6,7 @@ small preview grid, sampled); the DiT denoises the latents conditioned on those 
 2x) and on the glyph embeddings of the prompt's quoted text.
 
 - The prior runs eagerly in the encode stage (`row_inputs`), so it overlaps the previous batch's
-  denoising (jobs/stages.py), once per prompt (batch 1, so a prompt's tokens do not depend on its
+  denoising (jobs/worker/scheduler.py), once per prompt (batch 1, so a prompt's tokens do not depend on its
   batch), seeded from the row's seed exactly as the pipeline seeds it (`generate_prior_tokens`
   seeds the global torch RNG: nothing else in a GLM-Image job draws from it, and the encode stage
   holds the engine's GPU lock, so no capture runs meanwhile). Its tokens go to the pipeline as

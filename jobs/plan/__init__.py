@@ -3,9 +3,13 @@
 Sorting by signature is what makes graphs pay: each captured graph replays across one long run of
 same-signature batches, and is released when the run ends. The planner role lives in this package
 (`python -m jobs.plan`: build.py streams the dataset into signature-pure work units, units.py is
-their format); the worker role (jobs/worker/, jobs/run.py) leases units and cuts them into batches.
-The plan is a pure function of the dataset, the config and the tokenizer: the same inputs give
-the same units on any machine, with any number of planner processes.
+their format, identity.py the run's identity, publish.py joins or makes the plan of an output_dir);
+the worker role (jobs/worker/) leases units and cuts them into batches. The plan is a pure function
+of the dataset, the config and the tokenizer: the same inputs give the same units on any machine,
+with any number of planner processes.
+
+May import: jobs.config, jobs.errors, jobs.preflight, jobs/dataset/, jobs/models/ (text lengths),
+jobs/output/ (claim, layout, lease files), padding/, sinks/; never the worker or telemetry.
 """
 
 from __future__ import annotations

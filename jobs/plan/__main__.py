@@ -20,7 +20,9 @@ register_configs()
 
 
 def plan_typed(cfg) -> None:
-    from jobs.run import check_config, join_or_make_plan, open_shards
+    from jobs.preflight import check_config
+    from jobs.plan.publish import join_or_make_plan
+    from jobs.output.mirror import open_shards
 
     _, _, _, divisor = check_config(cfg)
     join_or_make_plan(cfg, open_shards(cfg), divisor)  # an object store: staged, then published

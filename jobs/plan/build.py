@@ -34,7 +34,8 @@ from jobs.config import GenerateConfig
 from jobs.dataset import DatasetError, RowError, format_row_errors
 from jobs.plan import Signature
 from jobs.plan.chunk import ChunkResult, ChunkTask, init_process, process_chunk, ChunkContext, run_in_process
-from jobs.plan.units import SIGNATURE_COLUMNS, PlanManifest, UnitInfo, item_cost, unit_name
+from jobs.plan.units import SIGNATURE_COLUMNS, PlanManifest, UnitInfo, item_cost
+from jobs.output.layout import unit_name
 
 log = logging.getLogger("jobs.plan")
 
@@ -49,11 +50,11 @@ class PlanResult:
 
 
 def dataset_file(cfg: GenerateConfig) -> Tuple[Path, str]:
-    from jobs.dataset import _check_readable, resolve_format, resolve_path
+    from jobs.dataset import check_readable, resolve_format, resolve_path
 
     path = resolve_path(cfg.dataset)
     fmt = resolve_format(cfg.dataset, path)
-    _check_readable(path, bundled=not cfg.dataset.path)
+    check_readable(path, bundled=not cfg.dataset.path)
     return path, fmt
 
 
@@ -88,7 +89,7 @@ def _byte_chunks(path: Path, chunk_bytes: int, digest) -> Iterator[ChunkTask]:
 
 
 def _row_chunks(cfg: GenerateConfig, path: Path, fmt: str, rows_per_chunk: int) -> Iterator[ChunkTask]:
-    from jobs.dataset_formats import READERS
+    from jobs.dataset.formats import READERS
 
     index, rows = 0, []
     for row in READERS[fmt](path, cfg.dataset.prompt_field, cfg.dataset.key_field, cfg.dataset.max_line_bytes):

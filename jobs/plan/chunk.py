@@ -2,7 +2,7 @@
 
 Runs in the planner's worker processes (or in-process for a small dataset). A chunk is either raw
 bytes of a JSONL/TXT file cut at line ends (parsed here, so parsing is parallel too) or rows a
-sequential reader already parsed (jobs/dataset_formats.py: any format, and JSONL the fast lane
+sequential reader already parsed (jobs/dataset/formats.py: any format, and JSONL the fast lane
 declined). The spill file is Arrow IPC with one record
 batch per signature, rows in file order within each: concatenating a signature's batches over
 the chunks in order gives that signature's run in dataset order, with no global sort.
@@ -20,7 +20,7 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
-from jobs.dataset_validate import Record, RowError, RowValidator
+from jobs.dataset.rules import Record, RowError, RowValidator
 from jobs.plan import Signature
 from jobs.plan.resolve import ItemDefaults, Rows, resolve
 from jobs.plan.units import SIGNATURE_COLUMNS, item_cost

@@ -1,11 +1,11 @@
 """A fast lane for clean JSONL chunks: Arrow's C++ JSON reader and vectorized checks of every rule
-of jobs/dataset_validate.py, instead of json.loads and a RowValidator call per row.
+of jobs/dataset/rules.py, instead of json.loads and a RowValidator call per row.
 
 It answers only when the answer is certain to equal the row-by-row path: every line one JSON
 object, only known fields, every value of the expected type and range. On anything else (a blank
 line, a CR, a BOM, a line over dataset.max_line_bytes, a bad row, a float where an int belongs, an
 escaped surrogate, an unknown field) it returns None, and the planner reads the file with the
-dataset readers (jobs/dataset_formats.py), which name each bad row with its reason.
+dataset readers (jobs/dataset/formats.py), which name each bad row with its reason.
 tests/test_plan_units.py checks both paths give the same plan.
 """
 
@@ -15,7 +15,7 @@ import codecs
 import re
 from typing import Optional
 
-from jobs.dataset_validate import MAX_FPS, MAX_FRAMES, MAX_KEY_CHARS, MAX_SIDE, MAX_STEPS, SEED_END
+from jobs.dataset.rules import MAX_FPS, MAX_FRAMES, MAX_KEY_CHARS, MAX_SIDE, MAX_STEPS, SEED_END
 from jobs.plan.resolve import Rows
 
 _SURROGATE_ESCAPE = re.compile(rb"\\[uU][dD][89a-fA-F]")  # Arrow cannot hold what the row rules reject

@@ -18,27 +18,23 @@ import os
 import shutil
 from pathlib import Path
 
-from jobs.errors import UserError
 from jobs.config import GenerateConfig
-from jobs.plan.units import PLAN_DIR, PLAN_FILE, PlanManifest, read_manifest, write_manifest
-from jobs.worker.lease import HOST, pid_alive
+from jobs.dataset import write_error_ledger
+from jobs.errors import UserError
+from jobs.kill_hook import kill_hook
+from jobs.output.claim import dir_lock, open_run, wipe
+from jobs.output.layout import ERRORS_FILE, PLAN_DIR, PLAN_FILE, RUN_FILE, SHARD_GLOB
+from jobs.output.leases import HOST, pid_alive
+from jobs.output.mirror import LocalShards, Mirror
+from jobs.plan.build import dataset_file, file_digest, plan_dataset
+from jobs.plan.identity import plan_identity
+from jobs.plan.units import PlanManifest, read_manifest, write_manifest
 
 log = logging.getLogger("jobs.plan")
 
 
-def plan_identity(cfg: GenerateConfig, digest: str, records: int) -> dict:
-    from jobs.resume import run_identity
-
-    ident = run_identity(cfg, digest, records)
-    ident["plan"] = {"unit_items": cfg.plan.unit_items, "dataset_limit": cfg.dataset.limit,
-                     "dataset_on_error": cfg.dataset.on_error}
-    return ident
-
-
 def _digest_now(cfg: GenerateConfig, existing: PlanManifest) -> str:
     """The dataset's digest: the planned one if the file looks unchanged (size, mtime), else re-read."""
-    from jobs.plan.build import dataset_file, file_digest
-
     path, _ = dataset_file(cfg)
     st = path.stat()
     d = existing.dataset
@@ -48,10 +44,20 @@ def _digest_now(cfg: GenerateConfig, existing: PlanManifest) -> str:
     return file_digest(path)
 
 
-def open_plan(cfg: GenerateConfig, output_dir: Path, divisor: int) -> PlanManifest:
-    """The plan this job works on (joined or made); raises ValueError when the job must be refused."""
-    from jobs.resume import dir_lock, open_run
+def join_or_make_plan(cfg: GenerateConfig, shards: LocalShards, divisor: int) -> PlanManifest:
+    """The plan of output_dir (open_plan); with an object store, fetched from it first and published
+    to it after (jobs/output/mirror.py), under one lock of the staging folder."""
+    if not isinstance(shards, Mirror):
+        return open_plan(cfg, shards.output_dir, divisor)
+    with dir_lock(shards.output_dir, "mirror"):
+        before = shards.hydrate(cfg.job.overwrite)
+        manifest = open_plan(cfg, shards.output_dir, divisor)
+        shards.publish_plan(before)
+    return manifest
 
+
+def open_plan(cfg: GenerateConfig, output_dir: Path, divisor: int) -> PlanManifest:
+    """The plan this job works on (joined or made); raises UserError when the job must be refused."""
     plan_dir = output_dir / PLAN_DIR
     with dir_lock(output_dir, "plan"):
         if (plan_dir / PLAN_FILE).exists():
@@ -62,22 +68,16 @@ def open_plan(cfg: GenerateConfig, output_dir: Path, divisor: int) -> PlanManife
                 log.info("joining the plan in %s: %d items in %d units", plan_dir, existing.n_items,
                          len(existing.units))
                 return existing
-        elif (output_dir / "run.json").exists() and any(output_dir.glob("shard-*.tar")):
+        elif (output_dir / RUN_FILE).exists() and any(output_dir.glob(SHARD_GLOB)):
             if not cfg.job.overwrite:
                 raise UserError(f"output_dir={str(output_dir)!r} holds shards of a run without a plan (an older "
                                  f"bcgen, or a plan deleted by hand): its items cannot be matched to units. Use "
                                  f"another output_dir, or job.overwrite=true to delete them and start over.")
-            from jobs.resume import wipe
-
-            wipe(output_dir, "shard-*.tar")
+            wipe(output_dir, SHARD_GLOB)
         return _make(cfg, output_dir, plan_dir, divisor)
 
 
 def _make(cfg: GenerateConfig, output_dir: Path, plan_dir: Path, divisor: int) -> PlanManifest:
-    from jobs.dataset import write_error_ledger
-    from jobs.plan.build import plan_dataset
-    from jobs.resume import kill_hook, open_run
-
     _remove_stale_work(output_dir)
     work = output_dir / f"{PLAN_DIR}.tmp-{HOST}-{os.getpid()}"
     try:
@@ -87,7 +87,7 @@ def _make(cfg: GenerateConfig, output_dir: Path, plan_dir: Path, divisor: int) -
         manifest.identity = plan_identity(cfg, manifest.dataset["digest"], manifest.dataset["records"])
         write_manifest(work, manifest)
         open_run(output_dir, manifest.identity, cfg.job.overwrite)
-        errors_file = output_dir / "errors.jsonl"
+        errors_file = output_dir / ERRORS_FILE
         errors_file.unlink(missing_ok=True)
         if result.errors:
             write_error_ledger(errors_file, result.errors)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from jobs.dataset_validate import Record, RowError
+from jobs.dataset.rules import Record, RowError
 from jobs.plan import derive_seeds
 
 if TYPE_CHECKING:

@@ -15,19 +15,15 @@ from pathlib import Path
 from typing import Dict, List
 
 from jobs.errors import UserError
+from jobs.output.layout import PLAN_FILE, unit_name
+from sinks.atomic import atomic_write_bytes
 from jobs.plan import Item, Signature
 
-PLAN_DIR = "_plan"
-PLAN_FILE = "plan.json"
 PLAN_VERSION = 1
 
 # The columns of a unit file (and of the planner's spill files, which add `key_hash`).
 SIGNATURE_COLUMNS = ("height", "width", "text_bucket", "steps", "guidance_scale", "cfg", "frames")
 ITEM_COLUMNS = ("key", "prompt", "negative_prompt", "seed", "line", "text_tokens", "truncated", "cost", "fps")
-
-
-def unit_name(unit: int) -> str:
-    return f"unit-{unit:07d}"
 
 
 def item_cost(sig: Signature) -> float:
@@ -86,8 +82,6 @@ def read_manifest(plan_dir: Path) -> PlanManifest:
 
 
 def write_manifest(plan_dir: Path, manifest: PlanManifest) -> None:
-    from sinks.atomic import atomic_write_bytes
-
     atomic_write_bytes(plan_dir / PLAN_FILE, (json.dumps(manifest.to_json(), indent=1) + "\n").encode())
 
 

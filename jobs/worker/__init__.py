@@ -1,7 +1,15 @@
 """The worker role: lease work units of a plan, generate them, commit each unit's shards.
 
-    jobs.generate (run.py) ─▶ LeasedPlan (leased_plan.py: lease, read unit, batches)
-        ─▶ generate_loop + engine ─▶ UnitSink (unit_sink.py: shards per unit, done marker)
+    jobs.generate ─▶ run.py: run_job ─▶ prepare.py (check, join the plan, leases, sink)
+        ─▶ loop.py: generate_all ─▶ model.py (load, wrap with bcg) ─▶ batch_sizer.py (the pool)
+        ─▶ per unit: leased_plan.py (lease, read, cut) ─▶ scheduler.py (encode | denoise | decode
+           overlapped, asking dispatcher.py whether to capture) over pipeline.py (one batch's stages)
+        ─▶ outputs.py, samples.py ─▶ unit_sink.py (shards per unit, done marker) ─▶ run.py: finish
 
-`lease.py` holds the claim files, `done.py` the done markers. The planner role is `jobs/plan/`.
+May import: every room below it (jobs/plan/'s vocabulary and unit files, jobs/output/,
+jobs/telemetry/, jobs/models/, jobs/dataset/ for the error ledger), bcg/, padding/, sinks/.
+Nothing imports the worker but the front door (jobs/generate.py).
+Files: run, prepare, stop (pre-emption), ranks (torchrun/Slurm topology), lease (taking and
+beating leases), leased_plan, unit_sink, loop, model, batch_sizer, scheduler, dispatcher,
+pipeline, outputs, pixels, samples.
 """

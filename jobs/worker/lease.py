@@ -1,7 +1,7 @@
-"""Leases: a worker's exclusive, expiring claim on one work unit, as a file on the shared filesystem.
+"""Leases, the worker's side: take a unit's lease, keep it alive, break an expired one, release it.
 
-    _plan/leases/unit-NNNNNNN.lease     published by a hard link (fails if the name exists): one winner
-    content: owner, host, pid, process start time, ttl     heartbeat: the file's mtime (futimes)
+The file and how to read it are jobs/output/leases.py; `_plan/leases/unit-NNNNNNN.lease` is
+published by a hard link (fails if the name exists: one winner), its heartbeat is its mtime.
 
 Why these choices:
 - link() (like an O_EXCL create) is atomic on local filesystems and NFS/Lustre/GPFS, where flock
@@ -14,7 +14,7 @@ Why these choices:
 - A lease whose holder ran on this host and whose process is gone (SIGKILL, OOM kill) is broken at
   once: waiting for the ttl would only delay a restart on the same node.
 
-A unit's lease is released (unlinked) after its done marker is written (jobs/worker/done.py), or
+A unit's lease is released (unlinked) after its done marker is written (jobs/output/done.py), or
 when the worker stops without finishing it (SIGTERM, error), so a rerun takes it at once.
 """
 
@@ -23,104 +23,16 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 import threading
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, Optional
+
+from jobs.output.layout import LEASE_DIR
+from jobs.output.leases import HOST, LeaseInfo, process_start_time, lease_path, read_lease
 
 log = logging.getLogger(__name__)
-
-LEASE_DIR = "leases"
-
-
-def _start_time(pid: int) -> Optional[int]:
-    """Linux process start time (clock ticks since boot), to tell a pid from its reuse; None for
-    a process that is gone, including a zombie (dead, not yet reaped by its parent)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-    except OSError:
-        return None
-    try:
-        return None if fields[0] in (b"Z", b"X") else int(fields[19])
-    except (IndexError, ValueError):
-        return None
-
-
-HOST = socket.gethostname()
-
-
-@dataclass(frozen=True)
-class LeaseInfo:
-    unit: int
-    owner: str
-    host: str
-    pid: int
-    start_time: Optional[int]
-    ttl_s: float
-    heartbeat: float  # mtime of the lease file
-    ino: int
-
-    def age(self, now: Optional[float] = None) -> float:
-        return (time.time() if now is None else now) - self.heartbeat
-
-    def holder_dead_here(self) -> bool:
-        """The holder ran on this host and its process is gone (or is another process now)."""
-        if self.host != HOST:
-            return False
-        return _start_time(self.pid) != self.start_time or self.start_time is None and not pid_alive(self.pid)
-
-    def expired(self, now: Optional[float] = None) -> bool:
-        return self.age(now) > self.ttl_s or self.holder_dead_here()
-
-    def describe(self) -> str:
-        return f"unit {self.unit} held by {self.owner} (pid {self.pid} on {self.host}, heartbeat {self.age():.0f}s ago)"
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def lease_path(plan_dir: Path, unit: int) -> Path:
-    from jobs.plan.units import unit_name
-
-    return plan_dir / LEASE_DIR / f"{unit_name(unit)}.lease"
-
-
-def read_lease(path: Path) -> Optional[LeaseInfo]:
-    try:
-        with open(path, "rb") as f:
-            st = os.fstat(f.fileno())
-            data = json.loads(f.read() or b"{}")
-    except FileNotFoundError:
-        return None
-    except ValueError:  # unreadable: treat as fresh rather than break a lease we cannot read
-        return LeaseInfo(unit=-1, owner="?", host="?", pid=-1, start_time=None, ttl_s=float("inf"),
-                         heartbeat=time.time(), ino=-1)
-    return LeaseInfo(unit=data.get("unit", -1), owner=data.get("owner", "?"), host=data.get("host", "?"),
-                     pid=int(data.get("pid", -1)), start_time=data.get("start_time"),
-                     ttl_s=float(data.get("ttl_s", 0)), heartbeat=st.st_mtime, ino=st.st_ino)
-
-
-def live_leases(plan_dir: Path) -> List[LeaseInfo]:
-    d = plan_dir / LEASE_DIR
-    if not d.is_dir():
-        return []
-    out = []
-    for p in sorted(d.glob("unit-*.lease")):
-        info = read_lease(p)
-        if info is not None and not info.expired():
-            out.append(info)
-    return out
 
 
 class Lease:
@@ -181,7 +93,7 @@ class Leaser:
         # Written under a temp name, then hard-linked to the lease's name: the link fails if the
         # name exists (exclusive, like O_EXCL, on NFS too), and no reader ever sees an empty lease.
         body = {"unit": unit, "owner": self.owner, "host": HOST, "pid": os.getpid(),
-                "start_time": _start_time(os.getpid()), "ttl_s": self.ttl_s, "taken": time.time()}
+                "start_time": process_start_time(os.getpid()), "ttl_s": self.ttl_s, "taken": time.time()}
         tmp = path.with_name(f".{path.name}.{HOST}-{os.getpid()}.tmp")
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:

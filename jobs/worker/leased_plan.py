@@ -17,29 +17,43 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Dict, Iterator, List, Optional
 
+from jobs.output.done import done_units
+from jobs.output.layout import PLAN_FILE, unit_name, unit_shard_glob
+from jobs.output.leases import live_leases
 from jobs.plan import Batch, Signature, cut_batches
 from jobs.plan.units import PlanManifest, UnitInfo, read_unit
-from jobs.worker.done import done_units
-from jobs.worker.lease import Leaser, live_leases
-from jobs.worker.unit_sink import UnitSink, unit_shard_glob
+from jobs.worker.lease import Leaser
+from jobs.worker.stop import StopFlag
+from jobs.worker.unit_sink import UnitSink
 
 log = logging.getLogger("jobs.run")
 
 
+@dataclass
+class PlanSettings:
+    """How this worker reads, cuts and orders the units it leases (from the config)."""
+
+    batch_sizes: List[int]  # the pool: each unit's items are cut into batches of these sizes
+    pad_short: bool  # a tail smaller than every size is padded up (bcg.pad_short_batches)
+    dtype: str  # the dtype the units were planned for
+    part: int  # this worker's part: rotates where it starts leasing
+    wait: bool  # with nothing free, wait for others' leases (job.wait_for_leases)
+    verify: str = "members"  # how a leased unit's committed shards are checked (job.verify)
+
+
 class LeasedPlan:
-    def __init__(self, manifest: PlanManifest, plan_dir: Path, output_dir: Path, leaser: Leaser, sink: UnitSink,
-                 batch_sizes, pad_short: bool, dtype: str, part: int, wait: bool, stop=None, verify: str = "members"):
-        self.manifest, self.plan_dir, self.output_dir = manifest, plan_dir, output_dir
-        self.leaser, self.sink = leaser, sink
-        self.batch_sizes, self.pad_short, self.dtype = list(batch_sizes), pad_short, dtype
-        self.wait, self.stop, self.verify = wait, stop, verify
+    def __init__(self, manifest: PlanManifest, plan_dir: Path, leaser: Leaser, sink: UnitSink,
+                 settings: PlanSettings, stop: Optional[StopFlag] = None):
+        self.manifest, self.plan_dir, self.leaser, self.sink = manifest, plan_dir, leaser, sink
+        self.settings, self.stop = settings, stop
         done = done_units(plan_dir)
         self.n_items = sum(u.count for u in manifest.units if u.id not in done)  # left at start (progress)
         self.done_at_start = manifest.n_items - self.n_items
         order = sorted((u for u in manifest.units if u.id not in done), key=lambda u: (-u.cost, u.id))
-        k = part % len(order) if order else 0
+        k = settings.part % len(order) if order else 0
         self._order: List[UnitInfo] = order[k:] + order[:k]
         # Filled as units are leased, for the summary.
         self.planned = 0
@@ -55,8 +69,6 @@ class LeasedPlan:
         return len(self._order)
 
     def _stat(self) -> tuple:
-        from jobs.plan.units import PLAN_FILE
-
         st = (self.plan_dir / PLAN_FILE).stat()
         return st.st_ino, st.st_mtime_ns
 
@@ -83,13 +95,11 @@ class LeasedPlan:
                 yield batches
 
     def _unit_batches(self, info: UnitInfo) -> List[Batch]:
-        from jobs.plan.units import unit_name
-
         self.sink.shards.fetch_unit(self.plan_dir / f"{unit_name(info.id)}.parquet")  # an object store: on lease
-        items = read_unit(self.plan_dir, info, self.manifest.dataset["path"], self.dtype)
+        items = read_unit(self.plan_dir, info, self.manifest.dataset["path"], self.settings.dtype)
         # Ours to check and clean: we hold its lease. A shard that no longer matches its manifest is
         # quarantined by the scan, and its samples are generated again.
-        prior, _ = self.sink.shards.scan(unit_shard_glob(info.id), self.verify)
+        prior, _ = self.sink.shards.scan(unit_shard_glob(info.id), self.settings.verify)
         committed = {k for r in prior for k in r.keys}
         todo = [it for it in items if it.key not in committed]
         self.leased.append(info.id)
@@ -102,7 +112,7 @@ class LeasedPlan:
                  f" ({len(committed)} already committed)" if committed else "")
         self.sink.begin_unit(info.id, [it.key for it in todo], prior)
         return [Batch(signature=info.signature, items=chunk, size=size)
-                for chunk, size in cut_batches(todo, self.batch_sizes, self.pad_short)]
+                for chunk, size in cut_batches(todo, self.settings.batch_sizes, self.settings.pad_short)]
 
     def _next_unit(self) -> Optional[UnitInfo]:
         waited = False
@@ -121,7 +131,7 @@ class LeasedPlan:
                     self.leaser.release(info.id)
                     continue
                 return info
-            if not self.wait:
+            if not self.settings.wait:
                 log.info("%d unit(s) left, all leased by other workers; exiting (job.wait_for_leases=false)", len(left))
                 return None
             if not waited:

@@ -19,21 +19,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from jobs.mirror import LocalShards
-from jobs.worker.done import done_path, mark_done
+from jobs.output.mirror import LocalShards
+from jobs.output.done import done_path, mark_done
+from jobs.output.layout import unit_shard_pattern
 from jobs.worker.lease import Leaser
 from sinks import AsyncSink, Sample, ShardRecord, SinkConfig
 from sinks.sidecars import MetaSpec
 
 log = logging.getLogger(__name__)
-
-
-def unit_shard_pattern(unit: int) -> str:
-    return f"shard-u{unit:07d}-{{index:04d}}.tar"
-
-
-def unit_shard_glob(unit: int) -> str:
-    return f"shard-u{unit:07d}-*.tar"
 
 
 @dataclass
@@ -49,7 +42,7 @@ class UnitSink:
     def __init__(self, output_dir: Path, config: SinkConfig, plan_dir: Path, leaser: Leaser, owner: str,
                  shards: Optional[LocalShards] = None):
         self.output_dir, self.config, self.plan_dir = Path(output_dir), config, plan_dir
-        # Where committed shards are found and what follows a commit (an upload, jobs/mirror.py).
+        # Where committed shards are found and what follows a commit (an upload, jobs/output/mirror.py).
         self.shards = shards or LocalShards(self.output_dir, MetaSpec())
         self.leaser, self.owner = leaser, owner
         self._open: Dict[int, _Open] = {}

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from jobs.capture_policy import CapturePolicy
-from jobs.engine import Engine
-from jobs.pixels import to_uint8, to_uint8_torch
+from jobs.worker.dispatcher import CapturePolicy
+from jobs.worker.pipeline import Engine
+from jobs.worker.pixels import to_uint8, to_uint8_torch
 from jobs.plan import Batch
-from jobs.stages import StagePipeline
+from jobs.worker.scheduler import StagePipeline
 from padding import get_padder
 from tests.gpu.test_job_gpu import encoder_overrides
 from tests.helpers import tiny_pipeline

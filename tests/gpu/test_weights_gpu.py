@@ -27,7 +27,7 @@ def test_a_loaded_checkpoint_on_cuda_owns_aligned_weights_and_matches(tmp_path):
     path = tmp_path / "flux_tiny_diffusers"
     pipe.save_pretrained(path, safe_serialization=True)
     cfg = compose_cfg(["model=flux", f"model.path={path}", "model.dtype=float32", "output_dir=/tmp/x", "device=cuda"])
-    loaded = fam.load(cfg.model, torch.float32, device).to(device)  # as jobs/engine.py's load_pipeline does
+    loaded = fam.load(cfg.model, torch.float32, device).to(device)  # as jobs/worker/pipeline.py's load_pipeline does
     loaded.set_progress_bar_config(disable=True)
     tensors = [(f"{name}.{n}", t) for name, module in torch_modules(loaded).items()
                for n, t in list(module.named_parameters()) + list(module.named_buffers())]

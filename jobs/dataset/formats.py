@@ -1,0 +1,325 @@
+"""Dataset readers: one file -> (line, row) pairs, in file order.
+
+Scope: parsing only. Each reader yields `(line, value)` where value is a dict of the row's
+fields, a bare prompt string, or a `Bad` naming what could not be parsed (bad JSON, bytes
+that are not UTF-8, a CSV row with too many cells). Field rules live in `dataset_validate.py`.
+A problem with the whole file (no prompt column, not a tar) raises `DatasetError` at once.
+Text formats read lines through `dataset_lines.read_lines`: LF, CRLF and CR end lines, a BOM picks
+the encoding, and a line longer than `max_line_bytes` is a row error read in bounded memory.
+
+`line` is 1-based: the file line (JSONL, TXT, CSV, where a quoted CSV field may span lines and
+the row's first line counts), the row (Parquet), or the index of the sample's first member
+(webdataset tar).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import re
+import tarfile
+from pathlib import Path
+from typing import Callable, Iterator, Optional, Union
+
+from jobs.dataset.lines import LineTooLong, read_lines
+from jobs.dataset.rules import FLOAT_FIELDS, INT_FIELDS, OPTIONAL_FIELDS, TEXT_FIELDS, Bad, DatasetError
+
+log = logging.getLogger(__name__)
+
+Row = tuple[int, Union[dict, str, Bad]]
+Reader = Callable[[Path, str, str, int], Iterator[Row]]
+
+_JSON_TYPE = {dict: "object", list: "array", str: "string", int: "number", float: "number",
+              bool: "boolean", type(None): "null"}
+# webdataset's own split (webdataset.tariterators.base_plus_ext): the sample key is the
+# member path up to the first dot of its file name, the rest is the extension.
+_WDS_NAME = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
+_CSV_INT = re.compile(r"[+-]?[0-9]+")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _decode_error(exc: UnicodeDecodeError, where: str = "", key: Optional[str] = None) -> Bad:
+    return Bad(f"undecodable bytes{where}: not UTF-8 at byte offset {exc.start} "
+               f"({exc.object[exc.start:exc.start + 4]!r}); re-encode the file as UTF-8", key)
+
+
+# --- JSONL -------------------------------------------------------------------------------
+
+def read_jsonl(path: Path, prompt_field: str, key_field: str, max_line_bytes: int) -> Iterator[Row]:
+    # Bytes in, so that one bad line is a row error rather than a decode crash of the file.
+    for line, raw, _ in read_lines(path, max_line_bytes):
+        if type(raw) is LineTooLong:
+            yield line, Bad(raw.reason)
+            continue
+        if not raw or raw.isspace():
+            continue
+        try:
+            value = json.loads(raw)
+        except UnicodeDecodeError as exc:
+            yield line, _decode_error(exc)
+            continue
+        except json.JSONDecodeError as exc:
+            # Not colno: a message about the line's end should not point past it.
+            column = min(exc.pos, len(raw)) + 1
+            yield line, Bad(f"malformed JSON: {exc.msg} (column {column})")
+            continue
+        except RecursionError:
+            yield line, Bad("malformed JSON: nested too deeply")
+            continue
+        if type(value) is dict or type(value) is str:
+            yield line, value
+        else:
+            kind = _JSON_TYPE.get(type(value), type(value).__name__)
+            yield line, Bad(f"expected a JSON object or a string, got a JSON {kind}")
+
+
+# --- TXT ---------------------------------------------------------------------------------
+
+def read_txt(path: Path, prompt_field: str, key_field: str, max_line_bytes: int) -> Iterator[Row]:
+    for line, raw, _ in read_lines(path, max_line_bytes):
+        if type(raw) is LineTooLong:
+            yield line, Bad(raw.reason)
+            continue
+        if not raw or raw.isspace():
+            continue
+        try:
+            yield line, raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            yield line, _decode_error(exc)
+
+
+# --- CSV ---------------------------------------------------------------------------------
+
+def _csv_columns(header: list[str], path: Path, prompt_field: str, key_field: str) -> dict:
+    if prompt_field not in header:
+        found = ", ".join(repr(c) for c in header[:20]) or "none"
+        raise DatasetError(
+            f"{path}:1: the CSV header has no column {prompt_field!r} (columns found: {found}). "
+            f"Name the prompt column {prompt_field!r} or set dataset.prompt_field; a file of one "
+            f"prompt a line with no header is dataset.format=txt")
+    wanted = (prompt_field, key_field, *OPTIONAL_FIELDS)
+    columns = {}
+    for name in wanted:
+        if header.count(name) > 1:
+            raise DatasetError(f"{path}:1: the CSV header names column {name!r} twice; rename one")
+        if name in header:
+            columns[name] = header.index(name)
+    ignored = [c for c in header if c not in columns]
+    if ignored:
+        log.info("%s: ignoring CSV columns %s", path, ", ".join(map(repr, ignored)))
+    return columns
+
+
+def _csv_value(name: str, cell: str) -> object:
+    """CSV cells are all text: an empty cell is an absent field, numbers are parsed here so
+    that the validator sees the same types as from JSON (and a non-number stays a string,
+    which it then reports)."""
+    if name in INT_FIELDS:
+        text = cell.strip()
+        return int(text) if _CSV_INT.fullmatch(text) else cell
+    if name in FLOAT_FIELDS:
+        try:
+            return float(cell)
+        except ValueError:
+            return cell
+    return cell
+
+
+def _csv_row(row: list[str], columns: dict, width: int, prompt_field: str) -> Union[dict, Bad]:
+    if len(row) > width:
+        return Bad(f"the row has {len(row)} cells but the header has {width}: "
+                   f"quote fields that hold commas")
+    fields = {}
+    for name, index in columns.items():
+        if index >= len(row):
+            continue
+        cell = row[index]
+        if not cell.isascii() and _SURROGATE.search(cell):
+            return Bad(f"undecodable bytes in column {name!r}: not UTF-8; re-encode the file as UTF-8")
+        # An empty prompt cell is an empty prompt (unconditional); any other empty cell is unset.
+        if cell or name == prompt_field:
+            fields[name] = _csv_value(name, cell)
+    return fields
+
+
+def _csv_text(path: Path, max_line_bytes: int, too_long: list) -> Iterator[str]:
+    """The file's lines as text for csv.reader, one item a line so its line_num stays the file's.
+    A line too long to read is noted in `too_long` and handed over as a blank line."""
+    for line, raw, ending in read_lines(path, max_line_bytes):
+        if type(raw) is LineTooLong:
+            too_long.append((line, raw))
+            yield "\n"
+            continue
+        # surrogateescape: bad bytes become lone surrogates that _csv_row reports per row.
+        yield (raw + ending).decode("utf-8", errors="surrogateescape")
+
+
+def read_csv(path: Path, prompt_field: str, key_field: str, max_line_bytes: int) -> Iterator[Row]:
+    too_long: list = []
+    reader = csv.reader(_csv_text(path, max_line_bytes, too_long), strict=True)
+    header = next(reader, None)
+    if header is None:
+        return
+    columns = _csv_columns(header, path, prompt_field, key_field)
+    done = reader.line_num  # lines consumed so far; the next row starts on done + 1
+    while True:
+        start = done + 1
+        try:
+            row = next(reader)
+        except StopIteration:
+            row = None
+        except csv.Error as exc:
+            done = reader.line_num
+            yield start, Bad(f"malformed CSV: {exc}")
+            continue
+        while too_long:
+            line, bad = too_long.pop(0)
+            yield line, Bad(bad.reason)
+        if row is None:
+            return
+        done = reader.line_num
+        if row:  # [] is a blank line
+            yield start, _csv_row(row, columns, len(header), prompt_field)
+
+
+# --- Parquet -----------------------------------------------------------------------------
+
+def _parquet_columns(schema, path: Path, prompt_field: str, key_field: str) -> list[str]:
+    import pyarrow as pa
+
+    names = schema.names
+    if prompt_field not in names:
+        found = ", ".join(repr(c) for c in names[:20]) or "none"
+        raise DatasetError(f"{path}: the Parquet file has no column {prompt_field!r} (columns found: "
+                           f"{found}); set dataset.prompt_field to the prompt column")
+    text_types = (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary,
+                  pa.types.is_large_binary)
+    for name in (prompt_field, key_field, *TEXT_FIELDS):
+        if name in names:
+            kind = schema.field(name).type
+            if not any(is_type(kind) for is_type in text_types):
+                raise DatasetError(f"{path}: column {name!r} has type {kind}, expected string; "
+                                   f"cast it to string when writing the file")
+    return [n for n in (prompt_field, key_field, *OPTIONAL_FIELDS) if n in names]
+
+
+def _parquet_text(value: object, name: str) -> Union[object, Bad]:
+    if type(value) is bytes:
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            return _decode_error(exc, f" in column {name!r}")
+    return value
+
+
+def read_parquet(path: Path, prompt_field: str, key_field: str, max_line_bytes: int) -> Iterator[Row]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as exc:
+        raise DatasetError(f"dataset.path={path}: cannot read it as Parquet ({exc}); "
+                           f"check the file, or set dataset.format") from exc
+    columns = _parquet_columns(pf.schema_arrow, path, prompt_field, key_field)
+    binary = {n for n in columns if pa.types.is_binary(pf.schema_arrow.field(n).type)
+              or pa.types.is_large_binary(pf.schema_arrow.field(n).type)}
+    line = 0
+    try:
+        # Read only the columns we use: a dataset may carry images next to its captions.
+        for batch in pf.iter_batches(batch_size=65536, columns=columns):
+            values = {name: batch.column(name).to_pylist() for name in columns}
+            for i in range(batch.num_rows):
+                line += 1
+                row, bad = {}, None
+                for name in columns:
+                    value = values[name][i]
+                    if value is None:
+                        continue
+                    if name in binary:
+                        value = _parquet_text(value, name)
+                        if type(value) is Bad:
+                            bad = value
+                            break
+                    if type(value) is str and len(value) > max_line_bytes:
+                        bad = Bad(f"column {name!r} holds {len(value)} characters, more than "
+                                  f"dataset.max_line_bytes={max_line_bytes}")
+                        break
+                    row[name] = value
+                yield line, bad if bad is not None else row
+    except (pa.ArrowException, OSError) as exc:
+        raise DatasetError(f"dataset.path={path}: the Parquet file is corrupt after row {line} "
+                           f"({exc})") from exc
+
+
+# --- webdataset tar ----------------------------------------------------------------------
+
+def _wds_sample(key: str, first: int, parts: dict, prompt_field: str, key_field: str) -> Row:
+    if "txt" not in parts:
+        members = ", ".join(f"{key}.{ext}" for ext in parts) or "none"
+        return first, Bad(f"sample {key!r} has no .txt caption (members: {members})", key)
+    for ext in ("txt", "json"):
+        if type(parts.get(ext)) is LineTooLong:
+            return first, Bad(f"{key}.{ext} is larger than dataset.max_line_bytes={parts[ext].limit} bytes", key)
+    try:
+        caption = parts["txt"].decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return first, _decode_error(exc, f" in {key}.txt", key)
+    fields: dict = {}
+    if "json" in parts:
+        try:
+            fields = json.loads(parts["json"])
+        except UnicodeDecodeError as exc:
+            return first, _decode_error(exc, f" in {key}.json", key)
+        except (json.JSONDecodeError, RecursionError) as exc:
+            return first, Bad(f"malformed JSON in {key}.json: {exc}", key)
+        if type(fields) is not dict:
+            kind = _JSON_TYPE.get(type(fields), type(fields).__name__)
+            return first, Bad(f"{key}.json must hold a JSON object, got a JSON {kind}", key)
+    # The sample key and caption file win over same-named json fields: they are what
+    # webdataset readers of this tar see.
+    fields[prompt_field] = caption.rstrip("\r\n")  # `echo caption > k.txt` adds a newline
+    fields[key_field] = key
+    return first, fields
+
+
+def read_wds(path: Path, prompt_field: str, key_field: str, max_line_bytes: int) -> Iterator[Row]:
+    try:
+        # Stream mode: members in order, and bodies we never read (images) are skipped.
+        tar = tarfile.open(path, "r|*")
+    except tarfile.TarError as exc:
+        raise DatasetError(f"dataset.path={path}: not a readable tar ({exc}); "
+                           f"check the file, or set dataset.format") from exc
+    index = 0
+    with tar:
+        key, first, parts = None, 0, {}
+        try:
+            for index, member in enumerate(tar, 1):
+                match = _WDS_NAME.match(member.name) if member.isfile() else None
+                if match is None:
+                    continue  # directories, and names with no extension, as webdataset does
+                prefix, ext = match.group(1), match.group(2).lower()
+                if prefix != key:
+                    if key is not None:
+                        yield _wds_sample(key, first, parts, prompt_field, key_field)
+                    key, first, parts = prefix, index, {}
+                if ext in ("txt", "json") and member.size > max_line_bytes:
+                    # Bounded like a text line: a caption member is never read whole past the limit.
+                    parts[ext] = LineTooLong(max_line_bytes)
+                else:
+                    parts[ext] = tar.extractfile(member).read() if ext in ("txt", "json") else b""
+        except (tarfile.TarError, EOFError) as exc:
+            raise DatasetError(f"dataset.path={path}: the tar is truncated or corrupt after "
+                               f"member {index} ({exc})") from exc
+        if key is not None:
+            yield _wds_sample(key, first, parts, prompt_field, key_field)
+
+
+READERS: dict[str, Reader] = {
+    "jsonl": read_jsonl,
+    "txt": read_txt,
+    "csv": read_csv,
+    "parquet": read_parquet,
+    "wds": read_wds,
+}

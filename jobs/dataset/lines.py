@@ -1,0 +1,114 @@
+"""Bounded line reading for the text formats (JSONL, TXT, CSV).
+
+- LF, CRLF and CR each end a line: a file saved with old Mac line endings is many prompts, not one.
+- A UTF-8 BOM is dropped. A UTF-16 or UTF-32 BOM decodes the file from that encoding (to UTF-8
+  bytes, what the readers parse); bytes that are not valid in it are a whole-file error naming it.
+- A line longer than `max_line_bytes` is yielded as `LineTooLong` (a row error for the reader) and
+  skipped chunk by chunk, never held whole: memory stays within one chunk plus one line whatever
+  the file holds (one endless line of zeros included).
+
+    for line, text, ending in read_lines(path, 1 << 20):   # text: bytes without the ending
+"""
+
+from __future__ import annotations
+
+import codecs
+import re
+from dataclasses import dataclass
+from itertools import chain, repeat
+from pathlib import Path
+from typing import BinaryIO, Iterator, Optional, Union
+
+from jobs.dataset.rules import DatasetError
+
+CHUNK = 1 << 20
+DEFAULT_MAX_LINE_BYTES = 1 << 20
+_EOL = re.compile(rb"(\r\n|\r|\n)")
+# Longest first: the UTF-32-LE BOM begins with the UTF-16-LE one.
+_BOMS = ((codecs.BOM_UTF32_LE, "utf-32-le"), (codecs.BOM_UTF32_BE, "utf-32-be"), (codecs.BOM_UTF8, "utf-8"),
+         (codecs.BOM_UTF16_LE, "utf-16-le"), (codecs.BOM_UTF16_BE, "utf-16-be"))
+
+
+@dataclass(frozen=True)
+class LineTooLong:
+    """A line that was not read whole: it is longer than `limit` bytes."""
+
+    limit: int
+
+    @property
+    def reason(self) -> str:
+        return (f"line longer than {self.limit} bytes (dataset.max_line_bytes): is this a text file of "
+                f"prompts? Split the line, or raise dataset.max_line_bytes")
+
+
+Line = tuple[int, Union[bytes, LineTooLong], bytes]
+
+
+def _sniff(first: bytes) -> tuple[Optional[str], int]:
+    """(encoding to transcode from, BOM length); encoding None means the bytes are read as they are."""
+    for bom, encoding in _BOMS:
+        if first.startswith(bom):
+            return (None if encoding == "utf-8" else encoding), len(bom)
+    return None, 0
+
+
+def _utf8_chunks(path: Path, f: BinaryIO) -> Iterator[bytes]:
+    first = f.read(CHUNK)
+    encoding, skip = _sniff(first)
+    raw = chain([first[skip:]], iter(lambda: f.read(CHUNK), b""))
+    if encoding is None:
+        yield from raw
+        return
+    decoder = codecs.getincrementaldecoder(encoding)()
+    done = skip
+    try:
+        for chunk in raw:
+            yield decoder.decode(chunk).encode("utf-8")
+            done += len(chunk)
+        yield decoder.decode(b"", final=True).encode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DatasetError(f"{path}: the file starts with a {encoding.upper()} byte order mark but is not valid "
+                           f"{encoding.upper()} near byte {done + exc.start}; re-encode it as UTF-8") from None
+
+
+def read_lines(path: Path, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> Iterator[Line]:
+    """(1-based line number, the line's bytes or LineTooLong, its ending: b"\\n", b"\\r\\n", b"\\r" or b"")."""
+    with open(path, "rb") as f:
+        yield from split_lines(_utf8_chunks(path, f), max_line_bytes)
+
+
+def split_lines(chunks: Iterator[bytes], max_line_bytes: int) -> Iterator[Line]:
+    line = 1
+    buf = bytearray()  # the current line's bytes so far, at most max_line_bytes
+    too_long = False  # the current line was already reported and is being skipped
+    after_cr = False  # the last chunk ended with \r: a \n starting the next one belongs to it
+    for chunk in chunks:
+        if after_cr and chunk.startswith(b"\n"):
+            chunk = chunk[1:]
+        after_cr = False
+        if b"\r" in chunk:
+            parts = _EOL.split(chunk)  # text, ending, text, ending, ..., text
+            lines, rest = zip(parts[0:-1:2], parts[1::2]), parts[-1]
+            after_cr = len(parts) > 1 and not rest and parts[-2] == b"\r"
+        else:  # the common case, split in C: every ending is \n
+            texts = chunk.split(b"\n")
+            lines, rest = zip(texts[:-1], repeat(b"\n")), texts[-1]
+        for text, ending in lines:
+            if too_long:
+                too_long = False
+            elif len(buf) + len(text) > max_line_bytes:
+                yield line, LineTooLong(max_line_bytes), ending
+            else:
+                yield line, (bytes(buf) + text if buf else text), ending
+            buf.clear()
+            line += 1
+        if too_long:
+            continue
+        if len(buf) + len(rest) > max_line_bytes:
+            yield line, LineTooLong(max_line_bytes), b""
+            too_long = True
+            buf.clear()
+        else:
+            buf += rest
+    if buf and not too_long:
+        yield line, bytes(buf), b""

@@ -1,0 +1,165 @@
+"""The claim on an output_dir: whether this run may add to it, its locks, and the wipe of a run.
+
+`run.json` records the identity of the run that owns the folder (jobs/plan/identity.py): the
+dataset's digest and every config value that changes an item's bytes. A rerun with the same identity continues (committed
+keys are skipped; temp files of torn shards are removed by the sink's scan); a different one is
+refused, naming what differs, unless job.overwrite=true.
+
+Many processes may share output_dir (torchrun ranks, Slurm array tasks, started at any time):
+each removes only its own torn temps (another's may be a live shard), claims run.json under a
+lock, and holds a lock on its shard names while it writes (`_locks/`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import List
+
+from jobs.errors import UserError
+from jobs.output.layout import LOCK_DIR, PLAN_DIR, RUN_DIRS, RUN_FILE, RUN_FILES, SHARD_GLOB
+from jobs.output.leases import live_leases
+from sinks.atomic import fsync_dir, write_synced
+from sinks.sidecars import sidecar_globs
+from sinks.tar_shard import link_no_replace
+
+log = logging.getLogger(__name__)
+
+
+def _differences(old: dict, new: dict, prefix: str = "") -> List[str]:
+    out = []
+    for k in sorted(set(old) | set(new)):
+        a, b = old.get(k), new.get(k)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _differences(a, b, f"{prefix}{k}.")
+        elif a != b:
+            out.append(f"{prefix}{k}: {_short(a)} -> {_short(b)}")
+    return out
+
+
+def _short(v) -> str:
+    s = json.dumps(v, default=str)
+    return s if len(s) <= 80 else s[:77] + "..."
+
+
+def open_run(output_dir: Path, identity: dict, overwrite: bool, shard_glob: str = SHARD_GLOB) -> None:
+    """Claim output_dir for this run, or refuse with what differs from the run that owns it.
+
+    Array tasks start at once and all claim: the claim lock serializes them, and run.json is
+    published with a hard link (fails if the name exists), so even without working locks
+    exactly one identity wins and a different one is refused.
+    """
+    with dir_lock(output_dir, "claim"):
+        for _ in range(2):
+            if _claim_locked(output_dir, identity, overwrite, shard_glob):
+                return
+        raise AssertionError("run.json appeared and vanished twice while claiming")  # a racing wipe
+
+
+def _claim_locked(output_dir: Path, identity: dict, overwrite: bool, shard_glob: str) -> bool:
+    run_file = output_dir / RUN_FILE
+    shards = sorted(output_dir.glob(shard_glob))
+    if run_file.exists():
+        old = json.loads(run_file.read_text())
+        diff = _differences(old, identity)
+        if not diff:
+            return True
+        if not overwrite:
+            raise UserError(
+                f"output_dir={str(output_dir)!r} holds a run with a different dataset or config:\n  "
+                + "\n  ".join(diff[:20])
+                + "\nUse another output_dir, or job.overwrite=true to delete its shards and start over.")
+        wipe(output_dir, shard_glob)
+    elif shards and not overwrite:
+        raise UserError(f"output_dir={str(output_dir)!r} holds {len(shards)} shard(s) but no {RUN_FILE}: they were "
+                         f"not written by this tool's run. Use another output_dir, or job.overwrite=true to delete them.")
+    elif shards:
+        wipe(output_dir, shard_glob)
+    return publish_once(run_file, (json.dumps(identity, indent=2, sort_keys=True, default=str) + "\n").encode())
+
+
+def publish_once(path: Path, data: bytes) -> bool:
+    """Write `path` only if no one has: False when another claimer published it first."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # per process: racing claimers never share it
+    try:
+        write_synced(tmp, data)
+        # A hard link fails if another claimer published first: no overwrite race. Where hard links
+        # are not supported, this falls back to check + rename as shard commits do; the claim lock
+        # (dir_lock) still serializes claimers there.
+        link_no_replace(tmp, path)
+    except FileExistsError:
+        return False
+    finally:
+        tmp.unlink(missing_ok=True)
+    fsync_dir(path.parent)
+    return True
+
+
+def wipe(output_dir: Path, shard_glob: str) -> None:
+    # A live lease means a worker is writing into this run right now: deleting under it would
+    # leave a half-deleted folder that the worker keeps filling. Refuse before touching anything.
+    live = live_leases(output_dir / PLAN_DIR)
+    if live:
+        raise UserError(f"job.overwrite=true refused: {len(live)} worker lease(s) in output_dir={str(output_dir)!r} "
+                         f"are live ({'; '.join(l.describe() for l in live[:3])}). Nothing was deleted. Stop those "
+                         f"workers (or wait for their leases to expire), then rerun with job.overwrite=true")
+    removed = 0
+    for glob in (*sidecar_globs(shard_glob), shard_glob):  # a shard's parquet and stats before the shard
+        for p in list(output_dir.glob(glob)) + list(output_dir.glob("." + glob + "*")):
+            p.unlink()
+            removed += glob == shard_glob
+    for name in RUN_FILES:
+        (output_dir / name).unlink(missing_ok=True)
+    for name in RUN_DIRS:
+        if (output_dir / name).is_dir():
+            shutil.rmtree(output_dir / name)
+    log.warning("job.overwrite=true: removed %d shard file(s), the plan and the old run's index/summary in %s",
+                removed, output_dir)
+
+
+def _lock_file(output_dir: Path, name: str) -> int:
+    (output_dir / LOCK_DIR).mkdir(parents=True, exist_ok=True)
+    return os.open(output_dir / LOCK_DIR / f"{name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+
+
+def _flock(fd: int, flags: int) -> bool:
+    try:
+        fcntl.flock(fd, flags)
+    except BlockingIOError:
+        return False
+    except OSError as e:  # ENOLCK / EOPNOTSUPP: the filesystem has no flock
+        log.warning("file locks are not supported here (%s); concurrent writers are not detected", e.strerror)
+    return True
+
+
+@contextlib.contextmanager
+def dir_lock(output_dir: Path, name: str):
+    """Exclusive section among every process of every run on output_dir (claim, finish)."""
+    fd = _lock_file(output_dir, name)
+    try:
+        _flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def check_writable(output_dir: Path) -> None:
+    for parent in [output_dir, *output_dir.parents]:
+        if parent.exists() and not parent.is_dir():
+            raise UserError(f"output_dir={str(output_dir)!r} cannot be a directory: {str(parent)!r} is a file; "
+                            f"choose another output_dir (or move the file)")
+        if parent.exists():
+            break
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        probe = output_dir / f".write-probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise UserError(f"output_dir={str(output_dir)!r} is not writable ({e.strerror}); "
+                        f"choose a directory you can write to") from None

@@ -1,0 +1,70 @@
+"""Every name in an output_dir, in one place: what a run writes, where, and what belongs to it.
+
+    output_dir/
+      shard-uNNNNNNN-IIII.tar      a work unit's shards (tar, then its parquet and _stats.json beside it)
+      index.wids.json              the wids index of every done unit's shards (written at the end)
+      summary.json                 the job's summary, merged over its parts
+      errors.jsonl                 bad rows (dataset.on_error=skip) and NaN images (job.on_nonfinite=ledger)
+      run.json                     the run's identity: a rerun with another one is refused
+      _plan/                       plan.json, unit-NNNNNNN.parquet, batching.json, done/, leases/
+      _manifest/                   one json per committed shard (sinks/manifest.py)
+      _quarantine/                 shards that no longer matched their manifest, with log.jsonl
+      _summary/ _progress/ _timeline/    per-part summaries, live progress, per-batch timelines
+      _locks/                      flock files (claim, plan, finish, mirror)
+      logs/                        Hydra's run logs, one folder per process
+
+Readers and writers import names from here, never spell them: a wipe, a mirror and a resume then
+agree on what a run owns. Names sinks/ gives its files come from sinks/names.py.
+"""
+
+from __future__ import annotations
+
+from sinks.names import INDEX_NAME, MANIFEST_DIR, QUARANTINE_DIR, QUARANTINE_LOG
+
+# -- files at the top ------------------------------------------------------------------------
+RUN_FILE = "run.json"
+ERRORS_FILE = "errors.jsonl"
+SUMMARY_FILE = "summary.json"
+INDEX_FILE = INDEX_NAME
+
+# -- bookkeeping folders -----------------------------------------------------------------------
+PLAN_DIR = "_plan"
+SUMMARY_DIR = "_summary"
+PROGRESS_DIR = "_progress"
+TIMELINE_DIR = "_timeline"
+LOCK_DIR = "_locks"
+LOG_DIR = "logs"
+
+# -- inside _plan/ -------------------------------------------------------------------------------
+PLAN_FILE = "plan.json"
+BATCHING_FILE = "batching.json"
+DONE_DIR = "done"  # _plan/done/unit-NNNNNNN.json: the unit's shards are all committed
+LEASE_DIR = "leases"  # _plan/leases/unit-NNNNNNN.lease: a worker holds the unit
+
+# What a run owns besides its shards: a wipe removes these, a mirror keeps the remote copy of each.
+RUN_FILES = (RUN_FILE, ERRORS_FILE, INDEX_FILE, SUMMARY_FILE)
+RUN_DIRS = (MANIFEST_DIR, PLAN_DIR, SUMMARY_DIR, QUARANTINE_DIR, TIMELINE_DIR, PROGRESS_DIR)
+
+SHARD_GLOB = "shard-*.tar"
+
+
+def unit_name(unit: int) -> str:
+    """`unit-0000042`: a work unit's file stem (its parquet, done marker and lease)."""
+    return f"unit-{unit:07d}"
+
+
+def unit_shard_pattern(unit: int) -> str:
+    """The unit's shard names, for ShardWriter: `shard-u0000042-{index:04d}.tar`."""
+    return f"shard-u{unit:07d}-{{index:04d}}.tar"
+
+
+def unit_shard_glob(unit: int) -> str:
+    return f"shard-u{unit:07d}-*.tar"
+
+
+__all__ = [
+    "BATCHING_FILE", "DONE_DIR", "ERRORS_FILE", "INDEX_FILE", "LEASE_DIR", "LOCK_DIR", "LOG_DIR", "MANIFEST_DIR",
+    "PLAN_DIR", "PLAN_FILE", "PROGRESS_DIR", "QUARANTINE_DIR", "QUARANTINE_LOG", "RUN_DIRS", "RUN_FILE",
+    "RUN_FILES", "SHARD_GLOB", "SUMMARY_DIR", "SUMMARY_FILE", "TIMELINE_DIR", "unit_name", "unit_shard_glob",
+    "unit_shard_pattern",
+]

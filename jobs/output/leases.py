@@ -1,0 +1,109 @@
+"""The lease file: a worker's exclusive, expiring claim on one work unit, as a file on the shared filesystem.
+
+    _plan/leases/unit-NNNNNNN.lease     published by a hard link (fails if the name exists): one winner
+    content: owner, host, pid, process start time, ttl     heartbeat: the file's mtime (futimes)
+
+This is the format and how to read it (who holds what, is it expired), which the claim's wipe
+and the planner need as much as a worker; taking, beating and breaking leases is the worker's
+(jobs/worker/lease.py).
+
+A lease whose holder ran on this host and whose process is gone (SIGKILL, OOM kill) counts as
+expired at once: waiting for the ttl would only delay a restart on the same node.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List, Optional
+
+from jobs.output.layout import LEASE_DIR, unit_name
+
+
+def process_start_time(pid: int) -> Optional[int]:
+    """Linux process start time (clock ticks since boot), to tell a pid from its reuse; None for
+    a process that is gone, including a zombie (dead, not yet reaped by its parent)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return None
+    try:
+        return None if fields[0] in (b"Z", b"X") else int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+HOST = socket.gethostname()
+
+
+@dataclass(frozen=True)
+class LeaseInfo:
+    unit: int
+    owner: str
+    host: str
+    pid: int
+    start_time: Optional[int]
+    ttl_s: float
+    heartbeat: float  # mtime of the lease file
+    ino: int
+
+    def age(self, now: Optional[float] = None) -> float:
+        return (time.time() if now is None else now) - self.heartbeat
+
+    def holder_dead_here(self) -> bool:
+        """The holder ran on this host and its process is gone (or is another process now)."""
+        if self.host != HOST:
+            return False
+        return process_start_time(self.pid) != self.start_time or self.start_time is None and not pid_alive(self.pid)
+
+    def expired(self, now: Optional[float] = None) -> bool:
+        return self.age(now) > self.ttl_s or self.holder_dead_here()
+
+    def describe(self) -> str:
+        return f"unit {self.unit} held by {self.owner} (pid {self.pid} on {self.host}, heartbeat {self.age():.0f}s ago)"
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def lease_path(plan_dir: Path, unit: int) -> Path:
+    return plan_dir / LEASE_DIR / f"{unit_name(unit)}.lease"
+
+
+def read_lease(path: Path) -> Optional[LeaseInfo]:
+    try:
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            data = json.loads(f.read() or b"{}")
+    except FileNotFoundError:
+        return None
+    except ValueError:  # unreadable: treat as fresh rather than break a lease we cannot read
+        return LeaseInfo(unit=-1, owner="?", host="?", pid=-1, start_time=None, ttl_s=float("inf"),
+                         heartbeat=time.time(), ino=-1)
+    return LeaseInfo(unit=data.get("unit", -1), owner=data.get("owner", "?"), host=data.get("host", "?"),
+                     pid=int(data.get("pid", -1)), start_time=data.get("start_time"),
+                     ttl_s=float(data.get("ttl_s", 0)), heartbeat=st.st_mtime, ino=st.st_ino)
+
+
+def live_leases(plan_dir: Path) -> List[LeaseInfo]:
+    d = plan_dir / LEASE_DIR
+    if not d.is_dir():
+        return []
+    out = []
+    for p in sorted(d.glob("unit-*.lease")):
+        info = read_lease(p)
+        if info is not None and not info.expired():
+            out.append(info)
+    return out

@@ -1,0 +1,276 @@
+"""Keep an object-store output_dir in step with its local staging folder (jobs/output/storage.py).
+
+Order is what makes the remote safe to resume from:
+
+    start (rank 0, under a lock)   hydrate: the remote's run.json, plan.json, batching.json and done
+                                   markers come down into the staging folder (a staging folder of
+                                   another run is cleared first), then the plan is joined or made as
+                                   for a local output_dir, then published: units, plan.json, run.json last
+    batch sizes chosen             _plan/batching.json uploaded by the worker that published it
+                                   (jobs/worker/batch_sizer.py), before any shard made with its sizes
+    each unit leased               its unit file fetched (if not staged), its shards scanned
+    each shard                     committed locally, then uploaded: tar, parquet, stats, manifest
+                                   (sinks/remote.py), then its local payload removed
+    each unit                      its shards uploaded, then its done marker, then the marker uploaded
+    end                            summaries, timelines, the error ledger, the index
+
+So on the remote a manifest means its shard and sidecars are complete, a done marker means its
+unit's manifests are there, and run.json means the plan is. A worker that leases a unit first
+uploads the unit's shards a killed worker committed locally but had not uploaded, then reads the
+unit's committed shards from the remote (sinks/remote.py Remote.scan): nothing is generated twice
+and nothing half-uploaded is ever counted.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import List, Optional, Tuple
+
+from jobs.errors import UserError
+from jobs.kill_hook import KILL_AT_ENV, kill_hook
+from jobs.output.layout import (BATCHING_FILE, DONE_DIR, ERRORS_FILE, INDEX_FILE, PLAN_DIR, PLAN_FILE,
+                                QUARANTINE_DIR, QUARANTINE_LOG, RUN_DIRS, RUN_FILE, RUN_FILES, SHARD_GLOB,
+                                SUMMARY_DIR, SUMMARY_FILE, TIMELINE_DIR)
+from jobs.output.schema import ITEM_SPEC
+from jobs.output.storage import Output, check_shared_staging, resolve
+from sinks.atomic import atomic_write_bytes
+from sinks.manifest import ShardRecord, scan_output
+from sinks.quarantine import append_log
+from sinks.remote import Remote, describe_error, drop_payload
+from sinks.sidecars import MetaSpec
+
+log = logging.getLogger("jobs.output.mirror")
+
+_DONE = f"{PLAN_DIR}/{DONE_DIR}"  # the done markers, as an object-store prefix
+
+
+
+class LocalShards:
+    """The committed shards of a local output_dir (the scan of resume, sinks/manifest.py)."""
+
+    def __init__(self, output_dir: Path, spec: MetaSpec):
+        self.output_dir, self.spec = Path(output_dir), spec
+
+    @property
+    def shown(self) -> str:
+        """output_dir as the user named it (for logs and summary.json)."""
+        return str(self.output_dir)
+
+    def scan(self, tar_glob: str, verify: str) -> Tuple[List[ShardRecord], List[dict]]:
+        result = scan_output(self.output_dir, tar_glob, verify, self.spec)
+        return result.records, result.quarantined
+
+    def on_commit(self, record: ShardRecord) -> None:
+        pass
+
+    def on_done(self, unit_marker: Path) -> None:
+        pass
+
+    def on_reopen(self, unit_marker: Path) -> None:
+        pass
+
+    def fetch_unit(self, unit_file: Path) -> None:
+        pass
+
+    def on_plan_file(self, path: Path) -> None:
+        pass
+
+    def push_end(self, leader: bool) -> None:
+        pass
+
+
+class Mirror(LocalShards):
+    """The shards of an object-store output_dir, staged in `output.local`."""
+
+    def __init__(self, output: Output, spec: MetaSpec):
+        assert output.remote is not None
+        super().__init__(output.local, spec)
+        self.output = output
+        self.remote = Remote(output.remote)
+        self.pushed = 0  # shards this process uploaded (the kill tests' count)
+
+    @property
+    def shown(self) -> str:
+        return self.output.remote
+
+    # -- whole run ---------------------------------------------------------------------------
+
+    def check(self) -> None:
+        try:
+            self.remote.check_writable()
+        except Exception as e:  # noqa: BLE001 - any failure of the store here is the environment's
+            raise UserError(describe_error(self.output.remote, e)) from None
+
+    def hydrate(self, overwrite: bool) -> Optional[bytes]:
+        """Bring the remote run's bookkeeping into the staging folder; returns the remote run.json."""
+        remote_run = self.remote.read_bytes(RUN_FILE)
+        local_file = self.output_dir / RUN_FILE
+        local_run = local_file.read_bytes() if local_file.exists() else None
+        if remote_run != local_run and self._staged_anything():
+            log.warning("staging folder %s holds %s than %s: clearing it", self.output_dir,
+                        "another run" if remote_run else "a run the remote does not have", self.output.remote)
+            clear_run(self.output_dir)
+        if remote_run is None:
+            foreign = self.remote.sizes("", SHARD_GLOB)
+            if foreign and not overwrite:
+                raise UserError(f"output_dir={self.output.remote!r} holds {len(foreign)} shard(s) but no {RUN_FILE}: "
+                                f"they were not written by this tool's run. Use another output_dir, or "
+                                f"job.overwrite=true to delete them.")
+            return None
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        fetched = 0
+        # Not the units (fetched when leased: a billion-item plan has 100k+ of them) nor the
+        # manifests (a unit's come with its scan, the only time their names matter).
+        for prefix, pattern in (("", ERRORS_FILE), (PLAN_DIR, PLAN_FILE), (_DONE, "*.json"),
+                                (QUARANTINE_DIR, QUARANTINE_LOG)):
+            for name in self.remote.sizes(prefix, pattern):
+                if not (self.output_dir / name).exists():
+                    self.remote.get(name, self.output_dir / name)
+                    fetched += 1
+        fetched += self._sync_batching()
+        (self.output_dir / RUN_FILE).write_bytes(remote_run)
+        self._push_missing_markers()
+        if fetched:
+            log.info("resuming %s: %d file(s) of its plan and done markers fetched into %s", self.output.remote, fetched,
+                     self.output_dir)
+        return remote_run
+
+    def _staged_anything(self) -> bool:
+        d = self.output_dir
+        return d.is_dir() and any((d / n).exists() for n in RUN_DIRS + RUN_FILES) or any(d.glob("shard-*"))
+
+    def _sync_batching(self) -> int:
+        """The run's batch sizes (jobs/worker/batch_sizer.py) are the remote's once it has them: they decide
+        bytes, so a staging folder's own pick (a worker killed before uploading it) yields to them;
+        a pick only staged here goes up now. Returns 1 if it was fetched."""
+        name = f"{PLAN_DIR}/{BATCHING_FILE}"
+        local = self.output_dir / name
+        remote = self.remote.read_bytes(name)
+        if remote is not None:
+            if not local.exists() or local.read_bytes() != remote:
+                local.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write_bytes(local, remote)
+                return 1
+        elif local.exists():
+            self.remote.put(local, name)
+        return 0
+
+    def on_plan_file(self, path: Path) -> None:
+        """A file this worker published in the plan folder (the batch sizes): uploaded now."""
+        self.remote.put(path, f"{PLAN_DIR}/{path.name}")
+
+    def _push_missing_markers(self) -> None:
+        """Done markers written here after their shards were uploaded, by a worker killed before it
+        uploaded the marker."""
+        remote = set(self.remote.sizes(_DONE, "*.json"))
+        for path in sorted((self.output_dir / _DONE).glob("unit-*.json")):
+            name = f"{_DONE}/{path.name}"
+            if name not in remote:
+                self.remote.put(path, name)
+
+    def publish_plan(self, remote_run: Optional[bytes]) -> None:
+        """After the plan was joined or made: publish it, run.json last. A different run.json than
+        the remote had means job.overwrite replaced the run: the remote's old files go first."""
+        local_run = (self.output_dir / RUN_FILE).read_bytes()
+        if remote_run == local_run:
+            return
+        if remote_run is not None or self.remote.sizes("", SHARD_GLOB):
+            log.warning("job.overwrite=true: deleting the previous run's files in %s", self.output.remote)
+            self._wipe_remote()
+        names = sorted(p.relative_to(self.output_dir).as_posix() for p in (self.output_dir / PLAN_DIR).glob("unit-*"))
+        names += [n for n in (ERRORS_FILE, f"{PLAN_DIR}/{PLAN_FILE}") if (self.output_dir / n).exists()]
+        for name in names + [RUN_FILE]:
+            self.remote.put(self.output_dir / name, name)
+        log.info("plan published to %s (%d file(s))", self.output.remote, len(names) + 1)
+
+    def _wipe_remote(self) -> None:
+        fs, root = self.remote.fs, self.remote.root
+        names = [self.remote.path(n) for n in self.remote.sizes("", "shard-*")]
+        names += [self.remote.path(n) for n in RUN_FILES if fs.exists(self.remote.path(n))]
+        if names:
+            fs.rm(names)
+        for d in RUN_DIRS:
+            if fs.exists(f"{root}/{d}"):
+                fs.rm(f"{root}/{d}", recursive=True)
+
+    def push_end(self, leader: bool) -> None:
+        """What a worker leaves at its end: its summary and timeline; the leader also the ledger,
+        the quarantine log, summary.json and the index (last: it lists what is there)."""
+        names = [p.relative_to(self.output_dir).as_posix()
+                 for d in (SUMMARY_DIR, TIMELINE_DIR) for p in sorted((self.output_dir / d).glob("*")) if p.is_file()]
+        if leader:
+            names += [n for n in (ERRORS_FILE, f"{QUARANTINE_DIR}/{QUARANTINE_LOG}", SUMMARY_FILE, INDEX_FILE)
+                      if (self.output_dir / n).exists()]
+        for name in names:
+            self.remote.put(self.output_dir / name, name)
+
+    # -- shards and units --------------------------------------------------------------------
+
+    def scan(self, tar_glob: str, verify: str) -> Tuple[List[ShardRecord], List[dict]]:
+        """The unit's committed shards: the remote's, plus those committed here by a worker killed
+        before (or while) it uploaded them, uploaded now unless the remote already has their name
+        or keys (then they are stale: another staging folder generated those samples meanwhile)."""
+        local = scan_output(self.output_dir, tar_glob, verify, self.spec)
+        records, quarantined = self.remote.scan(tar_glob, verify, self.output_dir)
+        for entry in quarantined:
+            append_log(self.output_dir, entry)
+        names = {r.url: r for r in records}
+        keys = {k for r in records for k in r.keys}
+        for record in local.records:
+            if record.url in names or keys.intersection(record.keys):
+                same = record.url in names and names[record.url].sha256 == record.sha256
+                if not same:
+                    log.warning("%s, committed here but not uploaded, is stale: the remote already has %s; dropped",
+                                record.url, "that name" if record.url in names else "some of its keys")
+                drop_payload(self.output_dir, record)
+                continue
+            log.info("uploading %s, committed here by an earlier run", record.url)
+            self.remote.push_shard(self.output_dir, record)
+            records.append(record)
+            keys.update(record.keys)
+        return sorted(records, key=lambda r: r.url), local.quarantined + quarantined
+
+    def fetch_unit(self, unit_file: Path) -> None:
+        if not unit_file.exists():
+            self.remote.get(f"{PLAN_DIR}/{unit_file.name}", unit_file)
+
+    def on_commit(self, record: ShardRecord) -> None:
+        self.pushed += 1
+        hook = None
+        if KILL_AT_ENV in os.environ:  # kill tests only: die with the tar uploaded, its manifest not
+            n = self.pushed
+            hook = lambda: kill_hook("upload", n)  # noqa: E731
+        self.remote.push_shard(self.output_dir, record, before_manifest=hook)
+
+    def on_done(self, unit_marker: Path) -> None:
+        self.remote.put(unit_marker, f"{_DONE}/{unit_marker.name}")
+
+    def on_reopen(self, unit_marker: Path) -> None:
+        self.remote.rm([f"{_DONE}/{unit_marker.name}"])
+
+
+def clear_run(folder: Path) -> None:
+    """Remove a run's files from a staging folder (never anything else that may live there)."""
+    for d in RUN_DIRS:
+        shutil.rmtree(folder / d, ignore_errors=True)
+    for n in RUN_FILES:
+        (folder / n).unlink(missing_ok=True)
+    for p in list(folder.glob("shard-*")) + list(folder.glob(".shard-*")):
+        p.unlink(missing_ok=True)
+
+
+def open_shards(output_dir: str, staging_dir: Optional[str], task_count: int = 1) -> LocalShards:
+    """Where committed shards live: output_dir itself, or an object store mirrored from a staging
+    folder, checked to be writable with this environment's credentials."""
+    output = resolve(output_dir, staging_dir)
+    if output.remote is None:
+        return LocalShards(output.local, ITEM_SPEC)
+    check_shared_staging(output, staging_dir, task_count)
+    mirror = Mirror(output, ITEM_SPEC)
+    mirror.check()
+    log.info("output_dir %s is an object store: staging in %s, each shard uploaded once committed",
+             output.remote, output.local)
+    return mirror

@@ -1,0 +1,27 @@
+"""The columns of each shard's parquet: the fields of the items' json that make the run one table.
+
+`jobs.worker.samples.item_meta` is the sample's json (`KEY.json`); `ITEM_SPEC` names the json fields that become
+columns of `shard-*.parquet` (sinks/sidecars.py) with one Arrow type each, so every shard of every
+run has the same schema and the run reads as one table:
+
+    duckdb.sql("SELECT mode, count(*) FROM read_parquet('OUT/*.parquet') GROUP BY mode")
+
+`key`, `shard`, `members` and `bytes` are added by the sink.
+"""
+
+from __future__ import annotations
+
+from sinks.sidecars import MetaSpec
+
+
+ITEM_SPEC = MetaSpec(
+    columns=(
+        ("prompt", "string"), ("negative_prompt", "string"), ("seed", "int64"), ("width", "int64"),
+        ("height", "int64"), ("steps", "int64"), ("guidance_scale", "float64"), ("cfg", "bool"),
+        ("dtype", "string"), ("model", "string"), ("text_tokens", "int64"), ("bucket", "int64"),
+        ("signature", "string"), ("mode", "string"), ("batch_size", "int64"), ("truncated", "bool"),
+        ("nonfinite", "bool"), ("source", "string"),
+        ("num_frames", "int64"), ("fps", "float64"),  # videos only (null for images)
+    ),
+    tally=("mode", "nonfinite", "signature"),
+)

@@ -1,0 +1,67 @@
+"""The run's identity: every input that decides an output byte, as one JSON-able dict (`run.json`).
+
+A rerun with the same identity joins the run; another one is refused, naming what differs
+(jobs/output/claim.py compares and claims; this module only says what the identity is).
+
+The CPU's thread count is part of it: oneDNN and MKL split a GEMM across threads and reduce the
+partial sums in an order that follows the split, so the same pipeline gives other floats at 1
+thread than at 2 (measured on the tiny SANA and Flux presets: up to 7e-7, enough to change a uint8
+pixel in ~100k). A CPU run that resumed with another thread count would mix two renderings in one
+output_dir. CUDA kernels do not depend on it: a GPU run leaves it out, and may resume on a host
+with any number of cores.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from jobs.config import GenerateConfig
+from jobs.models import demo_weights
+from jobs.models.lora import lora_identity
+from jobs.models.registry import get_family
+
+
+def run_identity(cfg: GenerateConfig, digest: str, n_records: int) -> dict:
+    m = cfg.model
+    sampling, sink = asdict(cfg.sampling), {"format": cfg.sink.format, "quality": cfg.sink.quality}
+    if get_family(m.family).video:
+        sink.update(video_crf=cfg.sink.video_crf, video_preset=cfg.sink.video_preset,
+                    video_frames=cfg.sink.video_frames)
+    else:
+        # An image family makes one frame and writes no video: these change none of its bytes, and
+        # leaving them out keeps the identity of runs made before videos existed (they still resume).
+        del sampling["num_frames"], sampling["fps"]
+    return {
+        "dataset": {"digest": digest, "records": n_records},
+        "model": {"name": m.name, "family": m.family, "path": m.path, "dtype": m.dtype, "tiny": m.tiny,
+                  "max_sequence_length": m.max_sequence_length,
+                  "complex_human_instruction": m.complex_human_instruction, **lora_identity(m.loras),
+                  **demo_weights.identity(m.tiny, m.path)},
+        "text_buckets": cfg.text_buckets,
+        "sampling": sampling,
+        "sink": sink,
+        "bcg_fusions": cfg.bcg.fusions,  # the quality tier: fast changes pixels, lossless must not
+        "bcg_compile": cfg.bcg.compile,  # compiled kernels change pixels; graph replay alone does not
+        **cpu_identity(cfg.device),
+        # The batch an item is denoised in changes its bytes (kernels pick other reductions per batch
+        # size: 5 of 40 JPEGs differed between batch 1 and 8), so the batching is part of the identity.
+        # Grown sizes are measured once per output_dir and published in _plan/batching.json, so every
+        # worker and resume cuts the same batches (jobs/worker/batch_sizer.py).
+        "batching": {"batch_sizes": list(cfg.bcg.batch_sizes), "pad_short_batches": cfg.bcg.pad_short_batches,
+                     "batch_grow": cfg.bcg.batch_grow, "batch_grow_max": cfg.bcg.batch_grow_max},
+    }
+
+
+def plan_identity(cfg: GenerateConfig, digest: str, records: int) -> dict:
+    ident = run_identity(cfg, digest, records)
+    ident["plan"] = {"unit_items": cfg.plan.unit_items, "dataset_limit": cfg.dataset.limit,
+                     "dataset_on_error": cfg.dataset.on_error}
+    return ident
+
+
+def cpu_identity(device: str) -> dict:
+    """{"cpu_threads": n} for a run on the CPU (`device` as configured: auto, cpu or cuda); {} otherwise."""
+    import torch
+
+    on_cpu = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
+    return {"cpu_threads": torch.get_num_threads()} if on_cpu else {}

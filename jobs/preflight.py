@@ -1,0 +1,84 @@
+"""The config check both roles run first: everything about the config and environment that can be
+wrong is found here, before a dataset row is read or a model is loaded.
+
+    check = check_config(cfg)      # UserError naming the key, the value and the fix
+    check.family, check.padder     # the model family and its text padder, by name
+    check.output_dir               # the local folder the job writes (an object store's staging folder)
+    check.divisor                  # what every image side must be a multiple of
+
+The planner (`jobs.plan`) and the worker (`jobs.generate`) both start here; neither imports the other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from jobs.config import GenerateConfig
+from jobs.errors import UserError
+from jobs.models.base import ModelFamily
+from jobs.models.lora import check_loras
+from jobs.models.registry import get_family
+from jobs.output.claim import check_writable
+from jobs.output.storage import resolve
+from jobs.telemetry.tensorboard import check_tensorboard
+from padding import Padder, get_padder
+
+
+@dataclass(frozen=True)
+class Checked:
+    """What the check settled: the family, its padder, where output goes, the side divisor."""
+
+    family: ModelFamily
+    padder: Padder
+    output_dir: Path
+    divisor: int
+
+
+def check_config(cfg: GenerateConfig) -> Checked:
+    family = get_family(cfg.model.family)
+    padder = get_padder(cfg.model.family, buckets=cfg.text_buckets, native_length=cfg.model.max_sequence_length)
+    check_loras(cfg.model.loras, family.pipeline_class)
+    check_tensorboard(cfg.job.tensorboard)
+    _check_model_source(cfg, family)
+    divisor = family.spatial_divisor(cfg.model)
+    _check_sampling(cfg, family, divisor)
+    if family.video:
+        from sinks.video import check_encoder_available  # imports PyAV: only for video families
+
+        why = check_encoder_available()
+        if why is not None:
+            raise UserError(f"model={cfg.model.name} writes videos (KEY.mp4), but {why}")
+    output = resolve(cfg.output_dir, cfg.job.staging_dir)  # an object store: its local staging folder
+    check_writable(output.local)
+    return Checked(family=family, padder=padder, output_dir=output.local, divisor=divisor)
+
+
+def _check_model_source(cfg: GenerateConfig, family: ModelFamily) -> None:
+    if cfg.model.path is not None:
+        family.check_path(cfg.model)
+    elif not cfg.model.tiny:
+        raise UserError(f"model.path is not set and preset {cfg.model.name!r} has no `tiny` section: "
+                        f"pass model.path=/local/diffusers/folder")
+    else:
+        family.check_tiny(cfg.model)
+
+
+def _check_sampling(cfg: GenerateConfig, family: ModelFamily, d: int) -> None:
+    for key, v in (("sampling.height", cfg.sampling.height), ("sampling.width", cfg.sampling.width)):
+        if v % d:
+            raise UserError(f"{key}={v} is not a multiple of {d} ({cfg.model.name}: VAE downsampling x patch size, "
+                            f"and what its pipeline accepts); "
+                            f"use {max(d, round(v / d) * d)}")
+    why = family.frames_error(cfg.model, cfg.sampling.num_frames)
+    if why is not None:
+        raise UserError(f"sampling.{why}")
+    if cfg.sampling.steps < family.min_steps:
+        raise UserError(f"sampling.steps={cfg.sampling.steps}, but {cfg.model.name}'s scheduler takes at least "
+                        f"{family.min_steps} steps; set sampling.steps={family.min_steps} or more")
+    if family.fixed_fps is not None and cfg.sampling.fps != family.fixed_fps:
+        raise UserError(f"sampling.fps={cfg.sampling.fps:g}, but {family.pipeline_class} makes {family.fixed_fps:g} fps "
+                        f"only; set sampling.fps={family.fixed_fps:g}")
+    if not family.guidance and cfg.sampling.guidance_scale > 1.0:
+        raise UserError(f"sampling.guidance_scale={cfg.sampling.guidance_scale:g}, but {cfg.model.name} is "
+                        f"guidance-distilled (no negative branch); set sampling.guidance_scale=1.0")

@@ -1,0 +1,82 @@
+"""One summary for all parts of a job: each part writes its own stats file, whoever finishes a
+group merges the files of the current layout.
+
+Files, not a gather: a failing rank still leaves its record, and array tasks, which share no
+process group, merge the same way.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+from jobs.output.layout import SUMMARY_DIR
+from jobs.telemetry.summary import JobStats
+from sinks.atomic import atomic_write_bytes
+
+STATUS_ORDER = ("failed", "interrupted", "preempted", "running", "complete")  # worst first
+
+
+STATUS_ORDER = ("failed", "interrupted", "preempted", "running", "complete")  # worst first
+
+
+def part_summary_path(output_dir, part: int, parts: int) -> Path:
+    return Path(output_dir) / SUMMARY_DIR / f"part-{part:04d}-of-{parts:04d}.json"
+
+
+def write_part_summary(output_dir, part: int, parts: int, stats: JobStats) -> None:
+    path = part_summary_path(output_dir, part, parts)
+    path.parent.mkdir(exist_ok=True)
+    data = dict(stats.to_json(), part=part, parts=parts)
+    atomic_write_bytes(path, (json.dumps(data, indent=1, sort_keys=True) + "\n").encode())
+
+
+def read_part_summaries(output_dir, parts: int) -> list:
+    out = []
+    for part in range(parts):
+        path = part_summary_path(output_dir, part, parts)
+        if path.exists():
+            out.append(json.loads(path.read_text()))
+    return out
+
+
+def _add(a: dict, b: dict) -> dict:
+    out = dict(a)
+    for k, v in b.items():
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[k] = out.get(k, 0) + v
+        else:
+            out.setdefault(k, v)
+    return out
+
+
+def merge_stats(records: list, parts: int) -> JobStats:
+    """Part records -> one JobStats: counts add up, stage times are the slowest part's (wall
+    clock), dataset-wide counts (bad rows) are taken once, and a missing part reads as running."""
+    statuses = {r["status"] for r in records} | ({"running"} if len(records) < parts else set())
+    merged = JobStats(status=next(s for s in STATUS_ORDER if s in statuses))
+    merged.modes = Counter()
+    merged.kinds = Counter()
+    for r in records:
+        for name in ("items_planned", "items_written", "items_skipped_done", "truncated_prompts", "oom_splits",
+                     "shards"):
+            setattr(merged, name, getattr(merged, name) + r[name])
+        merged.bad_rows = max(merged.bad_rows, r["bad_rows"])  # every part read the same dataset
+        merged.nonfinite_keys += r["nonfinite_keys"]
+        merged.modes.update(r["modes"])
+        merged.kinds.update(r.get("kinds", {}))
+        merged.signatures = _add(merged.signatures, r["signatures"])
+        merged.graph = _add(merged.graph, r["graph"])
+        merged.sink = _add(merged.sink, r["sink"])
+        for stage, s in r["stage_seconds"].items():
+            merged.stage_seconds[stage] = max(merged.stage_seconds.get(stage, 0.0), s)
+        merged.model, merged.output_dir = r["model"], r["output_dir"]
+        merged.gpu_stage_ms = _add(merged.gpu_stage_ms, r.get("gpu_stage_ms", {}))
+        merged.capture_policy += r.get("capture_policy", [])
+        merged.overlap = merged.overlap or r.get("overlap", False)
+        merged.batching = merged.batching or r.get("batching", {})  # one published pick per output_dir
+    busy = [r["gpu_busy"] for r in records if r.get("gpu_busy") is not None]
+    merged.gpu_busy = sum(busy) / len(busy) if busy else None
+    merged.device = ", ".join(sorted({r["device"] for r in records if r["device"]}))
+    return merged

@@ -1,0 +1,121 @@
+"""What a job did, for a person (the closing log block) and for machines (summary.json)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional
+
+
+STAGE_ORDER = ("dataset", "plan", "load", "batch_sizing", "generate", "sink_wait", "sink_close")
+
+
+class StageTimer:
+    def __init__(self):
+        self.seconds: Dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, stage: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - t0
+
+
+@dataclass
+class JobStats:
+    status: str = "running"  # running | complete | interrupted | preempted | failed
+    items_planned: int = 0
+    items_written: int = 0
+    items_skipped_done: int = 0  # already committed by an earlier run
+    bad_rows: int = 0
+    truncated_prompts: int = 0
+    nonfinite_keys: List[str] = field(default_factory=list)
+    oom_splits: int = 0
+    modes: Counter = field(default_factory=Counter)  # replay / eager / mixed, per item
+    kinds: Counter = field(default_factory=Counter)  # image / video, per item written (`sample_kind`)
+    signatures: Dict[str, int] = field(default_factory=dict)
+    stage_seconds: Dict[str, float] = field(default_factory=dict)
+    graph: dict = field(default_factory=dict)
+    sink: dict = field(default_factory=dict)
+    shards: int = 0
+    overlap: bool = False  # text encoding and decoding overlapped denoising (job.overlap)
+    gpu_stage_ms: Dict[str, float] = field(default_factory=dict)  # device time: encode, denoise, decode
+    gpu_busy: Optional[float] = None  # fraction of the generate stage with a kernel running (NVML)
+    capture_policy: List[dict] = field(default_factory=list)  # per (signature, batch): decision, ms
+    batching: dict = field(default_factory=dict)  # the pool used and how it was chosen (jobs/worker/batch_sizer.py)
+    device: str = ""
+    model: str = ""
+    output_dir: str = ""
+
+    def images_per_s(self) -> float:
+        """Items written per second of the generate stage (images, or videos: whatever was written)."""
+        gen = self.stage_seconds.get("generate", 0.0)
+        return self.items_written / gen if gen > 0 else 0.0
+
+    def noun(self) -> str:
+        """What was written, for a person: "images", "videos", or "samples" (both, or none yet)."""
+        kinds = [k for k, n in self.kinds.items() if n]
+        return f"{kinds[0]}s" if len(kinds) == 1 else "samples"
+
+    def written(self) -> str:
+        """"3 videos written", "5 samples written (4 images, 1 video)"."""
+        text = f"{self.items_written} {self.noun()} written"
+        if len([n for n in self.kinds.values() if n]) > 1:
+            text += " (" + ", ".join(f"{n} {k}{'s' if n != 1 else ''}" for k, n in sorted(self.kinds.items()) if n) + ")"
+        return text
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["modes"] = dict(self.modes)
+        d["kinds"] = dict(self.kinds)
+        d["nonfinite"] = len(self.nonfinite_keys)
+        d["images_per_s"] = round(self.images_per_s(), 3)
+        d["stage_seconds"] = {k: round(v, 3) for k, v in self.stage_seconds.items()}
+        return d
+
+    def write(self, output_dir: Path, name: str = "summary.json") -> Path:
+        from sinks.atomic import atomic_write_bytes
+
+        path = Path(output_dir) / name
+        atomic_write_bytes(path, (json.dumps(self.to_json(), indent=2, sort_keys=True) + "\n").encode())
+        return path
+
+    def lines(self) -> List[str]:
+        g = self.graph
+        order = {k: i for i, k in enumerate(STAGE_ORDER)}
+        ranked = sorted(self.stage_seconds.items(), key=lambda kv: (order.get(kv[0], len(order)), kv[0]))
+        stages = ", ".join(f"{k} {v:.1f}s" for k, v in ranked)
+        out = [
+            f"bcgen {self.status}: {self.written()} of {self.items_planned} planned "
+            f"({self.items_skipped_done} already done) -> {self.output_dir}",
+            f"  model {self.model} on {self.device}; {self.images_per_s():.2f} {self.noun()}/s while generating",
+            f"  stages: {stages}",
+            f"  signatures: {len(self.signatures)}; items by mode: "
+            + ", ".join(f"{k} {v}" for k, v in sorted(self.modes.items())),
+            "  device time: " + (", ".join(f"{k} {v / 1e3:.1f}s" for k, v in self.gpu_stage_ms.items()) or "-")
+            + (f"; GPU busy {self.gpu_busy:.0%} while generating" if self.gpu_busy is not None else "")
+            + ("; stages overlapped" if self.overlap else ""),
+            f"  graphs: {g.get('mode', 'eager')}, hits {g.get('hits', 0)}, misses {g.get('misses', 0)}, "
+            f"declined by the capture policy {g.get('declined', 0)}, "
+            f"captures {g.get('captures', 0)} ({g.get('capture_seconds', 0.0):.1f}s), "
+            f"segments {g.get('segments', 0)}, capture failures {g.get('capture_failures', 0)}"
+            + (f", prompt state reused {g['memo_reuses']} / made {g['memo_runs']} times on replay"
+               if g.get("memo_reuses") or g.get("memo_runs") else ""),
+            self._batching_line(),
+            f"  shards: {self.shards} committed this run; bad rows {self.bad_rows}; truncated prompts "
+            f"{self.truncated_prompts}; NaN/Inf images {len(self.nonfinite_keys)}; OOM splits {self.oom_splits}",
+        ]
+        return out
+
+    def _batching_line(self) -> str:
+        b = self.batching
+        if not b:
+            return "  batch sizes: -"
+        grown = f", grown by {b['grown']} in {b['seconds']:.1f}s" if b.get("grown") else ""
+        return f"  batch sizes: {b['sizes']} ({b['source']}{grown}; {b['reason']})"

@@ -1,0 +1,248 @@
+"""Batch size by memory: grow the pool past its largest size while memory allows and it pays.
+
+Small latents leave a GPU half idle at batch 8; large ones fill it. So the pool's largest size is a
+start, not a ceiling: at warm-up the worker probes the plan's most common signature at the largest
+pool size b and then 2b, 4b, ... up to `bcg.batch_grow_max`, each with the real model on the real
+prompts of that signature (eager, output discarded):
+
+    per candidate   warm call at 2 steps (first sight of the shapes: kernel autotune, fused-kernel
+                    checks), timed calls at 1 and 3 steps, peak memory of each
+    per-image cost  (t1 + (steps - 1) * (t3 - t1) / 2) / b        at the job's real step count
+    grow to 2b      if cost(2b) <= (1 - min_gain) * best cost so far and its predicted peak fits
+                    (weights + 2 x the activations measured at b, scaled to the plan's largest
+                    image, under `memory_fraction` of the device: the rest is for graph pools)
+
+A candidate that runs out of memory ends the search. "Largest that fits" alone would be wrong at
+kernel-bound shapes (SANA-1.6B at 512²: batch 16 ran at 0.98x batch 8), hence the cost check.
+
+The pick changes bytes (kernels reduce differently per batch size), so it is made once per
+output_dir and published to `_plan/batching.json`: every worker and every resume uses the same
+sizes, whichever GPU they run on (with an object-store output_dir the file goes up with the plan
+and comes back down on resume, jobs/output/mirror.py). Probes never capture graphs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Callable, List, Optional, Sequence
+
+import torch
+
+from jobs.plan import Batch, Item, Signature
+
+log = logging.getLogger(__name__)
+
+BATCHING_FILE = "batching.json"
+
+
+@dataclass
+class Probe:
+    """One candidate batch size, measured."""
+
+    batch: int
+    one_step_ms: float
+    two_step_ms: float  # measured as (1 step + 3 steps) / 2: the step time over two steps
+    peak_bytes: int  # peak device memory during the probe (0 on a CPU)
+    cost_ms: float = 0.0  # per image, at the job's step count
+
+    def per_image_ms(self, steps: int) -> float:
+        step = max(self.two_step_ms - self.one_step_ms, 0.0)
+        return (self.one_step_ms + (steps - 1) * step) / self.batch
+
+
+@dataclass
+class BatchPick:
+    """What was chosen and why (summary.json `batching`)."""
+
+    sizes: List[int]  # the pool to cut units with
+    grown: List[int] = field(default_factory=list)  # sizes added past the configured pool
+    probes: List[Probe] = field(default_factory=list)
+    reason: str = ""
+    signature: str = ""
+    seconds: float = 0.0  # time spent probing
+    source: str = "measured"  # measured | published (another worker or an earlier run measured it)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "BatchPick":
+        d = dict(d)
+        d["probes"] = [Probe(**p) for p in d.get("probes", [])]
+        return cls(**d)
+
+
+# -- policy: a pure function of measurements ------------------------------------------------------
+def grow(pool: Sequence[int], measure: Callable[[int], Optional[Probe]], steps: int, limit: int,
+         min_gain: float, fits: Callable[[Probe, int], bool]) -> BatchPick:
+    """Double the pool's largest size while the next size fits and costs `min_gain` less per image.
+
+    `measure(b)` probes batch size b (None: it ran out of memory); `fits(probe, b)` predicts from a
+    probe whether batch size b would fit.
+    """
+    sizes = sorted({int(s) for s in pool})
+    best = measure(sizes[-1])
+    if best is None:
+        return BatchPick(sizes=sizes, reason=f"the pool's largest size {sizes[-1]} ran out of memory when probed")
+    best.cost_ms = best.per_image_ms(steps)
+    probes, grown, b = [best], [], sizes[-1] * 2
+    reason = f"next size {b} is over bcg.batch_grow_max={limit}"
+    while b <= limit:
+        if not fits(probes[-1], b):
+            reason = f"batch {b} is predicted not to fit in memory"
+            break
+        p = measure(b)
+        if p is None:
+            reason = f"batch {b} ran out of memory"
+            break
+        p.cost_ms = p.per_image_ms(steps)
+        probes.append(p)
+        if p.cost_ms > (1.0 - min_gain) * best.cost_ms:
+            reason = (f"batch {b} costs {p.cost_ms:.2f} ms/image vs {best.cost_ms:.2f} at {best.batch}: "
+                      f"not {min_gain:.0%} cheaper")
+            break
+        best, b = p, b * 2
+        grown.append(best.batch)
+        reason = f"next size {b} is over bcg.batch_grow_max={limit}"
+    return BatchPick(sizes=sizes + grown, grown=grown, probes=probes, reason=reason)
+
+
+# -- mechanism: probing with the real engine ----------------------------------------------------
+def probe_batch(items: Sequence[Item], sig: Signature, size: int, steps: int) -> Batch:
+    """A batch of `size` rows of this signature at `steps` steps: the real prompts, repeated as
+    dummy rows are when there are fewer than `size`."""
+    return Batch(signature=replace(sig, steps=steps), items=list(items[:size]), size=size)
+
+
+class EngineProber:
+    """Times `engine.generate` at n and n + 2 steps for a batch size, eager, and records peak memory;
+    n is the family's fewest steps (1, or MiniMax-H3's 2).
+
+    An out-of-memory denoise is split in halves by the engine (jobs/worker/pipeline.py) rather than raised:
+    the probe then reads slower per image, so the size is not taken either."""
+
+    def __init__(self, engine, items: Sequence[Item], sig: Signature):
+        self.engine, self.items, self.sig = engine, list(items), sig
+        self.cuda = engine.cuda
+        self.first = engine.family.min_steps
+
+    def __call__(self, size: int) -> Optional[Probe]:
+        n = self.first
+        try:
+            # Warm at n + 1 steps: every shape of a step sequence seen once (kernel autotune, fused-kernel
+            # checks); a one-time cost left in a timed call would be multiplied by the step count.
+            self._run(size, n + 1)
+            ta, ma = self._run(size, n)
+            tb, mb = self._run(size, n + 2)
+        except torch.OutOfMemoryError:
+            self.engine.end_run()
+            torch.cuda.empty_cache()
+            log.info("batch sizing: batch %d ran out of memory", size)
+            return None
+        step = (tb - ta) / 2
+        one = ta - (n - 1) * step  # the fixed part (text, decode) plus one step
+        p = Probe(batch=size, one_step_ms=one, two_step_ms=one + step, peak_bytes=max(ma, mb))
+        log.info("batch sizing: batch %d: %.1f ms at %d step(s), %.1f ms at %d, peak %.2f GiB", size, ta, n, tb,
+                 n + 2, p.peak_bytes / 2**30)
+        return p
+
+    def _run(self, size: int, steps: int):
+        engine = self.engine
+        runner = engine.runner
+        declined = runner.counters.declined if runner is not None else 0
+        splits = engine.oom_splits
+        if runner is not None:  # probes never capture; their calls are not the job's
+            runner.capture_allowed, runner.bypass = True, True
+        if self.cuda:
+            torch.cuda.synchronize(engine.device)
+            torch.cuda.reset_peak_memory_stats(engine.device)
+        t0 = time.perf_counter()
+        try:
+            engine.generate(probe_batch(self.items, self.sig, size, steps))  # waits for the pixels
+        finally:
+            if runner is not None:
+                runner.bypass = False
+                runner.counters.declined = declined
+            if engine.oom_splits != splits:
+                log.info("batch sizing: batch %d ran out of memory and was split", size)
+            engine.oom_splits = splits  # the job's summary counts the job's splits only
+        ms = (time.perf_counter() - t0) * 1e3
+        peak = torch.cuda.max_memory_allocated(engine.device) if self.cuda else 0
+        return ms, peak
+
+
+def memory_fits(device: torch.device, fraction: float, scale: float) -> Callable[[Probe, int], bool]:
+    """Predict whether batch b fits from a probe at a smaller batch: weights stay, activations scale
+    with the batch and with `scale` (the plan's largest image over the probed one)."""
+    if device.type != "cuda":
+        return lambda probe, b: True
+    weights = torch.cuda.memory_allocated(device)
+    total = torch.cuda.get_device_properties(device).total_memory
+
+    def fits(probe: Probe, b: int) -> bool:
+        activations = max(probe.peak_bytes - weights, 0) * b / probe.batch * scale
+        return weights + activations <= fraction * total
+
+    return fits
+
+
+# -- publication: one pick per output_dir -------------------------------------------------------
+def read_published(plan_dir: Path) -> Optional[BatchPick]:
+    path = plan_dir / BATCHING_FILE
+    if not path.exists():
+        return None
+    pick = BatchPick.from_json(json.loads(path.read_text()))
+    pick.source = "published"
+    return pick
+
+
+def publish(plan_dir: Path, pick: BatchPick, on_published: Callable[[Path], None] = lambda path: None) -> BatchPick:
+    """Publish `pick` unless another worker did first; returns the one every worker uses.
+    `on_published(path)` runs in the worker that published it (an object store's upload)."""
+    from jobs.output.claim import publish_once
+
+    data = (json.dumps(pick.to_json(), indent=2) + "\n").encode()
+    if publish_once(plan_dir / BATCHING_FILE, data):
+        on_published(plan_dir / BATCHING_FILE)
+        return pick
+    return read_published(plan_dir)
+
+
+# -- the worker's entry: published pick, configured pool, or a measurement ------------------------
+def choose(cfg, manifest, plan_dir: Path, engine,
+           on_published: Callable[[Path], None] = lambda path: None) -> BatchPick:
+    """The batch sizes this worker cuts units with (see the module docstring); `on_published` as
+    for `publish`."""
+    from jobs.plan.units import read_unit
+
+    published = read_published(plan_dir)
+    if published is not None:
+        return published
+    pool, mode = sorted({int(b) for b in cfg.bcg.batch_sizes}), cfg.bcg.batch_grow
+    counts = {}
+    for u in manifest.units:
+        counts[u.signature] = counts.get(u.signature, 0) + u.count
+    limit = min(cfg.bcg.batch_grow_max, max(counts.values(), default=0))
+    if mode == "off" or (mode == "auto" and not engine.cuda):
+        why = "bcg.batch_grow=off" if mode == "off" else "bcg.batch_grow=auto grows on CUDA only"
+        return publish(plan_dir, BatchPick(sizes=pool, reason=why, source="configured"), on_published)
+    if pool[-1] * 2 > limit:
+        return publish(plan_dir, BatchPick(sizes=pool, source="configured",
+                                           reason=f"no signature has {pool[-1] * 2} items, or bcg.batch_grow_max is lower"),
+                       on_published)
+    sig = max(counts, key=lambda s: (counts[s], s))  # the most common signature: what the job mostly runs
+    info = max((u for u in manifest.units if u.signature == sig), key=lambda u: (u.count, -u.id))
+    items = read_unit(plan_dir, info, manifest.dataset["path"], cfg.model.dtype)
+    pixels = lambda s: s.height * s.width * s.frames  # noqa: E731
+    scale = max(pixels(s) for s in counts) / pixels(sig)
+    t0 = time.perf_counter()
+    pick = grow(pool, EngineProber(engine, items, sig), sig.steps, limit, cfg.bcg.batch_grow_min_gain,
+                memory_fits(engine.device, cfg.bcg.batch_grow_memory_fraction, scale))
+    pick.signature, pick.seconds = str(sig), round(time.perf_counter() - t0, 2)
+    log.info("batch sizing on %s took %.1fs: pool %s%s (%s)", sig, pick.seconds, pick.sizes,
+             f", grown by {pick.grown}" if pick.grown else "", pick.reason)
+    return publish(plan_dir, pick, on_published)

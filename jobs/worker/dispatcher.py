@@ -1,0 +1,132 @@
+"""Capture only what pays: per (signature, batch size), measure first, then decide.
+
+A capture costs `warmup_iters` extra eager forwards plus the capture itself; it saves
+(eager - replay) on every later call. At kernel-bound shapes (SANA-1.6B at batch 8) replay saves
+about 1%, so a short run, or a tail batch of another size, loses time by capturing (ANCHORS.md).
+
+    first batch of a key      run eager, measure its denoise time (useful work: nothing is wasted)
+    next batch                capture if  calls_left * eager_call * (1 - replay/eager)  >  capture cost,
+                              with replay/eager taken from the nearest key measured so far (or a prior)
+    second graphed batch      measure replay (the first one also paid for the capture); if it is not `min_gain` faster than eager, release the
+                              graphs and run the rest of the run eager
+
+Only like is compared with like. With the stages overlapped (jobs/worker/scheduler.py), every batch's denoise
+shares the GPU with the previous batch's decode, except the job's first batch, which runs alone:
+at SANA-1.6B 1024² batch 8 the decode is ~0.5 s beside a ~2.3 s denoise, and the first batch's
+eager time (2250 ms alone) against a replay beside a decode (2404 ms) once released the graphs of
+every key (the other keys took that ratio). So a batch that ran alone while the others do not is
+not an eager measurement: the key's next batch is measured instead.
+
+Times are device times of whole batches (CUDA events), so one decision costs no host sync beyond
+waiting for the previous batch's denoise to end, which the next batch's start does anyway.
+Every decision is kept with its numbers for summary.json and logged once.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+from jobs.plan import Signature
+
+log = logging.getLogger(__name__)
+
+Key = Tuple[Signature, int]  # (signature, pool batch size): one captured graph in the runner
+
+
+@dataclass
+class KeyState:
+    eager_ms: Optional[float] = None  # device ms of one eager batch's denoise
+    replay_ms: Optional[float] = None  # device ms of one replayed batch's denoise
+    state: str = "measuring"  # measuring | captured | eager
+    reason: str = ""
+    batches: int = 0
+    replayed: int = 0  # batches run with graphs on; the first of them also paid for the capture
+
+
+@dataclass
+class CapturePolicy:
+    mode: str = "auto"  # auto | always
+    warmup_iters: int = 2
+    prior_ratio: float = 0.9  # replay/eager before anything was measured: captures only long runs
+    min_gain: float = 0.02  # replay must be this much faster than eager, or the graphs are released
+    capture_fixed_ms: float = 150.0  # capture overhead beyond the warm-up forwards (graph build, sync)
+    keys: Dict[Key, KeyState] = field(default_factory=dict)
+
+    def wants_capture(self, key: Key, steps: int, batches_left: int) -> bool:
+        """May the batch about to run capture (or replay) a graph? `batches_left` counts this one."""
+        st = self.keys.setdefault(key, KeyState())
+        if self.mode == "always" or st.state == "captured":
+            return True
+        if st.state == "eager" or st.eager_ms is None:
+            return False  # the first batch of a key is measured eagerly
+        call_ms = st.eager_ms / max(steps, 1)
+        ratio = self._ratio_near(key)
+        saving = batches_left * st.eager_ms * (1.0 - ratio)
+        cost = self.warmup_iters * call_ms + self.capture_fixed_ms
+        if saving > cost:
+            st.state = "captured"
+            st.reason = (f"capture: {batches_left} batch(es) left x {st.eager_ms:.0f} ms x {1 - ratio:.1%} "
+                         f"expected saving = {saving:.0f} ms > capture cost {cost:.0f} ms")
+        else:
+            st.state = "eager"
+            st.reason = (f"eager: {batches_left} batch(es) left would save {saving:.0f} ms, "
+                         f"less than the capture cost {cost:.0f} ms")
+        log.info("bcg policy [%s, batch %d]: %s", key[0], key[1], st.reason)
+        return st.state == "captured"
+
+    def observe(self, key: Key, mode: str, denoise_ms: float, alone: bool = False) -> bool:
+        """Record a finished batch; True when its graphs should be released (replay did not pay).
+        `alone`: its denoise had the GPU to itself while other batches' share it with a decode
+        (the overlapped pipeline's first batch): not comparable, so not the key's eager time."""
+        st = self.keys.setdefault(key, KeyState())
+        st.batches += 1
+        if mode == "eager" and st.eager_ms is None and not alone:
+            st.eager_ms = denoise_ms
+        elif mode == "replay" and self.mode == "auto":
+            st.replayed += 1
+            if st.replayed != 2:  # the first replayed batch's time includes its capture
+                return False
+            st.replay_ms = denoise_ms
+            if st.eager_ms is not None and denoise_ms > st.eager_ms * (1.0 - self.min_gain):
+                st.state = "eager"
+                st.reason = (f"eager: replay {denoise_ms:.0f} ms is not {self.min_gain:.0%} faster than "
+                             f"eager {st.eager_ms:.0f} ms; graphs released")
+                log.info("bcg policy [%s, batch %d]: %s", key[0], key[1], st.reason)
+                return True
+        return False
+
+    def observe_capture(self, key: Key, steps: int, seconds: float) -> None:
+        """Learn the capture overhead beyond the warm-up forwards from a real capture."""
+        st = self.keys.get(key)
+        if st is None or st.eager_ms is None:
+            return
+        warmup_ms = self.warmup_iters * st.eager_ms / max(steps, 1)
+        self.capture_fixed_ms = max(0.0, seconds * 1e3 - warmup_ms)
+
+    def needs_measurement(self, key: Key) -> bool:
+        """True while a decision waits on this key's eager time."""
+        st = self.keys.get(key)
+        return self.mode == "auto" and st is not None and st.state == "measuring" and st.eager_ms is None
+
+    def _ratio_near(self, key: Key) -> float:
+        """replay/eager of the most similar measured key: same size and batch, else same batch."""
+        sig, size = key
+        best, best_rank = self.prior_ratio, 3
+        for (s, b), st in self.keys.items():
+            if st.eager_ms is None or st.replay_ms is None:
+                continue
+            rank = 0 if (s.height, s.width, b) == (sig.height, sig.width, size) else 1 if b == size else 2
+            if rank < best_rank:
+                best, best_rank = st.replay_ms / st.eager_ms, rank
+        return best
+
+    def report(self) -> List[dict]:
+        for st in self.keys.values():
+            if st.state == "measuring" and st.batches:
+                st.state, st.reason = "eager", f"eager: its run ended after {st.batches} measured batch(es)"
+        return [{"signature": str(sig), "batch": size, "decision": st.state, "reason": st.reason,
+                 "eager_ms": None if st.eager_ms is None else round(st.eager_ms, 2),
+                 "replay_ms": None if st.replay_ms is None else round(st.replay_ms, 2), "batches": st.batches}
+                for (sig, size), st in self.keys.items()]

@@ -1,0 +1,176 @@
+"""The stage scheduler: keep the GPU busy by overlapping text encoding, denoising and decoding.
+
+    prefetch thread   encode(k+1), encode(k+2)   (bounded queue; the encode stream)
+    this thread       submit(k): denoise(k) on the main stream, decode(k) on the decode stream
+                      collect(k-1): wait for its pixels, hand them on (the sink encodes on threads)
+
+So while batch k denoises, batch k+1's text is encoded and batch k-1 is decoded and copied to
+the host. The scheduling lives here, once, for every family; families only provide the stages
+(jobs/models/base.py). With `overlap` off, or on a CPU by default, the same loop runs the stages
+one after another in this thread: the bytes are the same either way (tests/test_stages.py).
+
+Graph lifetime and the capture policy are applied here too, because only the scheduler knows
+the plan's order: a signature's graphs are released when its sorted run ends, and a key
+(signature, batch size) captures only when its remaining batches pay for the capture
+(jobs/worker/dispatcher.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections import deque
+from typing import Callable, Deque, Iterator, List, Optional, Sequence
+
+from jobs.worker.dispatcher import CapturePolicy
+from jobs.worker.pipeline import BatchResult, Engine, Submitted
+from jobs.plan import Batch
+
+log = logging.getLogger(__name__)
+
+_END = object()
+
+
+def batches_left_in_run(batches: Sequence[Batch]) -> List[int]:
+    """For each batch, how many batches of its (signature, size) remain in its run, itself included."""
+    left = [0] * len(batches)
+    counts: dict = {}
+    for i in range(len(batches) - 1, -1, -1):
+        b = batches[i]
+        if i + 1 < len(batches) and batches[i + 1].signature != b.signature:
+            counts = {}  # a new run starts after this batch
+        counts[b.size] = counts.get(b.size, 0) + 1
+        left[i] = counts[b.size]
+    return left
+
+
+class Prefetcher:
+    """Encodes batches ahead on a thread; errors surface in the consumer, in order."""
+
+    def __init__(self, engine: Engine, batches: Sequence[Batch], depth: int):
+        self._q: queue.Queue = queue.Queue(maxsize=max(1, depth))
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._work, args=(engine, batches), name="bcgen-encode", daemon=True)
+        self._thread.start()
+
+    def _work(self, engine: Engine, batches: Sequence[Batch]) -> None:
+        try:
+            for b in batches:
+                if self._stop.is_set():
+                    return
+                self._put((b, engine.encode(b)))
+        except BaseException as e:  # noqa: BLE001 - re-raised in the consumer's thread
+            self._put(e)
+            return
+        self._put(_END)
+
+    def _put(self, item) -> None:
+        while not self._stop.is_set():
+            try:
+                self._q.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    def __iter__(self):
+        while True:
+            item = self._q.get()
+            if item is _END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def inline(engine: Engine, batches: Sequence[Batch]):
+    for b in batches:
+        yield b, engine.encode(b)
+
+
+class StagePipeline:
+    def __init__(self, engine: Engine, policy: Optional[CapturePolicy], overlap: bool, depth: int = 1):
+        self.engine, self.policy, self.overlap = engine, policy, overlap
+        self.depth = depth if overlap else 0  # batches in flight beyond the one just submitted
+        self.stage_ms: dict = {}
+
+    def run(self, batches: Sequence[Batch], stop: Callable[[], bool]) -> Iterator[BatchResult]:
+        """Results in plan order. `stop()` is asked before each new batch: once true, nothing new
+        starts, and the batches in flight are finished and yielded (their work is done)."""
+        left = batches_left_in_run(batches)
+        index = {id(b): i for i, b in enumerate(batches)}
+        source = Prefetcher(self.engine, batches, depth=2) if self.overlap else inline(self.engine, batches)
+        flight: Deque[Submitted] = deque()
+        current, error = None, None
+        try:
+            encoded = iter(source)
+            while True:
+                try:
+                    batch, enc = next(encoded)
+                except StopIteration:
+                    break
+                except BaseException as e:  # noqa: BLE001 - an encode failure: finish what is in flight first
+                    error = e
+                    break
+                if stop():
+                    break
+                if batch.signature != current:
+                    if current is not None:
+                        self.engine.end_run()  # sorted plan: the previous signature never comes back
+                    current = batch.signature
+                self._begin(batch, left[index[id(batch)]], flight)
+                sub = self._submit(batch, enc)
+                # Overlapped, a batch's denoise shares the GPU with the previous batch's decode;
+                # one submitted with nothing in flight had it alone (the capture policy's rule).
+                sub.alone = self.overlap and not flight
+                flight.append(sub)
+                while len(flight) > self.depth:
+                    yield self._collect(flight.popleft())
+            while flight:  # their work is done: hand it on, so the sink can commit it
+                yield self._collect(flight.popleft())
+        finally:
+            if isinstance(source, Prefetcher):
+                source.close()
+        if error is not None:
+            raise error
+
+    def _submit(self, batch: Batch, enc) -> Submitted:
+        runner = self.engine.runner
+        before = runner.counters.capture_seconds if runner is not None else 0.0
+        sub = self.engine.submit(batch, enc)
+        if self.policy is not None and runner is not None and runner.counters.capture_seconds > before:
+            self.policy.observe_capture((batch.signature, batch.size), batch.signature.steps,
+                                        runner.counters.capture_seconds - before)
+        return sub
+
+    def _begin(self, batch: Batch, batches_left: int, flight: Deque[Submitted]) -> None:
+        if self.policy is None or self.engine.runner is None or self.engine.runner.backend is None:
+            self.engine.begin_batch(batch)
+            return
+        key = (batch.signature, batch.size)
+        if self.policy.needs_measurement(key):
+            for sub in flight:  # its eager time is on its way: wait for that batch's denoise
+                if (sub.batch.signature, sub.batch_size) == key:
+                    self._observe(sub, wait=True)
+        self.engine.begin_batch(batch, self.policy.wants_capture(key, batch.signature.steps, batches_left))
+
+    def _observe(self, sub: Submitted, wait: bool) -> None:
+        if self.policy is None or sub.observed:
+            return
+        ms = sub.timer.ms("denoise", wait=wait)
+        if ms is None:
+            return
+        sub.observed = True
+        if self.policy.observe((sub.batch.signature, sub.batch_size), sub.mode, ms, sub.alone):
+            self.engine.end_run()  # replay did not pay: free the graphs, the rest runs eager
+
+    def _collect(self, sub: Submitted) -> BatchResult:
+        result = self.engine.collect(sub)
+        self._observe(sub, wait=True)
+        for k, v in result.stage_ms.items():
+            self.stage_ms[k] = self.stage_ms.get(k, 0.0) + v
+        return result
