@@ -1,7 +1,7 @@
 """The one user-error type: bad config, bad data or a bad environment.
 
 Raised wherever such a problem is found, with a message that names the key or `file:line`, the
-value and the fix; caught once, at the top (jobs/generate.py), which logs the message and exits 2
+value and the fix; caught once, at each front door (jobs/generate.py, jobs/plan/__main__.py, ...), which logs the message and exits 2
 without a traceback. Anything else raised during a job is a crash and keeps its traceback (exit 1):
 a ValueError from inside diffusers is a bug to report, not a typo to fix.
 
@@ -10,6 +10,11 @@ working; the top level catches only UserError, never a bare ValueError.
 """
 
 from __future__ import annotations
+
+# The front doors' exit codes (jobs.generate, jobs.plan, jobs.inspect, jobs.verify).
+EXIT_USAGE = 2  # a UserError: one message, no traceback
+EXIT_INTERRUPTED = 130  # Ctrl-C: complete samples committed; rerun to resume
+EXIT_PREEMPTED = 143  # 128 + SIGTERM: not complete; rerun (or requeue) to resume
 
 
 class UserError(ValueError):

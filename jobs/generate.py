@@ -15,18 +15,16 @@ import hydra
 from omegaconf import DictConfig
 
 from jobs.config import register_configs, to_typed
-from jobs.errors import UserError
+from jobs.errors import EXIT_INTERRUPTED, EXIT_PREEMPTED, EXIT_USAGE, UserError
 
 log = logging.getLogger("jobs.generate")
-
-EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130
-EXIT_PREEMPTED = 143  # 128 + SIGTERM: not complete; rerun (or requeue) to resume
 
 register_configs()
 
 
 def main_typed(cfg) -> int:
+    # Imported here, not at the top: the command-line check and `--help` run before the worker's
+    # imports (torch, diffusers, the families).
     from jobs.worker.run import run_job
 
     try:

@@ -21,13 +21,11 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from jobs.errors import UserError
+from jobs.errors import EXIT_USAGE, UserError
 from jobs.look.report import DEFAULT_OUT, inspect_output
 from jobs.output.storage import local_folder_arg
 
 log = logging.getLogger("jobs.inspect")
-
-EXIT_USAGE = 2  # as jobs.generate: a user error, one message, no traceback
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

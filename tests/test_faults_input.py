@@ -20,7 +20,7 @@ from tests.test_job_e2e import FAST, run_cli
 
 def plan_of(cfg):
     """Everything the job decides before a model loads: config checks, dataset, plan (its manifest)."""
-    family, padder, _, divisor = check_config(cfg)
+    divisor = check_config(cfg).divisor
     with tempfile.TemporaryDirectory() as work:
         return plan_dataset(cfg, divisor, Path(work) / "plan").manifest
 

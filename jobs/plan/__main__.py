@@ -12,37 +12,35 @@ import logging
 import hydra
 from omegaconf import DictConfig
 
-from jobs.config import register_configs
+from jobs.config import GenerateConfig, register_configs, to_typed
+from jobs.errors import EXIT_USAGE, UserError
 
 log = logging.getLogger("jobs.plan")
 
 register_configs()
 
 
-def plan_typed(cfg) -> None:
-    from jobs.preflight import check_config
-    from jobs.plan.publish import join_or_make_plan
+def plan_typed(cfg: GenerateConfig) -> None:
+    # Imported here, not at the top: `--help` and Hydra's own errors should not wait for the
+    # planner's imports (pyarrow, the families and their diffusers classes).
     from jobs.output.mirror import open_shards
+    from jobs.plan.publish import join_or_make_plan
+    from jobs.preflight import check_config
 
-    _, _, _, divisor = check_config(cfg)
-    join_or_make_plan(cfg, open_shards(cfg), divisor)  # an object store: staged, then published
+    checked = check_config(cfg)
+    shards = open_shards(cfg.output_dir, cfg.job.staging_dir)
+    join_or_make_plan(cfg, shards, checked.divisor)  # an object store: staged, then published
 
 
 @hydra.main(version_base="1.3", config_path="../../conf", config_name="generate")
 def main(cfg: DictConfig) -> None:
-    from omegaconf.errors import MissingMandatoryValue
-
-    from jobs.config import to_typed
-    from jobs.generate import EXIT_USAGE
-
+    # As jobs.generate: only a UserError (bad config, data or environment) is one message and exit 2;
+    # anything else is a crash and keeps its traceback.
     try:
         plan_typed(to_typed(cfg))
-    except MissingMandatoryValue as e:
-        log.error("config error: %s is required and has no value; pass %s=... on the command line", e.full_key, e.full_key)
-        raise SystemExit(EXIT_USAGE)
-    except ValueError as e:  # bad config or data (DatasetError too), found before a unit is written
+    except UserError as e:
         log.error("%s", e)
-        raise SystemExit(EXIT_USAGE)
+        raise SystemExit(EXIT_USAGE) from None
 
 
 if __name__ == "__main__":

@@ -48,7 +48,7 @@ def generate_all(prep, stats: JobStats, timer: StageTimer, stop) -> None:
     with timer("batch_sizing"):
         pick = choose_batch_sizes(cfg, prep.manifest, prep.output_dir / PLAN_DIR, engine,
                                   on_published=prep.sink.shards.on_plan_file)
-    prep.plan.batch_sizes = pick.sizes
+    prep.plan.settings.batch_sizes = pick.sizes
     engine.set_pool(pick.sizes)
     stats.batching = pick.to_json()
     policy = CapturePolicy(mode=cfg.bcg.capture, min_gain=cfg.bcg.capture_min_gain)
@@ -58,7 +58,7 @@ def generate_all(prep, stats: JobStats, timer: StageTimer, stop) -> None:
     # One timeline file per worker process (`python -m jobs.inspect`): workers of one part may run at once.
     worker = f"part{topo.part:04d}-{socket.gethostname()}-{os.getpid()}"
     timeline = Timeline(prep.output_dir, worker)
-    sink = prep.open_sink()  # one sink over the units this worker leases (jobs/worker/unit_sink.py)
+    sink = prep.sink  # one sink over the units this worker leases (jobs/worker/unit_sink.py)
     # One bar per node, for the whole job; every worker publishes its counts, and other ranks
     # still log their own progress lines every log_every_s.
     shared = SharedProgress(prep.output_dir, prep.output_dir / PLAN_DIR, worker, prep.manifest.n_items, sink.inflight)
