@@ -4,9 +4,9 @@ A module's forward is captured, per call signature, as CUDA graph segments that 
 pool, with eager *breaks* between them (attention kernels, or anything marked `eager_on_graph`),
 and replayed on later calls with the same signature.
 
-    runner = apply_graph_runner(pipe.transformer, RunnerConfig(break_policy="attention"))
-    runner.capture_allowed = True       # the job toggles this per planned signature run
-    images = pipe(...)                  # every denoising step: replay (or capture / miss)
+    runner = apply_graph_runner(pipe.transformer, RunnerConfig(), break_policy="attention")
+    with runner.call_scope(Dispatch.CAPTURE):   # the caller's decision for this pipeline call
+        images = pipe(...)              # every denoising step: replay (or capture / miss)
     runner.release_all()                # a sorted run of one signature ended
     runner.stats()                      # counters for summary.json
 
@@ -16,23 +16,28 @@ place (copy_ of live inputs, copy_ of fresh break results, the replay itself); t
 reassigned, resized or handed to callers (callers get clones). `RunnerConfig.debug_check_buffers`
 checks their addresses on every replay.
 
-Files: signature (keys), graph (segments, breaks, capture state), breaks (decorator,
-installation), memo (breaks re-run only when their inputs changed), backend (protocol),
-cuda_backend (CUDA graphs), tape (CPU op tape for tests),
-entry (one captured signature), runner (hit / capture / miss), counters, config; fusions/ (the
-"lossless" tier's bit-exact fused Triton kernels, verified against eager on first sight; installed
-by `apply_graph_runner` on the CUDA backend; `RunnerConfig.fusions`).
+Files: signature (keys), graph (segments, breaks, capture state), hooks (the one way a forward
+is wrapped: ordered, named, removable), breaks (decorator, installation), memo (breaks re-run only
+when their inputs changed), backend (protocol), cuda_backend (CUDA graphs), tape (CPU op tape for
+tests), entry (one captured signature), runner (dispatch / hit / capture / miss), rewrites (the
+seam where a tier's forward rewrites plug in), counters, config, compiled.
+
+fusions/ is the "lossless" tier: bit-exact fused Triton kernels, verified against eager on first
+sight, registered as that tier's rewrite (bcg/rewrites.py) and installed by `apply_graph_runner` on
+the CUDA backend. The core never imports it; this package face does, so `import bcg` registers it.
 """
 
+from . import fusions as _lossless_tier  # noqa: F401  (registers the "lossless" rewrite)
 from .breaks import count_breaks, eager_on_graph, install_breaks, remove_breaks
 from .config import RunnerConfig
 from .counters import Counters
 from .memo import memo_on_graph
-from .runner import GraphRunner, apply_graph_runner
+from .runner import Dispatch, GraphRunner, apply_graph_runner
 from .signature import describe_difference, flatten, signature
 
 __all__ = [
     "Counters",
+    "Dispatch",
     "GraphRunner",
     "RunnerConfig",
     "apply_graph_runner",

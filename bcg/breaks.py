@@ -5,8 +5,8 @@ kernel, a collective, anything that reads tensors on the host). Outside a captur
 directly (one thread-local read); during a capture it ends the segment, runs `fn` once, records
 a replay step and opens the next segment (`bcg.graph`).
 
-`install_breaks(module, policy)` places breaks without editing model code, by replacing module
-`forward`s with wrappers (instance attributes; `remove_breaks` restores them):
+`install_breaks(module, policy)` places breaks without editing model code, as a hook named
+"bcg.break" on each target module (bcg/hooks.py; `remove_breaks` takes them off):
 
 - "none": no breaks; the whole forward is one segment.
 - "attention": every diffusers attention module (`Attention`, `AttentionModuleMixin`). The break
@@ -32,13 +32,24 @@ from torch.overrides import TorchFunctionMode
 
 from .config import BreakPolicy, validate_policy
 from .graph import active_capture
+from .hooks import Chain, count, remove_everywhere
 
 log = logging.getLogger(__name__)
 
 Fn = TypeVar("Fn", bound=Callable[..., Any])
 
 _ATTENTION_KERNELS = frozenset({F.scaled_dot_product_attention})
-_RECORDS = "_bcg_breaks"
+HOOK = "bcg.break"
+
+
+class _BreakHook:
+    """The hook: `wrap` turns the forward beneath into a break of the policy's kind."""
+
+    def __init__(self, make: Callable[[Callable], Callable]) -> None:
+        self.make = make
+
+    def wrap(self, module: nn.Module, inner: Callable) -> Callable:
+        return self.make(inner)
 
 
 def eager_on_graph(fn: Fn) -> Fn:
@@ -131,40 +142,26 @@ def install_breaks(module: nn.Module, policy: BreakPolicy) -> int:
         return 0
     if isinstance(policy, str):  # "attention"
         classes = _attention_classes()
-        targets = [(n, m) for n, m in module.named_modules() if classes and isinstance(m, classes)]
-        wrap = _attention_forward
+        targets = [m for _, m in module.named_modules() if classes and isinstance(m, classes)]
+        make = _attention_forward
         if not targets:
             log.warning("bcg: break_policy=attention found no diffusers attention module in %s",
                         type(module).__name__)
     else:
-        targets = _named_targets(module, list(policy))
-        wrap = eager_on_graph
-    records = []
-    for _, sub in targets:
-        previous = sub.__dict__.get("forward")  # an instance forward someone else installed
-        sub.forward = wrap(sub.forward)
-        records.append((sub, previous, sub.forward))
-    object.__setattr__(module, _RECORDS, records)
-    return len(records)
+        targets = [m for _, m in _named_targets(module, list(policy))]
+        make = eager_on_graph
+    for sub in targets:
+        Chain.of(sub).add(HOOK, _BreakHook(make))
+    return len(targets)
 
 
 def remove_breaks(module: nn.Module) -> int:
     """Undo `install_breaks`; returns how many breaks were removed."""
-    records = module.__dict__.pop(_RECORDS, [])
-    for sub, previous, ours in reversed(records):
-        if sub.__dict__.get("forward") is not ours:
-            log.warning("bcg: %s.forward was replaced after breaks were installed; leaving it",
-                        type(sub).__name__)
-            continue
-        if previous is None:
-            del sub.__dict__["forward"]
-        else:
-            sub.forward = previous
-    return len(records)
+    return remove_everywhere(module, HOOK)
 
 
 def count_breaks(module: nn.Module) -> int:
-    return len(module.__dict__.get(_RECORDS, []))
+    return count(module, HOOK)
 
 
 __all__ = ["eager_on_graph", "install_breaks", "remove_breaks", "count_breaks"]

@@ -1,11 +1,18 @@
-"""`RunnerConfig`: every knob of the graph runner, one typed dataclass (registered with Hydra as `bcg`)."""
+"""`RunnerConfig`: every knob of the graph runner, one typed dataclass, with the allowed values.
+
+It is the one definition: the job's `bcg` config group (jobs/config.py `BcgConfig`) subclasses it
+and adds only what the job decides around the runner (batch sizes, capture policy, batch growth),
+so a runner knob has one name, one default and one check. Where a model must break (its break
+policy) belongs to the model, not to the runner's knobs: it is an argument of `apply_graph_runner`.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Union
 
 BACKENDS = ("auto", "cuda", "tape", "eager")
+TIERS = ("lossless", "fast", "off")
 POLICIES = ("none", "attention")
 
 BreakPolicy = Union[str, list]
@@ -25,55 +32,61 @@ class RunnerConfig:
     """Eager forwards on random data before a capture: they let cuBLAS/cuDNN/Triton allocate their
     workspaces and pick algorithms outside the graph."""
 
-    max_entries: int = 32
+    max_graphs: int = 32
     """Most captured signatures alive at once; the least recently used is evicted beyond it."""
 
-    max_graph_bytes: int = 0
-    """Most memory all live graphs may hold (bytes, pool plus bridges); 0 means no bound. A capture
+    max_graph_memory_gb: float = 0.0
+    """Most memory all live graphs may hold (GiB, pools plus bridges); 0 means no bound. A capture
     that pushes the total over it evicts older entries; one that exceeds it alone runs eager."""
 
     debug_check_buffers: bool = False
     """Check on every replay that static inputs, bridges and outputs still sit at the addresses the
     graph captured (see the static-buffer rule in `bcg/__init__.py`). Costs a few µs a replay."""
 
-    break_policy: BreakPolicy = field(default="none")
-    """"none": the whole forward is one segment. "attention": every attention kernel called from a
-    diffusers attention module runs eagerly between segments. A list of module qualified names
-    (`transformer_blocks.3.attn2`) or class names (`SanaTransformerBlock`): those forwards run
-    eagerly."""
-
-    fusions: Union[bool, str] = "lossless"
-    """Quality tier. "lossless" (or true): bit-exact fused Triton kernels for the elementwise chains
-    of known blocks (bcg/fusions), each verified against eager on first sight of a shape and run
-    eager where it differs; installed only on the CUDA backend. "fast": the torch.compile'd forward
-    (same as `compile: true`; not eager's bits). "off" (or false): the model's own forward."""
+    fusions: str = "lossless"
+    """Quality tier. "lossless": bit-exact fused Triton kernels for the elementwise chains of known
+    blocks (bcg/fusions), each verified against eager on first sight of a shape and run eager where
+    it differs; installed only on the CUDA backend. "fast": the torch.compile'd forward (same as
+    `compile: true`; not eager's bits). "off": the model's own forward."""
 
     compile: bool = False
     """Capture the torch.compile'd forward (fewer, fused kernels; see bcg/compiled.py). Replay then
-    equals the compiled forward bit for bit, not the eager one. Needs break_policy "none"."""
+    equals the compiled forward bit for bit, not the eager one. Needs break policy "none"."""
 
     def __post_init__(self) -> None:
-        if self.backend not in BACKENDS:
-            raise ValueError(
-                f"bcg.backend={self.backend!r} is not a backend; choose one of {', '.join(BACKENDS)}"
-            )
+        _choice("bcg.backend", self.backend, BACKENDS, "a backend")
+        self.fusions = normalize_tier(self.fusions)
         if self.warmup_iters < 0:
             raise ValueError(f"bcg.warmup_iters={self.warmup_iters} must be >= 0 (2 is the usual value)")
-        if self.max_entries < 1:
-            raise ValueError(f"bcg.max_entries={self.max_entries} must be >= 1 (32 is the default)")
-        if self.max_graph_bytes < 0:
-            raise ValueError(f"bcg.max_graph_bytes={self.max_graph_bytes} must be >= 0 (0 = no bound)")
-        validate_policy(self.break_policy)
-        from .fusions import normalize_tier
-
-        normalize_tier(self.fusions)
+        if self.max_graphs < 1:
+            raise ValueError(f"bcg.max_graphs={self.max_graphs} must be >= 1 (32 is the default)")
+        if not self.max_graph_memory_gb >= 0:
+            raise ValueError(f"bcg.max_graph_memory_gb={self.max_graph_memory_gb} must be >= 0 (0 = no bound)")
 
     @property
     def tier(self) -> str:
         """The effective quality tier: "fast" when compiling, else the `fusions` tier."""
-        from .fusions import normalize_tier
+        return "fast" if self.compile else self.fusions
 
-        return "fast" if self.compile else normalize_tier(self.fusions)
+    @property
+    def max_graph_bytes(self) -> int:
+        return int(self.max_graph_memory_gb * (1 << 30))
+
+
+def normalize_tier(value: object) -> str:
+    """True -> "lossless", False/None -> "off" (Python callers); strings must name a tier."""
+    if value is True:
+        return "lossless"
+    if value is False or value is None:
+        return "off"
+    if isinstance(value, str) and value in TIERS:
+        return value
+    raise ValueError(f"bcg.fusions={value!r} is not a tier; use one of {', '.join(TIERS)} (or true/false)")
+
+
+def _choice(key: str, value: object, allowed: tuple, what: str) -> None:
+    if value not in allowed:
+        raise ValueError(f"{key}={value!r} is not {what}; choose one of {', '.join(allowed)}")
 
 
 def validate_policy(policy: BreakPolicy) -> None:

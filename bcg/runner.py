@@ -1,72 +1,114 @@
-"""`GraphRunner`: wraps a module's forward; each call is a replay, a capture or an eager miss.
+"""`GraphRunner`: wraps a module's forward; each call is a replay, a capture or an eager run.
 
-    hit      signature captured: copy live tensors into static buffers, replay, return a clone
-    capture  first sight of a signature while `capture_allowed` and the caps permit: warm-up on
-             random data, capture, return this call's result from the graph
-    miss     otherwise: run eager, count it, log once per signature what differs from the
-             nearest captured signature
+What a call may do is the caller's decision (`Dispatch`), one value per pipeline call, made by
+the caller's dispatcher (the job's is jobs/worker/dispatcher.py); the runner carries it out:
 
-`apply_graph_runner(module, config)` patches `module.forward` (an instance attribute) so that
-diffusers pipelines call the transformer unchanged; `runner.remove()` restores it. Without CUDA
-(backend "auto") the runner steps aside with one log line: every call runs eager, uncounted.
+    CAPTURE  hit: copy live tensors into static buffers, replay, return a clone; first sight of a
+             signature (within the caps): warm-up on random data, capture, return this call's
+             result from the graph
+    REPLAY   hit: replay; first sight: run eager as a miss (counted, logged once per signature
+             with what differs from the nearest captured one)
+    EAGER    run eager, counted as `declined` (the caller chose it: no miss warning)
+
+    runner = apply_graph_runner(pipe.transformer, config, break_policy="attention")
+    with runner.call_scope(Dispatch.CAPTURE):   # one pipeline call: every denoising step
+        images = pipe(...)
+
+`apply_graph_runner` installs the tier's rewrites (bcg/rewrites.py), the breaks and the runner
+through one hook chain per module (bcg/hooks.py), so diffusers pipelines call the transformer
+unchanged; `runner.remove()` takes all of it off. Without CUDA (backend "auto") the runner steps
+aside with one log line: every call runs eager, uncounted.
 """
 
 from __future__ import annotations
 
 import contextlib
+import enum
 import logging
 from collections import OrderedDict
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
 
 from .backend import Backend, resolve_backend
 from .breaks import install_breaks, remove_breaks
-from .config import RunnerConfig
+from .compiled import compiled_forward
+from .config import BreakPolicy, RunnerConfig, validate_policy
 from .counters import Counters
 from .entry import GraphEntry, capture_entry
+from .hooks import Chain
+from .rewrites import Rewrite, rewrite_for
 from .signature import Key, describe_difference, flatten, summarize
 
 log = logging.getLogger(__name__)
+
+HOOK = "bcg.graph_runner"
+
+
+class Dispatch(enum.Enum):
+    """What the runner may do with the calls of one pipeline call (module docstring)."""
+
+    CAPTURE = "capture"
+    REPLAY = "replay"
+    EAGER = "eager"
 
 
 class GraphRunner:
     def __init__(
         self, fn: Callable, config: RunnerConfig | None = None, *,
-        device: torch.device | None = None, name: str = "forward",
+        device: torch.device | None = None, name: str = "forward", break_policy: BreakPolicy = "none",
     ) -> None:
-        self.fn = fn
         self.config = config or RunnerConfig()
+        validate_policy(break_policy)
+        self.break_policy = break_policy
+        self._inner = fn  # the forward beneath the runner; `fn` is what it runs eagerly (maybe compiled)
+        self.fn = self._compiled(fn)
         self.name = name
         self.backend: Backend | None
         self.backend, self.reason = resolve_backend(self.config, device)
         self.mode = self.backend.name if self.backend is not None else (
             "eager" if self.config.enabled else "disabled")
-        self.capture_allowed = True
-        # The caller's capture policy declined this signature (it would not pay): run eager
-        # quietly, counted as `declined`, not as a miss.
-        self.bypass = False
+        # What calls outside a call_scope may do; a scope's dispatch overrides it for its calls.
+        self.dispatch = Dispatch.CAPTURE
         # Held around a capture: the caller's other threads take it before enqueueing GPU work,
         # which CUDA forbids from other threads while a global-mode capture is under way.
         self.capture_lock: Any = contextlib.nullcontext()
         self.counters = Counters()
         self.breaks_installed = 0
-        self.fusions: Any = None  # bcg.fusions.Fusions when the lossless tier is installed
+        self.fusions: Rewrite | None = None  # the tier's rewrites (bcg/rewrites.py), when installed
         self._entries: OrderedDict[Key, GraphEntry] = OrderedDict()  # LRU order: oldest first
         self._eager_keys: set[Key] = set()  # failed or over the memory bound: eager for good
         self._logged: set[Key] = set()
         self._scope: int | None = None  # the open call_scope's number (bcg.memo)
         self._scopes = 0
+        self._scope_dispatch: Dispatch | None = None
         self._module: nn.Module | None = None
         log.info("bcg: %s runs %s (%s)", name,
                  "as graphs" if self.backend else "eager", self.reason)
+
+    def _compiled(self, fn: Callable) -> Callable:
+        if self.config.tier == "fast" and self.config.enabled and self.config.backend != "eager":
+            return compiled_forward(fn, self.break_policy)
+        return fn
+
+    # -- the hook (bcg.hooks) --------------------------------------------------------------
+    def wrap(self, module: nn.Module, inner: Callable) -> "GraphRunner":
+        """Become `module`'s forward around `inner`. A rebuilt chain (a hook beneath came or went)
+        hands a new inner forward: graphs captured from the old one no longer describe it."""
+        if inner == self._inner:  # bound methods are made anew on every rebuild, and compare equal
+            return self
+        self.release_all()
+        self._inner = inner
+        self.fn = self._compiled(inner)
+        return self
 
     # -- the call path -------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.backend is None:
             return self.fn(*args, **kwargs)
-        if self.bypass:
+        dispatch = self._scope_dispatch or self.dispatch
+        if dispatch is Dispatch.EAGER:
             self.counters.declined += 1
             return self.fn(*args, **kwargs)
         key, leaves = flatten(args, kwargs)
@@ -80,9 +122,9 @@ class GraphRunner:
             self.counters.hits += 1
             return entry.replay(leaves, self.config.debug_check_buffers, self._scope)
         if key in self._eager_keys:
-            self._miss(key, "its capture failed or exceeded bcg.max_graph_bytes")
-        elif not self.capture_allowed:
-            self._miss(key, "capture is not allowed now (runner.capture_allowed=False)")
+            self._miss(key, "its capture failed or exceeded bcg.max_graph_memory_gb")
+        elif dispatch is Dispatch.REPLAY:
+            self._miss(key, "the caller's dispatch allows replay only (Dispatch.REPLAY)")
         else:
             out = self._capture(key, args, kwargs, leaves)
             if out is not _FAILED:
@@ -91,7 +133,7 @@ class GraphRunner:
 
     def _capture(self, key: Key, args: tuple, kwargs: dict, leaves: list) -> Any:
         assert self.backend is not None
-        while len(self._entries) >= self.config.max_entries:
+        while len(self._entries) >= self.config.max_graphs:
             self._evict_oldest()
         try:
             with self.capture_lock:
@@ -130,8 +172,8 @@ class GraphRunner:
             self.counters.graph_bytes -= entry.nbytes
             self._eager_keys.add(newest)
             self._logged.add(newest)
-            log.warning("bcg: [%s] needs %.1f MiB of graph memory, over bcg.max_graph_bytes=%d; "
-                        "it runs eager", entry.summary, entry.nbytes / 2**20, cap)
+            log.warning("bcg: [%s] needs %.1f MiB of graph memory, over bcg.max_graph_memory_gb=%g; "
+                        "it runs eager", entry.summary, entry.nbytes / 2**20, self.config.max_graph_memory_gb)
             assert self.backend is not None
             self.backend.released()
 
@@ -154,18 +196,20 @@ class GraphRunner:
                     summarize(key), why, detail)
 
     @contextlib.contextmanager
-    def call_scope(self):
-        """One pipeline call (all its denoising steps). Inside it, an inference tensor passed
-        again as the same object counts as unchanged, so memo breaks (bcg.memo) reuse what they
-        made from it; tensors with a version counter are checked by version, scope or not. The
-        caller promises not to edit such inputs in place during the call (diffusers pipelines
-        do not: they pass the same prompt embeddings to every step)."""
+    def call_scope(self, dispatch: Dispatch | None = None) -> Iterator["GraphRunner"]:
+        """One pipeline call (all its denoising steps), whose calls follow `dispatch` (None: the
+        runner's `dispatch`). Inside it, an inference tensor passed again as the same object
+        counts as unchanged, so memo breaks (bcg.memo) reuse what they made from it; tensors with
+        a version counter are checked by version, scope or not. The caller promises not to edit
+        such inputs in place during the call (diffusers pipelines do not: they pass the same
+        prompt embeddings to every step)."""
         self._scopes += 1
         outer, self._scope = self._scope, self._scopes
+        outer_dispatch, self._scope_dispatch = self._scope_dispatch, dispatch
         try:
             yield self
         finally:
-            self._scope = outer
+            self._scope, self._scope_dispatch = outer, outer_dispatch
 
     # -- lifecycle -----------------------------------------------------------------------
     def release_all(self) -> None:
@@ -179,16 +223,16 @@ class GraphRunner:
             self.backend.released()
 
     def remove(self) -> None:
-        """Restore the module's forward, remove its breaks and free every graph."""
+        """Restore the module's forward, remove its breaks and rewrites and free every graph."""
         self.release_all()
         module, self._module = self._module, None
         if module is None:
             return
-        if module.__dict__.get("forward") is self:
-            del module.__dict__["forward"]
+        Chain.of(module).remove(HOOK)
         remove_breaks(module)
         if self.fusions is not None:
             self.fusions.remove()
+            self.fusions = None
 
     def entries(self) -> list[GraphEntry]:
         return list(self._entries.values())
@@ -214,34 +258,31 @@ def _module_device(module: nn.Module) -> torch.device | None:
     return None
 
 
-def _install_fusions(module: nn.Module):
-    from .fusions import install_fusions, triton_available
-
-    why = triton_available()
-    if why is not None:
-        log.warning("bcg: fusions=lossless needs Triton (%s); the model keeps its own forward", why)
+def _install_rewrite(module: nn.Module, tier: str) -> Rewrite | None:
+    install = rewrite_for(tier)
+    if install is None:
+        log.warning("bcg: no rewrite is registered for tier %r (import bcg.fusions); the model keeps its own "
+                    "forward", tier)
         return None
-    return install_fusions(module, backend="triton")
+    return install(module)
 
 
-def apply_graph_runner(module: nn.Module, config: RunnerConfig | None = None) -> GraphRunner:
-    """Route `module`'s calls through a `GraphRunner` (and install its breaks); returns it."""
+def apply_graph_runner(module: nn.Module, config: RunnerConfig | None = None,
+                       break_policy: BreakPolicy = "none") -> GraphRunner:
+    """Route `module`'s calls through a `GraphRunner`, with the tier's rewrites (on CUDA) and the
+    breaks of `break_policy` beneath it; returns the runner."""
     config = config or RunnerConfig()
     if "forward" in module.__dict__:
         raise RuntimeError(
             f"{type(module).__name__} already has an instance-level forward (a GraphRunner or "
             "another wrapper); call .remove() on that runner before applying a new one"
         )
-    forward = module.forward
-    if config.tier == "fast" and config.enabled and config.backend != "eager":
-        from .compiled import compiled_forward
-
-        forward = compiled_forward(forward, config.break_policy)
-    runner = GraphRunner(forward, config, device=_module_device(module), name=type(module).__name__)
+    runner = GraphRunner(type(module).forward.__get__(module), config, device=_module_device(module),
+                         name=type(module).__name__, break_policy=break_policy)
     if runner.backend is not None:
-        runner.breaks_installed = install_breaks(module, config.break_policy)
+        runner.breaks_installed = install_breaks(module, break_policy)
     if config.tier == "lossless" and runner.mode == "cuda":
-        runner.fusions = _install_fusions(module)
-    module.forward = runner
+        runner.fusions = _install_rewrite(module, config.tier)
     runner._module = module
+    Chain.of(module).add(HOOK, runner)
     return runner

@@ -85,20 +85,18 @@ def setup_mode(mode: str, model):
 
         return model, teardown, runner, False
     if mode == "bcg-fused-noprompt":  # the fused blocks alone: K/V made every step (no sana_prompt)
-        runner = apply_graph_runner(model, RunnerConfig(backend="cuda", break_policy="none", fusions="lossless"))
+        runner = apply_graph_runner(model, RunnerConfig(backend="cuda", fusions="lossless"), break_policy="none")
         runner.fusions.remove()
         runner.fusions = install_fusions(model, rules=["sana_block"])
         return model, runner.remove, runner, False
     if mode.startswith("bcg-fused"):  # graphs of the lossless fused forward (bcg/fusions), prompt memo included
         backend = "cuda" if torch.cuda.is_available() else "tape"
         policy = mode[len("bcg-fused-"):] if mode.startswith("bcg-fused-") else "none"
-        runner = apply_graph_runner(model, RunnerConfig(backend=backend, break_policy=policy,
-                                                        fusions="lossless"))
+        runner = apply_graph_runner(model, RunnerConfig(backend=backend, fusions="lossless"), break_policy=policy)
         return model, runner.remove, runner, False
     if mode.startswith("bcg-"):  # graphs of the model's own kernels (fusions off: the baseline)
         backend = "cuda" if torch.cuda.is_available() else "tape"  # tape: --device cpu smoke runs
-        runner = apply_graph_runner(model, RunnerConfig(backend=backend, break_policy=mode[4:],
-                                                        fusions="off"))
+        runner = apply_graph_runner(model, RunnerConfig(backend=backend, fusions="off"), break_policy=mode[4:])
         return model, runner.remove, runner, False
     torch._dynamo.reset()
     compiled = torch.compile(model, mode="reduce-overhead" if mode == "compile-ro" else None)

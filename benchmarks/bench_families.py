@@ -218,9 +218,8 @@ def run_family(family: str, args, device: str, dtype: torch.dtype) -> dict:
             if fused and not any(r.target in {type(m).__name__ for m in model.modules()} for r in RULES.values()):
                 row["fused_skipped"] = "no fusion rule for this family"
                 continue
-            runner = apply_graph_runner(model, RunnerConfig(backend=backend, break_policy="none",
-                                                            fusions="lossless" if fused else "off"))
-            runner.capture_allowed = True
+            runner = apply_graph_runner(model, RunnerConfig(backend=backend, fusions="lossless" if fused else "off"),
+                                        break_policy="none")
             try:
                 t0 = time.perf_counter()
                 loop(model)  # warm-up forwards (fusions: verification), capture, then replays

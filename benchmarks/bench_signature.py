@@ -91,7 +91,7 @@ def signature_rows(device: str) -> list[dict]:
 def replay_rows(policy: str) -> list[dict]:
     model = build_sana("cuda", num_layers=2)
     kw = sana_kwargs("cuda")
-    runner = apply_graph_runner(model, RunnerConfig(backend="cuda", break_policy=policy))
+    runner = apply_graph_runner(model, RunnerConfig(backend="cuda"), break_policy=policy)
     rows = []
     try:
         with torch.no_grad():

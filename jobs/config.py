@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
+from bcg.config import RunnerConfig
 from jobs.dataset import DatasetConfig
 from jobs.dataset.rules import MAX_FPS, MAX_FRAMES, MAX_SIDE, MAX_STEPS
 from jobs.errors import UserError
@@ -134,9 +135,11 @@ class SamplingConfig:
 
 
 @dataclass
-class BcgConfig:
-    enabled: bool = True
-    """Replay denoising steps as CUDA graphs (CUDA only; the CPU always runs eager)."""
+class BcgConfig(RunnerConfig):
+    """The `bcg` group: the graph runner's own knobs (inherited from bcg's `RunnerConfig`, checked
+    there: enabled, backend, warmup_iters, max_graphs, max_graph_memory_gb, debug_check_buffers,
+    fusions, compile) and what the job decides around the runner."""
+
     batch_sizes: List[int] = field(default_factory=lambda: [1, 2, 4, 8])
     """Graph pool batch sizes: each signature's items are cut into batches of these sizes."""
     text_buckets: Optional[List[int]] = None
@@ -145,19 +148,6 @@ class BcgConfig:
     """[[h, w], ...] allowed for capture; [] = every resolution the plan needs. Others run eager."""
     pad_short_batches: bool = True
     """A batch smaller than every pool size is padded with dummy rows (discarded) to a captured size."""
-    max_graphs: int = 32
-    """Live graph entries at most (oldest evicted)."""
-    max_graph_memory_gb: float = 0.0
-    """Graph pool memory cap in GiB; 0 = no cap."""
-    backend: str = "auto"
-    """auto | cuda | tape (CPU op tape, for tests) | eager."""
-    debug_check_buffers: bool = False
-    """Check static buffer addresses on every replay (slow; for debugging)."""
-    compile: bool = False
-    """Capture the torch.compile'd transformer: fewer kernels, faster at small shapes, but images
-    equal the compiled model's, not the eager model's (opt-in; needs break_policy [none])."""
-    fusions: str = "lossless"
-    """Quality tier: lossless (bit-exact fused kernels, verified against eager) | fast (= compile) | off."""
     capture: str = "auto"
     """auto: a (signature, batch size) captures only when its remaining batches pay for the capture,
     measured on its first batch (jobs/worker/dispatcher.py); always: capture every capturable one."""
@@ -175,6 +165,10 @@ class BcgConfig:
     captured graphs' pools and fragmentation)."""
 
     def __post_init__(self) -> None:
+        try:
+            super().__post_init__()  # the runner's knobs: checked where they are defined
+        except ValueError as e:
+            raise UserError(str(e)) from None
         check("bcg.batch_sizes", len(self.batch_sizes) > 0 and all(0 < int(b) <= MAX_BATCH for b in self.batch_sizes),
               list(self.batch_sizes), f"a non-empty list of ints in [1, {MAX_BATCH}], e.g. [1,2,4,8]")
         if self.text_buckets is not None:
@@ -182,10 +176,6 @@ class BcgConfig:
                   list(self.text_buckets), "a non-empty list of positive ints, e.g. [64,128,256]")
         for hw in self.warmup_resolutions:
             check("bcg.warmup_resolutions", len(hw) == 2 and all(int(v) > 0 for v in hw), list(hw), "[height, width] pairs")
-        check_choice("bcg.backend", self.backend, ("auto", "cuda", "tape", "eager"))
-        check_choice("bcg.fusions", self.fusions, ("lossless", "fast", "off"))
-        check("bcg.max_graphs", self.max_graphs > 0, self.max_graphs, "an int > 0")
-        check("bcg.max_graph_memory_gb", self.max_graph_memory_gb >= 0, self.max_graph_memory_gb, "a number >= 0")
         check_choice("bcg.capture", self.capture, CAPTURE_POLICIES)
         check("bcg.capture_min_gain", 0 <= self.capture_min_gain < 1, self.capture_min_gain, "a fraction in [0, 1)")
         check_choice("bcg.batch_grow", self.batch_grow, ("auto", "on", "off"))

@@ -13,7 +13,7 @@ from tests.helpers import compose_cfg
 def test_compile_with_breaks_is_refused():
     model = torch.nn.Linear(2, 2)
     with pytest.raises(ValueError, match="needs break_policy 'none'"):
-        apply_graph_runner(model, RunnerConfig(backend="tape", compile=True, break_policy="attention"))
+        apply_graph_runner(model, RunnerConfig(backend="tape", compile=True), break_policy="attention")
 
 
 def test_compile_is_part_of_the_run_identity():

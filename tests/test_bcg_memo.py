@@ -39,8 +39,8 @@ class PromptModel(nn.Module):
 
 
 def _runner(model):
-    return apply_graph_runner(model, RunnerConfig(backend="tape", break_policy="none", fusions="off",
-                                                  warmup_iters=1))
+    return apply_graph_runner(model, RunnerConfig(backend="tape", fusions="off",
+                                                  warmup_iters=1), break_policy="none")
 
 
 def _eager(model, x, text):

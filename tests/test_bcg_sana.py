@@ -7,7 +7,7 @@ import torch
 from diffusers import SanaTransformer2DModel
 from diffusers.models.modeling_outputs import Transformer2DModelOutput
 
-from bcg import RunnerConfig, apply_graph_runner, count_breaks, install_breaks, remove_breaks
+from bcg import Dispatch, GraphRunner, RunnerConfig, apply_graph_runner, count_breaks, install_breaks, remove_breaks
 
 LAYERS = 2
 
@@ -50,8 +50,8 @@ def inputs(batch=2, text=12, real=5, seed=1, **extra):
 def tape(model):
     runners = []
 
-    def apply(**cfg):
-        r = apply_graph_runner(model, RunnerConfig(backend="tape", **cfg))
+    def apply(break_policy="none", **cfg):
+        r = apply_graph_runner(model, RunnerConfig(backend="tape", **cfg), break_policy=break_policy)
         runners.append(r)
         return r
 
@@ -136,7 +136,7 @@ def test_miss_runs_eager_counts_and_logs_once_with_the_difference(model, tape, c
     ref = model(**inputs(text=16))[0]
     r = tape()
     model(**inputs(text=12))  # captured
-    r.capture_allowed = False
+    r.dispatch = Dispatch.REPLAY  # what exists replays; a new signature is a counted miss
     with caplog.at_level(logging.WARNING, logger="bcg"):
         out1 = model(**inputs(text=16))[0]
         out2 = model(**inputs(text=16))[0]
@@ -149,8 +149,8 @@ def test_miss_runs_eager_counts_and_logs_once_with_the_difference(model, tape, c
 
 
 @torch.no_grad()
-def test_lru_eviction_at_max_entries(model, tape):
-    r = tape(max_entries=2)
+def test_lru_eviction_at_max_graphs(model, tape):
+    r = tape(max_graphs=2)
     for t in (12, 16, 20):
         model(**inputs(text=t))
     assert (r.counters.captures, r.counters.evictions, len(r.entries())) == (3, 1, 2)
@@ -163,14 +163,14 @@ def test_lru_eviction_at_max_entries(model, tape):
 @torch.no_grad()
 def test_graph_bytes_bound(model, tape, caplog):
     ref = model(**inputs())[0]
-    r = tape(max_graph_bytes=1)
+    r = tape(max_graph_memory_gb=1e-9)  # 1 byte
     with caplog.at_level(logging.WARNING, logger="bcg"):
         first = model(**inputs())[0]
         second = model(**inputs())[0]
     assert torch.equal(first, ref) and torch.equal(second, ref)
     assert r.counters.captures == 1 and r.counters.misses == 1 and not r.entries()
     assert r.counters.graph_bytes == 0
-    assert any("max_graph_bytes" in rec.getMessage() for rec in caplog.records)
+    assert any("max_graph_memory_gb" in rec.getMessage() for rec in caplog.records)
 
 
 def test_release_all_frees_and_recaptures(model, tape):
@@ -247,7 +247,7 @@ def test_no_cuda_default_steps_aside_with_one_line(model, caplog):
 
 
 def test_apply_twice_raises_and_remove_restores(model):
-    r = apply_graph_runner(model, RunnerConfig(backend="tape", break_policy="attention"))
+    r = apply_graph_runner(model, RunnerConfig(backend="tape"), break_policy="attention")
     assert model.forward is r and count_breaks(model) == 2 * LAYERS
     with pytest.raises(RuntimeError, match="remove"):
         apply_graph_runner(model, RunnerConfig(backend="tape"))
@@ -259,13 +259,11 @@ def test_apply_twice_raises_and_remove_restores(model):
 def test_config_rejects_bad_values_by_name():
     with pytest.raises(ValueError, match="bcg.backend='gpu'"):
         RunnerConfig(backend="gpu")
-    with pytest.raises(ValueError, match="bcg.max_entries=0"):
-        RunnerConfig(max_entries=0)
+    with pytest.raises(ValueError, match="bcg.max_graphs=0"):
+        RunnerConfig(max_graphs=0)
     with pytest.raises(ValueError, match="not module names"):
-        RunnerConfig(break_policy=["ok", ""])
+        GraphRunner(lambda: None, RunnerConfig(backend="tape"), break_policy=["ok", ""])
     with pytest.raises(RuntimeError, match="bcg.backend=cuda"):
-        from bcg import GraphRunner
-
         GraphRunner(lambda: None, RunnerConfig(backend="cuda"), device=torch.device("cpu"))
 
 

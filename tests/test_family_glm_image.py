@@ -193,7 +193,7 @@ def test_the_prior_runs_in_the_encode_stage_and_overlapping_keeps_the_bytes(tiny
     overlap), seeded from the row: the same tokens, digests and pixels as the serial path."""
     import threading
 
-    from jobs.worker.dispatcher import CapturePolicy
+    from jobs.worker.dispatcher import CaptureDispatcher
     from jobs.worker.pipeline import Engine
     from jobs.plan import Batch, Item, Signature
     from jobs.worker.scheduler import StagePipeline
@@ -216,7 +216,7 @@ def test_the_prior_runs_in_the_encode_stage_and_overlapping_keeps_the_bytes(tiny
     # once per row; the dummy row repeats the last row's prompt and seed, so it reuses its tokens
     assert len(threads) == 3 and threads[0] == threading.current_thread().name
     threads.clear()
-    overlapped = list(StagePipeline(engine, CapturePolicy(), overlap=True).run(batches, lambda: False))
+    overlapped = list(StagePipeline(engine, CaptureDispatcher(None, engine.cfg.bcg), overlap=True).run(batches, lambda: False))
     assert threads == ["bcgen-encode"] * 3  # the encode stage's thread, not the denoising one
     with torch.no_grad():
         alone = real_prior(pipe, rows[2].prompt, rows[2].seed, 64, 64)[1]  # batched with a dummy row, yet its own

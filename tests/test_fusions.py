@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from bcg import RunnerConfig, apply_graph_runner
-from bcg.fusions import RULES, TIERS, install_fusions, normalize_tier, ops, registry
+from bcg.config import TIERS, normalize_tier
+from bcg.fusions import RULES, install_fusions, ops, registry
 from bcg.fusions.verify import Verifier
 
 DTYPES = [torch.bfloat16, torch.float32]
@@ -232,7 +233,7 @@ def test_inlined_cross_attention_keeps_the_attention_breaks():
     with torch.no_grad():
         refs = [model(**kw)[0] for kw in cases]
         fx = install_fusions(model, backend="reference")
-        runner = apply_graph_runner(model, RunnerConfig(backend="tape", fusions="off", break_policy="attention"))
+        runner = apply_graph_runner(model, RunnerConfig(backend="tape", fusions="off"), break_policy="attention")
         try:
             outs = [model(**kw)[0] for kw in cases + cases]
             stats = runner.stats()

@@ -44,7 +44,7 @@ def test_prompt_kv_made_once_per_prompt_batch_and_outputs_stay_eager(dtype, grad
     with grad_mode():
         refs = [model(**kw)[0] for kw in steps + steps2]
         fx = install_fusions(model, backend="reference")
-        runner = apply_graph_runner(model, RunnerConfig(backend="tape", fusions="off", break_policy="none"))
+        runner = apply_graph_runner(model, RunnerConfig(backend="tape", fusions="off"), break_policy="none")
         calls = _kv_calls(model)
         try:
             with runner.call_scope():  # one pipeline call (the job opens one per batch)
@@ -70,7 +70,7 @@ def test_an_edited_prompt_is_projected_again():
     steps = _steps(3, torch.float32)
     with torch.no_grad():
         fx = install_fusions(model, backend="reference")
-        runner = apply_graph_runner(model, RunnerConfig(backend="tape", fusions="off", break_policy="none"))
+        runner = apply_graph_runner(model, RunnerConfig(backend="tape", fusions="off"), break_policy="none")
         try:
             model(**steps[0])
             steps[1]["encoder_hidden_states"].mul_(-1)  # the same tensor, edited in place
@@ -126,13 +126,12 @@ def test_the_job_reuses_the_prompt_state_across_a_batchs_steps():
     eager = [Engine(cfg, fam, pipe, padder, None, "cpu").generate(b) for b in batches]
     transformer = fam.transformer(pipe)
     fx = install_fusions(transformer, backend="reference")
-    runner = apply_graph_runner(transformer, RunnerConfig(backend="tape", break_policy="none", fusions="off"))
+    runner = apply_graph_runner(transformer, RunnerConfig(backend="tape", fusions="off"), break_policy="none")
     try:
         engine = Engine(cfg, fam, pipe, padder, runner, "cpu")
         graphed = []
         for b in batches:
-            engine.begin_batch(b)
-            graphed.append(engine.generate(b))
+            graphed.append(engine.generate(b))  # Dispatch.CAPTURE: the default
         c, stats = runner.counters, runner.stats()
     finally:
         runner.remove()

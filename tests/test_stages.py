@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from jobs.worker.dispatcher import CapturePolicy
+from jobs.worker.dispatcher import CaptureDispatcher, CapturePolicy
 from jobs.worker.pipeline import Engine
 from jobs.models.base import DenoiseRequest
 from jobs.worker.pixels import to_uint8, to_uint8_torch
@@ -67,7 +67,7 @@ def test_staged_denoise_and_decode_equal_the_pipeline_call(preset):
 
 
 def _run(engine, batches, overlap, stop=lambda: False):
-    return list(StagePipeline(engine, CapturePolicy(), overlap=overlap).run(batches, stop))
+    return list(StagePipeline(engine, CaptureDispatcher(None, engine.cfg.bcg), overlap=overlap).run(batches, stop))
 
 
 def test_overlapped_stages_give_the_serial_bytes_in_plan_order(sana):
@@ -104,7 +104,7 @@ def test_an_encode_failure_surfaces_after_the_batch_in_flight_is_handed_on(sana)
     batches = [Batch(SIG, items(1, 0), 1), Batch(too_short, items(1, 1, too_short), 1), Batch(SIG, items(1, 2), 1)]
     got = []
     with pytest.raises(AssertionError, match="bucketed it at 2"):  # the plan and the pipeline disagree
-        for r in StagePipeline(engine, None, overlap=True).run(batches, lambda: False):
+        for r in StagePipeline(engine, CaptureDispatcher(None, engine.cfg.bcg), overlap=True).run(batches, lambda: False):
             got.append(r.items[0].key)
     assert got == ["k0"]  # k0 was in flight: it is finished and handed on before the error surfaces
 
@@ -164,7 +164,7 @@ def test_the_overlapped_pipeline_marks_only_its_first_batch_alone(sana):
     engine = Engine(cfg, fam, pipe, padder, None, "cpu")
     batches = [Batch(SIG, items(1, i), 1) for i in range(3)]
     for overlap, want in ((True, [True, False, False]), (False, [False, False, False])):
-        pipeline = StagePipeline(engine, CapturePolicy(), overlap=overlap)
+        pipeline = StagePipeline(engine, CaptureDispatcher(None, engine.cfg.bcg), overlap=overlap)
         seen, observe = [], pipeline._observe
         pipeline._observe = lambda sub, wait: (seen.append(sub.alone), observe(sub, wait))
         assert len(list(pipeline.run(batches, stop=lambda: False))) == 3

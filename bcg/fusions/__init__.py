@@ -5,7 +5,7 @@ Quality tiers (`RunnerConfig.fusions`):
     "fast"      the torch.compile'd forward (`RunnerConfig.compile`): fewer kernels, not eager's bits
     "off"       the model's own forward
 
-    fx = install_fusions(model)            # swaps matching modules' forwards (instance attributes)
+    fx = install_fusions(model)            # a hook on each matching module (bcg/hooks.py)
     ... model(...) ...                     # warm-up forwards verify each (op, shape) on first sight
     fx.stats()                             # counters for summary.json
     fx.remove()                            # the model's own forwards again
@@ -22,28 +22,17 @@ is not equal to eager on live inputs runs eager for good, and the count says so.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Callable
 
 from torch import nn
 
+from ..hooks import Chain, Replace
+from ..rewrites import register_rewrite
 from .ops import OPS, Op
 from .registry import RULES, Rule
 from .verify import BACKENDS, FusionCounters, Verifier
 
 log = logging.getLogger(__name__)
-
-TIERS = ("lossless", "fast", "off")
-
-
-def normalize_tier(value: Any) -> str:
-    """True -> "lossless", False/None -> "off"; strings must name a tier."""
-    if value is True:
-        return "lossless"
-    if value is False or value is None:
-        return "off"
-    if isinstance(value, str) and value in TIERS:
-        return value
-    raise ValueError(f"bcg.fusions={value!r} is not a tier; use one of {', '.join(TIERS)} (or true/false)")
 
 
 def triton_available() -> str | None:
@@ -55,6 +44,11 @@ def triton_available() -> str | None:
     return None
 
 
+def hook_name(rule: str) -> str:
+    """The hook a rule's forward is installed as (bcg/hooks.py)."""
+    return f"bcg.fusion.{rule}"
+
+
 class Fusions:
     """Fusions installed on one model: the swapped forwards, the verifier and its counters."""
 
@@ -62,7 +56,7 @@ class Fusions:
         self.model = model
         self.verifier = Verifier(backend)
         self.reason = reason
-        self.installed: list[tuple[str, nn.Module, Any]] = []  # (rule, module, our forward)
+        self.installed: list[tuple[str, nn.Module, Callable]] = []  # (rule, module, its fused forward)
         self.skipped: dict[str, int] = {}
 
     def install(self, rules: list[Rule] | None = None) -> "Fusions":
@@ -79,7 +73,7 @@ class Fusions:
             made = rule.make_forward(sub, self.verifier)
             for child, fwd in (made.items() if isinstance(made, dict) else [("", made)]):
                 target = sub.get_submodule(child) if child else sub
-                target.forward = fwd
+                Chain.of(target).add(hook_name(rule.name), Replace(fwd))
                 self.installed.append((rule.name, target, fwd))
         for why, n in self.skipped.items():
             log.warning("bcg.fusions: %d module(s) keep their forward: %s", n, why)
@@ -88,14 +82,7 @@ class Fusions:
 
     def remove(self) -> int:
         """Restore every swapped forward; returns how many were restored."""
-        n = 0
-        for name, sub, fwd in reversed(self.installed):
-            if sub.__dict__.get("forward") is fwd:
-                del sub.__dict__["forward"]
-                n += 1
-            else:
-                log.warning("bcg.fusions: %s.forward was replaced after the %s fusion; leaving it",
-                            type(sub).__name__, name)
+        n = sum(Chain.of(sub).remove(hook_name(rule)) for rule, sub, _ in reversed(self.installed))
         self.installed.clear()
         return n
 
@@ -126,5 +113,16 @@ def registry_get(name: str) -> Rule:
     return get(name)
 
 
-__all__ = ["Fusions", "FusionCounters", "OPS", "Op", "RULES", "Rule", "TIERS", "Verifier",
-           "install_fusions", "normalize_tier", "triton_available"]
+def _install_lossless(model: nn.Module) -> Fusions | None:
+    """The "lossless" tier's rewrite (bcg/rewrites.py): the Triton kernels, where Triton imports."""
+    why = triton_available()
+    if why is not None:
+        log.warning("bcg: fusions=lossless needs Triton (%s); the model keeps its own forward", why)
+        return None
+    return install_fusions(model, backend="triton")
+
+
+register_rewrite("lossless", _install_lossless)
+
+__all__ = ["Fusions", "FusionCounters", "OPS", "Op", "RULES", "Rule", "Verifier", "install_fusions",
+           "triton_available"]

@@ -34,9 +34,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, Optional
 
+from jobs.output.layout import DONE_DIR, PROGRESS_DIR
+
 log = logging.getLogger("jobs.telemetry.progress")
 
-PROGRESS_DIR = "_progress"
 PUBLISH_S = 2.0  # a worker writes its file at most this often
 RATE_WINDOW_S = 120.0  # items/s over this much recent time
 
@@ -95,7 +96,7 @@ class SharedProgress:
     def __init__(self, output_dir: Path, plan_dir: Path, worker: str, total: int,
                  inflight: Callable[[], Dict[int, int]], clock: Callable[[], float] = time.time):
         self.dir = Path(output_dir) / PROGRESS_DIR
-        self.done_dir = Path(plan_dir) / "done"
+        self.done_dir = Path(plan_dir) / DONE_DIR
         self.worker, self.total, self.inflight, self.clock = worker, total, inflight, clock
         self.path = self.dir / f"{_safe(worker)}.json"
         self.meter = RateMeter()

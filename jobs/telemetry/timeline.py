@@ -6,9 +6,9 @@
 
 `t` is seconds since this process's generate stage started, `start` that moment (unix time) so
 parts and resumed runs can be laid on one clock, `run` a digest of run.json, so lines left by an
-older run that `job.overwrite=true` replaced can be told apart (the wipe does not know this
-folder). Counters are the runner's cumulative ones, null without a runner. Each part writes its
-own file (named like its writer lock), so ranks never share one.
+older run can be told apart (an object store's remote copy, say: `job.overwrite=true` removes the
+local folder with the rest of the run). Counters are the runner's cumulative ones, null without a
+runner. Each part writes its own file (named like its writer lock), so ranks never share one.
 
 It is telemetry, not output: lines are buffered and flushed every FLUSH_S seconds and at close,
 so a SIGKILL may lose the last few seconds of lines, and a torn last line is skipped on reading.
@@ -24,9 +24,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import List, Optional
 
+from jobs.output.layout import RUN_FILE, TIMELINE_DIR
+
 log = logging.getLogger(__name__)
 
-TIMELINE_DIR = "_timeline"
 FLUSH_S = 2.0
 
 
@@ -50,8 +51,6 @@ class BatchEntry:
 
 
 def run_digest(output_dir: Path) -> str:
-    from jobs.output.layout import RUN_FILE
-
     path = Path(output_dir) / RUN_FILE
     return hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.is_file() else ""
 

@@ -32,11 +32,14 @@ from typing import Callable, List, Optional, Sequence
 
 import torch
 
+from bcg import Dispatch
+from jobs.output.claim import publish_once
+from jobs.output.layout import BATCHING_FILE
 from jobs.plan import Batch, Item, Signature
+from jobs.plan.units import read_unit
 
 log = logging.getLogger(__name__)
 
-BATCHING_FILE = "batching.json"
 
 
 @dataclass
@@ -139,7 +142,7 @@ class EngineProber:
             ta, ma = self._run(size, n)
             tb, mb = self._run(size, n + 2)
         except torch.OutOfMemoryError:
-            self.engine.end_run()
+            self.engine.release_graphs()
             torch.cuda.empty_cache()
             log.info("batch sizing: batch %d ran out of memory", size)
             return None
@@ -155,17 +158,15 @@ class EngineProber:
         runner = engine.runner
         declined = runner.counters.declined if runner is not None else 0
         splits = engine.oom_splits
-        if runner is not None:  # probes never capture; their calls are not the job's
-            runner.capture_allowed, runner.bypass = True, True
         if self.cuda:
             torch.cuda.synchronize(engine.device)
             torch.cuda.reset_peak_memory_stats(engine.device)
         t0 = time.perf_counter()
         try:
-            engine.generate(probe_batch(self.items, self.sig, size, steps))  # waits for the pixels
+            # Probes never capture, and their calls are not the job's: eager, uncounted.
+            engine.generate(probe_batch(self.items, self.sig, size, steps), Dispatch.EAGER)  # waits for the pixels
         finally:
             if runner is not None:
-                runner.bypass = False
                 runner.counters.declined = declined
             if engine.oom_splits != splits:
                 log.info("batch sizing: batch %d ran out of memory and was split", size)
@@ -203,8 +204,6 @@ def read_published(plan_dir: Path) -> Optional[BatchPick]:
 def publish(plan_dir: Path, pick: BatchPick, on_published: Callable[[Path], None] = lambda path: None) -> BatchPick:
     """Publish `pick` unless another worker did first; returns the one every worker uses.
     `on_published(path)` runs in the worker that published it (an object store's upload)."""
-    from jobs.output.claim import publish_once
-
     data = (json.dumps(pick.to_json(), indent=2) + "\n").encode()
     if publish_once(plan_dir / BATCHING_FILE, data):
         on_published(plan_dir / BATCHING_FILE)
@@ -217,8 +216,6 @@ def choose(cfg, manifest, plan_dir: Path, engine,
            on_published: Callable[[Path], None] = lambda path: None) -> BatchPick:
     """The batch sizes this worker cuts units with (see the module docstring); `on_published` as
     for `publish`."""
-    from jobs.plan.units import read_unit
-
     published = read_published(plan_dir)
     if published is not None:
         return published

@@ -1,4 +1,18 @@
-"""Capture only what pays: per (signature, batch size), measure first, then decide.
+"""The capture dispatcher: per (signature, batch size), whether a batch captures, replays or runs
+eager — decided here, once, and handed to the graph runner as a `bcg.Dispatch` that it carries out.
+
+    dispatcher.decide(batch, batches_left)  -> Dispatch.CAPTURE | REPLAY | EAGER
+    dispatcher.observed(submitted)          the batch's denoise time, when known (may release graphs)
+    dispatcher.captured(key, seconds)       a capture's cost, learned
+    dispatcher.lock                         held while a graph is captured and while other threads
+                                            enqueue GPU work (CUDA forbids both at once)
+
+What may capture at all: the pool's batch sizes at the declared resolutions (`capturable`);
+anything else replays what exists or runs eager as a counted miss. Text lengths need no
+allow-list: the padder maps every prompt to a finite set of buckets. Among capturable keys, the
+policy below (`CapturePolicy`, a pure function of measurements) says whether capturing pays.
+
+Capture only what pays: measure first, then decide.
 
 A capture costs `warmup_iters` extra eager forwards plus the capture itself; it saves
 (eager - replay) on every later call. At kernel-bound shapes (SANA-1.6B at batch 8) replay saves
@@ -25,10 +39,13 @@ Every decision is kept with its numbers for summary.json and logged once.
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Iterable, List, Optional, Set, Tuple
 
-from jobs.plan import Signature
+from bcg import Dispatch, GraphRunner
+from jobs.config import BcgConfig
+from jobs.plan import Batch, Signature
 
 log = logging.getLogger(__name__)
 
@@ -130,3 +147,68 @@ class CapturePolicy:
                  "eager_ms": None if st.eager_ms is None else round(st.eager_ms, 2),
                  "replay_ms": None if st.replay_ms is None else round(st.replay_ms, 2), "batches": st.batches}
                 for (sig, size), st in self.keys.items()]
+
+
+class CaptureDispatcher:
+    """The one object that decides, per batch, what the graph runner may do (module docstring)."""
+
+    def __init__(self, runner: Optional[GraphRunner], bcg: BcgConfig):
+        self.runner = runner
+        self.policy = CapturePolicy(mode=bcg.capture, warmup_iters=bcg.warmup_iters, min_gain=bcg.capture_min_gain)
+        self.lock = threading.RLock()
+        if runner is not None:
+            runner.capture_lock = self.lock
+        allowed = bcg.warmup_resolutions
+        self._resolutions: Optional[Set[Tuple[int, int]]] = {(int(h), int(w)) for h, w in allowed} if allowed else None
+        self._sizes: Set[int] = set()
+        self.set_pool(bcg.batch_sizes)
+
+    @property
+    def active(self) -> bool:
+        """A runner that can capture (CUDA, or the test tape): only then are decisions measured."""
+        return self.runner is not None and self.runner.backend is not None
+
+    def set_pool(self, sizes: Iterable[int]) -> None:
+        """The pool batch sizes: the ones graphs are captured for (batch sizing may grow it)."""
+        self._sizes = {int(b) for b in sizes}
+
+    def capturable(self, sig: Signature, batch_size: int) -> bool:
+        if self._resolutions is not None and (sig.height, sig.width) not in self._resolutions:
+            return False
+        return batch_size in self._sizes
+
+    def needs_measurement(self, batch: Batch) -> bool:
+        """True while this batch's decision waits on its key's eager time (the scheduler then
+        waits for an in-flight batch of the key to finish denoising)."""
+        return self.active and self.policy.needs_measurement((batch.signature, batch.size))
+
+    def decide(self, batch: Batch, batches_left: int) -> Dispatch:
+        """What this batch's denoiser calls may do; `batches_left` counts it and the rest of its
+        key's run."""
+        if not self.capturable(batch.signature, batch.size):
+            return Dispatch.REPLAY  # never captured: what exists replays, the rest is a counted miss
+        if not self.active:
+            return Dispatch.CAPTURE  # no backend: the runner runs eager whatever it is told
+        key = (batch.signature, batch.size)
+        return Dispatch.CAPTURE if self.policy.wants_capture(key, batch.signature.steps, batches_left) \
+            else Dispatch.EAGER
+
+    def observed(self, key: Key, mode: str, denoise_ms: float, alone: bool) -> None:
+        """A finished batch's denoise time; releases the graphs when replay did not pay."""
+        if self.active and self.policy.observe(key, mode, denoise_ms, alone):
+            self.end_run()  # replay did not pay: free the graphs, the rest runs eager
+
+    def captured(self, key: Key, steps: int, seconds: float) -> None:
+        if self.active:
+            self.policy.observe_capture(key, steps, seconds)
+
+    def capture_seconds(self) -> float:
+        return self.runner.counters.capture_seconds if self.runner is not None else 0.0
+
+    def end_run(self) -> None:
+        """A sorted run of one signature ended (or did not pay): free its graphs."""
+        if self.runner is not None:
+            self.runner.release_all()
+
+    def report(self) -> List[dict]:
+        return self.policy.report() if self.active else []

@@ -10,8 +10,9 @@ from typing import Optional
 
 import torch
 
-from bcg import RunnerConfig, apply_graph_runner
+from bcg import GraphRunner, apply_graph_runner
 from bcg.breaks import unknown_names
+from bcg.config import POLICIES, BreakPolicy
 from jobs.config import GenerateConfig
 from jobs.errors import UserError
 from jobs.models.base import ModelFamily
@@ -43,16 +44,16 @@ def load_pipeline(family: ModelFamily, cfg: GenerateConfig, device: torch.device
     return pipe
 
 
-def break_policy(names) -> object:
+def break_policy(names) -> BreakPolicy:
     """model.break_policy is a list in the config ([none], [attention] or module names)."""
     names = list(names)
-    return names[0] if len(names) == 1 and names[0] in ("none", "attention") else names
+    return names[0] if len(names) == 1 and names[0] in POLICIES else names
 
 
-def attach_runner(family: ModelFamily, pipe, cfg: GenerateConfig, device: torch.device) -> Optional[object]:
-    """Wrap the transformer with the bcg runner (it steps aside, eager, without CUDA)."""
-    bcg = cfg.bcg
-    if not bcg.enabled:
+def attach_runner(family: ModelFamily, pipe, cfg: GenerateConfig) -> Optional[GraphRunner]:
+    """Wrap the transformer with the bcg runner, configured by the `bcg` group itself (it steps
+    aside, eager, without CUDA); None with bcg.enabled=false."""
+    if not cfg.bcg.enabled:
         log.info("bcg.enabled=false: every denoiser call runs eager")
         return None
     policy = break_policy(cfg.model.break_policy)
@@ -60,14 +61,4 @@ def attach_runner(family: ModelFamily, pipe, cfg: GenerateConfig, device: torch.
         problem = unknown_names(family.transformer(pipe), policy)
         if problem:
             raise UserError(f"model.{problem[len('bcg.'):]} (preset {cfg.model.name})")
-    rc = RunnerConfig(
-        enabled=True,
-        backend=bcg.backend,
-        max_entries=bcg.max_graphs,
-        max_graph_bytes=int(bcg.max_graph_memory_gb * (1 << 30)),
-        debug_check_buffers=bcg.debug_check_buffers,
-        compile=bcg.compile,
-        fusions=bcg.fusions,
-        break_policy=policy,
-    )
-    return apply_graph_runner(family.transformer(pipe), rc)
+    return apply_graph_runner(family.transformer(pipe), cfg.bcg, break_policy=policy)

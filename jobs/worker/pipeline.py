@@ -19,8 +19,10 @@ while the denoiser still reads it. Latents cross from the main to the decode str
 No host sync after a batch's denoising starts: uint8 conversion and the finite check run on the
 device; the host copy is non-blocking into pinned memory; only `collect` waits, on that copy.
 
-`gpu_lock` is held while a graph is being captured and while another thread enqueues GPU work:
-CUDA forbids allocations and syncs from other threads during a capture (global capture mode).
+`gpu_lock` (the capture dispatcher's lock, jobs/worker/dispatcher.py) is held while a graph is
+being captured and while another thread enqueues GPU work: CUDA forbids allocations and syncs from
+other threads during a capture (global capture mode). What each batch's denoiser calls may do
+(capture, replay, eager) is the dispatcher's decision, passed to `submit`.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
+from bcg import Dispatch, GraphRunner
 from jobs.config import GenerateConfig
 from jobs.models.base import DenoiseRequest, ModelFamily, RowInputs
 from jobs.worker.outputs import Generated, HostOutputs, cat, on_device, tensors_of
@@ -122,44 +125,19 @@ class StageClock:
 
 
 class Engine:
-    def __init__(self, cfg: GenerateConfig, family: ModelFamily, pipe, padder: Padder, runner, device):
+    def __init__(self, cfg: GenerateConfig, family: ModelFamily, pipe, padder: Padder,
+                 runner: Optional[GraphRunner], device, gpu_lock: Optional[threading.RLock] = None):
         self.cfg, self.family, self.pipe, self.padder, self.runner = cfg, family, pipe, padder, runner
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
         self._negatives: Dict[str, TextEmbeds] = {}  # text -> its native encoding, one row
         self.oom_splits = 0
-        allowed = cfg.bcg.warmup_resolutions
-        self._capture_sizes = {(int(h), int(w)) for h, w in allowed} if allowed else None
-        self.set_pool(cfg.bcg.batch_sizes)
-        self.gpu_lock = threading.RLock()
+        self.gpu_lock = gpu_lock if gpu_lock is not None else threading.RLock()
         self.encode_stream = torch.cuda.Stream(self.device) if self.cuda else None
         self.decode_stream = torch.cuda.Stream(self.device) if self.cuda else None
-        if runner is not None:
-            runner.capture_lock = self.gpu_lock
 
-    # -- graph lifetime --------------------------------------------------------------------
-    def set_pool(self, sizes) -> None:
-        """The pool batch sizes: the ones graphs are captured for (jobs/worker/batch_sizer.py may grow it)."""
-        self._capture_batches = {int(b) for b in sizes}
-
-    def capturable(self, sig: Signature, batch_size: int) -> bool:
-        """Capture the pool batch sizes at the declared resolutions; anything else runs eager.
-
-        Text lengths need no allow-list: the padder maps every prompt to a finite set of buckets.
-        """
-        if self._capture_sizes is not None and (sig.height, sig.width) not in self._capture_sizes:
-            return False
-        return batch_size in self._capture_batches
-
-    def begin_batch(self, batch: Batch, capture: Optional[bool] = None) -> None:
-        """Before submit: may this batch capture? `capture` is the job's capture policy's answer
-        (None: capture whatever is capturable). Declined calls run eager without a miss warning."""
-        if self.runner is not None:
-            allowed = self.capturable(batch.signature, batch.size)
-            self.runner.capture_allowed = allowed
-            self.runner.bypass = allowed and capture is False
-
-    def end_run(self) -> None:
+    def release_graphs(self) -> None:
+        """Free every captured graph (memory for an out-of-memory retry, or a probe's end)."""
         if self.runner is not None:
             self.runner.release_all()
 
@@ -214,8 +192,9 @@ class Engine:
         return self.padder.pad(text, bucket)
 
     # -- stage 2 + 3: denoise, decode, pixels to the host ----------------------------------
-    def submit(self, batch: Batch, enc: Encoded) -> Submitted:
-        """Enqueue the batch's denoise, decode and host copy; returns without waiting for them."""
+    def submit(self, batch: Batch, enc: Encoded, dispatch: Dispatch = Dispatch.CAPTURE) -> Submitted:
+        """Enqueue the batch's denoise, decode and host copy; returns without waiting for them.
+        `dispatch`: what its denoiser calls may do (the capture dispatcher's decision)."""
         items = padded_items(batch)
         timer = enc.timer
         with torch.inference_mode():
@@ -225,7 +204,8 @@ class Engine:
                 for t in text_tensors(enc):
                     t.record_stream(main)
             before = self._counts()
-            out = self._generate_rows(items, batch.signature, enc.positive, enc.negative, enc.row_inputs, timer)
+            out = self._generate_rows(items, batch.signature, enc.positive, enc.negative, enc.row_inputs, timer,
+                                      dispatch)
             mode = self._mode_since(before)
             n = len(batch.items)  # dummy rows are dropped here, before the host copy
             with self._stream(self.decode_stream):
@@ -243,14 +223,14 @@ class Engine:
                            batch_size=sub.batch_size, stage_ms=sub.timer.all_ms(), audio=host.item_audio(),
                            sample_rate=host.sample_rate, meta=host.item_meta())
 
-    def generate(self, batch: Batch) -> BatchResult:
+    def generate(self, batch: Batch, dispatch: Dispatch = Dispatch.CAPTURE) -> BatchResult:
         """The serial path: encode, submit, collect."""
-        return self.collect(self.submit(batch, self.encode(batch)))
+        return self.collect(self.submit(batch, self.encode(batch), dispatch))
 
     def _generate_rows(self, items: List[Item], sig: Signature, pos: TextEmbeds, neg: Optional[TextEmbeds],
-                       extra: Optional[RowInputs], timer: StageClock) -> Generated:
+                       extra: Optional[RowInputs], timer: StageClock, dispatch: Dispatch) -> Generated:
         try:
-            return self._run(items, sig, pos, neg, extra, timer)
+            return self._run(items, sig, pos, neg, extra, timer, dispatch)
         except torch.OutOfMemoryError:
             if len(items) == 1:
                 raise
@@ -258,27 +238,28 @@ class Engine:
             self.oom_splits += 1
             log.warning("out of GPU memory at batch %d (%s): splitting into %d + %d and retrying",
                         len(items), sig, len(items) // 2, len(items) - len(items) // 2)
-            self.end_run()
+            self.release_graphs()
             if self.cuda:
                 torch.cuda.empty_cache()
             h, n = len(items) // 2, len(items)
             a = self._generate_rows(items[:h], sig, rows(pos, 0, h), neg and rows(neg, 0, h), extra and extra.rows(0, h),
-                                    timer)
+                                    timer, dispatch)
             b = self._generate_rows(items[h:], sig, rows(pos, h, n), neg and rows(neg, h, n), extra and extra.rows(h, n),
-                                    timer)
+                                    timer, dispatch)
             with self._stream(self.decode_stream):
                 return cat(a, b)
 
     def _run(self, items: List[Item], sig: Signature, pos: TextEmbeds, neg: Optional[TextEmbeds],
-             extra: Optional[RowInputs], timer: StageClock) -> Generated:
+             extra: Optional[RowInputs], timer: StageClock, dispatch: Dispatch) -> Generated:
         request = DenoiseRequest(positive=pos, negative=neg, seeds=[it.seed for it in items],
                                  height=sig.height, width=sig.width, steps=sig.steps,
                                  guidance_scale=sig.guidance_scale, num_frames=sig.frames,
                                  fps=batch_fps(items, self.family.fps_conditions), prompts=[it.prompt for it in items],
                                  row_inputs=extra, meta=list(extra.meta) if extra is not None else [])
         # One pipeline call: its prompt embeddings (inference tensors) stay as they are through
-        # every step, so the graphs' memo breaks (SANA's prompt K/V) may keep what they made.
-        scope = self.runner.call_scope() if self.runner is not None else contextlib.nullcontext()
+        # every step, so the graphs' memo breaks (SANA's prompt K/V) may keep what they made; every
+        # denoiser call in it follows the dispatcher's decision.
+        scope = self.runner.call_scope(dispatch) if self.runner is not None else contextlib.nullcontext()
         with timer.stage("denoise"), scope:
             latents = self.family.denoise(self.pipe, request)
         if self.cuda:

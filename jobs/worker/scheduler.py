@@ -9,10 +9,10 @@ the host. The scheduling lives here, once, for every family; families only provi
 (jobs/models/base.py). With `overlap` off, or on a CPU by default, the same loop runs the stages
 one after another in this thread: the bytes are the same either way (tests/test_stages.py).
 
-Graph lifetime and the capture policy are applied here too, because only the scheduler knows
-the plan's order: a signature's graphs are released when its sorted run ends, and a key
-(signature, batch size) captures only when its remaining batches pay for the capture
-(jobs/worker/dispatcher.py).
+The scheduler asks the capture dispatcher (jobs/worker/dispatcher.py) before each batch, because
+only the scheduler knows the plan's order: how many batches of a key (signature, batch size) are
+left in its run, when a signature's sorted run ends (its graphs are then released), and when a
+batch's denoise time is known (the dispatcher learns from it).
 """
 
 from __future__ import annotations
@@ -23,9 +23,10 @@ import threading
 from collections import deque
 from typing import Callable, Deque, Iterator, List, Optional, Sequence
 
-from jobs.worker.dispatcher import CapturePolicy
-from jobs.worker.pipeline import BatchResult, Engine, Submitted
+from bcg import Dispatch
 from jobs.plan import Batch
+from jobs.worker.dispatcher import CaptureDispatcher
+from jobs.worker.pipeline import BatchResult, Engine, Submitted
 
 log = logging.getLogger(__name__)
 
@@ -93,8 +94,8 @@ def inline(engine: Engine, batches: Sequence[Batch]):
 
 
 class StagePipeline:
-    def __init__(self, engine: Engine, policy: Optional[CapturePolicy], overlap: bool, depth: int = 1):
-        self.engine, self.policy, self.overlap = engine, policy, overlap
+    def __init__(self, engine: Engine, dispatcher: CaptureDispatcher, overlap: bool, depth: int = 1):
+        self.engine, self.dispatcher, self.overlap = engine, dispatcher, overlap
         self.depth = depth if overlap else 0  # batches in flight beyond the one just submitted
         self.stage_ms: dict = {}
 
@@ -120,10 +121,10 @@ class StagePipeline:
                     break
                 if batch.signature != current:
                     if current is not None:
-                        self.engine.end_run()  # sorted plan: the previous signature never comes back
+                        self.dispatcher.end_run()  # sorted plan: the previous signature never comes back
                     current = batch.signature
-                self._begin(batch, left[index[id(batch)]], flight)
-                sub = self._submit(batch, enc)
+                dispatch = self._decide(batch, left[index[id(batch)]], flight)
+                sub = self._submit(batch, enc, dispatch)
                 # Overlapped, a batch's denoise shares the GPU with the previous batch's decode;
                 # one submitted with nothing in flight had it alone (the capture policy's rule).
                 sub.alone = self.overlap and not flight
@@ -138,35 +139,30 @@ class StagePipeline:
         if error is not None:
             raise error
 
-    def _submit(self, batch: Batch, enc) -> Submitted:
-        runner = self.engine.runner
-        before = runner.counters.capture_seconds if runner is not None else 0.0
-        sub = self.engine.submit(batch, enc)
-        if self.policy is not None and runner is not None and runner.counters.capture_seconds > before:
-            self.policy.observe_capture((batch.signature, batch.size), batch.signature.steps,
-                                        runner.counters.capture_seconds - before)
+    def _submit(self, batch: Batch, enc, dispatch: Dispatch) -> Submitted:
+        before = self.dispatcher.capture_seconds()
+        sub = self.engine.submit(batch, enc, dispatch)
+        spent = self.dispatcher.capture_seconds() - before
+        if spent > 0:
+            self.dispatcher.captured((batch.signature, batch.size), batch.signature.steps, spent)
         return sub
 
-    def _begin(self, batch: Batch, batches_left: int, flight: Deque[Submitted]) -> None:
-        if self.policy is None or self.engine.runner is None or self.engine.runner.backend is None:
-            self.engine.begin_batch(batch)
-            return
-        key = (batch.signature, batch.size)
-        if self.policy.needs_measurement(key):
+    def _decide(self, batch: Batch, batches_left: int, flight: Deque[Submitted]) -> Dispatch:
+        if self.dispatcher.needs_measurement(batch):
+            key = (batch.signature, batch.size)
             for sub in flight:  # its eager time is on its way: wait for that batch's denoise
                 if (sub.batch.signature, sub.batch_size) == key:
                     self._observe(sub, wait=True)
-        self.engine.begin_batch(batch, self.policy.wants_capture(key, batch.signature.steps, batches_left))
+        return self.dispatcher.decide(batch, batches_left)
 
     def _observe(self, sub: Submitted, wait: bool) -> None:
-        if self.policy is None or sub.observed:
+        if sub.observed:
             return
         ms = sub.timer.ms("denoise", wait=wait)
         if ms is None:
             return
         sub.observed = True
-        if self.policy.observe((sub.batch.signature, sub.batch_size), sub.mode, ms, sub.alone):
-            self.engine.end_run()  # replay did not pay: free the graphs, the rest runs eager
+        self.dispatcher.observed((sub.batch.signature, sub.batch_size), sub.mode, ms, sub.alone)
 
     def _collect(self, sub: Submitted) -> BatchResult:
         result = self.engine.collect(sub)

@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from bcg import RunnerConfig, apply_graph_runner
+from bcg import Dispatch, RunnerConfig, apply_graph_runner
 
 pytestmark = pytest.mark.gpu
 
@@ -59,7 +59,7 @@ def check_replays(model, policy, cases, expect_segments=None):
     with torch.no_grad():
         refs = [model(**kw)[0] for kw in cases]
         assert all(torch.isfinite(r).all() for r in refs)
-        runner = apply_graph_runner(model, RunnerConfig(break_policy=policy, debug_check_buffers=True))
+        runner = apply_graph_runner(model, RunnerConfig(debug_check_buffers=True), break_policy=policy)
         try:
             assert runner.mode == "cuda"
             outs = [model(**kw)[0] for kw in cases]
@@ -173,9 +173,9 @@ def test_compiled_forward_replay_equals_compiled_eager(dtype):
     with torch.no_grad():
         runner = apply_graph_runner(model, RunnerConfig(compile=True))
         try:
-            runner.capture_allowed = False  # the compiled forward, run eagerly: the reference
+            runner.dispatch = Dispatch.REPLAY  # nothing captured yet: the compiled forward, run eagerly (the reference)
             refs = [model(**kw)[0].clone() for kw in cases]
-            runner.capture_allowed = True
+            runner.dispatch = Dispatch.CAPTURE
             outs = [model(**kw)[0] for kw in cases]
             stats = runner.stats()
         finally:
@@ -189,4 +189,4 @@ def test_compiled_forward_replay_equals_compiled_eager(dtype):
 def test_compile_refuses_breaks():
     model = build(TINY, torch.float32)
     with pytest.raises(ValueError, match="needs break_policy 'none'"):
-        apply_graph_runner(model, RunnerConfig(compile=True, break_policy="attention"))
+        apply_graph_runner(model, RunnerConfig(compile=True), break_policy="attention")

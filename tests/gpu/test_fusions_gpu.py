@@ -110,7 +110,7 @@ def test_layer_norm_chain_equals_aten(dtype, D):
 def _check_model(model, cases, policy="none", **cfg):
     with torch.no_grad():
         refs = [model(**kw)[0] for kw in cases]
-        runner = apply_graph_runner(model, RunnerConfig(break_policy=policy, fusions="lossless", **cfg))
+        runner = apply_graph_runner(model, RunnerConfig(fusions="lossless", **cfg), break_policy=policy)
         try:
             assert runner.mode == "cuda" and runner.fusions is not None
             outs = [model(**kw)[0] for kw in cases]
@@ -168,7 +168,7 @@ def test_prompt_state_is_made_once_per_prompt_batch(config, grad_mode):
                              timestep=base["timestep"] - 40 * i) for i in range(4)])
     with grad_mode():
         refs = [[model(**kw)[0] for kw in steps] for steps in batches]
-        runner = apply_graph_runner(model, RunnerConfig(break_policy="none", fusions="lossless"))
+        runner = apply_graph_runner(model, RunnerConfig(fusions="lossless"), break_policy="none")
         try:
             outs = []
             for steps in batches:

@@ -161,7 +161,7 @@ def _check_model(model, cases, policy="none"):
     run = lambda kw: torch.stack(model(**kw)[0])  # noqa: E731
     with torch.no_grad():
         refs = [run(kw) for kw in cases]
-        runner = apply_graph_runner(model, RunnerConfig(break_policy=policy, fusions="lossless"))
+        runner = apply_graph_runner(model, RunnerConfig(fusions="lossless"), break_policy=policy)
         try:
             assert runner.mode == "cuda" and runner.fusions is not None
             outs = [run(kw) for kw in cases]

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from jobs.worker.dispatcher import CapturePolicy
+from jobs.worker.dispatcher import CaptureDispatcher
 from jobs.worker.pipeline import Engine
 from jobs.worker.pixels import to_uint8, to_uint8_torch
 from jobs.plan import Batch
@@ -39,7 +39,7 @@ def test_overlapped_stages_equal_the_serial_engine_on_cuda():
     engine = Engine(cfg, fam, pipe, padder, None, torch.device("cuda"))
     batches = [Batch(SIG, items(4, 4 * i), 4) for i in range(5)] + [Batch(SIG, items(1, 20), 2)]
     serial = [engine.generate(b) for b in batches]
-    overlapped = list(StagePipeline(engine, CapturePolicy(), overlap=True).run(batches, lambda: False))
+    overlapped = list(StagePipeline(engine, CaptureDispatcher(None, engine.cfg.bcg), overlap=True).run(batches, lambda: False))
     assert [r.items for r in overlapped] == [b.items for b in batches]
     for a, b in zip(serial, overlapped):
         assert all(np.array_equal(x, y) for x, y in zip(a.images, b.images))
