@@ -57,6 +57,43 @@ class LoraConfig:
 
 
 @dataclass
+class TinyConfig:
+    """`model.tiny`: a preset built from configs instead of a checkpoint (model.path=None): the
+    seed of its random weights and one config section per component (conf/model/*_tiny.yaml).
+    Which sections a family reads is the family's (jobs/models/); a section it needs and lacks is
+    refused when the pipeline is built."""
+
+    seed: int = 0
+    """Seed of the random weights: the same preset gives the same weights everywhere."""
+    weights: Optional[str] = None
+    """trained (sana_tiny's demo weights, jobs/data/demo/) | random; None means random."""
+    transformer: Dict[str, Any] = field(default_factory=dict)
+    vae: Dict[str, Any] = field(default_factory=dict)
+    scheduler: Dict[str, Any] = field(default_factory=dict)
+    text_encoder: Any = None
+    """A text-encoder spec (a dict), or for SANA `minilm` / a local transformers folder."""
+    text_encoder_weights: Optional[str] = None
+    """SANA: pretrained (the MiniLM package's) | random; None means pretrained."""
+    clip: Optional[Dict[str, Any]] = None  # Flux's first text encoder
+    t5: Optional[Dict[str, Any]] = None  # Flux's second text encoder
+    vision_language_encoder: Optional[Dict[str, Any]] = None  # GLM-Image's autoregressive prior
+    connectors: Optional[Dict[str, Any]] = None  # LTX-2's text connectors
+    audio_vae: Optional[Dict[str, Any]] = None  # LTX-2, MiniMax-H3
+    vocoder: Optional[Dict[str, Any]] = None  # LTX-2
+    audio_scheduler: Optional[Dict[str, Any]] = None  # MiniMax-H3
+
+    def __post_init__(self) -> None:
+        if self.weights is not None:
+            check_choice("model.tiny.weights", self.weights, TINY_WEIGHTS)
+
+    def identity(self) -> Dict[str, Any]:
+        """The sections set, as the run identity records them (unset ones are left out)."""
+        from dataclasses import asdict
+
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+@dataclass
 class ModelConfig:
     name: str = "sana_tiny"
     """Preset name (the file under conf/model/); used in metadata and the default output_dir."""
@@ -76,9 +113,8 @@ class ModelConfig:
     """SANA's instruction prefix for prompts; None disables it (the tiny presets)."""
     on_long_prompt: str = "truncate"
     """A prompt longer than max_sequence_length: truncate (counted in the summary) | fail."""
-    tiny: Dict[str, Any] = field(default_factory=dict)
-    """For path=None: seed and sub-configs of the tiny components (see conf/model/*_tiny.yaml);
-    `tiny.weights`: trained (sana_tiny's demo weights, jobs/data/demo/) | random (seeded random)."""
+    tiny: Optional[TinyConfig] = None
+    """For path=None: the seed and configs of the tiny components (TinyConfig; conf/model/*_tiny.yaml)."""
     loras: List[LoraConfig] = field(default_factory=list)
     """LoRAs fused into the weights in order before the graph runner wraps the transformer, e.g.
     `model.loras=[{path:/loras/style.safetensors,scale:0.8}]`. Part of the run identity."""
@@ -96,8 +132,6 @@ class ModelConfig:
               '["none"], ["attention"] or a list of module names / class names')
         check("model.break_policy", len(names) == 1 or not {"none", "attention"} & set(names), names,
               '"none" and "attention" alone (["none"] or ["attention"]), or a list of module names without them')
-        if "weights" in self.tiny:
-            check_choice("model.tiny.weights", self.tiny["weights"], TINY_WEIGHTS)
 
 
 @dataclass
@@ -331,7 +365,7 @@ def check_known_keys(cfg, where: str = "") -> None:
 
     schema = OmegaConf.get_type(cfg)
     if not dataclasses.is_dataclass(schema):
-        return  # a free-form mapping (model.tiny): its keys are the loader's to check
+        return  # a free-form mapping (a tiny component's config): its keys are its class's to check
     known = {f.name for f in dataclasses.fields(schema)}
     for key in cfg.keys():
         if key not in known:
@@ -340,5 +374,6 @@ def check_known_keys(cfg, where: str = "") -> None:
                             f"known keys{' under ' + where.rstrip('.') if where else ''}: {', '.join(sorted(known))}. "
                             f"Remove it, or fix its spelling")
     for name, hint in typing.get_type_hints(schema).items():  # the sub-config sections
-        if dataclasses.is_dataclass(hint) and name in cfg and not OmegaConf.is_missing(cfg, name):
+        section = next((h for h in (hint, *typing.get_args(hint)) if dataclasses.is_dataclass(h)), None)  # Optional[X]
+        if section is not None and name in cfg and not OmegaConf.is_missing(cfg, name) and cfg[name] is not None:
             check_known_keys(cfg[name], f"{where}{name}.")

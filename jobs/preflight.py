@@ -57,7 +57,7 @@ def check_config(cfg: GenerateConfig) -> Checked:
 def _check_model_source(cfg: GenerateConfig, family: ModelFamily) -> None:
     if cfg.model.path is not None:
         family.check_path(cfg.model)
-    elif not cfg.model.tiny:
+    elif cfg.model.tiny is None:
         raise UserError(f"model.path is not set and preset {cfg.model.name!r} has no `tiny` section: "
                         f"pass model.path=/local/diffusers/folder")
     else:

@@ -116,7 +116,6 @@ def test_weights_choice_is_validated():
 @pytest.mark.parametrize("override, message", [
     ("model.tiny.transformer.num_layers=2", "model.tiny.transformer.num_layers=2 .the trained weights have 4."),
     ("model.tiny.vae.scaling_factor=0.5", "model.tiny.vae.scaling_factor=0.5"),
-    ("+model.tiny.weigths=random", "model.tiny.weigths is not a key of a SANA tiny preset"),
 ])
 def test_trained_weights_refuse_another_architecture(tmp_path, override, message):
     from jobs.preflight import check_config
@@ -124,15 +123,24 @@ def test_trained_weights_refuse_another_architecture(tmp_path, override, message
     cfg = compose_cfg([override, f"output_dir={tmp_path}"])
     with pytest.raises(UserError, match=message):
         check_config(cfg)
-    if "weigths" not in override:  # with random weights any architecture builds
-        check_config(compose_cfg([override, "model.tiny.weights=random", f"output_dir={tmp_path}"]))
+    check_config(compose_cfg([override, "model.tiny.weights=random", f"output_dir={tmp_path}"]))  # any architecture
+
+
+def test_a_misspelt_tiny_key_is_refused_naming_the_known_ones(tmp_path):
+    with pytest.raises(UserError, match="model.tiny.weigths is not a config key.*known keys under model.tiny: .*weights"):
+        compose_cfg(["+model.tiny.weigths=random", f"output_dir={tmp_path}"])
+    from jobs.config import TinyConfig
+    from jobs.models.demo_weights import check_sana_tiny
+
+    with pytest.raises(UserError, match="model.tiny.clip is not a key of a SANA tiny preset"):  # another family's
+        check_sana_tiny(TinyConfig(weights="random", clip={"hidden_size": 8}))
 
 
 def test_other_tiny_presets_have_no_trained_weights(tmp_path):
     from jobs.preflight import check_config
 
     with pytest.raises(UserError, match="flux_tiny has no trained weights"):
-        check_config(compose_cfg(["model=flux_tiny", "+model.tiny.weights=trained", f"output_dir={tmp_path}"]))
+        check_config(compose_cfg(["model=flux_tiny", "model.tiny.weights=trained", f"output_dir={tmp_path}"]))
 
 
 def test_run_identity_tells_trained_from_random():

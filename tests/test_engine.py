@@ -1,4 +1,4 @@
-"""Engine: the negative-prompt cache gives exactly what encoding the batch directly gives."""
+"""Pipeline: the negative-prompt cache gives exactly what encoding the batch directly gives."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import torch
 
 import pytest
 
-from jobs.worker.pipeline import Engine, row, stack_rows
+from jobs.worker.pipeline import Pipeline, row, stack_rows
 from padding import TextEmbeds, get_padder
 from tests.helpers import tiny_pipeline
 
@@ -15,7 +15,7 @@ from tests.helpers import tiny_pipeline
 def engine():
     cfg, fam, pipe = tiny_pipeline("sana_tiny")
     padder = get_padder("sana", buckets=cfg.text_buckets, native_length=cfg.model.max_sequence_length)
-    return Engine(cfg, fam, pipe, padder, None, "cpu")
+    return Pipeline(cfg, fam, pipe, padder, None, "cpu")
 
 
 def test_negative_cache_matches_direct_encoding(engine):

@@ -194,16 +194,16 @@ def test_the_prior_runs_in_the_encode_stage_and_overlapping_keeps_the_bytes(tiny
     import threading
 
     from jobs.worker.dispatcher import CaptureDispatcher
-    from jobs.worker.pipeline import Engine
+    from jobs.worker.pipeline import Pipeline
     from jobs.plan import Batch, Item, Signature
-    from jobs.worker.scheduler import StagePipeline
+    from jobs.worker.scheduler import StageScheduler
 
     cfg, fam, pipe = tiny
     sig = Signature(height=64, width=64, text_bucket=1, steps=1, guidance_scale=1.5, cfg=True, dtype="float32")
     rows = [Item(key=f"k{i}", prompt=p, negative_prompt="", seed=s, signature=sig, text_tokens=1, truncated=False,
                  source=f"t:{i + 1}") for i, (p, s) in enumerate([("a red fox", 5), ("a blue owl", 9), ("a cat", 3)])]
     batches = [Batch(sig, rows[:2], 2), Batch(sig, rows[2:], 2)]  # the second has a dummy row
-    engine = Engine(cfg, fam, pipe, get_padder("glm_image", buckets=[1], native_length=2048), None, "cpu")
+    engine = Pipeline(cfg, fam, pipe, get_padder("glm_image", buckets=[1], native_length=2048), None, "cpu")
     threads = []
     real_prior = fam.prior
 
@@ -216,7 +216,7 @@ def test_the_prior_runs_in_the_encode_stage_and_overlapping_keeps_the_bytes(tiny
     # once per row; the dummy row repeats the last row's prompt and seed, so it reuses its tokens
     assert len(threads) == 3 and threads[0] == threading.current_thread().name
     threads.clear()
-    overlapped = list(StagePipeline(engine, CaptureDispatcher(None, engine.cfg.bcg), overlap=True).run(batches, lambda: False))
+    overlapped = list(StageScheduler(engine, CaptureDispatcher(None, engine.cfg.bcg), overlap=True).run(batches, lambda: False))
     assert threads == ["bcgen-encode"] * 3  # the encode stage's thread, not the denoising one
     with torch.no_grad():
         alone = real_prior(pipe, rows[2].prompt, rows[2].seed, 64, 64)[1]  # batched with a dummy row, yet its own

@@ -204,19 +204,19 @@ def test_fewer_steps_than_its_scheduler_takes_are_refused(tmp_path):
 def test_batch_sizing_probes_at_the_steps_its_scheduler_takes(tiny):
     """Batch sizing times a probe batch at n and n + 2 steps (after a warm call at n + 1), n being the
     family's fewest: 2 here (at 1 the scheduler raised, which ended the H200 job test of session 21)."""
-    from jobs.worker.batch_sizer import EngineProber
-    from jobs.worker.pipeline import Engine
+    from jobs.worker.batch_sizer import PipelineProber
+    from jobs.worker.pipeline import Pipeline
     from jobs.plan import Item, Signature
     from padding import get_padder
 
     cfg, fam, pipe = tiny
     padder = get_padder("minimax_h3", buckets=cfg.text_buckets, native_length=cfg.model.max_sequence_length)
-    engine = Engine(cfg, fam, pipe, padder, None, "cpu")
+    engine = Pipeline(cfg, fam, pipe, padder, None, "cpu")
     sig = Signature(height=64, width=64, text_bucket=3, steps=4, guidance_scale=1.0, cfg=False,
                     dtype=cfg.model.dtype, frames=FRAMES)
     items = [Item(key="fox", prompt="a red fox", negative_prompt="", seed=1, signature=sig, text_tokens=3,
                   truncated=False, source="t:1", fps=24.0)]
-    prober = EngineProber(engine, items, sig)
+    prober = PipelineProber(engine, items, sig)
     assert prober.first == fam.min_steps == 2
     probe = prober(1)
     assert probe is not None and probe.batch == 1  # times are not asserted: timing is the benchmarks' job

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from jobs.worker.pipeline import Engine
+from jobs.worker.pipeline import Pipeline
 from jobs.models.registry import get_family
 from jobs.plan import Batch, Item, Signature, derive_seed
 from padding import get_padder
@@ -60,8 +60,8 @@ def batch_of(n: int) -> Batch:
 def test_oom_splits_the_batch_and_keeps_every_image(tiny):
     cfg, fam, pipe, padder = tiny
     flaky = OomAbove(fam, limit=2)
-    res = Engine(cfg, flaky, pipe, padder, None, "cpu").generate(batch_of(4))
-    ref = Engine(cfg, fam, pipe, padder, None, "cpu").generate(batch_of(4))
+    res = Pipeline(cfg, flaky, pipe, padder, None, "cpu").generate(batch_of(4))
+    ref = Pipeline(cfg, fam, pipe, padder, None, "cpu").generate(batch_of(4))
     assert flaky.calls == [4, 2, 2]
     assert res.batch_size == 4 and len(res.images) == 4
     # per-item seeds: the split batch gives the same images, item by item (CPU, float32)
@@ -72,7 +72,7 @@ def test_oom_splits_the_batch_and_keeps_every_image(tiny):
 def test_oom_at_batch_one_is_raised(tiny):
     cfg, fam, pipe, padder = tiny
     with pytest.raises(torch.OutOfMemoryError):
-        Engine(cfg, OomAbove(fam, limit=0), pipe, padder, None, "cpu").generate(batch_of(1))
+        Pipeline(cfg, OomAbove(fam, limit=0), pipe, padder, None, "cpu").generate(batch_of(1))
 
 
 def test_nonfinite_images_are_flagged(tiny):
@@ -82,7 +82,7 @@ def test_nonfinite_images_are_flagged(tiny):
     poisoned = copy.deepcopy(pipe)
     with torch.no_grad():
         poisoned.transformer.proj_out.weight.fill_(float("nan"))
-    res = Engine(cfg, fam, poisoned, padder, None, "cpu").generate(batch_of(2))
+    res = Pipeline(cfg, fam, poisoned, padder, None, "cpu").generate(batch_of(2))
     assert res.finite == [False, False]
     assert all(im.dtype == np.uint8 for im in res.images)  # still encodable: NaN -> 0, flagged instead
 

@@ -110,10 +110,10 @@ def test_kv_go_only_to_their_attention_with_that_normed_tensor():
 
 
 def test_the_job_reuses_the_prompt_state_across_a_batchs_steps():
-    """The job's path: Engine.generate runs the SANA pipeline under inference_mode (inference
+    """The job's path: Pipeline.generate runs the SANA pipeline under inference_mode (inference
     tensors: no version counters), inside the runner's call scope. The prompt state is made once a
     batch and reused by its other steps, and the images are the eager engine's bytes."""
-    from jobs.worker.pipeline import Engine
+    from jobs.worker.pipeline import Pipeline
     from jobs.plan import Batch
     from padding import get_padder
     from tests.helpers import tiny_pipeline
@@ -123,12 +123,12 @@ def test_the_job_reuses_the_prompt_state_across_a_batchs_steps():
     padder = get_padder("sana", buckets=cfg.text_buckets, native_length=cfg.model.max_sequence_length)
     sig = dataclasses.replace(SIG, steps=3)
     batches = [Batch(sig, items(2, 0, sig), 2), Batch(sig, items(2, 2, sig), 2)]
-    eager = [Engine(cfg, fam, pipe, padder, None, "cpu").generate(b) for b in batches]
+    eager = [Pipeline(cfg, fam, pipe, padder, None, "cpu").generate(b) for b in batches]
     transformer = fam.transformer(pipe)
     fx = install_fusions(transformer, backend="reference")
     runner = apply_graph_runner(transformer, RunnerConfig(backend="tape", fusions="off"), break_policy="none")
     try:
-        engine = Engine(cfg, fam, pipe, padder, runner, "cpu")
+        engine = Pipeline(cfg, fam, pipe, padder, runner, "cpu")
         graphed = []
         for b in batches:
             graphed.append(engine.generate(b))  # Dispatch.CAPTURE: the default

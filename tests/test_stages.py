@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from jobs.worker.dispatcher import CaptureDispatcher, CapturePolicy
-from jobs.worker.pipeline import Engine
+from jobs.worker.pipeline import Pipeline
 from jobs.models.base import DenoiseRequest
 from jobs.worker.pixels import to_uint8, to_uint8_torch
 from jobs.plan import Batch, Item, Signature, derive_seed
-from jobs.worker.scheduler import StagePipeline, batches_left_in_run
+from jobs.worker.scheduler import StageScheduler, batches_left_in_run
 from padding import get_padder
 from tests.helpers import tiny_pipeline
 
@@ -67,12 +67,12 @@ def test_staged_denoise_and_decode_equal_the_pipeline_call(preset):
 
 
 def _run(engine, batches, overlap, stop=lambda: False):
-    return list(StagePipeline(engine, CaptureDispatcher(None, engine.cfg.bcg), overlap=overlap).run(batches, stop))
+    return list(StageScheduler(engine, CaptureDispatcher(None, engine.cfg.bcg), overlap=overlap).run(batches, stop))
 
 
 def test_overlapped_stages_give_the_serial_bytes_in_plan_order(sana):
     cfg, fam, pipe, padder = sana
-    engine = Engine(cfg, fam, pipe, padder, None, "cpu")
+    engine = Pipeline(cfg, fam, pipe, padder, None, "cpu")
     batches = [Batch(SIG, items(2, 0), 2), Batch(SIG, items(1, 2), 2), Batch(SIG, items(2, 3), 2)]
     serial = [engine.generate(b) for b in batches]
     overlapped = _run(engine, batches, overlap=True)  # a prefetch thread encodes ahead
@@ -85,7 +85,7 @@ def test_overlapped_stages_give_the_serial_bytes_in_plan_order(sana):
 
 def test_stop_starts_nothing_new_and_finishes_what_is_in_flight(sana):
     cfg, fam, pipe, padder = sana
-    engine = Engine(cfg, fam, pipe, padder, None, "cpu")
+    engine = Pipeline(cfg, fam, pipe, padder, None, "cpu")
     batches = [Batch(SIG, items(1, i), 1) for i in range(4)]
     asked = []
 
@@ -99,12 +99,12 @@ def test_stop_starts_nothing_new_and_finishes_what_is_in_flight(sana):
 
 def test_an_encode_failure_surfaces_after_the_batch_in_flight_is_handed_on(sana):
     cfg, fam, pipe, padder = sana
-    engine = Engine(cfg, fam, pipe, padder, None, "cpu")
+    engine = Pipeline(cfg, fam, pipe, padder, None, "cpu")
     too_short = Signature(height=64, width=64, text_bucket=2, steps=2, guidance_scale=4.5, cfg=True, dtype="float32")
     batches = [Batch(SIG, items(1, 0), 1), Batch(too_short, items(1, 1, too_short), 1), Batch(SIG, items(1, 2), 1)]
     got = []
     with pytest.raises(AssertionError, match="bucketed it at 2"):  # the plan and the pipeline disagree
-        for r in StagePipeline(engine, CaptureDispatcher(None, engine.cfg.bcg), overlap=True).run(batches, lambda: False):
+        for r in StageScheduler(engine, CaptureDispatcher(None, engine.cfg.bcg), overlap=True).run(batches, lambda: False):
             got.append(r.items[0].key)
     assert got == ["k0"]  # k0 was in flight: it is finished and handed on before the error surfaces
 
@@ -161,10 +161,10 @@ def test_a_batch_that_ran_alone_is_not_the_eager_measurement():
 
 def test_the_overlapped_pipeline_marks_only_its_first_batch_alone(sana):
     cfg, fam, pipe, padder = sana
-    engine = Engine(cfg, fam, pipe, padder, None, "cpu")
+    engine = Pipeline(cfg, fam, pipe, padder, None, "cpu")
     batches = [Batch(SIG, items(1, i), 1) for i in range(3)]
     for overlap, want in ((True, [True, False, False]), (False, [False, False, False])):
-        pipeline = StagePipeline(engine, CaptureDispatcher(None, engine.cfg.bcg), overlap=overlap)
+        pipeline = StageScheduler(engine, CaptureDispatcher(None, engine.cfg.bcg), overlap=overlap)
         seen, observe = [], pipeline._observe
         pipeline._observe = lambda sub, wait: (seen.append(sub.alone), observe(sub, wait))
         assert len(list(pipeline.run(batches, stop=lambda: False))) == 3

@@ -96,7 +96,6 @@ class ModelFamily:
         preset has trained weights; the others build seeded random ones."""
         from jobs.models import demo_weights
 
-        demo_weights.check_choice(cfg.tiny)
         if demo_weights.mode(cfg.tiny) == demo_weights.TRAINED:
             raise UserError(f"model.tiny.weights=trained: {cfg.name} has no trained weights (only sana_tiny does); "
                             f"use model.tiny.weights=random")
@@ -151,7 +150,7 @@ class ModelFamily:
         if cfg.path is None:
             from jobs.models.tiny import tiny_tokenizer
 
-            return tiny_tokenizer(cfg.tiny[self.tiny_tokenizer_key])
+            return tiny_tokenizer(getattr(cfg.tiny, self.tiny_tokenizer_key))
         from transformers import AutoTokenizer
 
         return AutoTokenizer.from_pretrained(os.path.join(cfg.path, self.tokenizer_folder), local_files_only=True)
@@ -160,7 +159,7 @@ class ModelFamily:
         """A component's config: the tiny preset's section, or the checkpoint's config.json (no weights)."""
         from jobs.models.checkpoint import component_config
 
-        return cfg.tiny[name] if cfg.path is None else component_config(cfg.path, name)
+        return getattr(cfg.tiny, name) if cfg.path is None else component_config(cfg.path, name)
 
     def text_lengths(self, tokenizer, prompts: Sequence[str], cfg: ModelConfig, instruction: bool) -> List[TextLength]:
         raise NotImplementedError

@@ -16,10 +16,11 @@ import hashlib
 import json
 from functools import lru_cache
 from pathlib import Path
-from typing import Dict
+from typing import Optional
 
 import torch
 
+from jobs.config import TinyConfig
 from jobs.errors import UserError
 
 DEMO_DIR = Path(__file__).resolve().parents[1] / "data" / "demo"
@@ -27,18 +28,12 @@ CONFIG = "config.json"
 FILES = {"transformer": "transformer.safetensors", "vae": "vae.safetensors"}
 TRAINED, RANDOM = "trained", "random"
 CHOICES = (TRAINED, RANDOM)
-#: the keys a SANA tiny section may hold (a typo such as `weigths` would otherwise be ignored)
+#: the sections a SANA tiny preset may set (another family's, such as `clip`, would be ignored)
 SANA_TINY_KEYS = ("seed", "weights", "text_encoder", "text_encoder_weights", "transformer", "vae", "scheduler")
 
 
-def mode(tiny: dict) -> str:
-    return str(tiny["weights"]) if "weights" in tiny else RANDOM
-
-
-def check_choice(tiny: dict) -> None:
-    if mode(tiny) not in CHOICES:
-        raise UserError(f"model.tiny.weights={tiny['weights']!r} is not allowed; choose one of: {', '.join(CHOICES)} "
-                        f"(trained: the demo weights in jobs/data/demo/; random: seeded random weights)")
+def mode(tiny: TinyConfig) -> str:
+    return str(tiny.weights) if tiny.weights is not None else RANDOM
 
 
 @lru_cache(maxsize=1)
@@ -61,19 +56,18 @@ def _differences(prefix: str, want, got) -> list:
     return [] if norm(want) == norm(got) else [f"{prefix}={got!r} (the trained weights have {want!r})"]
 
 
-def check_sana_tiny(tiny: dict) -> None:
-    """For SANA's tiny preset: known keys only, and with trained weights the trained architecture."""
-    unknown = sorted(set(tiny) - set(SANA_TINY_KEYS))
+def check_sana_tiny(tiny: TinyConfig) -> None:
+    """For SANA's tiny preset: its sections only, and with trained weights the trained architecture."""
+    unknown = sorted(set(tiny.identity()) - set(SANA_TINY_KEYS))
     if unknown:
         raise UserError(f"model.tiny.{unknown[0]} is not a key of a SANA tiny preset; known keys: "
                         f"{', '.join(SANA_TINY_KEYS)}. Remove it, or fix its spelling")
-    check_choice(tiny)
     if mode(tiny) != TRAINED:
         return
     trained = trained_config()
     diffs = []
     for component in FILES:
-        diffs += _differences(f"model.tiny.{component}", trained[component], dict(tiny[component]))
+        diffs += _differences(f"model.tiny.{component}", trained[component], dict(getattr(tiny, component)))
     if diffs:
         shown = "; ".join(diffs[:3]) + (f"; and {len(diffs) - 3} more" if len(diffs) > 3 else "")
         raise UserError(f"{shown}: the trained demo weights (jobs/data/demo/) fit only the architecture they were "
@@ -99,8 +93,8 @@ def digest() -> str:
     return h.hexdigest()
 
 
-def identity(tiny: Dict, path) -> dict:
+def identity(tiny: Optional[TinyConfig], path) -> dict:
     """The run-identity entry: the weight files' digest when a tiny preset loads trained weights."""
-    if path is not None or not tiny or mode(tiny) != TRAINED:
+    if path is not None or tiny is None or mode(tiny) != TRAINED:
         return {}
     return {"tiny_weights_sha256": digest()}

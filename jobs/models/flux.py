@@ -35,15 +35,15 @@ class FluxFamily(ModelFamily):
         from diffusers import AutoencoderKL, FluxPipeline, FluxTransformer2DModel
 
         tiny = cfg.tiny
-        torch.manual_seed(int(tiny["seed"]))
+        torch.manual_seed(int(tiny.seed))
         pipe = FluxPipeline(
-            transformer=FluxTransformer2DModel(**tiny["transformer"]),
-            vae=AutoencoderKL(**tiny["vae"]),
-            text_encoder=tiny_text_encoder(tiny["clip"]),
-            tokenizer=tiny_tokenizer(tiny["clip"]),
-            text_encoder_2=tiny_text_encoder(tiny["t5"]),
-            tokenizer_2=tiny_tokenizer(tiny["t5"]),
-            scheduler=build_scheduler(tiny["scheduler"]),
+            transformer=FluxTransformer2DModel(**tiny.transformer),
+            vae=AutoencoderKL(**tiny.vae),
+            text_encoder=tiny_text_encoder(tiny.clip),
+            tokenizer=tiny_tokenizer(tiny.clip),
+            text_encoder_2=tiny_text_encoder(tiny.t5),
+            tokenizer_2=tiny_tokenizer(tiny.t5),
+            scheduler=build_scheduler(tiny.scheduler),
         )
         return self.prepare(pipe if dtype == torch.float32 else pipe.to(dtype=dtype), cfg)
 

@@ -137,8 +137,8 @@ class GlmImageFamily(ModelFamily):
         from transformers.models.glm_image.image_processing_pil_glm_image import GlmImageImageProcessorPil
 
         tiny = cfg.tiny
-        torch.manual_seed(int(tiny["seed"]))
-        ar_spec = tiny["vision_language_encoder"]
+        torch.manual_seed(int(tiny.seed))
+        ar_spec = tiny.vision_language_encoder
         ar_tokenizer = tiny_tokenizer(ar_spec)
         config = transformers.GlmImageConfig(**dict(ar_spec["config"]),
                                              image_token_id=ar_tokenizer.convert_tokens_to_ids(ar_tokenizer.image_token))
@@ -146,11 +146,11 @@ class GlmImageFamily(ModelFamily):
             tokenizer=ByT5Tokenizer(),  # byte-level: the real glyph tokenizer, no vocabulary file
             processor=GlmImageProcessor(image_processor=GlmImageImageProcessorPil(), tokenizer=ar_tokenizer,
                                         chat_template=ar_spec["chat_template"]),
-            text_encoder=tiny_text_encoder(tiny["text_encoder"]),
+            text_encoder=tiny_text_encoder(tiny.text_encoder),
             vision_language_encoder=transformers.GlmImageForConditionalGeneration(config).eval(),
-            vae=AutoencoderKL(**tiny["vae"]),
-            transformer=GlmImageTransformer2DModel(**tiny["transformer"]),
-            scheduler=build_scheduler(tiny["scheduler"]),
+            vae=AutoencoderKL(**tiny.vae),
+            transformer=GlmImageTransformer2DModel(**tiny.transformer),
+            scheduler=build_scheduler(tiny.scheduler),
         )
         return self.prepare(pipe if dtype == torch.float32 else pipe.to(dtype=dtype), cfg)
 

@@ -72,14 +72,14 @@ class LongCatImageFamily(ModelFamily):
         from diffusers import AutoencoderKL, LongCatImagePipeline, LongCatImageTransformer2DModel
 
         tiny = cfg.tiny
-        torch.manual_seed(int(tiny["seed"]))
+        torch.manual_seed(int(tiny.seed))
         pipe = LongCatImagePipeline(
-            transformer=LongCatImageTransformer2DModel(**tiny["transformer"]),
-            vae=AutoencoderKL(**tiny["vae"]),
-            text_encoder=tiny_text_encoder(tiny["text_encoder"]),
-            tokenizer=tiny_tokenizer(tiny["text_encoder"]),
+            transformer=LongCatImageTransformer2DModel(**tiny.transformer),
+            vae=AutoencoderKL(**tiny.vae),
+            text_encoder=tiny_text_encoder(tiny.text_encoder),
+            tokenizer=tiny_tokenizer(tiny.text_encoder),
             text_processor=None,
-            scheduler=build_scheduler(tiny["scheduler"]),
+            scheduler=build_scheduler(tiny.scheduler),
         )
         return self.prepare(pipe if dtype == torch.float32 else pipe.to(dtype=dtype), cfg)
 

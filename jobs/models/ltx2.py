@@ -74,17 +74,17 @@ class LTX2Family(ModelFamily):
         from diffusers.pipelines.ltx2 import LTX2TextConnectors, LTX2Vocoder
 
         tiny = cfg.tiny
-        torch.manual_seed(int(tiny["seed"]))
+        torch.manual_seed(int(tiny.seed))
         pipe = LTX2Pipeline(
-            scheduler=build_scheduler(tiny["scheduler"]),
-            vae=AutoencoderKLLTX2Video(**tiny["vae"]),
-            audio_vae=AutoencoderKLLTX2Audio(**tiny["audio_vae"]),
-            text_encoder=tiny_text_encoder(tiny["text_encoder"]),
+            scheduler=build_scheduler(tiny.scheduler),
+            vae=AutoencoderKLLTX2Video(**tiny.vae),
+            audio_vae=AutoencoderKLLTX2Audio(**tiny.audio_vae),
+            text_encoder=tiny_text_encoder(tiny.text_encoder),
             # a fresh tokenizer: the pipeline sets padding_side="left" on the one it holds
-            tokenizer=tiny_tokenizer(tiny["text_encoder"]),
-            connectors=LTX2TextConnectors(**tiny["connectors"]),
-            transformer=LTX2VideoTransformer3DModel(**tiny["transformer"]),
-            vocoder=LTX2Vocoder(**tiny["vocoder"]),
+            tokenizer=tiny_tokenizer(tiny.text_encoder),
+            connectors=LTX2TextConnectors(**tiny.connectors),
+            transformer=LTX2VideoTransformer3DModel(**tiny.transformer),
+            vocoder=LTX2Vocoder(**tiny.vocoder),
         )
         return self.prepare(pipe if dtype == torch.float32 else pipe.to(dtype=dtype), cfg)
 

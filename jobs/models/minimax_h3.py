@@ -114,19 +114,19 @@ class MiniMaxH3Family(ModelFamily):
                                MiniMaxH3Transformer3DModel)
 
         tiny = cfg.tiny
-        torch.manual_seed(int(tiny["seed"]))
-        spec = dict(tiny["text_encoder"])
+        torch.manual_seed(int(tiny.seed))
+        spec = dict(tiny.text_encoder)
         tokenizer = tiny_tokenizer(spec)
         spec["config"] = dict(spec["config"], image_token_id=tokenizer.convert_tokens_to_ids("<|image_pad|>"),
                               video_token_id=tokenizer.convert_tokens_to_ids("<|video_pad|>"))
         pipe = self._assemble(
             text_encoder=tiny_text_encoder(spec),
             tokenizer=tokenizer,
-            transformer=MiniMaxH3Transformer3DModel(**tiny["transformer"]).eval(),
-            vae=AutoencoderKLMiniMaxH3(**tiny["vae"]).eval(),
-            audio_vae=AutoencoderKLMiniMaxH3Audio(**tiny["audio_vae"]).eval(),
-            scheduler=MiniMaxH3Scheduler(**tiny["scheduler"]),
-            audio_scheduler=MiniMaxH3Scheduler(**tiny["audio_scheduler"]),
+            transformer=MiniMaxH3Transformer3DModel(**tiny.transformer).eval(),
+            vae=AutoencoderKLMiniMaxH3(**tiny.vae).eval(),
+            audio_vae=AutoencoderKLMiniMaxH3Audio(**tiny.audio_vae).eval(),
+            scheduler=MiniMaxH3Scheduler(**tiny.scheduler),
+            audio_scheduler=MiniMaxH3Scheduler(**tiny.audio_scheduler),
         )
         if dtype != torch.float32:
             for name in ("transformer", "vae", "audio_vae", "text_encoder"):
@@ -172,7 +172,7 @@ class MiniMaxH3Family(ModelFamily):
 
     def load_tokenizer(self, cfg: ModelConfig):
         if cfg.path is None:
-            return tiny_tokenizer(cfg.tiny["text_encoder"])
+            return tiny_tokenizer(cfg.tiny.text_encoder)
         return super().load_tokenizer(cfg)
 
     # -- geometry --------------------------------------------------------------------------

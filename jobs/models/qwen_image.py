@@ -88,13 +88,13 @@ class QwenImageFamily(ModelFamily):
         from diffusers import AutoencoderKLQwenImage, QwenImagePipeline, QwenImageTransformer2DModel
 
         tiny = cfg.tiny
-        torch.manual_seed(int(tiny["seed"]))  # the same preset gives the same weights everywhere
+        torch.manual_seed(int(tiny.seed))  # the same preset gives the same weights everywhere
         pipe = QwenImagePipeline(
-            transformer=QwenImageTransformer2DModel(**tiny["transformer"]),
-            vae=AutoencoderKLQwenImage(**tiny["vae"]),
-            text_encoder=tiny_text_encoder(tiny["text_encoder"]),
-            tokenizer=tiny_tokenizer(tiny["text_encoder"]),
-            scheduler=build_scheduler(tiny["scheduler"]),
+            transformer=QwenImageTransformer2DModel(**tiny.transformer),
+            vae=AutoencoderKLQwenImage(**tiny.vae),
+            text_encoder=tiny_text_encoder(tiny.text_encoder),
+            tokenizer=tiny_tokenizer(tiny.text_encoder),
+            scheduler=build_scheduler(tiny.scheduler),
         )
         return self.prepare(pipe if dtype == torch.float32 else pipe.to(dtype=dtype), cfg)
 

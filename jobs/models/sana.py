@@ -32,17 +32,17 @@ class SanaFamily(ModelFamily):
 
         tiny = cfg.tiny
         self.check_tiny(cfg)
-        torch.manual_seed(int(tiny["seed"]))  # the same preset gives the same weights everywhere
-        transformer = SanaTransformer2DModel(**tiny["transformer"])
-        vae = AutoencoderDC(**tiny["vae"])
+        torch.manual_seed(int(tiny.seed))  # the same preset gives the same weights everywhere
+        transformer = SanaTransformer2DModel(**tiny.transformer)
+        vae = AutoencoderDC(**tiny.vae)
         if demo_weights.mode(tiny) == demo_weights.TRAINED:
             demo_weights.load("transformer", transformer)
             demo_weights.load("vae", vae)
-        scheduler = build_scheduler(tiny["scheduler"])
+        scheduler = build_scheduler(tiny.scheduler)
         pipe = SanaPipeline(
-            tokenizer=text_encoders.load_tokenizer(tiny["text_encoder"]),
+            tokenizer=text_encoders.load_tokenizer(tiny.text_encoder),
             text_encoder=text_encoders.load_text_encoder(
-                tiny["text_encoder"], tiny.get("text_encoder_weights", "pretrained"), int(tiny["seed"])),
+                tiny.text_encoder, tiny.text_encoder_weights or "pretrained", int(tiny.seed)),
             transformer=transformer,
             vae=vae,
             scheduler=scheduler,
@@ -55,7 +55,7 @@ class SanaFamily(ModelFamily):
 
     def load_tokenizer(self, cfg: ModelConfig):
         if cfg.path is None:  # the tiny preset names its encoder by a string (minilm or a folder)
-            return text_encoders.load_tokenizer(cfg.tiny["text_encoder"])
+            return text_encoders.load_tokenizer(cfg.tiny.text_encoder)
         return super().load_tokenizer(cfg)
 
     def spatial_divisor(self, cfg: ModelConfig) -> int:

@@ -38,19 +38,19 @@ class SanaVideoFamily(SanaFamily):
         from diffusers import AutoencoderKLWan, SanaVideoPipeline, SanaVideoTransformer3DModel
 
         tiny = cfg.tiny
-        torch.manual_seed(int(tiny["seed"]))
+        torch.manual_seed(int(tiny.seed))
         pipe = SanaVideoPipeline(
-            tokenizer=tiny_tokenizer(tiny["text_encoder"]),
-            text_encoder=tiny_text_encoder(tiny["text_encoder"]),
-            vae=AutoencoderKLWan(**tiny["vae"]),
-            transformer=SanaVideoTransformer3DModel(**tiny["transformer"]),
-            scheduler=build_scheduler(tiny["scheduler"]),
+            tokenizer=tiny_tokenizer(tiny.text_encoder),
+            text_encoder=tiny_text_encoder(tiny.text_encoder),
+            vae=AutoencoderKLWan(**tiny.vae),
+            transformer=SanaVideoTransformer3DModel(**tiny.transformer),
+            scheduler=build_scheduler(tiny.scheduler),
         )
         return self.prepare(pipe if dtype == torch.float32 else pipe.to(dtype=dtype), cfg)
 
     def load_tokenizer(self, cfg: ModelConfig):
         if cfg.path is None:  # the tiny preset's `text_encoder` section (a dict, unlike SANA's string)
-            return tiny_tokenizer(cfg.tiny["text_encoder"])
+            return tiny_tokenizer(cfg.tiny.text_encoder)
         return super().load_tokenizer(cfg)
 
     def spatial_divisor(self, cfg: ModelConfig) -> int:

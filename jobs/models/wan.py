@@ -76,13 +76,13 @@ class WanFamily(ModelFamily):
         from diffusers import AutoencoderKLWan, WanPipeline, WanTransformer3DModel
 
         tiny = cfg.tiny
-        torch.manual_seed(int(tiny["seed"]))
+        torch.manual_seed(int(tiny.seed))
         pipe = WanPipeline(
-            tokenizer=tiny_tokenizer(tiny["text_encoder"]),
-            text_encoder=tiny_text_encoder(tiny["text_encoder"]),
-            vae=AutoencoderKLWan(**tiny["vae"]),
-            scheduler=build_scheduler(tiny["scheduler"]),
-            transformer=WanTransformer3DModel(**tiny["transformer"]),
+            tokenizer=tiny_tokenizer(tiny.text_encoder),
+            text_encoder=tiny_text_encoder(tiny.text_encoder),
+            vae=AutoencoderKLWan(**tiny.vae),
+            scheduler=build_scheduler(tiny.scheduler),
+            transformer=WanTransformer3DModel(**tiny.transformer),
         )
         return self.prepare(pipe if dtype == torch.float32 else pipe.to(dtype=dtype), cfg)
 

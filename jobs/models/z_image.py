@@ -40,8 +40,8 @@ class ZImageFamily(ModelFamily):
         from diffusers import AutoencoderKL, ZImagePipeline, ZImageTransformer2DModel
 
         tiny = cfg.tiny
-        torch.manual_seed(int(tiny["seed"]))
-        transformer = ZImageTransformer2DModel(**tiny["transformer"])
+        torch.manual_seed(int(tiny.seed))
+        transformer = ZImageTransformer2DModel(**tiny.transformer)
         with torch.no_grad():
             # diffusers initialises the learned pad tokens to zero; a trained model's are not, and
             # zero pad tokens would make the tiny model kinder to padding than the real one.
@@ -49,10 +49,10 @@ class ZImageFamily(ModelFamily):
             transformer.cap_pad_token.normal_()
         pipe = ZImagePipeline(
             transformer=transformer,
-            vae=AutoencoderKL(**tiny["vae"]),
-            text_encoder=tiny_text_encoder(tiny["text_encoder"]),
-            tokenizer=tiny_tokenizer(tiny["text_encoder"]),
-            scheduler=build_scheduler(tiny["scheduler"]),
+            vae=AutoencoderKL(**tiny.vae),
+            text_encoder=tiny_text_encoder(tiny.text_encoder),
+            tokenizer=tiny_tokenizer(tiny.text_encoder),
+            scheduler=build_scheduler(tiny.scheduler),
         )
         return self.prepare(pipe if dtype == torch.float32 else pipe.to(dtype=dtype), cfg)
 

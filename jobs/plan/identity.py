@@ -33,7 +33,7 @@ def run_identity(cfg: GenerateConfig, digest: str, n_records: int) -> dict:
         del sampling["num_frames"], sampling["fps"]
     return {
         "dataset": {"digest": digest, "records": n_records},
-        "model": {"name": m.name, "family": m.family, "path": m.path, "dtype": m.dtype, "tiny": m.tiny,
+        "model": {"name": m.name, "family": m.family, "path": m.path, "dtype": m.dtype, "tiny": m.tiny.identity() if m.tiny is not None else {},
                   "max_sequence_length": m.max_sequence_length,
                   "complex_human_instruction": m.complex_human_instruction, **lora_identity(m.loras),
                   **demo_weights.identity(m.tiny, m.path)},

@@ -114,24 +114,24 @@ def grow(pool: Sequence[int], measure: Callable[[int], Optional[Probe]], steps: 
     return BatchPick(sizes=sizes + grown, grown=grown, probes=probes, reason=reason)
 
 
-# -- mechanism: probing with the real engine ----------------------------------------------------
+# -- mechanism: probing with the real pipeline -----------------------------------------------------
 def probe_batch(items: Sequence[Item], sig: Signature, size: int, steps: int) -> Batch:
     """A batch of `size` rows of this signature at `steps` steps: the real prompts, repeated as
     dummy rows are when there are fewer than `size`."""
     return Batch(signature=replace(sig, steps=steps), items=list(items[:size]), size=size)
 
 
-class EngineProber:
-    """Times `engine.generate` at n and n + 2 steps for a batch size, eager, and records peak memory;
+class PipelineProber:
+    """Times `pipeline.generate` at n and n + 2 steps for a batch size, eager, and records peak memory;
     n is the family's fewest steps (1, or MiniMax-H3's 2).
 
-    An out-of-memory denoise is split in halves by the engine (jobs/worker/pipeline.py) rather than raised:
+    An out-of-memory denoise is split in halves by the pipeline (jobs/worker/pipeline.py) rather than raised:
     the probe then reads slower per image, so the size is not taken either."""
 
-    def __init__(self, engine, items: Sequence[Item], sig: Signature):
-        self.engine, self.items, self.sig = engine, list(items), sig
-        self.cuda = engine.cuda
-        self.first = engine.family.min_steps
+    def __init__(self, pipeline, items: Sequence[Item], sig: Signature):
+        self.pipeline, self.items, self.sig = pipeline, list(items), sig
+        self.cuda = pipeline.cuda
+        self.first = pipeline.family.min_steps
 
     def __call__(self, size: int) -> Optional[Probe]:
         n = self.first
@@ -142,7 +142,7 @@ class EngineProber:
             ta, ma = self._run(size, n)
             tb, mb = self._run(size, n + 2)
         except torch.OutOfMemoryError:
-            self.engine.release_graphs()
+            self.pipeline.release_graphs()
             torch.cuda.empty_cache()
             log.info("batch sizing: batch %d ran out of memory", size)
             return None
@@ -154,25 +154,25 @@ class EngineProber:
         return p
 
     def _run(self, size: int, steps: int):
-        engine = self.engine
-        runner = engine.runner
+        pipeline = self.pipeline
+        runner = pipeline.runner
         declined = runner.counters.declined if runner is not None else 0
-        splits = engine.oom_splits
+        splits = pipeline.oom_splits
         if self.cuda:
-            torch.cuda.synchronize(engine.device)
-            torch.cuda.reset_peak_memory_stats(engine.device)
+            torch.cuda.synchronize(pipeline.device)
+            torch.cuda.reset_peak_memory_stats(pipeline.device)
         t0 = time.perf_counter()
         try:
             # Probes never capture, and their calls are not the job's: eager, uncounted.
-            engine.generate(probe_batch(self.items, self.sig, size, steps), Dispatch.EAGER)  # waits for the pixels
+            pipeline.generate(probe_batch(self.items, self.sig, size, steps), Dispatch.EAGER)  # waits for the pixels
         finally:
             if runner is not None:
                 runner.counters.declined = declined
-            if engine.oom_splits != splits:
+            if pipeline.oom_splits != splits:
                 log.info("batch sizing: batch %d ran out of memory and was split", size)
-            engine.oom_splits = splits  # the job's summary counts the job's splits only
+            pipeline.oom_splits = splits  # the job's summary counts the job's splits only
         ms = (time.perf_counter() - t0) * 1e3
-        peak = torch.cuda.max_memory_allocated(engine.device) if self.cuda else 0
+        peak = torch.cuda.max_memory_allocated(pipeline.device) if self.cuda else 0
         return ms, peak
 
 
@@ -212,7 +212,7 @@ def publish(plan_dir: Path, pick: BatchPick, on_published: Callable[[Path], None
 
 
 # -- the worker's entry: published pick, configured pool, or a measurement ------------------------
-def choose(cfg, manifest, plan_dir: Path, engine,
+def choose(cfg, manifest, plan_dir: Path, pipeline,
            on_published: Callable[[Path], None] = lambda path: None) -> BatchPick:
     """The batch sizes this worker cuts units with (see the module docstring); `on_published` as
     for `publish`."""
@@ -224,7 +224,7 @@ def choose(cfg, manifest, plan_dir: Path, engine,
     for u in manifest.units:
         counts[u.signature] = counts.get(u.signature, 0) + u.count
     limit = min(cfg.bcg.batch_grow_max, max(counts.values(), default=0))
-    if mode == "off" or (mode == "auto" and not engine.cuda):
+    if mode == "off" or (mode == "auto" and not pipeline.cuda):
         why = "bcg.batch_grow=off" if mode == "off" else "bcg.batch_grow=auto grows on CUDA only"
         return publish(plan_dir, BatchPick(sizes=pool, reason=why, source="configured"), on_published)
     if pool[-1] * 2 > limit:
@@ -237,8 +237,8 @@ def choose(cfg, manifest, plan_dir: Path, engine,
     pixels = lambda s: s.height * s.width * s.frames  # noqa: E731
     scale = max(pixels(s) for s in counts) / pixels(sig)
     t0 = time.perf_counter()
-    pick = grow(pool, EngineProber(engine, items, sig), sig.steps, limit, cfg.bcg.batch_grow_min_gain,
-                memory_fits(engine.device, cfg.bcg.batch_grow_memory_fraction, scale))
+    pick = grow(pool, PipelineProber(pipeline, items, sig), sig.steps, limit, cfg.bcg.batch_grow_min_gain,
+                memory_fits(pipeline.device, cfg.bcg.batch_grow_memory_fraction, scale))
     pick.signature, pick.seconds = str(sig), round(time.perf_counter() - t0, 2)
     log.info("batch sizing on %s took %.1fs: pool %s%s (%s)", sig, pick.seconds, pick.sizes,
              f", grown by {pick.grown}" if pick.grown else "", pick.reason)

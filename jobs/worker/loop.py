@@ -26,9 +26,9 @@ from jobs.worker.batch_sizer import choose as choose_batch_sizes
 from jobs.worker.dispatcher import CaptureDispatcher
 from jobs.worker.handoff import Handoff
 from jobs.worker.model import attach_runner, load_pipeline
-from jobs.worker.pipeline import Engine
+from jobs.worker.pipeline import Pipeline
 from jobs.worker.prepare import Prepared
-from jobs.worker.scheduler import StagePipeline
+from jobs.worker.scheduler import StageScheduler
 from jobs.worker.stop import StopFlag
 from sinks import SinkError
 
@@ -39,10 +39,10 @@ log = logging.getLogger("jobs.run")
 class Loaded:
     """The model side of a worker, ready to generate."""
 
-    engine: Engine
+    pipeline: Pipeline
     runner: Optional[GraphRunner]  # None with bcg.enabled=false
     dispatcher: CaptureDispatcher
-    stages: StagePipeline
+    stages: StageScheduler
 
 
 def generate_all(prep: Prepared, stats: JobStats, timer: StageTimer, stop: StopFlag) -> None:
@@ -90,17 +90,17 @@ def _load(prep: Prepared, stats: JobStats, timer: StageTimer) -> Loaded:
         pipe = load_pipeline(prep.family, cfg, prep.device)
         runner = attach_runner(prep.family, pipe, cfg)
     dispatcher = CaptureDispatcher(runner, cfg.bcg)
-    engine = Engine(cfg, prep.family, pipe, prep.padder, runner, prep.device, gpu_lock=dispatcher.lock)
+    pipeline = Pipeline(cfg, prep.family, pipe, prep.padder, runner, prep.device, gpu_lock=dispatcher.lock)
     with timer("batch_sizing"):
-        pick = choose_batch_sizes(cfg, prep.manifest, prep.output_dir / PLAN_DIR, engine,
+        pick = choose_batch_sizes(cfg, prep.manifest, prep.output_dir / PLAN_DIR, pipeline,
                                   on_published=prep.sink.shards.on_plan_file)
     prep.plan.settings.batch_sizes = pick.sizes
     dispatcher.set_pool(pick.sizes)
     stats.batching = pick.to_json()
     overlap = cfg.job.overlap if cfg.job.overlap is not None else prep.device.type == "cuda"
     stats.overlap = overlap
-    stages = StagePipeline(engine, dispatcher, overlap=overlap)
-    return Loaded(engine=engine, runner=runner, dispatcher=dispatcher, stages=stages)
+    stages = StageScheduler(pipeline, dispatcher, overlap=overlap)
+    return Loaded(pipeline=pipeline, runner=runner, dispatcher=dispatcher, stages=stages)
 
 
 def _watch(prep: Prepared) -> Watch:
@@ -139,7 +139,7 @@ def _commit_what_is_complete(prep: Prepared) -> None:
 
 def _record(stats: JobStats, loaded: Loaded, watch: Watch, prep: Prepared) -> None:
     runner = loaded.runner
-    stats.oom_splits = loaded.engine.oom_splits
+    stats.oom_splits = loaded.pipeline.oom_splits
     stats.graph = runner.stats() if runner else {}
     stats.gpu_stage_ms = {k: round(v, 1) for k, v in loaded.stages.stage_ms.items()}
     stats.capture_policy = loaded.dispatcher.report()

@@ -1,4 +1,5 @@
-"""The engine: one loaded pipeline, its padder and its graph runner, run as three stages per batch.
+"""The worker's pipeline: one loaded diffusers pipeline, its padder and its graph runner, run as three
+stages per batch.
 
     encode(batch)   prompts -> padded text embeddings      any thread; the encode stream
                     (+ a family's per-row inputs, e.g. GLM-Image's AR prior)
@@ -124,7 +125,7 @@ class StageClock:
         return {k: round(self.ms(k, wait=True), 3) for k in self._marks}
 
 
-class Engine:
+class Pipeline:
     def __init__(self, cfg: GenerateConfig, family: ModelFamily, pipe, padder: Padder,
                  runner: Optional[GraphRunner], device, gpu_lock: Optional[threading.RLock] = None):
         self.cfg, self.family, self.pipe, self.padder, self.runner = cfg, family, pipe, padder, runner
@@ -142,7 +143,7 @@ class Engine:
             self.runner.release_all()
 
     def _stream(self, stream) -> contextlib.AbstractContextManager:
-        """Work on `stream`, on this engine's device (a prefetch thread starts on device 0)."""
+        """Work on `stream`, on this pipeline's device (a prefetch thread starts on device 0)."""
         if not self.cuda:
             return contextlib.nullcontext()
         stack = contextlib.ExitStack()

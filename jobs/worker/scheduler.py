@@ -21,12 +21,12 @@ import logging
 import queue
 import threading
 from collections import deque
-from typing import Callable, Deque, Iterator, List, Optional, Sequence
+from typing import Callable, Deque, Iterator, List, Sequence
 
 from bcg import Dispatch
 from jobs.plan import Batch
 from jobs.worker.dispatcher import CaptureDispatcher
-from jobs.worker.pipeline import BatchResult, Engine, Submitted
+from jobs.worker.pipeline import BatchResult, Pipeline, Submitted
 
 log = logging.getLogger(__name__)
 
@@ -49,18 +49,18 @@ def batches_left_in_run(batches: Sequence[Batch]) -> List[int]:
 class Prefetcher:
     """Encodes batches ahead on a thread; errors surface in the consumer, in order."""
 
-    def __init__(self, engine: Engine, batches: Sequence[Batch], depth: int):
+    def __init__(self, pipeline: Pipeline, batches: Sequence[Batch], depth: int):
         self._q: queue.Queue = queue.Queue(maxsize=max(1, depth))
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._work, args=(engine, batches), name="bcgen-encode", daemon=True)
+        self._thread = threading.Thread(target=self._work, args=(pipeline, batches), name="bcgen-encode", daemon=True)
         self._thread.start()
 
-    def _work(self, engine: Engine, batches: Sequence[Batch]) -> None:
+    def _work(self, pipeline: Pipeline, batches: Sequence[Batch]) -> None:
         try:
             for b in batches:
                 if self._stop.is_set():
                     return
-                self._put((b, engine.encode(b)))
+                self._put((b, pipeline.encode(b)))
         except BaseException as e:  # noqa: BLE001 - re-raised in the consumer's thread
             self._put(e)
             return
@@ -88,14 +88,14 @@ class Prefetcher:
         self._thread.join()
 
 
-def inline(engine: Engine, batches: Sequence[Batch]):
+def inline(pipeline: Pipeline, batches: Sequence[Batch]):
     for b in batches:
-        yield b, engine.encode(b)
+        yield b, pipeline.encode(b)
 
 
-class StagePipeline:
-    def __init__(self, engine: Engine, dispatcher: CaptureDispatcher, overlap: bool, depth: int = 1):
-        self.engine, self.dispatcher, self.overlap = engine, dispatcher, overlap
+class StageScheduler:
+    def __init__(self, pipeline: Pipeline, dispatcher: CaptureDispatcher, overlap: bool, depth: int = 1):
+        self.pipeline, self.dispatcher, self.overlap = pipeline, dispatcher, overlap
         self.depth = depth if overlap else 0  # batches in flight beyond the one just submitted
         self.stage_ms: dict = {}
 
@@ -104,7 +104,7 @@ class StagePipeline:
         starts, and the batches in flight are finished and yielded (their work is done)."""
         left = batches_left_in_run(batches)
         index = {id(b): i for i, b in enumerate(batches)}
-        source = Prefetcher(self.engine, batches, depth=2) if self.overlap else inline(self.engine, batches)
+        source = Prefetcher(self.pipeline, batches, depth=2) if self.overlap else inline(self.pipeline, batches)
         flight: Deque[Submitted] = deque()
         current, error = None, None
         try:
@@ -141,7 +141,7 @@ class StagePipeline:
 
     def _submit(self, batch: Batch, enc, dispatch: Dispatch) -> Submitted:
         before = self.dispatcher.capture_seconds()
-        sub = self.engine.submit(batch, enc, dispatch)
+        sub = self.pipeline.submit(batch, enc, dispatch)
         spent = self.dispatcher.capture_seconds() - before
         if spent > 0:
             self.dispatcher.captured((batch.signature, batch.size), batch.signature.steps, spent)
@@ -165,7 +165,7 @@ class StagePipeline:
         self.dispatcher.observed((sub.batch.signature, sub.batch_size), sub.mode, ms, sub.alone)
 
     def _collect(self, sub: Submitted) -> BatchResult:
-        result = self.engine.collect(sub)
+        result = self.pipeline.collect(sub)
         self._observe(sub, wait=True)
         for k, v in result.stage_ms.items():
             self.stage_ms[k] = self.stage_ms.get(k, 0.0) + v

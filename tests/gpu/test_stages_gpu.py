@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from jobs.worker.dispatcher import CaptureDispatcher
-from jobs.worker.pipeline import Engine
+from jobs.worker.pipeline import Pipeline
 from jobs.worker.pixels import to_uint8, to_uint8_torch
 from jobs.plan import Batch
-from jobs.worker.scheduler import StagePipeline
+from jobs.worker.scheduler import StageScheduler
 from padding import get_padder
 from tests.gpu.test_job_gpu import encoder_overrides
 from tests.helpers import tiny_pipeline
@@ -36,10 +36,10 @@ def test_overlapped_stages_equal_the_serial_engine_on_cuda():
     cfg, fam, pipe = tiny_pipeline("sana_tiny", *encoder_overrides())
     pipe = pipe.to("cuda")
     padder = get_padder("sana", buckets=cfg.text_buckets, native_length=cfg.model.max_sequence_length)
-    engine = Engine(cfg, fam, pipe, padder, None, torch.device("cuda"))
+    engine = Pipeline(cfg, fam, pipe, padder, None, torch.device("cuda"))
     batches = [Batch(SIG, items(4, 4 * i), 4) for i in range(5)] + [Batch(SIG, items(1, 20), 2)]
     serial = [engine.generate(b) for b in batches]
-    overlapped = list(StagePipeline(engine, CaptureDispatcher(None, engine.cfg.bcg), overlap=True).run(batches, lambda: False))
+    overlapped = list(StageScheduler(engine, CaptureDispatcher(None, engine.cfg.bcg), overlap=True).run(batches, lambda: False))
     assert [r.items for r in overlapped] == [b.items for b in batches]
     for a, b in zip(serial, overlapped):
         assert all(np.array_equal(x, y) for x, y in zip(a.images, b.images))
