@@ -15,7 +15,15 @@ from __future__ import annotations
 EXIT_USAGE = 2  # a UserError: one message, no traceback
 EXIT_INTERRUPTED = 130  # Ctrl-C: complete samples committed; rerun to resume
 EXIT_PREEMPTED = 143  # 128 + SIGTERM: not complete; rerun (or requeue) to resume
+EXIT_TEMPFAIL = 75  # sysexits' EX_TEMPFAIL: the environment failed (disk full, read-only, a lost lease); rerun later
 
 
 class UserError(ValueError):
     """Bad config, data or environment; the message says where, what, and how to fix it."""
+
+
+class EnvironmentFailure(UserError):
+    """The environment failed under a running job (disk full, a read-only folder, a lease taken over):
+    nothing committed is damaged, and the same command resumes once it is fixed. Exit 75."""
+
+    exit_code = EXIT_TEMPFAIL

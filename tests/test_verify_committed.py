@@ -90,7 +90,7 @@ def test_rerun_quarantines_both_and_generates_their_keys_again(chain):
     assert "shard shard-u0000000-0000.tar does not match what was committed (sha256 differs" in text
     assert "shard shard-u0000000-0001.tar does not match what was committed (" in text
     assert re.search(r"7 members, manifest lists 9: missing (k\d+)\.json, \1\.txt\)", text)
-    assert "resume: 2 committed shard(s) no longer match their manifests" in text
+    assert "resume: 1 of 1 done unit(s) no longer held what they committed and were reopened (0); 2 shard(s) moved" in text
     assert shard_keys(out) == Counter({r["key"]: 1 for r in chain["rows"]})
     # The untouched shard keeps its bytes; the regenerated keys are in new shards.
     after = shard_bytes(out)

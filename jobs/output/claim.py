@@ -83,6 +83,14 @@ def _claim_locked(output_dir: Path, identity: dict, overwrite: bool, shard_glob:
     return publish_once(run_file, (json.dumps(identity, indent=2, sort_keys=True, default=str) + "\n").encode())
 
 
+def run_id(output_dir: Path) -> str:
+    """The run's id: a digest of its run.json, which every manifest it commits carries
+    (sinks/owned_scan.py adopts only its own run's shards)."""
+    import hashlib
+
+    return hashlib.sha256((output_dir / RUN_FILE).read_bytes()).hexdigest()[:16]
+
+
 def publish_once(path: Path, data: bytes) -> bool:
     """Write `path` only if no one has: False when another claimer published it first."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # per process: racing claimers never share it

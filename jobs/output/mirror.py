@@ -27,7 +27,7 @@ import logging
 import os
 import shutil
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 from jobs.errors import UserError
 from jobs.kill_hook import KILL_AT_ENV, kill_hook
@@ -38,6 +38,9 @@ from jobs.output.schema import ITEM_SPEC
 from jobs.output.storage import Output, check_shared_staging, resolve
 from sinks.atomic import atomic_write_bytes
 from sinks.manifest import ShardRecord, scan_output
+from sinks.names import MANIFEST_DIR
+from sinks.owned_scan import Ownership, scan_owned
+from sinks.tar_check import file_stamp
 from sinks.quarantine import append_log
 from sinks.remote import Remote, describe_error, drop_payload
 from sinks.sidecars import MetaSpec
@@ -59,9 +62,27 @@ class LocalShards:
         """output_dir as the user named it (for logs and summary.json)."""
         return str(self.output_dir)
 
-    def scan(self, tar_glob: str, verify: str) -> Tuple[List[ShardRecord], List[dict]]:
-        result = scan_output(self.output_dir, tar_glob, verify, self.spec)
+    def scan(self, tar_glob: str, verify: str, owner: Optional[Ownership] = None) -> Tuple[List[ShardRecord], List[dict]]:
+        """The committed shards matching `tar_glob`: with an `owner` (a leased unit), only its own run's
+        (sinks/owned_scan.py); anything that differs from what was committed goes to _quarantine/."""
+        if owner is None:
+            result = scan_output(self.output_dir, tar_glob, verify, self.spec)
+        else:
+            result = scan_owned(self.output_dir, tar_glob, verify, self.spec, owner)
         return result.records, result.quarantined
+
+    def facts(self) -> Tuple[Dict[str, Tuple[int, str]], Set[str]]:
+        """({file name: (size, stamp)} of every shard file, {names of the shards with a manifest}):
+        one listing of output_dir and one stat a file, what the resume check of done units reads."""
+        files = {}
+        with os.scandir(self.output_dir) as entries:
+            for e in entries:
+                if e.name.startswith("shard-") and e.is_file(follow_symlinks=False):
+                    st = e.stat(follow_symlinks=False)
+                    files[e.name] = (st.st_size, file_stamp(st))
+        manifest_dir = self.output_dir / MANIFEST_DIR
+        manifests = {n[: -len(".json")] for n in os.listdir(manifest_dir)} if manifest_dir.is_dir() else set()
+        return files, manifests
 
     def on_commit(self, record: ShardRecord) -> None:
         pass
@@ -209,12 +230,15 @@ class Mirror(LocalShards):
 
     # -- shards and units --------------------------------------------------------------------
 
-    def scan(self, tar_glob: str, verify: str) -> Tuple[List[ShardRecord], List[dict]]:
+    def scan(self, tar_glob: str, verify: str, owner: Optional[Ownership] = None) -> Tuple[List[ShardRecord], List[dict]]:
         """The unit's committed shards: the remote's, plus those committed here by a worker killed
         before (or while) it uploaded them, uploaded now unless the remote already has their name
         or keys (then they are stale: another staging folder generated those samples meanwhile)."""
-        local = scan_output(self.output_dir, tar_glob, verify, self.spec)
-        records, quarantined = self.remote.scan(tar_glob, verify, self.output_dir)
+        if owner is None:
+            local = scan_output(self.output_dir, tar_glob, verify, self.spec)
+        else:
+            local = scan_owned(self.output_dir, tar_glob, verify, self.spec, owner, staged=True)
+        records, quarantined = self.remote.scan(tar_glob, verify, self.output_dir, owner)
         for entry in quarantined:
             append_log(self.output_dir, entry)
         names = {r.url: r for r in records}
@@ -232,6 +256,12 @@ class Mirror(LocalShards):
             records.append(record)
             keys.update(record.keys)
         return sorted(records, key=lambda r: r.url), local.quarantined + quarantined
+
+    def facts(self) -> Tuple[Dict[str, Tuple[int, str]], Set[str]]:
+        """As LocalShards.facts, from the bucket: one listing of its shards and one of its manifests."""
+        files = self.remote.listing("", "shard-*")
+        manifests = {n.rsplit("/", 1)[-1][: -len(".json")] for n in self.remote.listing(MANIFEST_DIR, "shard-*.json")}
+        return files, manifests
 
     def fetch_unit(self, unit_file: Path) -> None:
         if not unit_file.exists():

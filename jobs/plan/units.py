@@ -85,6 +85,13 @@ def write_manifest(plan_dir: Path, manifest: PlanManifest) -> None:
     atomic_write_bytes(plan_dir / PLAN_FILE, (json.dumps(manifest.to_json(), indent=1) + "\n").encode())
 
 
+def read_unit_keys(plan_dir: Path, info: UnitInfo) -> List[str]:
+    """The keys of a unit, in plan order (what its shards may hold)."""
+    import pyarrow.parquet as pq
+
+    return pq.read_table(plan_dir / f"{unit_name(info.id)}.parquet", columns=["key"]).column("key").to_pylist()
+
+
 def read_unit(plan_dir: Path, info: UnitInfo, source_label: str, dtype: str) -> List[Item]:
     """A unit's items, in plan order. Memory: one unit."""
     import pyarrow.parquet as pq

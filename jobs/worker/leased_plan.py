@@ -28,6 +28,7 @@ from jobs.plan.units import PlanManifest, UnitInfo, read_unit
 from jobs.worker.lease import Leaser
 from jobs.worker.stop import StopFlag
 from jobs.worker.unit_sink import UnitSink
+from sinks.owned_scan import Ownership
 
 log = logging.getLogger("jobs.run")
 
@@ -99,7 +100,8 @@ class LeasedPlan:
         items = read_unit(self.plan_dir, info, self.manifest.dataset["path"], self.settings.dtype)
         # Ours to check and clean: we hold its lease. A shard that no longer matches its manifest is
         # quarantined by the scan, and its samples are generated again.
-        prior, _ = self.sink.shards.scan(unit_shard_glob(info.id), self.settings.verify)
+        owner = Ownership(self.sink.run, frozenset(it.key for it in items))  # adopt only this run's, of these keys
+        prior, _ = self.sink.shards.scan(unit_shard_glob(info.id), self.settings.verify, owner)
         committed = {k for r in prior for k in r.keys}
         todo = [it for it in items if it.key not in committed]
         self.leased.append(info.id)
