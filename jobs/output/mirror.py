@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Dict, List, Optional, Set, Tuple
 
@@ -71,18 +72,28 @@ class LocalShards:
             result = scan_owned(self.output_dir, tar_glob, verify, self.spec, owner)
         return result.records, result.quarantined
 
-    def facts(self) -> Tuple[Dict[str, Tuple[int, str]], Set[str]]:
-        """({file name: (size, stamp)} of every shard file, {names of the shards with a manifest}):
-        one listing of output_dir and one stat a file, what the resume check of done units reads."""
+    def facts(self) -> Dict[str, Tuple[int, str]]:
+        """{name: (size, stamp)} of every shard file and manifest (`_manifest/NAME.json`): one listing
+        of output_dir and of its manifests and one stat a file, what the resume check of done units reads."""
         files = {}
-        with os.scandir(self.output_dir) as entries:
-            for e in entries:
-                if e.name.startswith("shard-") and e.is_file(follow_symlinks=False):
-                    st = e.stat(follow_symlinks=False)
-                    files[e.name] = (st.st_size, file_stamp(st))
-        manifest_dir = self.output_dir / MANIFEST_DIR
-        manifests = {n[: -len(".json")] for n in os.listdir(manifest_dir)} if manifest_dir.is_dir() else set()
-        return files, manifests
+        for folder, prefix in ((self.output_dir, ""), (self.output_dir / MANIFEST_DIR, f"{MANIFEST_DIR}/")):
+            if not folder.is_dir():
+                continue
+            with os.scandir(folder) as entries:
+                for e in entries:
+                    if e.name.startswith("shard-") and e.is_file(follow_symlinks=False):
+                        st = e.stat(follow_symlinks=False)
+                        files[prefix + e.name] = (st.st_size, file_stamp(st))
+        return files
+
+    def with_manifest_stamps(self, records: List[ShardRecord]) -> List[ShardRecord]:
+        """The records as a done marker lists them: with the stamp of each one's manifest too."""
+        out = []
+        for r in records:
+            name = f"{MANIFEST_DIR}/{r.url}.json"
+            st = os.stat(self.output_dir / name)
+            out.append(replace(r, stamps={**r.stamps, name: file_stamp(st)}))
+        return out
 
     def on_commit(self, record: ShardRecord) -> None:
         pass
@@ -257,11 +268,17 @@ class Mirror(LocalShards):
             keys.update(record.keys)
         return sorted(records, key=lambda r: r.url), local.quarantined + quarantined
 
-    def facts(self) -> Tuple[Dict[str, Tuple[int, str]], Set[str]]:
+    def facts(self) -> Dict[str, Tuple[int, str]]:
         """As LocalShards.facts, from the bucket: one listing of its shards and one of its manifests."""
-        files = self.remote.listing("", "shard-*")
-        manifests = {n.rsplit("/", 1)[-1][: -len(".json")] for n in self.remote.listing(MANIFEST_DIR, "shard-*.json")}
-        return files, manifests
+        return {**self.remote.listing("", "shard-*"), **self.remote.listing(MANIFEST_DIR, "shard-*.json")}
+
+    def with_manifest_stamps(self, records: List[ShardRecord]) -> List[ShardRecord]:
+        listed = self.remote.listing(MANIFEST_DIR, "shard-*.json")
+        out = []
+        for r in records:
+            name = f"{MANIFEST_DIR}/{r.url}.json"
+            out.append(replace(r, stamps={**r.stamps, name: listed[name][1]} if name in listed else r.stamps))
+        return out
 
     def fetch_unit(self, unit_file: Path) -> None:
         if not unit_file.exists():

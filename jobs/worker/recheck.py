@@ -21,21 +21,22 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, List, Set, Tuple
 
-from jobs.output.done import done_path, done_units
+from jobs.output.done import done_path, done_units, mark_done
 from jobs.output.layout import unit_name, unit_shard_glob
 from jobs.output.mirror import LocalShards
 from jobs.plan.units import PlanManifest, read_unit_keys
 from jobs.worker.lease import Leaser
 from sinks.manifest import ShardRecord
+from sinks.names import MANIFEST_DIR
 from sinks.owned_scan import Ownership
 
 log = logging.getLogger("jobs.run")
 
-Facts = Tuple[Dict[str, Tuple[int, str]], Set[str]]
+Facts = Dict[str, Tuple[int, str]]  # {name: (size, stamp)} of shard files and `_manifest/NAME.json`
 
 
 @dataclass
@@ -55,21 +56,27 @@ def marker_records(plan_dir: Path, unit: int) -> List[ShardRecord] | None:
         return None
 
 
-def stat_problems(records: List[ShardRecord], facts: Facts) -> Tuple[List[str], bool]:
+def stat_problems(records: List[ShardRecord], facts: Facts, unit: int) -> Tuple[List[str], bool]:
     """(what differs, whether only a stamp moved: then sha256 decides)."""
-    files, manifests = facts
     problems, moved = [], False
     for r in records:
-        if r.url not in manifests:
+        manifest = f"{MANIFEST_DIR}/{r.url}.json"
+        if manifest not in facts:
             problems.append(f"{r.url}: its manifest is missing")
         for name, size in [(r.url, r.filesize)] + [(s[0], s[1]) for s in r.sidecars]:
-            found = files.get(name)
+            found = facts.get(name)
             if found is None:
                 problems.append(f"{name} is missing")
             elif found[0] != size:
                 problems.append(f"{name}: {found[0]} bytes, committed {size}")
-            elif r.stamps.get(name) not in (None, found[1]):
+        for name, stamp in r.stamps.items():
+            if name in facts and facts[name][1] != stamp:
                 moved = True
+    head = f"{MANIFEST_DIR}/shard-u{unit:07d}-"
+    extra = [n for n in facts if n.startswith(head) and n[len(MANIFEST_DIR) + 1: -len(".json")] not in
+             {r.url for r in records}]
+    if extra:
+        problems.append(f"{extra[0]}: a manifest its done marker does not list")
     return problems, moved and not problems
 
 
@@ -90,7 +97,7 @@ def recheck_done_units(manifest: PlanManifest, plan_dir: Path, shards: LocalShar
         if records is None:
             level, why = "members", "its done marker is unreadable"
         else:
-            problems, moved = stat_problems(records, facts)
+            problems, moved = stat_problems(records, facts, unit)
             if not problems and not moved and not full:
                 continue
             level = "full" if (moved or full) else "members"
@@ -112,12 +119,24 @@ def _reopen_if_damaged(unit: int, records, why: str, level: str, manifest: PlanM
         kept, moved = shards.scan(unit_shard_glob(unit), level, Ownership(run, frozenset(keys)))
         out.quarantined += moved
         listed = {r.url for r in records} if records is not None else None
+        marker = done_path(plan_dir, unit)
         if moved or listed is None or not listed <= {r.url for r in kept}:
-            marker = done_path(plan_dir, unit)
             marker.unlink(missing_ok=True)
             shards.on_reopen(marker)
             out.reopened.append(unit)
             log.warning("resume: done unit %d no longer holds what it committed (%s): reopened, its missing samples "
                         "are generated again", unit, why)
+        elif _facts_of(shards.with_manifest_stamps(kept)) != _facts_of(records):
+            # the shards are whole and the marker says otherwise: the marker is what changed
+            marker.unlink(missing_ok=True)
+            mark_done(plan_dir, unit, shards.with_manifest_stamps(kept), leaser.owner)
+            shards.on_done(marker)
+            log.warning("resume: done unit %d: its marker did not list its shards as committed (%s); rewritten from "
+                        "their manifests", unit, why)
     finally:
         leaser.release(unit)
+
+
+def _facts_of(records: List[ShardRecord]) -> List[dict]:
+    """What a done marker says of its shards (it leaves the keys to the manifests)."""
+    return sorted(({k: v for k, v in asdict(r).items() if k != "keys"} for r in records), key=lambda d: d["url"])

@@ -109,6 +109,7 @@ class UnitSink:
             self._mark(unit, u.prior + records)
 
     def _mark(self, unit: int, records: List[ShardRecord]) -> None:
+        records = self.shards.with_manifest_stamps(records)  # the resume check then sees a manifest rewritten
         if mark_done(self.plan_dir, unit, records, self.owner):
             self.shards.on_done(done_path(self.plan_dir, unit))
         self.units_done.append(unit)

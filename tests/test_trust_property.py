@@ -1,0 +1,80 @@
+"""Property: random damage to a finished output, then ONE plain rerun, leaves an output that
+`jobs.verify` calls clean, with every key of the dataset exactly once in the indexed shards.
+
+Damage (tests/trust_damage.py): truncate, delete or flip a bit of one of the run's files (a tar, a
+parquet, a stats file, a manifest, a done marker, the index, run.json), copy a shard to a free
+name of its unit (with or without its manifest), or drop another run's shard there (with or
+without its manifest). One tiny finished output is made once and copied per trial (mtimes kept,
+as `cp -p` or rsync -t would); the rerun is the job itself, in this process.
+
+The default suite runs a seeded subset; BCGEN_TRUST_TRIALS=200 runs the issue's 200 (README).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from jobs.errors import UserError
+from jobs.output.audit import verify_output
+from tests.helpers import compose_cfg, prompts, write_jsonl
+from tests.trust_damage import LocalFiles, apply
+
+TRIALS = int(os.environ.get("BCGEN_TRUST_TRIALS", "10"))
+FAST = ["sampling.steps=2", "sampling.height=64", "sampling.width=64", "job.progress=false", "bcg.batch_sizes=[2]",
+        "sink.maxcount=2", "plan.unit_items=4", "device=cpu"]
+
+
+def run_job(args) -> int:
+    """The job as `python -m jobs.generate ARGS` runs it, in this process (exit code)."""
+    from jobs.generate import main_typed
+
+    try:
+        return main_typed(compose_cfg(args))
+    except UserError:
+        return 2
+
+
+def indexed_keys(out: Path) -> Counter:
+    """Every key of the shards the index lists, read back with webdataset."""
+    import webdataset as wds
+
+    urls = [str(out / s["url"]) for s in json.loads((out / "index.wids.json").read_text())["shardlist"]]
+    return Counter(json.loads(s["json"])["key"] for s in wds.WebDataset(urls, shardshuffle=False, empty_check=False))
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    import torch
+
+    torch.set_num_threads(1)
+    tmp = tmp_path_factory.mktemp("trust")
+    rows = prompts(8)
+    data = write_jsonl(tmp / "prompts.jsonl", rows)
+    out = tmp / "template"
+    args = [f"dataset.path={data}", f"output_dir={out}", *FAST]
+    assert run_job(args) == 0
+    other = tmp / "other"
+    odata = write_jsonl(tmp / "other.jsonl", [{"key": f"x{i}", "prompt": f"another {i}"} for i in range(2)])
+    assert run_job([f"dataset.path={odata}", f"output_dir={other}", *FAST]) == 0
+    first = sorted(other.glob("shard-*.tar"))[0]
+    foreign = {"tar": first.read_bytes(), "manifest": (other / "_manifest" / f"{first.name}.json").read_bytes()}
+    assert verify_output(out).problems == []
+    return {"rows": rows, "data": data, "out": out, "foreign": foreign, "tmp": tmp}
+
+
+@pytest.mark.parametrize("seed", range(TRIALS))
+def test_one_plain_rerun_repairs_random_damage(finished, tmp_path, seed):
+    out = tmp_path / "out"
+    shutil.copytree(finished["out"], out)  # copy2: mtimes kept, as a restore with -p keeps them
+    what = apply(LocalFiles(out), seed, finished["foreign"])
+    code = run_job([f"dataset.path={finished['data']}", f"output_dir={out}", *FAST])
+    assert code == 0, what
+    report = verify_output(out)
+    assert report.problems == [], f"{what}: {report.problems}"
+    assert indexed_keys(out) == Counter(r["key"] for r in finished["rows"]), what
