@@ -20,9 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from jobs.errors import UserError
 from jobs.output.audit import verify_output
-from tests.helpers import compose_cfg, prompts, write_jsonl
+from tests.helpers import prompts, write_jsonl
 from tests.trust_damage import LocalFiles, apply
 
 TRIALS = int(os.environ.get("BCGEN_TRUST_TRIALS", "10"))
@@ -31,13 +30,18 @@ FAST = ["sampling.steps=2", "sampling.height=64", "sampling.width=64", "job.prog
 
 
 def run_job(args) -> int:
-    """The job as `python -m jobs.generate ARGS` runs it, in this process (exit code)."""
-    from jobs.generate import main_typed
+    """The job as `python -m jobs.generate ARGS` runs it, in this process: its front door (one
+    message and exit 2 or 75 for a user or environment error), its exit code."""
+    from hydra import compose, initialize_config_dir
 
-    try:
-        return main_typed(compose_cfg(args))
-    except UserError:
-        return 2
+    from jobs.config import register_configs
+    from jobs.generate import run_from_dict
+    from tests.helpers import CONF_DIR
+
+    register_configs()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        raw = compose("generate", overrides=list(args))
+    return run_from_dict(raw)
 
 
 def indexed_keys(out: Path) -> Counter:

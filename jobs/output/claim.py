@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import List
 
 from jobs.errors import UserError
-from jobs.output.layout import LOCK_DIR, PLAN_DIR, PLAN_FILE, RUN_DIRS, RUN_FILE, RUN_FILES, SHARD_GLOB
+from jobs.output.layout import LOCK_DIR, LOG_DIR, PLAN_DIR, PLAN_FILE, RUN_DIRS, RUN_FILE, RUN_FILES, SHARD_GLOB
 from jobs.output.leases import live_leases
 from sinks.atomic import atomic_write_bytes, fsync_dir, write_synced
 from sinks.sidecars import sidecar_globs
@@ -187,7 +187,20 @@ def dir_lock(output_dir: Path, name: str):
         os.close(fd)
 
 
+def check_not_inside_a_run(output_dir: Path) -> None:
+    """Refuse an output_dir inside another run's bookkeeping (`OTHER/_plan/...`): that run's
+    job.overwrite, or its resume, would delete or quarantine this one's files."""
+    path = Path(os.path.abspath(output_dir))
+    for parent in path.parents:
+        rel = path.relative_to(parent).parts
+        if rel and rel[0] in (*RUN_DIRS, LOCK_DIR, LOG_DIR) and (parent / RUN_FILE).exists():
+            raise UserError(f"output_dir={str(output_dir)!r} is inside {parent / rel[0]}, the bookkeeping of the "
+                            f"run in {parent}: that run's resume or job.overwrite would delete or move this one's "
+                            f"files. Choose an output_dir outside {parent}/{rel[0]}")
+
+
 def check_writable(output_dir: Path) -> None:
+    check_not_inside_a_run(output_dir)
     for parent in [output_dir, *output_dir.parents]:
         if parent.exists() and not parent.is_dir():
             raise UserError(f"output_dir={str(output_dir)!r} cannot be a directory: {str(parent)!r} is a file; "
