@@ -82,3 +82,64 @@ def test_one_plain_rerun_repairs_random_damage(finished, tmp_path, seed):
     report = verify_output(out)
     assert report.problems == [], f"{what}: {report.problems}"
     assert indexed_keys(out) == Counter(r["key"] for r in finished["rows"]), what
+
+
+# -- the same on an object store: moto's S3 server on the loopback, s3fs as the client -----------------------------
+
+S3_TRIALS = int(os.environ.get("BCGEN_TRUST_S3_TRIALS", "4"))
+
+
+class S3Files:
+    """A bucket prefix through the interface tests/trust_damage.py damages."""
+
+    def __init__(self, fs, root: str):
+        self.fs, self.root = fs, root
+
+    def names(self):
+        self.fs.invalidate_cache()
+        return sorted(p[len(self.root) + 1:] for p in self.fs.find(self.root))
+
+    def read(self, name):
+        return self.fs.cat_file(f"{self.root}/{name}")
+
+    def write(self, name, data):
+        self.fs.pipe_file(f"{self.root}/{name}", data)
+
+    def delete(self, name):
+        self.fs.rm_file(f"{self.root}/{name}")
+
+
+@pytest.fixture(scope="module")
+def finished_s3(finished, tmp_path_factory):
+    pytest.importorskip("s3fs")
+    pytest.importorskip("moto")
+    import fsspec
+
+    from tests.s3_server import new_bucket, s3_server
+
+    with s3_server():
+        bucket = new_bucket()
+        tmp = tmp_path_factory.mktemp("trust_s3")
+        args = [f"dataset.path={finished['data']}", f"output_dir=s3://{bucket}/template",
+                f"job.staging_dir={tmp / 'staging'}", *FAST]
+        assert run_job(args) == 0
+        yield {**finished, "bucket": bucket, "fs": fsspec.filesystem("s3"), "tmp": tmp}
+
+
+@pytest.mark.parametrize("seed", range(S3_TRIALS))
+def test_one_plain_rerun_repairs_random_damage_on_s3(finished_s3, tmp_path, seed):
+    fs, bucket = finished_s3["fs"], finished_s3["bucket"]
+    fs.invalidate_cache()
+    root = f"{bucket}/t{seed}"
+    for path in fs.find(f"{bucket}/template"):
+        fs.copy(path, root + path[len(f"{bucket}/template"):])
+    what = apply(S3Files(fs, root), seed, finished_s3["foreign"])
+    code = run_job([f"dataset.path={finished_s3['data']}", f"output_dir=s3://{root}",
+                    f"job.staging_dir={tmp_path / 'staging'}", *FAST])  # another machine: nothing staged
+    assert code == 0, what
+    local = tmp_path / "copy"
+    fs.invalidate_cache()
+    fs.get(f"{root}/", str(local), recursive=True)  # jobs.verify reads a local copy (README)
+    report = verify_output(local)
+    assert report.problems == [], f"{what}: {report.problems}"
+    assert indexed_keys(local) == Counter(r["key"] for r in finished_s3["rows"]), what
