@@ -54,7 +54,7 @@ def main() -> None:
     args = ap.parse_args()
     from jobs.output.done import done_units
     from jobs.output.mirror import LocalShards
-    from jobs.worker.recheck import marker_records, stat_problems
+    from jobs.worker.recheck import FactDict, marker_records, stat_problems
 
     root = args.dir
     if not (root / "_plan" / "done").is_dir():
@@ -64,7 +64,7 @@ def main() -> None:
     shards = LocalShards(root, None)
     for attempt in ("first", "second"):
         t0 = time.perf_counter()
-        facts = shards.facts()
+        facts = FactDict(shards.facts())
         t1 = time.perf_counter()
         bad = 0
         units = sorted(done_units(root / "_plan"))

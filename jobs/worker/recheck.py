@@ -56,6 +56,24 @@ def marker_records(plan_dir: Path, unit: int) -> List[ShardRecord] | None:
         return None
 
 
+def manifests_of(facts: Facts) -> Dict[int, Set[str]]:
+    """{unit: the shard urls its manifests name}, grouped once per check (a dict kept in `facts`)."""
+    cached = getattr(facts, "_by_unit", None)
+    if cached is None:
+        cached = {}
+        head = len(MANIFEST_DIR) + 1
+        for name in facts:
+            if name.startswith(f"{MANIFEST_DIR}/shard-u") and name.endswith(".tar.json"):
+                url = name[head:-len(".json")]
+                cached.setdefault(int(url[7:14]), set()).add(url)
+        facts._by_unit = cached
+    return cached
+
+
+class FactDict(dict):
+    """`facts` with room for its per-unit grouping."""
+
+
 def stat_problems(records: List[ShardRecord], facts: Facts, unit: int) -> Tuple[List[str], bool]:
     """(what differs, whether only a stamp moved: then sha256 decides)."""
     problems, moved = [], False
@@ -72,11 +90,9 @@ def stat_problems(records: List[ShardRecord], facts: Facts, unit: int) -> Tuple[
         for name, stamp in r.stamps.items():
             if name in facts and facts[name][1] != stamp:
                 moved = True
-    head = f"{MANIFEST_DIR}/shard-u{unit:07d}-"
-    extra = [n for n in facts if n.startswith(head) and n[len(MANIFEST_DIR) + 1: -len(".json")] not in
-             {r.url for r in records}]
+    extra = sorted(manifests_of(facts).get(unit, set()) - {r.url for r in records})
     if extra:
-        problems.append(f"{extra[0]}: a manifest its done marker does not list")
+        problems.append(f"{MANIFEST_DIR}/{extra[0]}.json: a manifest its done marker does not list")
     return problems, moved and not problems
 
 
@@ -87,7 +103,7 @@ def recheck_done_units(manifest: PlanManifest, plan_dir: Path, shards: LocalShar
     done = sorted(done_units(plan_dir))
     if not done:
         return out
-    facts = shards.facts()
+    facts = FactDict(shards.facts())
     by_id = {u.id: u for u in manifest.units}
     for unit in done:
         if unit not in by_id:
