@@ -8,6 +8,7 @@ policy) belongs to the model, not to the runner's knobs: it is an argument of `a
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Union
 
@@ -58,10 +59,11 @@ class RunnerConfig:
         self.fusions = normalize_tier(self.fusions)
         if self.warmup_iters < 0:
             raise ValueError(f"bcg.warmup_iters={self.warmup_iters} must be >= 0 (2 is the usual value)")
-        if self.max_graphs < 1:
-            raise ValueError(f"bcg.max_graphs={self.max_graphs} must be >= 1 (32 is the default)")
-        if not self.max_graph_memory_gb >= 0:
-            raise ValueError(f"bcg.max_graph_memory_gb={self.max_graph_memory_gb} must be >= 0 (0 = no bound)")
+        if not 1 <= self.max_graphs <= 100_000:
+            raise ValueError(f"bcg.max_graphs={self.max_graphs} must be an int in [1, 100000] (32 is the default)")
+        if not (math.isfinite(self.max_graph_memory_gb) and self.max_graph_memory_gb >= 0):
+            raise ValueError(f"bcg.max_graph_memory_gb={self.max_graph_memory_gb} must be a finite number >= 0 "
+                             f"(0 = no bound)")
 
     @property
     def tier(self) -> str:

@@ -37,8 +37,31 @@ def check_command_line(argv: Sequence[str]) -> None:
     if (args.help or args.hydra_help or args.cfg or args.info or args.shell_completion or args.experimental_rerun
             or args.config_path or args.config_name or args.config_dir):
         return
+    _check_hydra_overrides(args.overrides)
     for overrides in _runs(args.overrides, args.multirun)[:MAX_SWEEP_CHECKED]:
         _check_one(overrides, args.multirun)
+
+
+# Hydra keys that choose where Hydra writes, or what code it calls: a typo or a copied command line
+# could write logs anywhere (hydra.run.dir=/etc), or run any callable (+hydra.callbacks.x._target_=os.system).
+HYDRA_PATH_KEYS = ("hydra.run.dir", "hydra.sweep.dir", "hydra.sweep.subdir", "hydra.output_subdir", "hydra.callbacks",
+                   "hydra.searchpath", "hydra.job_logging", "hydra.hydra_logging", "hydra.job.chdir",
+                   "hydra.runtime", "hydra/job_logging", "hydra/hydra_logging", "hydra/callbacks")
+ALLOW_HYDRA_ENV = "BCGEN_ALLOW_HYDRA_PATHS"
+
+
+def _check_hydra_overrides(overrides: Sequence[str]) -> None:
+    """Refuse hydra.* overrides that write or call elsewhere, unless BCGEN_ALLOW_HYDRA_PATHS=1."""
+    import os
+
+    if os.environ.get(ALLOW_HYDRA_ENV) == "1":
+        return
+    for text in overrides:
+        key = text.split("=", 1)[0].lstrip("+~")
+        if any(key == k or key.startswith(k + ".") or key.startswith(k + "/") for k in HYDRA_PATH_KEYS):
+            raise UserError(f"command line: {text!r} changes where Hydra writes or what it calls; bcgen keeps Hydra's "
+                            f"logs in output_dir/logs/ (conf/generate.yaml). Leave it out, or set "
+                            f"{ALLOW_HYDRA_ENV}=1 to allow it (then it writes where you say)")
 
 
 def _runs(overrides: List[str], multirun: bool) -> List[List[str]]:

@@ -29,6 +29,8 @@ CAPTURE_POLICIES = ("auto", "always")
 VERIFY = ("members", "full")
 TINY_WEIGHTS = ("trained", "random")  # jobs/models/demo_weights.py
 MAX_BATCH = 1024  # a short batch is padded up to a pool size: a huge one is an out-of-memory typo
+MAX_TTL_S = 7 * 86400.0  # job.lease_ttl_s: finite, or no lease ever expires (and the heartbeat cannot wait ttl/4)
+MAX_PLAN_WORKERS = 1024
 
 
 def check_choice(key: str, value: Any, allowed: tuple) -> None:
@@ -264,7 +266,12 @@ class JobConfig:
         check_choice("job.on_nonfinite", self.on_nonfinite, NONFINITE)
         check_choice("job.verify", self.verify, VERIFY)
         check("job.dist_timeout_min", self.dist_timeout_min > 0, self.dist_timeout_min, "minutes > 0")
-        check("job.lease_ttl_s", self.lease_ttl_s > 0, self.lease_ttl_s, "seconds > 0, e.g. 600")
+        check("job.lease_ttl_s", math.isfinite(self.lease_ttl_s) and 1 <= self.lease_ttl_s <= MAX_TTL_S,
+              self.lease_ttl_s, f"seconds in [1, {MAX_TTL_S:g}] (a week), e.g. 600: a lease must expire to be taken over")
+        check("job.log_every_s", math.isfinite(self.log_every_s) and 0 < self.log_every_s <= 86400, self.log_every_s,
+              "seconds in (0, 86400], e.g. 30")
+        check("job.dist_timeout_min", math.isfinite(self.dist_timeout_min) and self.dist_timeout_min <= 7 * 1440,
+              self.dist_timeout_min, "minutes in (0, 10080]")
 
 
 @dataclass
@@ -281,8 +288,11 @@ class PlanConfig:
 
     def __post_init__(self) -> None:
         check("plan.unit_items", self.unit_items >= 1, self.unit_items, "an int >= 1 (1,000-10,000 suits a GPU)")
-        check("plan.workers", self.workers >= 0, self.workers, "an int >= 0 (0 = one per CPU)")
-        check("plan.chunk_mb", 0 < self.chunk_mb <= 256, self.chunk_mb, "megabytes in (0, 256]")
+        check("plan.workers", 0 <= self.workers <= MAX_PLAN_WORKERS, self.workers,
+              f"an int in [0, {MAX_PLAN_WORKERS}] (0 = one per CPU)")
+        check("plan.chunk_mb", math.isfinite(self.chunk_mb) and 0 < self.chunk_mb <= 256, self.chunk_mb,
+              "megabytes in (0, 256]")
+        check("plan.unit_items", self.unit_items <= 10_000_000, self.unit_items, "an int in [1, 10000000]")
 
 
 def parse_partition(text: str) -> tuple[int, int]:

@@ -15,7 +15,8 @@ import hydra
 from omegaconf import DictConfig
 
 from jobs.config import register_configs, to_typed
-from jobs.errors import EXIT_INTERRUPTED, EXIT_PREEMPTED, EXIT_USAGE, UserError
+from jobs.errors import EXIT_INTERRUPTED, EXIT_PREEMPTED, EXIT_TEMPFAIL, EXIT_USAGE, UserError, environment_failure
+from sinks.errors import SinkError
 
 log = logging.getLogger("jobs.generate")
 
@@ -47,7 +48,13 @@ def run_from_dict(cfg: DictConfig) -> int:
         return main_typed(to_typed(cfg))
     except UserError as e:
         log.error("%s", e)
-        return EXIT_USAGE
+        return getattr(e, "exit_code", EXIT_USAGE)
+    except (SinkError, OSError) as e:
+        why = environment_failure(e)
+        if why is None:
+            raise  # not the environment's: a bug, with its traceback
+        log.error("%s", why)
+        return EXIT_TEMPFAIL
 
 
 def cli(argv=None) -> None:

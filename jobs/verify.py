@@ -37,11 +37,16 @@ def main(argv=None) -> int:
         return 2
     for note in report.notes:
         log.info("note: %s", note)
+    for name in report.foreign[:PROBLEMS_SHOWN]:
+        log.warning("not the run's: %s; left alone, never indexed (move it out of output_dir: a glob of it would "
+                    "read it)", name)
     for problem in report.problems[:PROBLEMS_SHOWN]:
         log.error("problem: %s", problem)
     if len(report.problems) > PROBLEMS_SHOWN:
         log.error("... and %d more problems", len(report.problems) - PROBLEMS_SHOWN)
     verdict = f"{len(report.problems)} problem(s)" if report.problems else "OK"
+    if report.foreign:
+        verdict += f" ({len(report.foreign)} file(s) in it are not the run's, listed above)"
     log.info("%s: %s; %d shard(s), %d sample(s) read back", args.output_dir, verdict, report.shards, report.samples)
     return 1 if report.problems else 0
 

@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from sinks.config import SinkConfig
-from sinks.errors import SinkError
+from sinks.errors import CommitRefused, SinkError
 from sinks.manifest import ShardRecord
 from sinks.sample import EncodedSample, PreparedSample, Sample, prepare_sample
-from sinks.shard_writer import DEFAULT_NAME_PATTERN, ShardWriter
+from sinks.shard_writer import DEFAULT_NAME_PATTERN, Owner, ShardWriter
 from sinks.sidecars import MetaSpec
 
 log = logging.getLogger(__name__)
@@ -69,9 +69,10 @@ class AsyncSink:
         start_index: int = 0,
         on_commit: Optional[Callable[[ShardRecord], None]] = None,
         spec: MetaSpec = MetaSpec(),
+        owner: Owner = Owner(),
     ) -> None:
         self.config = config
-        self._writer = ShardWriter(output_dir, config, name_pattern, start_index, on_commit, spec)
+        self._writer = ShardWriter(output_dir, config, name_pattern, start_index, on_commit, spec, owner)
         self._queue: queue.Queue = queue.Queue(maxsize=config.queue_size)
         self._pool = ThreadPoolExecutor(config.encode_threads, thread_name_prefix="sink-encode")
         self._lock = threading.Lock()
@@ -164,6 +165,8 @@ class AsyncSink:
             raise RuntimeError("the sink is closed (close() or abort() was called); create a new AsyncSink.")
 
     def _raise_if_failed(self) -> None:
+        if isinstance(self._error, CommitRefused):
+            raise self._error
         if self._error is not None:
             # A fresh exception so the caller's traceback shows its own put/close; the cause chain
             # keeps the writer thread's original error.
@@ -224,8 +227,9 @@ class AsyncSink:
 
     def _fail(self, err: BaseException, item: object) -> None:
         if self._error is None:
-            self._error = err if isinstance(err, SinkError) else self._describe(err)
-            log.error("%s", self._error)
+            self._error = err if isinstance(err, (SinkError, CommitRefused)) else self._describe(err)
+            if not isinstance(err, CommitRefused):  # the caller says why it stopped, once
+                log.error("%s", self._error)
         self._writer.abort()
         self._skip(item)
 

@@ -14,9 +14,11 @@ from pathlib import Path
 _NO_LINK_ERRNOS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EMLINK, errno.EXDEV}
 
 
-def temp_path_for(path: Path) -> Path:
-    """`DIR/.NAME.tmp`: hidden and suffixed, so no `shard-*.tar` or `*.json` glob matches it."""
-    return path.with_name(f".{path.name}.tmp")
+def temp_path_for(path: Path, tag: str = "") -> Path:
+    """`DIR/.NAME.tmp` (or `DIR/.NAME.TAG.tmp`): hidden and suffixed, so no `shard-*.tar` or `*.json`
+    glob matches it. A tag unique per writer (host, pid, lease) keeps two writers of one name (a
+    stale one that lost its lease and its successor) from ever opening, or deleting, each other's."""
+    return path.with_name(f".{path.name}.{tag}.tmp" if tag else f".{path.name}.tmp")
 
 
 def fsync_dir(directory: Path) -> None:

@@ -55,12 +55,16 @@ class SinkConfig:
     def __post_init__(self) -> None:
         _require(self.format in IMAGE_FORMATS, "format", self.format, f"one of {', '.join(IMAGE_FORMATS)}")
         _require(_is_int(self.quality) and 1 <= self.quality <= 100, "quality", self.quality, "an integer in 1..100")
-        _require(_is_int(self.maxcount) and self.maxcount > 0, "maxcount", self.maxcount, "an integer > 0")
-        _require(_is_int(self.maxsize) and self.maxsize > 0, "maxsize", self.maxsize, "an integer number of bytes > 0")
+        _require(_is_int(self.maxcount) and 0 < self.maxcount <= 10_000_000, "maxcount", self.maxcount,
+                 "an integer in 1..10000000")
+        _require(_is_int(self.maxsize) and 0 < self.maxsize <= 1 << 40, "maxsize", self.maxsize,
+                 "an integer number of bytes in 1..2**40")
         _require(
-            _is_int(self.encode_threads) and self.encode_threads >= 1, "encode_threads", self.encode_threads, "an integer >= 1"
+            _is_int(self.encode_threads) and 1 <= self.encode_threads <= 256, "encode_threads", self.encode_threads,
+            "an integer in 1..256"
         )
-        _require(_is_int(self.queue_size) and self.queue_size >= 1, "queue_size", self.queue_size, "an integer >= 1")
+        _require(_is_int(self.queue_size) and 1 <= self.queue_size <= 100_000, "queue_size", self.queue_size,
+                 "an integer in 1..100000")
         _require(_is_int(self.video_crf) and 0 <= self.video_crf <= 51, "video_crf", self.video_crf,
                  "an integer in 0..51 (18: visually lossless)")
         _require(self.video_preset in VIDEO_PRESETS, "video_preset", self.video_preset, f"one of {', '.join(VIDEO_PRESETS)}")

@@ -18,3 +18,9 @@ class CorruptShardError(RuntimeError):
     The sink never renames an incomplete shard to its final name, so this means outside damage
     (a truncated copy, a bad disk), not an interrupted run.
     """
+
+
+class CommitRefused(RuntimeError):
+    """Raised by a writer's guard (sinks/shard_writer.py `Owner.guard`): this writer may not commit
+    these names any more (a job's worker whose lease was taken over). Nothing was committed; the
+    sink passes the error on as it is, so its caller can stop cleanly."""

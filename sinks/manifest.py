@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import tarfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from sinks.atomic import atomic_write_bytes
+from sinks.atomic import atomic_write_bytes, fsync_dir, link_no_replace, temp_path_for, write_synced
 from sinks.errors import CorruptShardError
 from sinks.keys import key_from_stem
 from sinks.names import MANIFEST_DIR
@@ -33,7 +34,7 @@ from sinks.tar_check import check_against_manifest, check_layout, sha256_file
 
 log = logging.getLogger(__name__)
 
-MANIFEST_VERSION = 3  # 2 added `members`, 3 `sidecars`; versions 1 and 2 are still read
+MANIFEST_VERSION = 4  # 2 added `members`, 3 `sidecars`, 4 `run` and `stamps`; versions 1 to 3 are still read
 # The names this package's writers give shards (DEFAULT_NAME_PATTERN, or one per rank, shard-rPPPP-NNNNNN):
 # a file matching a shard glob but not this (`shard-000001 (copy).tar`) is a stray, never adopted.
 SHARD_NAME = re.compile(r"shard-(?:(?:r[0-9]{4}-)?[0-9]{6,}|u[0-9]{7}-[0-9]{4,})\.tar")  # u: a work unit's (jobs/worker/)
@@ -54,6 +55,12 @@ class ShardRecord:
     """[member name, payload size] of every tar member, in order: checked against the tar headers."""
     sidecars: list[list] = field(default_factory=list)
     """[name, size, sha256] of the shard's parquet and stats (sinks/sidecars.py), beside it in output_dir."""
+    run: str = ""
+    """The writer's run id (a job's: a digest of its run.json): a scan that owns the name adopts the
+    shard only when it is its own run's. Empty: written before run ids, or by a writer without one."""
+    stamps: dict = field(default_factory=dict)
+    """{file name: stamp} of the tar and sidecars as committed (local: mtime in ns; an object store:
+    the object's ETag): a stat or a listing then tells a file rewritten since, at the same size."""
 
 
 @dataclass
@@ -74,11 +81,22 @@ def manifest_path(output_dir: Path, url: str) -> Path:
     return Path(output_dir) / MANIFEST_DIR / f"{url}.json"
 
 
-def write_manifest(output_dir: Path, record: ShardRecord) -> None:
+def write_manifest(output_dir: Path, record: ShardRecord, exclusive: bool = False, temp_tag: str = "") -> None:
+    """Write the record's manifest atomically; `exclusive`: only if no manifest has that name
+    (FileExistsError otherwise: another writer's, never overwritten)."""
     path = manifest_path(output_dir, record.url)
     path.parent.mkdir(exist_ok=True)
-    data = {"manifest_version": MANIFEST_VERSION, **asdict(record)}
-    atomic_write_bytes(path, json.dumps(data, ensure_ascii=False).encode("utf-8"))
+    data = json.dumps({"manifest_version": MANIFEST_VERSION, **asdict(record)}, ensure_ascii=False).encode("utf-8")
+    if not exclusive:
+        atomic_write_bytes(path, data)
+        return
+    tmp = temp_path_for(path, temp_tag or str(os.getpid()))
+    try:
+        write_synced(tmp, data)
+        link_no_replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    fsync_dir(path.parent)
 
 
 def load_manifest(output_dir: Path, url: str) -> ShardRecord | None:
@@ -87,7 +105,7 @@ def load_manifest(output_dir: Path, url: str) -> ShardRecord | None:
     path = manifest_path(output_dir, url)
     try:
         data = json.loads(path.read_bytes())
-        assert data.pop("manifest_version") in (1, 2, MANIFEST_VERSION)
+        assert data.pop("manifest_version") in (1, 2, 3, MANIFEST_VERSION)
         record = ShardRecord(**data)
         assert record.url == url and record.nsamples == len(record.keys)
     except FileNotFoundError:
@@ -100,7 +118,16 @@ def load_manifest(output_dir: Path, url: str) -> ShardRecord | None:
 
 def verify_shard(output_dir: Path, record: ShardRecord, level: str = "members") -> list[str]:
     """What differs between the shard and its manifest record ([] when it matches)."""
-    return check_against_manifest(Path(output_dir) / record.url, record.filesize, record.members, record.sha256, level)
+    return check_against_manifest(Path(output_dir) / record.url, record.filesize, record.members, record.sha256, level,
+                                  record.stamps.get(record.url))
+
+
+def current_stamps(output_dir: Path, record: ShardRecord) -> dict:
+    """{name: stamp} of the record's tar and sidecars as they are now (after a rebuild)."""
+    from sinks.tar_check import file_stamp
+
+    names = [record.url] + [s[0] for s in record.sidecars]
+    return {n: file_stamp(os.stat(Path(output_dir) / n)) for n in names if (Path(output_dir) / n).exists()}
 
 
 def _stem_of(member_name: str) -> str:
@@ -173,6 +200,7 @@ def checked_record(output_dir: Path, url: str, level: str, quarantined: list, re
         return record
     changed = _settle_sidecars(output_dir, record, level, has_manifest, spec) or not has_manifest
     if changed:
+        record.stamps = current_stamps(output_dir, record)
         write_manifest(output_dir, record)
         rebuilt.append(url)
     return record
@@ -186,7 +214,7 @@ def _settle_sidecars(output_dir: Path, record: ShardRecord, level: str, has_mani
     from sinks import sidecars
 
     if has_manifest and record.sidecars:
-        problems = sidecars.check_sidecars(output_dir, record.sidecars, level)
+        problems = sidecars.check_sidecars(output_dir, record.sidecars, level, record.stamps)
         if not problems or spec is None:
             return False
         log.warning("%s: %s; rebuilding its parquet and stats from the shard", record.url, "; ".join(problems))
@@ -207,8 +235,9 @@ def remove_temps(output_dir: Path, pattern_glob: str) -> list[str]:
     from sinks.sidecars import sidecar_globs
 
     removed = []
-    globs = [(output_dir, f".{g}.tmp") for g in (pattern_glob, *sidecar_globs(pattern_glob))]
-    for directory, glob in globs + [(output_dir / MANIFEST_DIR, f".{pattern_glob}.json.tmp")]:
+    # `.NAME.tmp` and a writer's tagged `.NAME.TAG.tmp` (sinks/atomic.py temp_path_for)
+    globs = [(output_dir, f".{g}.*tmp") for g in (pattern_glob, *sidecar_globs(pattern_glob))]
+    for directory, glob in globs + [(output_dir / MANIFEST_DIR, f".{pattern_glob}.json.*tmp")]:
         for path in sorted(directory.glob(glob)):
             path.unlink(missing_ok=True)
             removed.append(str(path.relative_to(output_dir)))

@@ -64,7 +64,7 @@ def quarantine_file(output_dir: Path, name: str, reason: str) -> Optional[dict]:
     output_dir = Path(output_dir)
     target_dir = output_dir / QUARANTINE_DIR
     target_dir.mkdir(exist_ok=True)
-    target = _free_name(target_dir, name)
+    target = _free_name(target_dir, Path(name).name)  # `_manifest/X.json` lands as `X.json`
     try:
         os.rename(output_dir / name, target)
     except FileNotFoundError:

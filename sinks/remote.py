@@ -29,8 +29,9 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from sinks.manifest import ShardRecord, manifest_path
+from sinks.manifest import ShardRecord, manifest_path, write_manifest
 from sinks.names import MANIFEST_DIR, QUARANTINE_DIR
+from sinks.owned_scan import Ownership, is_foreign, ownership_problems
 from sinks.sidecars import sidecar_names
 
 log = logging.getLogger(__name__)
@@ -77,8 +78,16 @@ class Remote:
         self.fs.get_file(self.path(name), str(tmp))
         os.replace(tmp, local)
 
+    def stamp(self, name: str) -> str:
+        """The object's ETag (what a listing shows of it), as the stamp its manifest records."""
+        self.fs.invalidate_cache(self.path(name))
+        return entry_stamp(self.fs.info(self.path(name)))
+
     def sizes(self, prefix: str = "", pattern: str = "*") -> Dict[str, int]:
-        """{name relative to the root: size} of the objects directly under `prefix` matching `pattern`.
+        return {n: size for n, (size, _) in self.listing(prefix, pattern).items()}
+
+    def listing(self, prefix: str = "", pattern: str = "*") -> Dict[str, Tuple[int, str]]:
+        """{name relative to the root: (size, stamp)} of the objects directly under `prefix` matching `pattern`.
         The pattern's literal head is sent as the listing's prefix where the store filters by it
         (s3fs, gcsfs): one unit's shards are listed without listing every shard of the run."""
         base = self.path(prefix).rstrip("/") if prefix else self.root
@@ -97,7 +106,7 @@ class Remote:
         for e in found.values():
             name = e["name"].rstrip("/").rsplit("/", 1)[-1]
             if e.get("type") == "file" and fnmatch.fnmatchcase(name, pattern):
-                out[f"{prefix.rstrip('/')}/{name}" if prefix else name] = int(e["size"])
+                out[f"{prefix.rstrip('/')}/{name}" if prefix else name] = (int(e["size"]), entry_stamp(e))
         return out
 
     def rm(self, names: List[str]) -> None:
@@ -120,15 +129,22 @@ class Remote:
         then remove the local tar and sidecars. The local manifest stays: it keeps the name taken."""
         local_dir = Path(local_dir)
         names = [record.url] + [s[0] for s in record.sidecars]
+        stamps = {}
         for name in names:
             self.put(local_dir / name, name)
+            stamps[name] = self.stamp(name)
+        # The manifest that goes up records the objects' ETags: a listing then tells an object
+        # rewritten since its upload, at the same size (the job's resume check, one listing).
+        record.stamps = stamps
+        write_manifest(local_dir, record)
         if before_manifest is not None:
             before_manifest()
         self.put(manifest_path(local_dir, record.url), f"{MANIFEST_DIR}/{record.url}.json")
         drop_payload(local_dir, record)
         log.debug("uploaded %s (%d bytes) to %s", record.url, record.filesize, self.url)
 
-    def scan(self, tar_glob: str, verify: str, local_dir: Path) -> Tuple[List[ShardRecord], List[dict]]:
+    def scan(self, tar_glob: str, verify: str, local_dir: Path,
+             owner: Optional["Ownership"] = None) -> Tuple[List[ShardRecord], List[dict]]:
         """The committed remote shards matching `tar_glob`: those whose manifest is there and whose
         objects have the sizes it lists (`full`: the tar's sha256 too, downloading it). A shard that
         differs is moved to the remote `_quarantine/`; objects without a manifest (an upload cut
@@ -138,11 +154,11 @@ class Remote:
         from sinks.manifest import load_manifest
         from sinks.sidecars import sidecar_globs
 
-        objects: Dict[str, int] = {}
+        objects: Dict[str, Tuple[int, str]] = {}
         for pattern in (tar_glob, *sidecar_globs(tar_glob)):
-            objects.update(self.sizes("", pattern))
+            objects.update(self.listing("", pattern))
         manifests = self.sizes(MANIFEST_DIR, f"{tar_glob}.json")
-        records, quarantined, keep = [], [], set()
+        records, quarantined, keep, taken = [], [], set(), set()
         for mname in sorted(manifests):
             url = mname.rsplit("/", 1)[-1][: -len(".json")]
             local = manifest_path(local_dir, url)
@@ -154,12 +170,21 @@ class Remote:
 
             atomic_write_bytes(local, data)
             record = load_manifest(local_dir, url)
+            if record is not None and owner is not None and is_foreign(record, owner):
+                log.warning("remote shard %s/%s: its manifest is another run's (run %s, this run is %s): left alone, "
+                            "never indexed", self.url, url, record.run, owner.run)
+                local.unlink(missing_ok=True)
+                keep.update([url] + [s[0] for s in record.sidecars])
+                continue
             problems = self._differences(record, url, objects, verify) if record else ["unreadable manifest"]
+            if not problems and owner is not None:
+                problems = ownership_problems(record, owner, taken)
             if problems:
                 quarantined.append(self._quarantine(url, "; ".join(problems), record))
                 local.unlink(missing_ok=True)
                 continue
             records.append(record)
+            taken.update(record.keys)
             keep.update([url] + [s[0] for s in record.sidecars])
         orphans = sorted(set(objects) - keep)
         if orphans:
@@ -172,24 +197,32 @@ class Remote:
                 path.unlink()  # uploaded by nobody (the remote lost it, or quarantined it just now)
         return records, quarantined
 
-    def _differences(self, record: ShardRecord, url: str, objects: Dict[str, int], verify: str) -> List[str]:
-        problems = []
+    def _differences(self, record: ShardRecord, url: str, objects: Dict[str, Tuple[int, str]], verify: str) -> List[str]:
+        """Sizes from the listing; sha256 of every object with `full`, and of an object whose ETag moved
+        since its upload (rewritten in place, at the same size) with `members`."""
+        problems, rewritten = [], []
         for name, size in [(url, record.filesize)] + [(s[0], s[1]) for s in record.sidecars]:
             found = objects.get(name)
             if found is None:
                 problems.append(f"{name} is missing")
-            elif found != size:
-                problems.append(f"{name}: {found} bytes, manifest says {size}")
-        if verify == "full" and not problems:
-            import hashlib
-
-            digest = hashlib.sha256()
-            with self.fs.open(self.path(url), "rb") as f:
-                for chunk in iter(lambda: f.read(1 << 20), b""):
-                    digest.update(chunk)
-            if digest.hexdigest() != record.sha256:
-                problems.append("sha256 differs from the manifest's")
+            elif found[0] != size:
+                problems.append(f"{name}: {found[0]} bytes, manifest says {size}")
+            elif record.stamps.get(name) not in (None, found[1]):
+                rewritten.append(name)
+        if not problems:
+            for name, sha256 in [(url, record.sha256)] + [(s[0], s[2]) for s in record.sidecars]:
+                if (verify == "full" or name in rewritten) and self.sha256(name) != sha256:
+                    problems.append(f"{name}: sha256 differs from the manifest's")
         return problems
+
+    def sha256(self, name: str) -> str:
+        import hashlib
+
+        digest = hashlib.sha256()
+        with self.fs.open(self.path(name), "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+        return digest.hexdigest()
 
     def _quarantine(self, url: str, reason: str, record: Optional[ShardRecord]) -> dict:
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
@@ -205,6 +238,14 @@ class Remote:
         log.warning("remote shard %s/%s does not match its manifest (%s): moved to %s; its samples will be generated "
                     "again", self.url, url, reason, target)
         return entry
+
+
+def entry_stamp(entry: dict) -> str:
+    """An object's stamp from its listing or info entry: the ETag (S3, GCS), else its mtime."""
+    for name in ("ETag", "etag", "md5Hash", "mtime", "LastModified"):
+        if entry.get(name) is not None:
+            return str(entry[name]).strip('"')
+    return ""
 
 
 def drop_payload(local_dir: Path, record: ShardRecord) -> None:

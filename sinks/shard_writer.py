@@ -4,12 +4,18 @@ with crash safety).
 Rotation works like webdataset's: a shard is committed and the next opened when it holds
 `maxcount` samples, or when the next sample would push its file past `maxsize` bytes (so shards
 stay within maxsize unless one sample alone is larger). Each commit stages the shard's parquet and
-stats (sinks/sidecars.py), commits the tar, publishes them, writes the manifest (which lists
-them), and then calls `on_commit(record)`.
+stats (sinks/sidecars.py), seals the tar (closed, fsync'd, hashed), asks the `Owner`'s guard
+whether it may still commit, writes the manifest (which lists them), links the tar to its final
+name, publishes the sidecars, and then calls `on_commit(record)`.
+
+The manifest goes before the tar, so a tar without a manifest was never this package's commit:
+a scan that owns the names (sinks/owned_scan.py) leaves such a file alone and never adopts it. A
+crash between the two leaves a manifest without its tar, which that scan removes.
 
 Committed shards are never rewritten: an index whose final name (or temp name's final name) is
-taken, e.g. by a previous run in the same output_dir, is skipped. Names must be unique per
-writer: concurrent writers (ranks) need distinct `name_pattern`s, e.g. `shard-r03-{index:06d}.tar`.
+taken, e.g. by a previous run in the same output_dir, is skipped, also at the moment of the link.
+Concurrent writers of one pattern (a stale worker and the one that took its unit over) never share
+a temp file: each tags its temps (`Owner.temp_tag`: host, pid, lease).
 
 A failing OS call (disk full, EIO) discards the partial shard and raises `SinkError`; the writer
 then refuses further writes.
@@ -19,6 +25,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 from sinks.config import SinkConfig
@@ -31,6 +38,17 @@ from sinks.tar_shard import TarShard
 log = logging.getLogger(__name__)
 
 DEFAULT_NAME_PATTERN = "shard-{index:06d}.tar"
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Who writes: `run` goes into every manifest (a scan adopts only its own run's shards), `temp_tag`
+    into every temp name, and `guard()` runs before each commit and raises to stop it (a job's
+    worker that lost its lease on the names raises there, and commits nothing more)."""
+
+    run: str = ""
+    temp_tag: str = ""
+    guard: Optional[Callable[[], None]] = None
 
 
 def check_name_pattern(name_pattern: str) -> None:
@@ -58,8 +76,10 @@ class ShardWriter:
         start_index: int = 0,
         on_commit: Optional[Callable[[ShardRecord], None]] = None,
         spec: MetaSpec = MetaSpec(),
+        owner: Owner = Owner(),
     ) -> None:
         check_name_pattern(name_pattern)
+        self.owner = owner
         self.output_dir = Path(output_dir)
         self.output_dir.mkdir(parents=True, exist_ok=True)
         self.config = config
@@ -88,7 +108,7 @@ class ShardWriter:
             if self._shard is None:
                 path = self._free_path()
                 self._step = f"opening shard {path.parent / ('.' + path.name + '.tmp')} (to become {path.name})"
-                self._shard = TarShard(path)
+                self._shard = TarShard(path, self.owner.temp_tag)
                 self._shard.shard_log.failures.update(self._failures_pending)
                 self._failures_pending = {}
             self._step = f"writing shard {self._shard.temp_path} (to become {self._shard.final_path.name})"
@@ -152,23 +172,49 @@ class ShardWriter:
         url = shard.final_path.name
         self._step = f"writing the parquet and stats of {url}"
         # Staged before the tar's commit and published after it: a sidecar is never without its shard.
-        staged = stage(self.output_dir, url, shard.shard_log, shard.size_with(), self.spec)
-        self._step = f"committing shard {shard.temp_path} to {url}"
+        staged = stage(self.output_dir, url, shard.shard_log, shard.size_with(), self.spec, temp_tag=self.owner.temp_tag)
         try:
-            filesize, sha256 = shard.commit()  # on OSError the shard stays open, so _fail discards it
+            self._step = f"closing shard {shard.temp_path}"
+            filesize, sha256, stamp = shard.seal()
+            if self.owner.guard is not None:
+                self.owner.guard()  # raises: this writer may no longer commit these names
+            record = self._publish(shard, staged, filesize, sha256, stamp)
         except BaseException:
             staged.discard()
-            raise
+            raise  # on OSError the shard is still open, so _fail discards it
         self._shard = None
-        self._step = f"publishing the parquet and stats of {url} (the shard itself is committed)"
-        sidecars = staged.publish()
-        record = ShardRecord(url, shard.nsamples, filesize, sha256, list(shard.keys), list(shard.members), sidecars)
         self.records.append(record)
-        # A crash or error from here on loses only the manifest, which scan_output rebuilds from the tar.
-        self._step = f"writing the manifest of {record.url} (the shard itself is committed)"
-        write_manifest(self.output_dir, record)
         if self.on_commit is not None:
             self.on_commit(record)
+        return record
+
+    def _publish(self, shard: TarShard, staged, filesize: int, sha256: str, stamp: str) -> ShardRecord:
+        """Manifest, then the tar's link, then the sidecars. A name taken meanwhile (a writer this
+        one cannot see committed it) moves the shard to the next free index instead of failing."""
+        while True:
+            mine = False
+            url = shard.final_path.name
+            stamps = {url: stamp, **staged.stamps()}
+            record = ShardRecord(url, shard.nsamples, filesize, sha256, list(shard.keys), list(shard.members),
+                                 [entry for *_, entry in staged.pairs], self.owner.run, stamps)
+            self._step = f"writing the manifest of {url}"
+            try:
+                write_manifest(self.output_dir, record, exclusive=True, temp_tag=self.owner.temp_tag)
+                mine = True
+                self._step = f"committing shard {shard.temp_path} to {url}"
+                shard.publish()
+                break
+            except FileExistsError:
+                if mine:  # ours, exclusively created: the tar's name is another's
+                    manifest_path(self.output_dir, url).unlink(missing_ok=True)
+                log.warning("%s was committed by another writer meanwhile; this shard takes the next free name", url)
+                new = self._free_path()
+                staged.discard()  # the parquet names its shard: staged again under the new name
+                staged = stage(self.output_dir, new.name, shard.shard_log, filesize, self.spec,
+                               temp_tag=self.owner.temp_tag)
+                shard.final_path = new
+        self._step = f"publishing the parquet and stats of {url} (the shard itself is committed)"
+        staged.publish()
         return record
 
     def _fail(self, err: OSError) -> None:

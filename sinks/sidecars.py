@@ -154,6 +154,12 @@ class Staged:
             fsync_dir(self.pairs[0][1].parent)
         return [entry for _, _, entry in self.pairs]
 
+    def stamps(self) -> Dict[str, str]:
+        """{final name: stamp} of the staged files (a rename keeps the mtime)."""
+        from sinks.tar_check import file_stamp
+
+        return {final.name: file_stamp(os.stat(tmp)) for tmp, final, _ in self.pairs}
+
     def discard(self) -> None:
         for tmp, _, _ in self.pairs:
             try:
@@ -163,7 +169,7 @@ class Staged:
 
 
 def stage(output_dir: Path, url: str, log: ShardLog, filesize: int, spec: MetaSpec,
-          rebuilt: bool = False) -> Staged:
+          rebuilt: bool = False, temp_tag: str = "") -> Staged:
     """Write both sidecars of shard `url` under temp names, fsync'd (nothing is visible yet)."""
     from sinks.atomic import temp_path_for, write_synced
 
@@ -175,7 +181,7 @@ def stage(output_dir: Path, url: str, log: ShardLog, filesize: int, spec: MetaSp
     try:
         for name, data in docs:
             final = Path(output_dir) / name
-            tmp = temp_path_for(final)
+            tmp = temp_path_for(final, temp_tag)
             write_synced(tmp, data)
             staged.pairs.append((tmp, final, _entry(final, data)))
     except BaseException:
@@ -209,19 +215,24 @@ def rebuild(output_dir: Path, url: str, filesize: int, spec: MetaSpec) -> List[S
     return stage(output_dir, url, log, filesize, spec, rebuilt=True).publish()
 
 
-def check_sidecars(output_dir: Path, listed: List[Sidecar], level: str) -> List[str]:
-    """What differs between the sidecars a manifest lists and the files ([] when they match)."""
+def check_sidecars(output_dir: Path, listed: List[Sidecar], level: str, stamps: Optional[dict] = None) -> List[str]:
+    """What differs between the sidecars a manifest lists and the files ([] when they match). A file
+    whose stamp moved since its commit (`stamps`) is hashed at any level."""
+    from sinks.tar_check import file_stamp
+
     problems = []
     for name, size, sha256 in listed:
         path = Path(output_dir) / name
         try:
-            found = path.stat().st_size
+            st = path.stat()
         except OSError as err:
             problems.append(f"{name}: {err.strerror}")
             continue
+        found = st.st_size
+        moved = (stamps or {}).get(name) not in (None, file_stamp(st))
         if found != size:
             problems.append(f"{name}: {found} bytes, manifest says {size}")
-        elif level == "full" and hashlib.sha256(path.read_bytes()).hexdigest() != sha256:
+        elif (level == "full" or moved) and hashlib.sha256(path.read_bytes()).hexdigest() != sha256:
             problems.append(f"{name}: sha256 differs from the manifest's")
     return problems
 

@@ -28,6 +28,13 @@ _ZERO_BLOCK = bytes(tarfile.BLOCKSIZE)
 _PLAIN_TYPES = (tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.DIRTYPE)
 
 
+def file_stamp(st: os.stat_result) -> str:
+    """What says a file was rewritten since its commit, from one stat: its mtime in ns. A committed
+    shard is never rewritten, so a stamp that moved (with the same size) means bytes may have
+    changed in place; only then is the file read again (`check_against_manifest` with `full`)."""
+    return str(st.st_mtime_ns)
+
+
 def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
@@ -86,13 +93,18 @@ def closed_size(end: int) -> int:
     return -(-(end + 2 * tarfile.BLOCKSIZE) // record) * record
 
 
-def check_against_manifest(path: Path, filesize: int, members: List[Member], sha256: str, level: str) -> List[str]:
-    """What differs between the shard at `path` and its manifest's facts; [] when nothing does."""
+def check_against_manifest(path: Path, filesize: int, members: List[Member], sha256: str, level: str,
+                           stamp: str | None = None) -> List[str]:
+    """What differs between the shard at `path` and its manifest's facts; [] when nothing does.
+    A `stamp` recorded at commit that no longer matches (rewritten in place) adds the sha256 check."""
     assert level in LEVELS, level
     try:
-        size = path.stat().st_size
+        st = path.stat()
     except OSError as err:
         return [f"cannot be read ({err.strerror})"]
+    size = st.st_size
+    if stamp is not None and file_stamp(st) != stamp:
+        level = "full"
     problems = []
     if size != filesize:
         problems.append(f"file size {size} bytes, manifest says {filesize}")

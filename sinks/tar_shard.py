@@ -23,6 +23,7 @@ from pathlib import Path
 from sinks.atomic import fsync_dir, link_no_replace, temp_path_for
 from sinks.sample import EncodedSample
 from sinks.sidecars import Row, ShardLog
+from sinks.tar_check import file_stamp
 
 log = logging.getLogger(__name__)
 
@@ -65,9 +66,9 @@ class _HashingFile:
 class TarShard:
     """An open shard: `add` samples, then `commit` (final name) or `discard` (nothing left)."""
 
-    def __init__(self, final_path: Path) -> None:
+    def __init__(self, final_path: Path, temp_tag: str = "") -> None:
         self.final_path = Path(final_path)
-        self.temp_path = temp_path_for(self.final_path)
+        self.temp_path = temp_path_for(self.final_path, temp_tag)
         self.keys: list[str] = []
         self.members: list[list] = []  # [name, payload size]: the manifest's witness of this tar's headers
         self._stems: set[str] = set()
@@ -105,20 +106,32 @@ class TarShard:
         self.shard_log.rows.append(Row(sample.key, json.loads(sample.meta_json), [n for n, _ in members],
                                  sum(len(d) for _, d in members)))
 
-    def commit(self) -> tuple[int, str]:
-        """Make the shard visible under its final name; returns (filesize, sha256 hex)."""
+    def seal(self) -> tuple[int, str, str]:
+        """Close and fsync the temp file (nothing visible yet); returns (filesize, sha256 hex, stamp):
+        the final file will have this size, hash and stamp (a link keeps the mtime)."""
         assert self.keys, "an empty shard is never committed"
         expected = self.size_with()  # before close: close moves the offset past the end blocks
         self._tar.close()
         self._file.flush()
         os.fsync(self._file.fileno())
         self._file.close()
-        filesize = os.stat(self.temp_path).st_size
-        assert filesize == expected, (filesize, expected)  # the maxsize rotation relies on it
+        st = os.stat(self.temp_path)
+        assert st.st_size == expected, (st.st_size, expected)  # the maxsize rotation relies on it
+        return st.st_size, self._hashing.sha256.hexdigest(), file_stamp(st)
+
+    def publish(self, final_path: Path | None = None) -> None:
+        """Link the sealed temp to its final name (FileExistsError when the name is taken)."""
+        if final_path is not None:
+            self.final_path = Path(final_path)
         link_no_replace(self.temp_path, self.final_path)
         fsync_dir(self.final_path.parent)
-        log.debug("committed %s: %d samples, %d bytes", self.final_path, self.nsamples, filesize)
-        return filesize, self._hashing.sha256.hexdigest()
+        log.debug("committed %s: %d samples", self.final_path, self.nsamples)
+
+    def commit(self) -> tuple[int, str]:
+        """Make the shard visible under its final name; returns (filesize, sha256 hex)."""
+        filesize, sha256, _ = self.seal()
+        self.publish()
+        return filesize, sha256
 
     def discard(self) -> None:
         """Drop the partial shard; never raises (it runs on error paths)."""

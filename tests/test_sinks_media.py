@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import tarfile
 import wave
 
@@ -105,7 +106,11 @@ def test_manifest_lists_media_members_and_verify_catches_a_changed_one(tmp_path)
     data = bytearray(path.read_bytes())
     at = data.index(b"data", 512 * 3) + 8 + 10
     data[at] ^= 0xFF
+    mtime = path.stat().st_mtime_ns
     path.write_bytes(bytes(data))
+    # rewritten in place: its stamp (mtime) moved, so even the members level hashes it
+    assert "sha256 differs" in verify_shard(tmp_path, record, "members")[0]
+    os.utime(path, ns=(mtime, mtime))  # the same edit with the mtime put back: only sha256 sees it
     assert verify_shard(tmp_path, record, "members") == []
     assert "sha256 differs" in verify_shard(tmp_path, record, "full")[0]
     scan = scan_output(tmp_path, verify="full")

@@ -64,8 +64,8 @@ class DatasetConfig:
         if self.on_error not in ON_ERROR:
             raise DatasetError(f"dataset.on_error={self.on_error!r} is not allowed; "
                              f"allowed: {', '.join(ON_ERROR)}")
-        if type(self.max_line_bytes) is not int or self.max_line_bytes < 1:
-            raise DatasetError(f"dataset.max_line_bytes={self.max_line_bytes!r} must be an integer >= 1 "
+        if type(self.max_line_bytes) is not int or not 1 <= self.max_line_bytes <= 1 << 30:
+            raise DatasetError(f"dataset.max_line_bytes={self.max_line_bytes!r} must be an integer in [1, 2**30] "
                                f"(default {DEFAULT_MAX_LINE_BYTES}, 1 MiB)")
         if type(self.limit) is not int or self.limit < 0:
             raise DatasetError(f"dataset.limit={self.limit!r} must be an integer >= 0 (0 = all rows)")

@@ -67,6 +67,36 @@ def check_file(path: Path, path_text: str) -> None:
         raise DatasetError(f"dataset.path={path_text!r}: {path} is a directory inside a file list; "
                            f"name files only")
     if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        # /dev/zero or a disk: endless or huge, never a prompt file. Pipes (FIFOs) are allowed.
+        # /dev/zero or a disk: endless or huge, never a prompt file.
         raise DatasetError(f"dataset.path={path_text!r}: {path} is a device, not a file of prompts; "
                            f"give a JSONL, TXT, CSV, Parquet or tar file")
+    if not stat.S_ISREG(mode):
+        # A FIFO or socket can be read once only, and the plan reads a dataset twice (its digest and
+        # its rows, and again to check a resume): refused before a byte is read, rather than hang.
+        raise DatasetError(f"dataset.path={path_text!r}: {path} is a pipe or socket, not a regular file: the job "
+                           f"reads its dataset more than once (to plan, to hash, to resume). Save the stream to a "
+                           f"file first (e.g. `cat ... > prompts.jsonl`) and point dataset.path at it")
+    check_compression(path, path_text)
+
+
+# Magic numbers of compressed files: a compressed prompt file is refused naming its compression.
+_COMPRESSED = ((b"\x1f\x8b", "gzip", "gunzip -k"), (b"\x28\xb5\x2f\xfd", "zstd", "zstd -d"),
+               (b"BZh", "bzip2", "bunzip2 -k"), (b"\xfd7zXZ\x00", "xz", "unxz -k"))
+_WDS_COMPRESSED = (".tgz", ".tar.gz")  # a gzipped webdataset tar is read as it is (tarfile's r|*)
+
+
+def check_compression(path: Path, path_text: str) -> None:
+    """A gzip/zstd/bzip2/xz file is refused, naming the compression and the command that undoes it
+    (its text would otherwise be read as garbage rows, or "re-encode as UTF-8")."""
+    if path.name.lower().endswith(_WDS_COMPRESSED):
+        return
+    try:
+        with open(path, "rb") as f:
+            head = f.read(6)
+    except OSError:
+        return
+    for magic, name, undo in _COMPRESSED:
+        if head.startswith(magic):
+            raise DatasetError(f"dataset.path={path_text!r}: {path} is {name}-compressed; the job reads plain "
+                               f"JSONL, TXT, CSV, Parquet or tar files. Decompress it first (`{undo} {path}`) and "
+                               f"point dataset.path at the result")

@@ -10,9 +10,11 @@ at most N² samples, however large the output. Only PIL is needed to draw.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
@@ -62,6 +64,26 @@ class Report:
     plot: Optional[Path]  # None when the output has no timeline
 
 
+_SAFE = re.compile(r"[A-Za-z0-9_%+=@,-][A-Za-z0-9_%+=@,.-]{0,199}")
+
+
+def safe_name(stem: str) -> str:
+    """A member stem as a file name under images/: the stem itself when it is a plain name (what
+    this job writes, sinks/keys.py), else a digest of it. Member names come from the tar, which
+    anyone may have crafted (`../../x`, `/etc/y`): nothing read from a shard picks a path."""
+    if _SAFE.fullmatch(stem) and ".." not in stem:
+        return stem
+    return "member-" + hashlib.sha256(stem.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+
+
+def _plain_url(index: Path, url) -> str:
+    """An index entry's url must name a file in output_dir itself (a crafted index could point anywhere)."""
+    if not isinstance(url, str) or "/" in url or "\\" in url or url.startswith(".") or not url:
+        raise InspectError(f"{index} lists {url!r}, which is not a shard file name in output_dir; rerun the job "
+                           f"to rewrite the index")
+    return url
+
+
 def shard_paths(output_dir: Path) -> List[Path]:
     """The committed shards, as the index lists them; every shard-*.tar when there is no index yet."""
     if not output_dir.exists():
@@ -76,7 +98,7 @@ def shard_paths(output_dir: Path) -> List[Path]:
         except (ValueError, KeyError, TypeError) as e:
             raise InspectError(f"{index} is not a wids shard index ({e}); delete it to read shard-*.tar instead, "
                                f"or rerun the job to rewrite it") from None
-        paths = [output_dir / u for u in urls]
+        paths = [output_dir / _plain_url(index, u) for u in urls]
         missing = [str(p) for p in paths if not p.is_file()]
         if missing:
             raise InspectError(f"{index} lists {len(missing)} shard(s) that are not there: {', '.join(missing[:3])}; "
@@ -144,12 +166,12 @@ def inspect_output(output_dir: Path, out: Optional[Path] = None, samples: int = 
     (out / "images").mkdir(parents=True, exist_ok=True)
     tiles, figures = [], []
     for s in chosen:
-        rel = f"images/{s.stem}.{s.ext}"
+        rel = f"images/{safe_name(s.stem)}.{s.ext}"
         (out / rel).write_bytes(s.image)
         thumb, info = _thumbnail(s)
         sound = None
         if s.audio is not None:
-            sound = f"images/{s.stem}.wav"
+            sound = f"images/{safe_name(s.stem)}.wav"
             (out / sound).write_bytes(s.audio)
             info += f"; sound {wav_seconds(s.audio):.2f} s"
         tiles.append(Tile(image=thumb, key=s.key, prompt=str(s.meta.get("prompt", ""))))

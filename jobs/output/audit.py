@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Dict, List
 
 from jobs.errors import UserError
-from jobs.output.layout import INDEX_FILE, MANIFEST_DIR
+from jobs.output.layout import DONE_DIR, INDEX_FILE, LOG_DIR, MANIFEST_DIR, PLAN_DIR, RUN_FILE
 from sinks.manifest import load_manifest, verify_shard
 from sinks.sidecars import PARQUET_SUFFIX, STATS_SUFFIX, check_sidecars, sidecar_names
 
@@ -31,6 +31,7 @@ PROBLEMS_SHOWN = 200
 class Report:
     problems: List[str] = field(default_factory=list)
     notes: List[str] = field(default_factory=list)
+    foreign: List[str] = field(default_factory=list)  # in output_dir, not the run's: left alone, never indexed
     shards: int = 0
     samples: int = 0
 
@@ -39,37 +40,42 @@ def verify_output(output_dir: Path) -> Report:
     if not output_dir.is_dir():
         raise UserError(f"OUTPUT_DIR={str(output_dir)!r} is not a directory; give the output_dir of a job")
     report = Report()
+    run = _run_id(output_dir, report)
+    fix = RepairAdvice(output_dir)
     manifests = {}
     for path in sorted((output_dir / MANIFEST_DIR).glob("*.tar.json")):
         url = path.name[: -len(".json")]
         record = load_manifest(output_dir, url)
         if record is None:
-            report.problems.append(f"{path}: unreadable manifest (rerun the job to rebuild it from its shard)")
+            report.problems.append(f"{path}: unreadable manifest ({fix.plain})")
+        elif run and record.run and record.run != run:
+            report.foreign.append(f"{url}: its manifest is another run's (run {record.run}, this run is {run})")
         elif not (output_dir / url).is_file():
-            report.problems.append(f"{url}: listed by {path.name} but the shard is missing (rerun the job to "
-                                   f"generate its {record.nsamples} samples again)")
+            report.problems.append(f"{url}: listed by {path.name} but the shard is missing ({fix.plain}: it "
+                                   f"generates its {record.nsamples} samples again)")
         else:
             manifests[url] = record
     for path in sorted(output_dir.glob("*.tar")):
         if path.name not in manifests and not (output_dir / MANIFEST_DIR / f"{path.name}.json").exists():
-            report.problems.append(f"{path.name}: a .tar with no manifest, so it is not in the index: a stray copy "
-                                   f"(move it out of output_dir) or a shard whose writer died before its manifest "
-                                   f"(rerun the job to check and adopt it)")
+            report.foreign.append(f"{path.name}: a .tar with no manifest: not written by this run (its manifests "
+                                  f"come before their shards), so it is not in the index")
     if manifests and not (output_dir / "run.json").exists():
-        report.problems.append("run.json is missing: a rerun of the job cannot tell whether it may resume here")
+        report.problems.append(f"run.json is missing ({fix.plain}: it restores it from _plan/plan.json)")
     good = {}
     for url, record in manifests.items():
         differences = verify_shard(output_dir, record, "full")
         if differences:
-            report.problems.append(f"{url}: does not match its manifest: {'; '.join(differences)} (rerun the job: "
-                                   f"it moves the shard to _quarantine/ and generates its samples again)")
+            how = fix.plain if fix.plain_sees(record) else fix.full
+            report.problems.append(f"{url}: does not match its manifest: {'; '.join(differences)} ({how}: it moves "
+                                   f"the shard to _quarantine/ and generates its samples again)")
         else:
             good[url] = record
-    _check_sidecars(output_dir, good, report)
-    _check_index(output_dir / INDEX_FILE, manifests, report)
+    _check_sidecars(output_dir, good, report, fix)
+    _check_index(output_dir / INDEX_FILE, manifests, report, fix)
     owners: Dict[str, str] = {}
     for url, record in good.items():
         _read_back(output_dir / url, record, owners, report)
+    _check_planned_keys(output_dir, owners, report, fix)
     temps = sorted(p.name for p in output_dir.glob(".shard-*.tmp"))
     if temps:
         report.notes.append(f"{len(temps)} shard temp file(s) ({temps[0]}, ...): a job is writing, or one was killed "
@@ -78,10 +84,90 @@ def verify_output(output_dir: Path) -> Report:
     return report
 
 
-def _check_sidecars(output_dir: Path, good: dict, report: Report) -> None:
+def _run_id(output_dir: Path, report: Report) -> str:
+    import hashlib
+
+    try:
+        data = (output_dir / RUN_FILE).read_bytes()
+        json.loads(data)
+    except FileNotFoundError:
+        return ""
+    except (OSError, ValueError):
+        report.problems.append(f"{RUN_FILE} is unreadable: rerun the job: it restores it from _plan/plan.json "
+                               f"when the plan's identity is the job's")
+        return ""
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+class RepairAdvice:
+    """What repairs a problem: a plain rerun (it sees sizes and stamps), or job.verify=full (sha256).
+    The command is the one that made output_dir, from Hydra's record of its overrides, when there."""
+
+    def __init__(self, output_dir: Path):
+        self.output_dir = output_dir
+        command = _last_command(output_dir)
+        self.plain = f"a plain rerun repairs it: {command}" if command else "a plain rerun of the job repairs it"
+        self.full = (f"a plain rerun checks sizes and stamps only; this needs sha256: {command} job.verify=full"
+                     if command else "a plain rerun checks sizes and stamps only; this needs sha256: rerun the job "
+                                     "with job.verify=full")
+
+    def plain_sees(self, record) -> bool:
+        """Would a plain rerun's stat check (jobs/worker/recheck.py) find that this shard changed?"""
+        from sinks.tar_check import file_stamp
+
+        for name, size in [(record.url, record.filesize)] + [(sc[0], sc[1]) for sc in record.sidecars]:
+            try:
+                st = (self.output_dir / name).stat()
+            except OSError:
+                return True
+            if st.st_size != size or record.stamps.get(name) not in (None, file_stamp(st)):
+                return True
+        return False
+
+
+def _last_command(output_dir: Path) -> str:
+    """`python -m jobs.generate OVERRIDES` of the newest run Hydra logged under output_dir/logs/."""
+    import shlex
+
+    runs = sorted((output_dir / LOG_DIR).glob("*/.hydra/overrides.yaml"), key=lambda p: p.parent.parent.name)
+    if not runs:
+        return ""
+    try:
+        import yaml
+
+        overrides = [str(o) for o in yaml.safe_load(runs[-1].read_text()) or []
+                     if not str(o).startswith("job.verify=")]
+    except (OSError, ValueError, ImportError):
+        return ""
+    return "python -m jobs.generate " + " ".join(shlex.quote(o) for o in overrides)
+
+
+def _check_planned_keys(output_dir: Path, owners: Dict[str, str], report: Report, fix: RepairAdvice) -> None:
+    """Every key of a done unit is in a shard: a unit marked done with samples missing is news."""
     import pyarrow.parquet as pq
 
-    fix = "rerun the job with job.verify=full: it rebuilds them from the shard"
+    done_dir = output_dir / PLAN_DIR / DONE_DIR
+    if not done_dir.is_dir():
+        return
+    missing = []
+    for marker in sorted(done_dir.glob("unit-*.json")):
+        unit_file = output_dir / PLAN_DIR / (marker.stem + ".parquet")
+        try:
+            keys = pq.read_table(unit_file, columns=["key"]).column("key").to_pylist()
+        except Exception as err:  # noqa: BLE001 - an unreadable unit file is the finding
+            report.problems.append(f"{unit_file.name}: unreadable ({type(err).__name__}); rerun the job with "
+                                   f"job.verify=full: it rebuilds the plan's files")
+            continue
+        missing += [k for k in keys if k not in owners]
+    if missing:
+        report.problems.append(f"{len(missing)} key(s) of done units are in no shard, e.g. {missing[0]!r} ({fix.plain}: "
+                               f"it generates them)")
+
+
+def _check_sidecars(output_dir: Path, good: dict, report: Report, advice: RepairAdvice) -> None:
+    import pyarrow.parquet as pq
+
+    fix = f"{advice.full}: it rebuilds them from the shard"
     old = [url for url, record in good.items() if not record.sidecars]
     if old:
         report.notes.append(f"{len(old)} shard(s) ({old[0]}, ...) have no parquet/stats in their manifest (written "
@@ -99,31 +185,32 @@ def _check_sidecars(output_dir: Path, good: dict, report: Report) -> None:
                 problems.append(f"{parquet.name}: unreadable ({type(err).__name__}: {err})")
             if keys is not None and keys != list(record.keys):
                 problems.append(f"{parquet.name}: its keys are not the shard's")
-        report.problems += [f"{url}: {p} ({fix})" for p in problems]
+        how = f"{advice.plain}: it rebuilds them from the shard" if advice.plain_sees(record) else fix
+        report.problems += [f"{url}: {p} ({how})" for p in problems]
     for suffix in (PARQUET_SUFFIX, STATS_SUFFIX):
         for path in sorted(output_dir.glob(f"shard-*{suffix}")):
             if not (output_dir / (path.name[: -len(suffix)] + ".tar")).exists():
                 report.problems.append(f"{path.name}: its shard is missing, so it describes samples that are not "
-                                       f"there (rerun the job with job.verify=full: it moves it to _quarantine/)")
+                                       f"there ({advice.plain}: it moves it to _quarantine/)")
 
 
-def _check_index(path: Path, manifests: dict, report: Report) -> None:
+def _check_index(path: Path, manifests: dict, report: Report, fix: RepairAdvice) -> None:
     if not path.exists():
         if manifests:
-            report.problems.append(f"{path.name} is missing (rerun the job to write it)")
+            report.problems.append(f"{path.name} is missing ({fix.plain}: it writes it)")
         return
     try:
         index = json.loads(path.read_text())
         listed = {s["url"]: s for s in index["shardlist"]}
     except (OSError, ValueError, KeyError, TypeError) as err:
-        report.problems.append(f"{path.name}: unreadable ({type(err).__name__}: {err}); rerun the job to rewrite it")
+        report.problems.append(f"{path.name}: unreadable ({type(err).__name__}: {err}); {fix.plain}: it rewrites it")
         return
     if index.get("__kind__") != "wids-shard-index-v1":
         report.problems.append(f"{path.name}: __kind__ is {index.get('__kind__')!r}, expected 'wids-shard-index-v1'")
     for url in sorted(set(listed) - set(manifests)):
         report.problems.append(f"{path.name} lists {url}, which has no manifest or no shard")
     for url in sorted(set(manifests) - set(listed)):
-        report.problems.append(f"{path.name} does not list {url} (rerun the job to rewrite the index)")
+        report.problems.append(f"{path.name} does not list {url} ({fix.plain}: it rewrites the index)")
     for url in sorted(set(listed) & set(manifests)):
         entry, record = listed[url], manifests[url]
         for name in ("nsamples", "filesize", "sha256"):

@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import List
 
 from jobs.errors import UserError
-from jobs.output.layout import LOCK_DIR, PLAN_DIR, RUN_DIRS, RUN_FILE, RUN_FILES, SHARD_GLOB
+from jobs.output.layout import LOCK_DIR, LOG_DIR, PLAN_DIR, PLAN_FILE, RUN_DIRS, RUN_FILE, RUN_FILES, SHARD_GLOB
 from jobs.output.leases import live_leases
-from sinks.atomic import fsync_dir, write_synced
+from sinks.atomic import atomic_write_bytes, fsync_dir, write_synced
 from sinks.sidecars import sidecar_globs
 from sinks.tar_shard import link_no_replace
 
@@ -64,6 +64,17 @@ def open_run(output_dir: Path, identity: dict, overwrite: bool, shard_glob: str 
 def _claim_locked(output_dir: Path, identity: dict, overwrite: bool, shard_glob: str) -> bool:
     run_file = output_dir / RUN_FILE
     shards = sorted(output_dir.glob(shard_glob))
+    if (run_file.exists() and _unreadable(run_file)) or (not run_file.exists() and shards):
+        if _planned_identity(output_dir) == identity:
+            # run.json says what the plan says (plan.json carries the identity too): restore it from there
+            log.warning("%s is %s, but _plan/%s holds this job's identity: restoring it", run_file,
+                        "missing" if not run_file.exists() else "unreadable", PLAN_FILE)
+            atomic_write_bytes(run_file, identity_bytes(identity))
+            return True
+        if run_file.exists():
+            raise UserError(f"{run_file} is unreadable (damaged), and _plan/{PLAN_FILE} does not hold this job's "
+                            f"identity to restore it from. Nothing was deleted. If this output_dir is this job's, "
+                            f"restore run.json from a backup; else use another output_dir")
     if run_file.exists():
         old = json.loads(run_file.read_text())
         diff = _differences(old, identity)
@@ -80,7 +91,35 @@ def _claim_locked(output_dir: Path, identity: dict, overwrite: bool, shard_glob:
                          f"not written by this tool's run. Use another output_dir, or job.overwrite=true to delete them.")
     elif shards:
         wipe(output_dir, shard_glob)
-    return publish_once(run_file, (json.dumps(identity, indent=2, sort_keys=True, default=str) + "\n").encode())
+    return publish_once(run_file, identity_bytes(identity))
+
+
+def identity_bytes(identity: dict) -> bytes:
+    return (json.dumps(identity, indent=2, sort_keys=True, default=str) + "\n").encode()
+
+
+def _unreadable(path: Path) -> bool:
+    try:
+        json.loads(path.read_bytes())
+        return False
+    except ValueError:
+        return True
+
+
+def _planned_identity(output_dir: Path):
+    """The identity plan.json records (the planner writes it with the plan), or None."""
+    try:
+        return json.loads((output_dir / PLAN_DIR / PLAN_FILE).read_bytes())["identity"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def run_id(output_dir: Path) -> str:
+    """The run's id: a digest of its run.json, which every manifest it commits carries
+    (sinks/owned_scan.py adopts only its own run's shards)."""
+    import hashlib
+
+    return hashlib.sha256((output_dir / RUN_FILE).read_bytes()).hexdigest()[:16]
 
 
 def publish_once(path: Path, data: bytes) -> bool:
@@ -148,7 +187,20 @@ def dir_lock(output_dir: Path, name: str):
         os.close(fd)
 
 
+def check_not_inside_a_run(output_dir: Path) -> None:
+    """Refuse an output_dir inside another run's bookkeeping (`OTHER/_plan/...`): that run's
+    job.overwrite, or its resume, would delete or quarantine this one's files."""
+    path = Path(os.path.abspath(output_dir))
+    for parent in path.parents:
+        rel = path.relative_to(parent).parts
+        if rel and rel[0] in (*RUN_DIRS, LOCK_DIR, LOG_DIR) and (parent / RUN_FILE).exists():
+            raise UserError(f"output_dir={str(output_dir)!r} is inside {parent / rel[0]}, the bookkeeping of the "
+                            f"run in {parent}: that run's resume or job.overwrite would delete or move this one's "
+                            f"files. Choose an output_dir outside {parent}/{rel[0]}")
+
+
 def check_writable(output_dir: Path) -> None:
+    check_not_inside_a_run(output_dir)
     for parent in [output_dir, *output_dir.parents]:
         if parent.exists() and not parent.is_dir():
             raise UserError(f"output_dir={str(output_dir)!r} cannot be a directory: {str(parent)!r} is a file; "

@@ -26,8 +26,9 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+from dataclasses import replace
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from jobs.errors import UserError
 from jobs.kill_hook import KILL_AT_ENV, kill_hook
@@ -38,6 +39,9 @@ from jobs.output.schema import ITEM_SPEC
 from jobs.output.storage import Output, check_shared_staging, resolve
 from sinks.atomic import atomic_write_bytes
 from sinks.manifest import ShardRecord, scan_output
+from sinks.names import MANIFEST_DIR
+from sinks.owned_scan import Ownership, scan_owned
+from sinks.tar_check import file_stamp
 from sinks.quarantine import append_log
 from sinks.remote import Remote, describe_error, drop_payload
 from sinks.sidecars import MetaSpec
@@ -59,9 +63,37 @@ class LocalShards:
         """output_dir as the user named it (for logs and summary.json)."""
         return str(self.output_dir)
 
-    def scan(self, tar_glob: str, verify: str) -> Tuple[List[ShardRecord], List[dict]]:
-        result = scan_output(self.output_dir, tar_glob, verify, self.spec)
+    def scan(self, tar_glob: str, verify: str, owner: Optional[Ownership] = None) -> Tuple[List[ShardRecord], List[dict]]:
+        """The committed shards matching `tar_glob`: with an `owner` (a leased unit), only its own run's
+        (sinks/owned_scan.py); anything that differs from what was committed goes to _quarantine/."""
+        if owner is None:
+            result = scan_output(self.output_dir, tar_glob, verify, self.spec)
+        else:
+            result = scan_owned(self.output_dir, tar_glob, verify, self.spec, owner)
         return result.records, result.quarantined
+
+    def facts(self) -> Dict[str, Tuple[int, str]]:
+        """{name: (size, stamp)} of every shard file and manifest (`_manifest/NAME.json`): one listing
+        of output_dir and of its manifests and one stat a file, what the resume check of done units reads."""
+        files = {}
+        for folder, prefix in ((self.output_dir, ""), (self.output_dir / MANIFEST_DIR, f"{MANIFEST_DIR}/")):
+            if not folder.is_dir():
+                continue
+            with os.scandir(folder) as entries:
+                for e in entries:
+                    if e.name.startswith("shard-") and e.is_file(follow_symlinks=False):
+                        st = e.stat(follow_symlinks=False)
+                        files[prefix + e.name] = (st.st_size, file_stamp(st))
+        return files
+
+    def with_manifest_stamps(self, records: List[ShardRecord]) -> List[ShardRecord]:
+        """The records as a done marker lists them: with the stamp of each one's manifest too."""
+        out = []
+        for r in records:
+            name = f"{MANIFEST_DIR}/{r.url}.json"
+            st = os.stat(self.output_dir / name)
+            out.append(replace(r, stamps={**r.stamps, name: file_stamp(st)}))
+        return out
 
     def on_commit(self, record: ShardRecord) -> None:
         pass
@@ -209,12 +241,15 @@ class Mirror(LocalShards):
 
     # -- shards and units --------------------------------------------------------------------
 
-    def scan(self, tar_glob: str, verify: str) -> Tuple[List[ShardRecord], List[dict]]:
+    def scan(self, tar_glob: str, verify: str, owner: Optional[Ownership] = None) -> Tuple[List[ShardRecord], List[dict]]:
         """The unit's committed shards: the remote's, plus those committed here by a worker killed
         before (or while) it uploaded them, uploaded now unless the remote already has their name
         or keys (then they are stale: another staging folder generated those samples meanwhile)."""
-        local = scan_output(self.output_dir, tar_glob, verify, self.spec)
-        records, quarantined = self.remote.scan(tar_glob, verify, self.output_dir)
+        if owner is None:
+            local = scan_output(self.output_dir, tar_glob, verify, self.spec)
+        else:
+            local = scan_owned(self.output_dir, tar_glob, verify, self.spec, owner, staged=True)
+        records, quarantined = self.remote.scan(tar_glob, verify, self.output_dir, owner)
         for entry in quarantined:
             append_log(self.output_dir, entry)
         names = {r.url: r for r in records}
@@ -232,6 +267,18 @@ class Mirror(LocalShards):
             records.append(record)
             keys.update(record.keys)
         return sorted(records, key=lambda r: r.url), local.quarantined + quarantined
+
+    def facts(self) -> Dict[str, Tuple[int, str]]:
+        """As LocalShards.facts, from the bucket: one listing of its shards and one of its manifests."""
+        return {**self.remote.listing("", "shard-*"), **self.remote.listing(MANIFEST_DIR, "shard-*.json")}
+
+    def with_manifest_stamps(self, records: List[ShardRecord]) -> List[ShardRecord]:
+        listed = self.remote.listing(MANIFEST_DIR, "shard-*.json")
+        out = []
+        for r in records:
+            name = f"{MANIFEST_DIR}/{r.url}.json"
+            out.append(replace(r, stamps={**r.stamps, name: listed[name][1]} if name in listed else r.stamps))
+        return out
 
     def fetch_unit(self, unit_file: Path) -> None:
         if not unit_file.exists():

@@ -33,6 +33,11 @@ def arrow_rows(data: bytes, first_line: int, stem: str, prompt_field: str, key_f
     n_lines = data.count(b"\n") + (0 if data.endswith(b"\n") else 1)
     if not data or b"\n\n" in data or data.startswith((b"\n", *_BOMS)) or b"\r" in data or _SURROGATE_ESCAPE.search(data):
         return None
+    if not data.isascii():
+        try:  # Arrow's JSON reader does not check UTF-8: a Latin-1 byte is a row error for the readers to word
+            data.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
     import numpy as np
 
     ends = np.flatnonzero(np.frombuffer(data, np.uint8) == 10)

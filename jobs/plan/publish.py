@@ -13,6 +13,7 @@ file's size and mtime are unchanged, so joining a 10M-prompt plan does not read 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -23,12 +24,12 @@ from jobs.dataset import write_error_ledger
 from jobs.errors import UserError
 from jobs.kill_hook import kill_hook
 from jobs.output.claim import dir_lock, open_run, wipe
-from jobs.output.layout import ERRORS_FILE, PLAN_DIR, PLAN_FILE, RUN_FILE, SHARD_GLOB
+from jobs.output.layout import ERRORS_FILE, PLAN_DIR, PLAN_FILE, RUN_FILE, SHARD_GLOB, unit_name
 from jobs.output.leases import HOST, pid_alive
 from jobs.output.mirror import LocalShards, Mirror
 from jobs.plan.build import dataset_file, file_digest, plan_dataset
 from jobs.plan.identity import plan_identity
-from jobs.plan.units import PlanManifest, read_manifest, write_manifest
+from jobs.plan.units import DamagedPlan, PlanManifest, check_unit_file, read_manifest, unit_digest, write_manifest
 
 log = logging.getLogger("jobs.plan")
 
@@ -61,7 +62,15 @@ def open_plan(cfg: GenerateConfig, output_dir: Path, divisor: int) -> PlanManife
     plan_dir = output_dir / PLAN_DIR
     with dir_lock(output_dir, "plan"):
         if (plan_dir / PLAN_FILE).exists():
-            existing = read_manifest(plan_dir)
+            try:
+                existing = read_manifest(plan_dir)
+                if cfg.job.verify == "full":
+                    for unit in existing.units:
+                        check_unit_file(plan_dir, existing, unit.id)
+            except DamagedPlan as err:
+                if cfg.job.verify != "full":
+                    raise
+                return _repair(cfg, output_dir, plan_dir, divisor, err)
             ident = plan_identity(cfg, _digest_now(cfg, existing), existing.dataset["records"])
             open_run(output_dir, ident, cfg.job.overwrite)  # same: joins; different: refuses or wipes
             if (plan_dir / PLAN_FILE).exists():
@@ -77,6 +86,38 @@ def open_plan(cfg: GenerateConfig, output_dir: Path, divisor: int) -> PlanManife
         return _make(cfg, output_dir, plan_dir, divisor)
 
 
+def _repair(cfg: GenerateConfig, output_dir: Path, plan_dir: Path, divisor: int, why: DamagedPlan) -> PlanManifest:
+    """Plan again and put back the plan's files, if the new plan is the run's (run.json says so)."""
+    log.warning("%s: planning again to restore it", why.args[0].split(";")[0])
+    work = output_dir / f"{PLAN_DIR}.tmp-{HOST}-{os.getpid()}"
+    try:
+        manifest = _plan_into(cfg, work, divisor)
+        try:
+            claimed = json.loads((output_dir / RUN_FILE).read_bytes())
+        except (OSError, ValueError):
+            claimed = None
+        if claimed != json.loads(json.dumps(manifest.identity, default=str)):
+            raise UserError(f"{why.args[0].split(';')[0]}, and this job's dataset or config is not the run's "
+                            f"({RUN_FILE}), so its plan cannot be restored from them. Nothing was deleted. Rerun "
+                            f"with the run's own dataset and config, or use another output_dir")
+        for path in sorted(work.glob("unit-*.parquet")) + [work / PLAN_FILE]:
+            os.replace(path, plan_dir / path.name)
+        log.warning("restored %s from a new plan of the same dataset and config (%d units)", plan_dir,
+                    len(manifest.units))
+        return manifest
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _plan_into(cfg: GenerateConfig, work: Path, divisor: int) -> PlanManifest:
+    result = plan_dataset(cfg, divisor, work)
+    manifest = result.manifest
+    manifest.identity = plan_identity(cfg, manifest.dataset["digest"], manifest.dataset["records"])
+    manifest.unit_digests = {str(u.id): unit_digest(work / f"{unit_name(u.id)}.parquet") for u in manifest.units}
+    write_manifest(work, manifest)
+    return manifest
+
+
 def _make(cfg: GenerateConfig, output_dir: Path, plan_dir: Path, divisor: int) -> PlanManifest:
     _remove_stale_work(output_dir)
     work = output_dir / f"{PLAN_DIR}.tmp-{HOST}-{os.getpid()}"
@@ -85,6 +126,7 @@ def _make(cfg: GenerateConfig, output_dir: Path, plan_dir: Path, divisor: int) -
         kill_hook("plan")
         manifest = result.manifest
         manifest.identity = plan_identity(cfg, manifest.dataset["digest"], manifest.dataset["records"])
+        manifest.unit_digests = {str(u.id): unit_digest(work / f"{unit_name(u.id)}.parquet") for u in manifest.units}
         write_manifest(work, manifest)
         open_run(output_dir, manifest.identity, cfg.job.overwrite)
         errors_file = output_dir / ERRORS_FILE

@@ -57,6 +57,9 @@ class PlanManifest:
     units: List[UnitInfo] = field(default_factory=list)
     truncated: int = 0
     signatures: Dict[str, int] = field(default_factory=dict)
+    unit_digests: Dict[str, str] = field(default_factory=dict)
+    """{unit id: sha256 of its file}, checked whenever a unit is read (a damaged unit file would give
+    other seeds or prompts); empty in plans made before digests."""
 
     @property
     def n_items(self) -> int:
@@ -65,7 +68,8 @@ class PlanManifest:
     def to_json(self) -> dict:
         return {"plan_version": PLAN_VERSION, "identity": self.identity, "dataset": self.dataset,
                 "unit_items": self.unit_items, "items": self.n_items, "truncated": self.truncated,
-                "signatures": self.signatures, "units": [u.to_json() for u in self.units]}
+                "signatures": self.signatures, "units": [u.to_json() for u in self.units],
+                **({"unit_digests": self.unit_digests} if self.unit_digests else {})}
 
     @classmethod
     def from_json(cls, d: dict) -> "PlanManifest":
@@ -74,15 +78,55 @@ class PlanManifest:
                              f"{PLAN_VERSION}; plan again into a new output_dir (or job.overwrite=true)")
         return cls(identity=d["identity"], dataset=d["dataset"], unit_items=d["unit_items"],
                    units=[UnitInfo.from_json(u) for u in d["units"]], truncated=d["truncated"],
-                   signatures=d["signatures"])
+                   signatures=d["signatures"], unit_digests=d.get("unit_digests", {}))
+
+
+class DamagedPlan(UserError):
+    """A file of _plan/ that is not what the planner wrote (unreadable, or its digest differs)."""
+
+
+REPAIR = ("the plan is deterministic, so rerun the same command with job.verify=full: it plans again and "
+          "restores the plan's damaged files when the new plan is this run's (nothing committed is touched)")
 
 
 def read_manifest(plan_dir: Path) -> PlanManifest:
-    return PlanManifest.from_json(json.loads((plan_dir / PLAN_FILE).read_text()))
+    path = plan_dir / PLAN_FILE
+    try:
+        return PlanManifest.from_json(json.loads(path.read_bytes()))
+    except UserError:
+        raise
+    except (ValueError, KeyError, TypeError) as err:
+        raise DamagedPlan(f"{path} is damaged ({type(err).__name__}: {err}); {REPAIR}") from None
+
+
+def unit_digest(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def check_unit_file(plan_dir: Path, manifest: PlanManifest, unit: int) -> None:
+    """DamagedPlan when the unit's file is missing or not the one planned."""
+    path = plan_dir / f"{unit_name(unit)}.parquet"
+    want = manifest.unit_digests.get(str(unit))
+    try:
+        got = unit_digest(path) if want else None
+    except OSError as err:
+        raise DamagedPlan(f"{path} cannot be read ({err.strerror}); {REPAIR}") from None
+    if want and got != want:
+        raise DamagedPlan(f"{path} is not the file the planner wrote (its sha256 differs from plan.json's "
+                          f"unit_digests); {REPAIR}")
 
 
 def write_manifest(plan_dir: Path, manifest: PlanManifest) -> None:
     atomic_write_bytes(plan_dir / PLAN_FILE, (json.dumps(manifest.to_json(), indent=1) + "\n").encode())
+
+
+def read_unit_keys(plan_dir: Path, info: UnitInfo) -> List[str]:
+    """The keys of a unit, in plan order (what its shards may hold)."""
+    import pyarrow.parquet as pq
+
+    return pq.read_table(plan_dir / f"{unit_name(info.id)}.parquet", columns=["key"]).column("key").to_pylist()
 
 
 def read_unit(plan_dir: Path, info: UnitInfo, source_label: str, dtype: str) -> List[Item]:

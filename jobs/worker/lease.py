@@ -23,24 +23,39 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import threading
 import time
 import uuid
 from pathlib import Path
 from typing import Dict, Optional
 
+from jobs.errors import EnvironmentFailure
 from jobs.output.layout import LEASE_DIR
 from jobs.output.leases import HOST, LeaseInfo, process_start_time, lease_path, read_lease
+from sinks.errors import CommitRefused
 
 log = logging.getLogger(__name__)
 
 
-class Lease:
-    """A held lease: an open fd on the lease file we created."""
+class LeaseLost(EnvironmentFailure, CommitRefused):
+    """This worker's lease on a unit was taken over (it stalled past job.lease_ttl_s): it commits
+    nothing more of the unit, whose new holder finishes it, and stops."""
 
-    def __init__(self, plan_dir: Path, unit: int, fd: int, path: Path):
-        self.plan_dir, self.unit, self.fd, self.path = plan_dir, unit, fd, path
+
+class Lease:
+    """A held lease: an open fd on the lease file we created, and the token of this taking."""
+
+    def __init__(self, plan_dir: Path, unit: int, fd: int, path: Path, token: str = ""):
+        self.plan_dir, self.unit, self.fd, self.path, self.token = plan_dir, unit, fd, path, token
         self.ino = os.fstat(fd).st_ino
+        self.taken = time.time()
+
+    @property
+    def temp_tag(self) -> str:
+        """Host, pid and this taking of the lease: the temp names of whatever this lease writes, so a
+        stale holder and its successor never share (or delete) each other's temp files."""
+        return re.sub(r"[^A-Za-z0-9_-]", "_", f"{HOST}-{os.getpid()}-{self.token}")
 
     def touch(self) -> None:
         os.utime(self.fd)
@@ -92,7 +107,8 @@ class Leaser:
     def _create(self, path: Path, unit: int) -> Optional[Lease]:
         # Written under a temp name, then hard-linked to the lease's name: the link fails if the
         # name exists (exclusive, like O_EXCL, on NFS too), and no reader ever sees an empty lease.
-        body = {"unit": unit, "owner": self.owner, "host": HOST, "pid": os.getpid(),
+        token = uuid.uuid4().hex[:8]
+        body = {"unit": unit, "owner": self.owner, "host": HOST, "pid": os.getpid(), "token": token,
                 "start_time": process_start_time(os.getpid()), "ttl_s": self.ttl_s, "taken": time.time()}
         tmp = path.with_name(f".{path.name}.{HOST}-{os.getpid()}.tmp")
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -105,7 +121,7 @@ class Leaser:
             return None
         finally:
             tmp.unlink(missing_ok=True)
-        lease = Lease(self.plan_dir, unit, fd, path)
+        lease = Lease(self.plan_dir, unit, fd, path, token)
         with self._lock:
             self.held[unit] = lease
         self._start_heartbeat()
@@ -144,6 +160,18 @@ class Leaser:
         lease = self.held.get(unit)
         return lease is not None and unit not in self.lost and lease.held()
 
+    def check(self, unit: int) -> None:
+        """Raise LeaseLost unless this worker still holds the unit (a guard before each commit)."""
+        if self.still_held(unit):
+            return
+        self.lost.add(unit)
+        lease = self.held.get(unit)
+        held_for = f" after {time.time() - lease.taken:.0f}s" if lease is not None else ""
+        raise LeaseLost(f"lost the lease on unit {unit}{held_for}: another worker took it over as expired (no "
+                        f"heartbeat from this process for more than job.lease_ttl_s={self.ttl_s:g}s: was it stopped "
+                        f"or starved?). This worker stops and commits nothing more of it; its new holder finishes "
+                        f"it. Rerun the same command to join the run again")
+
     # -- heartbeat -------------------------------------------------------------------------
     def _start_heartbeat(self) -> None:
         if self._thread is None:
@@ -161,7 +189,7 @@ class Leaser:
                         lease.touch()
                     if not lease.held() and lease.unit not in self.lost:
                         self.lost.add(lease.unit)
-                        log.error("lost the lease on unit %d (taken over as expired): this worker stops "
-                                  "writing it", lease.unit)
+                        log.warning("lost the lease on unit %d (taken over as expired): this worker stops "
+                                    "writing it", lease.unit)
                 except OSError as e:
                     log.warning("heartbeat of unit %d failed: %s", lease.unit, e)

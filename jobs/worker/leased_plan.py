@@ -24,10 +24,11 @@ from jobs.output.done import done_units
 from jobs.output.layout import PLAN_FILE, unit_name, unit_shard_glob
 from jobs.output.leases import live_leases
 from jobs.plan import Batch, Signature, cut_batches
-from jobs.plan.units import PlanManifest, UnitInfo, read_unit
+from jobs.plan.units import PlanManifest, UnitInfo, check_unit_file, read_unit
 from jobs.worker.lease import Leaser
 from jobs.worker.stop import StopFlag
 from jobs.worker.unit_sink import UnitSink
+from sinks.owned_scan import Ownership
 
 log = logging.getLogger("jobs.run")
 
@@ -96,10 +97,12 @@ class LeasedPlan:
 
     def _unit_batches(self, info: UnitInfo) -> List[Batch]:
         self.sink.shards.fetch_unit(self.plan_dir / f"{unit_name(info.id)}.parquet")  # an object store: on lease
+        check_unit_file(self.plan_dir, self.manifest, info.id)  # a damaged unit would give other seeds
         items = read_unit(self.plan_dir, info, self.manifest.dataset["path"], self.settings.dtype)
         # Ours to check and clean: we hold its lease. A shard that no longer matches its manifest is
         # quarantined by the scan, and its samples are generated again.
-        prior, _ = self.sink.shards.scan(unit_shard_glob(info.id), self.settings.verify)
+        owner = Ownership(self.sink.run, frozenset(it.key for it in items))  # adopt only this run's, of these keys
+        prior, _ = self.sink.shards.scan(unit_shard_glob(info.id), self.settings.verify, owner)
         committed = {k for r in prior for k in r.keys}
         todo = [it for it in items if it.key not in committed]
         self.leased.append(info.id)

@@ -18,15 +18,16 @@ import torch
 
 from jobs.config import GenerateConfig
 from jobs.models.base import ModelFamily
-from jobs.output.done import reopen_damaged
+from jobs.output.claim import run_id
 from jobs.output.layout import PLAN_DIR
 from jobs.output.leases import HOST
-from jobs.output.mirror import LocalShards, open_shards
+from jobs.output.mirror import open_shards
 from jobs.plan.publish import join_or_make_plan
 from jobs.plan.units import PlanManifest, read_manifest
 from jobs.preflight import check_config
 from jobs.telemetry.summary import StageTimer
 from jobs.worker.lease import Leaser
+from jobs.worker.recheck import Recheck, recheck_done_units
 from jobs.worker.leased_plan import LeasedPlan, PlanSettings
 from jobs.worker.ranks import Group, Topology
 from jobs.worker.stop import StopFlag
@@ -60,17 +61,19 @@ def prepare(cfg: GenerateConfig, timer: StageTimer, group: Group, device: torch.
     with timer("plan"):
         # Rank 0 joins or makes the plan (other jobs on output_dir wait on its lock); the other
         # ranks read what it settled.
+        owner = f"{HOST}:{os.getpid()}:part{topo.part}/{topo.parts}"
+
         def join_or_make() -> None:
-            held["manifest"] = join_or_make_plan(cfg, shards, checked.divisor)
-            if cfg.job.verify == "full":
-                _reopen_damaged(output_dir, shards, cfg.job.verify)
+            manifest = held["manifest"] = join_or_make_plan(cfg, shards, checked.divisor)
+            leaser = Leaser(output_dir / PLAN_DIR, owner, cfg.job.lease_ttl_s)
+            _report(recheck_done_units(manifest, output_dir / PLAN_DIR, shards, leaser, run_id(output_dir),
+                                       full=cfg.job.verify == "full"), output_dir)
 
         group.agree(join_or_make, leader_only=True)
     plan_dir = output_dir / PLAN_DIR
     manifest = held.get("manifest") or read_manifest(plan_dir)
-    owner = f"{HOST}:{os.getpid()}:part{topo.part}/{topo.parts}"
     leaser = Leaser(plan_dir, owner, cfg.job.lease_ttl_s)
-    sink = UnitSink(output_dir, cfg.sink, plan_dir, leaser, owner, shards)
+    sink = UnitSink(output_dir, cfg.sink, plan_dir, leaser, owner, shards, run=run_id(output_dir))
     order = PlanSettings(batch_sizes=list(cfg.bcg.batch_sizes), pad_short=cfg.bcg.pad_short_batches,
                       dtype=cfg.model.dtype, part=topo.part, wait=cfg.job.wait_for_leases, verify=cfg.job.verify)
     plan = LeasedPlan(manifest, plan_dir, leaser, sink, order, stop)
@@ -78,10 +81,11 @@ def prepare(cfg: GenerateConfig, timer: StageTimer, group: Group, device: torch.
                     manifest=manifest, sink=sink, topo=topo, device=device)
 
 
-def _reopen_damaged(output_dir: Path, shards: LocalShards, verify: str) -> None:
-    moved = reopen_damaged(output_dir / PLAN_DIR, shards, verify)
-    if moved:
-        log.warning("resume: %d committed shard(s) no longer match their manifests and were moved to "
-                    "%s/_quarantine/ (listed in summary.json): %s; their units are reopened and their "
-                    "samples generated again", len(moved), output_dir,
-                    ", ".join(q["url"] for q in moved[:10]))
+def _report(check: Recheck, output_dir: Path) -> None:
+    if check.reopened:
+        log.warning("resume: %d of %d done unit(s) no longer held what they committed and were reopened (%s); "
+                    "%d shard(s) moved to %s/_quarantine/ (listed in summary.json): %s", len(check.reopened),
+                    check.checked, ", ".join(map(str, check.reopened[:10])), len(check.quarantined), output_dir,
+                    ", ".join(q["url"] for q in check.quarantined[:10]) or "none")
+    elif check.checked:
+        log.info("resume: the shards of %d done unit(s) are as committed", check.checked)

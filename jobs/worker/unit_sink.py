@@ -9,11 +9,15 @@ the unit is complete matters: a worker that holds a finished but unmarked unit w
 others' leases would make them wait for it.
 
 A unit whose lease was lost (taken over as expired while this worker stalled) stops being
-written: its open shard is dropped and it is never marked done by this worker.
+written: its open shard is dropped, it is never marked done by this worker, and the worker stops
+with LeaseLost (one line, exit 75). Every commit first checks the lease (the writer's guard), and
+temp names carry the lease's tag, so the stale worker never commits into, nor deletes from, what
+its successor writes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,8 +26,9 @@ from typing import Dict, List, Optional
 from jobs.output.mirror import LocalShards
 from jobs.output.done import done_path, mark_done
 from jobs.output.layout import unit_shard_pattern
-from jobs.worker.lease import Leaser
+from jobs.worker.lease import LeaseLost, Leaser
 from sinks import AsyncSink, Sample, ShardRecord, SinkConfig
+from sinks.shard_writer import Owner
 from sinks.sidecars import MetaSpec
 
 log = logging.getLogger(__name__)
@@ -40,12 +45,13 @@ class _Open:
 
 class UnitSink:
     def __init__(self, output_dir: Path, config: SinkConfig, plan_dir: Path, leaser: Leaser, owner: str,
-                 shards: Optional[LocalShards] = None):
+                 shards: Optional[LocalShards] = None, run: str = ""):
         self.output_dir, self.config, self.plan_dir = Path(output_dir), config, plan_dir
         # Where committed shards are found and what follows a commit (an upload, jobs/output/mirror.py).
         self.shards = shards or LocalShards(self.output_dir, MetaSpec())
-        self.leaser, self.owner = leaser, owner
+        self.leaser, self.owner, self.run = leaser, owner, run  # run: the id every manifest carries
         self._open: Dict[int, _Open] = {}
+        self._open_closing: Optional[tuple] = None  # (unit, _Open) while its last shards commit
         self._unit_of: Dict[str, int] = {}
         self._records: List[ShardRecord] = []  # committed by this worker, units closed
         self.units_done: List[int] = []
@@ -56,8 +62,10 @@ class UnitSink:
         if not keys:
             self._mark(unit, prior)
             return
+        lease = self.leaser.held[unit]
+        writer = Owner(run=self.run, temp_tag=lease.temp_tag, guard=lambda: self.leaser.check(unit))
         sink = AsyncSink(self.output_dir, self.config, name_pattern=unit_shard_pattern(unit), spec=self.shards.spec,
-                         on_commit=self.shards.on_commit)
+                         on_commit=self.shards.on_commit, owner=writer)
         self._open[unit] = _Open(sink=sink, expected=len(keys), prior=prior, keys=set(keys))
         for k in keys:
             self._unit_of[k] = unit
@@ -65,32 +73,43 @@ class UnitSink:
     def put(self, sample: Sample) -> None:
         unit = self._unit_of.pop(sample.key)
         u = self._open[unit]
-        if unit in self.leaser.lost:
-            self._drop(unit)
-            return
-        u.sink.put(sample)
-        self._account(unit, u)
+        with self._guarded(unit):
+            self.leaser.check(unit)
+            u.sink.put(sample)
+            self._account(unit, u)
 
     def skip(self, key: str, reason: str = "nonfinite") -> None:
         """An item that will not be written (its image went to the NaN ledger): the unit still ends."""
         unit = self._unit_of.pop(key)
         u = self._open[unit]
-        if unit not in self.leaser.lost:
+        with self._guarded(unit):
+            self.leaser.check(unit)
             u.sink.note_failure(key, reason)  # counted in its shard's _stats.json
-        self._account(unit, u)
+            self._account(unit, u)
+
+    @contextlib.contextmanager
+    def _guarded(self, unit: int):
+        """A lost lease (found here, by the heartbeat, or by the writer's guard at a commit): drop
+        the unit's open shard, then stop the worker with the one line LeaseLost says."""
+        try:
+            yield
+        except LeaseLost:
+            self._drop(unit)
+            raise
 
     def _account(self, unit: int, u: _Open) -> None:
         u.accounted += 1
         if u.accounted == u.expected:
             del self._open[unit]
-            records = u.sink.close()
+            self._open_closing = (unit, u)
+            records = u.sink.close()  # each commit checks the lease (the writer's guard)
+            self._open_closing = None
             self._collect(u.sink, records)
-            if self.leaser.still_held(unit):
-                self._mark(unit, u.prior + records)
-            else:
-                log.error("unit %d: lease lost before its commit; its new holder finishes it", unit)
+            self.leaser.check(unit)
+            self._mark(unit, u.prior + records)
 
     def _mark(self, unit: int, records: List[ShardRecord]) -> None:
+        records = self.shards.with_manifest_stamps(records)  # the resume check then sees a manifest rewritten
         if mark_done(self.plan_dir, unit, records, self.owner):
             self.shards.on_done(done_path(self.plan_dir, unit))
         self.units_done.append(unit)
@@ -111,6 +130,9 @@ class UnitSink:
 
     def _drop(self, unit: int) -> None:
         u = self._open.pop(unit, None)
+        if u is None and self._open_closing is not None and self._open_closing[0] == unit:
+            u = self._open_closing[1]
+            self._open_closing = None
         if u is not None:
             u.sink.abort()
             self._collect(u.sink, u.sink.records)
@@ -123,7 +145,12 @@ class UnitSink:
         try:
             for unit in list(self._open):
                 u = self._open.pop(unit)
+                if unit in self.leaser.lost:  # its new holder writes it now
+                    u.sink.abort()
+                    continue
                 self._collect(u.sink, u.sink.close())
+        except LeaseLost:
+            pass  # that unit's complete samples are its new holder's to write
         finally:
             self.abort()
         return self._records

@@ -1,0 +1,236 @@
+"""One test per class of issue 26's hostile cases: each asserts the message, that what was committed
+and must not change did not, and (for runs) that a plain rerun leaves every key exactly once."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import io
+import json
+import logging
+import os
+import shutil
+import tarfile
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from jobs.errors import UserError, environment_failure
+from jobs.output.audit import verify_output
+from tests.helpers import compose_cfg, prompts, write_jsonl
+from tests.test_trust_property import FAST, indexed_keys, run_job
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    import torch
+
+    torch.set_num_threads(1)
+    tmp = tmp_path_factory.mktemp("classes")
+    rows = prompts(8)
+    data = write_jsonl(tmp / "prompts.jsonl", rows)
+    out = tmp / "template"
+    assert run_job([f"dataset.path={data}", f"output_dir={out}", *FAST]) == 0
+    return {"rows": rows, "data": data, "out": out}
+
+
+def _copy(finished, tmp_path) -> Path:
+    out = tmp_path / "out"
+    shutil.copytree(finished["out"], out)
+    return out
+
+
+def _bytes(out: Path, names) -> dict:
+    return {n: hashlib.sha256((out / n).read_bytes()).hexdigest() for n in names}
+
+
+def _rerun(finished, out, *extra) -> int:
+    return run_job([f"dataset.path={finished['data']}", f"output_dir={out}", *FAST, *extra])
+
+
+def test_a_deleted_shard_of_a_done_unit_is_regenerated_by_a_plain_rerun(finished, tmp_path, caplog):
+    out = _copy(finished, tmp_path)
+    victim = "shard-u0000000-0000.tar"
+    others = sorted(p.name for p in out.glob("shard-*.tar") if p.name != victim)
+    before = _bytes(out, others)
+    (out / victim).unlink()
+    problems = verify_output(out).problems
+    assert any(victim in p and "a plain rerun" in p for p in problems), problems
+    with caplog.at_level(logging.INFO):
+        assert _rerun(finished, out) == 0
+    assert "done unit 0 no longer holds what it committed (shard-u0000000-0000.tar is missing" in caplog.text
+    assert _bytes(out, others) == before  # the untouched shards keep their bytes
+    assert verify_output(out).problems == []
+    assert indexed_keys(out) == Counter(r["key"] for r in finished["rows"])
+
+
+def test_a_foreign_shard_is_left_alone_listed_and_never_indexed(finished, tmp_path):
+    out = _copy(finished, tmp_path)
+    other = tmp_path / "other"
+    odata = write_jsonl(tmp_path / "o.jsonl", [{"key": "zz1", "prompt": "another run"}])
+    assert run_job([f"dataset.path={odata}", f"output_dir={other}", *FAST]) == 0
+    # dropped under the next name of an unfinished unit, as the issue's attacker did
+    shutil.rmtree(out / "_plan" / "done")
+    shutil.copy(other / "shard-u0000000-0000.tar", out / "shard-u0000001-0009.tar")
+    assert _rerun(finished, out) == 0
+    assert (out / "shard-u0000001-0009.tar").read_bytes() == (other / "shard-u0000000-0000.tar").read_bytes()
+    report = verify_output(out)
+    assert report.problems == [] and any("shard-u0000001-0009.tar: a .tar with no manifest" in f for f in report.foreign)
+    keys = indexed_keys(out)
+    assert "zz1" not in keys and keys == Counter(r["key"] for r in finished["rows"])
+
+
+def test_an_edited_key_in_a_manifest_is_not_adopted(finished, tmp_path, caplog):
+    out = _copy(finished, tmp_path)
+    path = out / "_manifest" / "shard-u0000000-0001.tar.json"
+    record = json.loads(path.read_text())
+    record["keys"][0] = record["keys"][0][:-1] + "X"
+    path.write_text(json.dumps(record))
+    with caplog.at_level(logging.WARNING):
+        assert _rerun(finished, out) == 0
+    assert "its manifest lists 1 key(s) this unit does not have" in caplog.text
+    assert verify_output(out).problems == []
+    assert indexed_keys(out) == Counter(r["key"] for r in finished["rows"])
+
+
+def test_a_damaged_plan_json_is_one_message_then_restored_by_job_verify_full(finished, tmp_path, caplog):
+    out = _copy(finished, tmp_path)
+    shards = sorted(p.name for p in out.glob("shard-*.tar"))
+    before = _bytes(out, shards)
+    (out / "_plan" / "plan.json").write_text("{damaged")
+    with caplog.at_level(logging.ERROR):
+        assert _rerun(finished, out) == 2
+    assert "plan.json is damaged" in caplog.text and "job.verify=full" in caplog.text
+    assert _rerun(finished, out, "job.verify=full") == 0
+    assert _bytes(out, shards) == before and verify_output(out).problems == []
+
+
+def test_a_deleted_run_json_is_restored_not_answered_with_overwrite(finished, tmp_path, caplog):
+    out = _copy(finished, tmp_path)
+    (out / "run.json").unlink()
+    with caplog.at_level(logging.WARNING):
+        assert _rerun(finished, out) == 0
+    assert "holds this job's identity: restoring it" in caplog.text and "job.overwrite" not in caplog.text
+    assert verify_output(out).problems == []
+
+
+def test_a_lost_lease_is_one_line_and_commits_nothing(tmp_path):
+    from jobs.worker.lease import LeaseLost, Leaser
+
+    leaser = Leaser(tmp_path, "me", 600)
+    lease = leaser.try_take(3)
+    leaser.check(3)  # held: no error
+    os.rename(lease.path, tmp_path / "taken-over")  # another worker broke it as expired
+    with pytest.raises(LeaseLost, match=r"lost the lease on unit 3 after \d+s: another worker took it over"):
+        leaser.check(3)
+    assert LeaseLost.exit_code == 75
+    assert "-" + lease.token in lease.temp_tag and str(os.getpid()) in lease.temp_tag
+
+
+def test_a_stale_writer_never_shares_a_temp_with_its_successor(tmp_path):
+    import numpy as np
+
+    from sinks import AsyncSink, Sample, SinkConfig
+    from sinks.errors import CommitRefused
+    from sinks.shard_writer import Owner
+
+    def refuse():
+        raise CommitRefused("lost")
+
+    stale = AsyncSink(tmp_path, SinkConfig(format="png", maxcount=2), name_pattern="shard-u0000000-{index:04d}.tar",
+                      owner=Owner(run="r", temp_tag="hostA-1-aaaa", guard=refuse))
+    stale.put(Sample("k0", np.zeros((8, 8, 3), np.uint8), "c"))
+    live = AsyncSink(tmp_path, SinkConfig(format="png", maxcount=2), name_pattern="shard-u0000000-{index:04d}.tar",
+                     owner=Owner(run="r", temp_tag="hostB-2-bbbb"))
+    live.put(Sample("k0", np.zeros((8, 8, 3), np.uint8), "c"))
+    records = live.close()
+    with pytest.raises(CommitRefused):
+        stale.close()
+    assert [r.url for r in records] == ["shard-u0000000-0000.tar"] and records[0].run == "r"
+    assert not list(tmp_path.glob(".*.tmp"))  # each removed its own temp; neither touched the other's
+
+
+def test_inputs_fifo_compressed_latin1(tmp_path, caplog):
+    from jobs.dataset.paths import check_file
+
+    fifo = tmp_path / "p.jsonl"
+    os.mkfifo(fifo)
+    with pytest.raises(UserError, match="is a pipe or socket, not a regular file"):
+        check_file(fifo, str(fifo))
+    gz = tmp_path / "p2.jsonl"
+    import gzip
+
+    gz.write_bytes(gzip.compress(b'{"prompt": "x"}\n'))
+    with pytest.raises(UserError, match=r"is gzip-compressed.*gunzip -k"):
+        check_file(gz, str(gz))
+    latin = tmp_path / "latin.jsonl"
+    latin.write_bytes(b'{"key": "a", "prompt": "caf\xe9"}\n{"key": "b", "prompt": "ok"}\n')
+    out = tmp_path / "out"
+    with caplog.at_level(logging.WARNING):
+        assert run_job([f"dataset.path={latin}", "dataset.on_error=skip", f"output_dir={out}", *FAST]) == 0
+    errors = [json.loads(line) for line in (out / "errors.jsonl").read_text().splitlines()]
+    assert [(e["line"], "not UTF-8" in e["reason"]) for e in errors] == [(1, True)]
+    assert indexed_keys(out) == Counter({"b": 1})
+
+
+@pytest.mark.parametrize("override", ["job.lease_ttl_s=inf", "job.log_every_s=-1", "sink.encode_threads=0",
+                                      "sink.encode_threads=100000", "plan.workers=-2", "plan.workers=100000",
+                                      "job.log_every_s=nan", "bcg.max_graph_memory_gb=inf"])
+def test_numeric_config_values_have_limits(override):
+    key = override.split("=")[0]
+    with pytest.raises(UserError, match=key.split(".")[-1]):
+        compose_cfg([override])
+
+
+def test_environment_failures_are_one_message():
+    from sinks.errors import SinkError
+
+    full = OSError(errno.ENOSPC, "No space left on device", "/data/out/.shard-u0000000-0000.tar.tmp")
+    text = environment_failure(full)
+    assert "the disk is full writing /data/out/.shard-u0000000-0000.tar.tmp" in text and "rerun the same command" in text
+    wrapped = SinkError("committing shard x failed: OSError: ...")
+    wrapped.__cause__ = OSError(errno.EROFS, "Read-only file system")
+    assert environment_failure(wrapped).startswith("committing shard x failed")
+    assert environment_failure(ValueError("a bug")) is None
+
+
+def test_inspect_treats_member_names_as_untrusted(tmp_path):
+    from jobs.look.report import inspect_output
+    from PIL import Image
+
+    out = tmp_path / "out"
+    out.mkdir()
+    png = io.BytesIO()
+    Image.new("RGB", (8, 8), "red").save(png, "PNG")
+    with tarfile.open(out / "shard-u0000000-0000.tar", "w") as tar:
+        for name, data in (("../../evil.png", png.getvalue()), ("../../evil.json", b'{"key": "e"}')):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    report = inspect_output(out)
+    written = {p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file()}
+    assert not (tmp_path / "evil.png").exists() and not any("evil" in w for w in written)
+    assert all(w.startswith("out/") for w in written), written
+    assert len(report.samples) == 1
+
+
+def test_hydra_overrides_that_write_or_call_elsewhere_are_refused(monkeypatch):
+    from jobs.cli_check import check_command_line
+
+    for bad in ("hydra.run.dir=/tmp/elsewhere", "hydra.output_subdir=/tmp/x", "+hydra.callbacks.x._target_=os.getcwd",
+                "hydra.sweep.dir=/tmp/sweeps"):
+        with pytest.raises(UserError, match="changes where Hydra writes or what it calls"):
+            check_command_line([bad])
+    monkeypatch.setenv("BCGEN_ALLOW_HYDRA_PATHS", "1")
+    check_command_line(["sampling.steps=2", "hydra.verbose=true"])
+
+
+def test_an_output_dir_inside_another_runs_bookkeeping_is_refused(finished, tmp_path):
+    out = _copy(finished, tmp_path)
+    with pytest.raises(UserError, match="is inside .*_plan, the bookkeeping of the run in"):
+        compose_cfg and run_job  # the job's check, before anything is written:
+        from jobs.output.claim import check_writable
+
+        check_writable(out / "_plan" / "mine")
+    assert not (out / "_plan" / "mine").exists()
