@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from bcg import GraphRunner
+from jobs.errors import EnvironmentFailure
 from jobs.output.layout import PLAN_DIR
 from jobs.telemetry.summary import JobStats, StageTimer
 from jobs.telemetry.watch import Watch
@@ -75,8 +76,9 @@ def generate_all(prep: Prepared, stats: JobStats, timer: StageTimer, stop: StopF
     except BaseException as e:
         stats.status = "interrupted" if isinstance(e, KeyboardInterrupt) else "failed"
         _commit_what_is_complete(prep)
-        log.warning("%s: committed every complete sample to %s. Rerun the same command to resume.",
-                    stats.status, prep.output_dir)
+        if not isinstance(e, EnvironmentFailure):  # its own one line (jobs/errors.py) says this and more
+            log.warning("%s: committed every complete sample to %s. Rerun the same command to resume.",
+                        stats.status, prep.output_dir)
         raise
     finally:
         watch.close()
