@@ -189,9 +189,10 @@ class BcgConfig(RunnerConfig):
     measured on its first batch (jobs/worker/dispatcher.py); always: capture every capturable one."""
     capture_min_gain: float = 0.02
     """auto: release a key's graphs when replay is not this fraction faster than eager."""
-    batch_grow: str = "auto"
+    batch_grow: str = "off"
     """Grow the pool past its largest size (x2, x4, ...) while memory allows and it pays, measured at
-    warm-up on the real model (jobs/worker/batch_sizer.py): auto (on CUDA) | on (any device) | off."""
+    warm-up on the real model and cached per GPU model and model (jobs/worker/batch_sizer.py):
+    off (the default: the pool is batch_sizes) | auto (on CUDA) | on (any device)."""
     batch_grow_max: int = 64
     """The largest batch size growing may reach."""
     batch_grow_min_gain: float = 0.03

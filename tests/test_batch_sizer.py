@@ -8,8 +8,10 @@ import tarfile
 from pathlib import Path
 
 import numpy as np
+import pytest
 from PIL import Image
 
+from jobs.errors import UserError
 from jobs.output.layout import BATCHING_FILE
 from jobs.worker.batch_sizer import BatchPick, Probe, grow, publish, read_published
 from tests.helpers import write_jsonl
@@ -72,10 +74,22 @@ def test_out_of_memory_or_a_predicted_misfit_stops_growth():
 def test_the_first_published_pick_wins(tmp_path):
     a = BatchPick(sizes=[1, 2, 4, 8, 16], grown=[16], reason="a")
     b = BatchPick(sizes=[1, 2, 4, 8], reason="b")
-    assert publish(tmp_path, a).sizes == [1, 2, 4, 8, 16]
-    used = publish(tmp_path, b)  # a second worker measured otherwise: it uses the first pick
+    assert publish(tmp_path, a, "run1").sizes == [1, 2, 4, 8, 16]
+    used = publish(tmp_path, b, "run1")  # a second worker measured otherwise: it uses the first pick
     assert used.sizes == [1, 2, 4, 8, 16] and used.source == "published"
-    assert read_published(tmp_path).reason == "a"
+    assert read_published(tmp_path, "run1").reason == "a"
+
+
+def test_an_edited_or_foreign_pick_is_refused_not_followed(tmp_path):
+    publish(tmp_path, BatchPick(sizes=[1, 2, 4, 8], reason="configured"), "run1")
+    with pytest.raises(UserError, match="published for run 'run1', not this one"):
+        read_published(tmp_path, "run2")
+    path = tmp_path / BATCHING_FILE
+    body = json.loads(path.read_text())
+    body["sizes"] = [1, 2, 4, 8, 64]  # a batch the run never chose
+    path.write_text(json.dumps(body))
+    with pytest.raises(UserError, match=r"batching.json is not the file this run published .* new output_dir"):
+        read_published(tmp_path, "run1")
 
 
 def images(out: Path) -> dict:
@@ -105,6 +119,15 @@ def test_a_job_measures_publishes_and_cuts_with_its_pick(tmp_path):
     assert "batch_sizing" in summary["stage_seconds"]
     got = images(out)
     assert len(got) == 9 and {g["batch_size"] for g in got.values()} <= set(pick["sizes"])
+
+    # The same model, signature and settings on this machine again: the measured pick from the
+    # cache (BCGEN_CACHE_DIR, tests/conftest.py), no probe.
+    again = tmp_path / "again"
+    run_cli(*FAST, f"dataset.path={data}", f"output_dir={again}", "bcg.batch_sizes=[1,2]", "bcg.batch_grow=on",
+            "bcg.batch_grow_max=8", "sink.format=png")
+    cached = json.loads((again / "_plan" / BATCHING_FILE).read_text())
+    assert cached["source"] == "cached" and cached["sizes"] == pick["sizes"]
+    assert json.loads((again / "summary.json").read_text())["stage_seconds"]["batch_sizing"] < 1.0
 
     # The same pool, configured: the same batches, so the same bytes.
     ref = tmp_path / "configured"

@@ -15,16 +15,26 @@ prompts of that signature (eager, output discarded):
 A candidate that runs out of memory ends the search. "Largest that fits" alone would be wrong at
 kernel-bound shapes (SANA-1.6B at 512²: batch 16 ran at 0.98x batch 8), hence the cost check.
 
+Off by default (`bcg.batch_grow=off`): probing costs 10-28 s at SANA-1.6B size before the first
+image, more than growing saves on jobs of a few thousand images, and the pick it makes is a timing
+that changes bytes. `on` (any device) and `auto` (CUDA) probe once per GPU model, software stack,
+model and signature: the pick is cached under the user's cache folder (`BCGEN_CACHE_DIR`, else
+~/.cache/bcgen/batching/) and a later job with the same key reuses it without probing.
+
 The pick changes bytes (kernels reduce differently per batch size), so it is made once per
 output_dir and published to `_plan/batching.json`: every worker and every resume uses the same
 sizes, whichever GPU they run on (with an object-store output_dir the file goes up with the plan
-and comes back down on resume, jobs/output/mirror.py). Probes never capture graphs.
+and comes back down on resume, jobs/output/mirror.py). The file carries the run's id and a digest
+of itself: one edited by hand, or left by another run, is refused rather than followed. Probes
+never capture graphs.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import os
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -33,10 +43,12 @@ from typing import Callable, List, Optional, Sequence
 import torch
 
 from bcg import Dispatch
+from jobs.errors import UserError
 from jobs.output.claim import publish_once
 from jobs.output.layout import BATCHING_FILE
 from jobs.plan import Batch, Item, Signature
 from jobs.plan.units import read_unit
+from sinks.atomic import atomic_write_bytes
 
 log = logging.getLogger(__name__)
 
@@ -67,14 +79,14 @@ class BatchPick:
     reason: str = ""
     signature: str = ""
     seconds: float = 0.0  # time spent probing
-    source: str = "measured"  # measured | published (another worker or an earlier run measured it)
+    source: str = "measured"  # measured | cached | configured | published (another worker or run chose it)
 
     def to_json(self) -> dict:
         return asdict(self)
 
     @classmethod
     def from_json(cls, d: dict) -> "BatchPick":
-        d = dict(d)
+        d = {k: v for k, v in d.items() if k not in ("run", "sha256")}
         d["probes"] = [Probe(**p) for p in d.get("probes", [])]
         return cls(**d)
 
@@ -192,31 +204,90 @@ def memory_fits(device: torch.device, fraction: float, scale: float) -> Callable
 
 
 # -- publication: one pick per output_dir -------------------------------------------------------
-def read_published(plan_dir: Path) -> Optional[BatchPick]:
+def _sealed(pick: BatchPick, run: str) -> bytes:
+    """batching.json's bytes: the pick, the run it was made for, and a digest of both."""
+    body = dict(pick.to_json(), run=run)
+    body["sha256"] = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+    return (json.dumps(body, indent=2, sort_keys=True) + "\n").encode()
+
+
+def read_published(plan_dir: Path, run: str) -> Optional[BatchPick]:
+    """The pick published for run `run`, or None; refused if it was edited or is another run's."""
     path = plan_dir / BATCHING_FILE
     if not path.exists():
         return None
-    pick = BatchPick.from_json(json.loads(path.read_text()))
+    try:
+        body = json.loads(path.read_text())
+        sealed = body.pop("sha256")
+        ok = sealed == hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+    except (ValueError, KeyError, TypeError):
+        ok = False
+    if not ok or body.get("run") != run:
+        why = "is not the file this run published (edited, or damaged)" if not ok else \
+            f"was published for run {body.get('run')!r}, not this one ({run})"
+        raise UserError(f"{path} {why}: the run's batches are cut with it, so following it could write batches the "
+                        f"run never chose. Restore it (an object store keeps its own copy; a rerun fetches it), or "
+                        f"start again in a new output_dir")
+    pick = BatchPick.from_json(body)
     pick.source = "published"
     return pick
 
 
-def publish(plan_dir: Path, pick: BatchPick, on_published: Callable[[Path], None] = lambda path: None) -> BatchPick:
+def publish(plan_dir: Path, pick: BatchPick, run: str,
+            on_published: Callable[[Path], None] = lambda path: None) -> BatchPick:
     """Publish `pick` unless another worker did first; returns the one every worker uses.
     `on_published(path)` runs in the worker that published it (an object store's upload)."""
-    data = (json.dumps(pick.to_json(), indent=2) + "\n").encode()
-    if publish_once(plan_dir / BATCHING_FILE, data):
+    if publish_once(plan_dir / BATCHING_FILE, _sealed(pick, run)):
         on_published(plan_dir / BATCHING_FILE)
         return pick
-    return read_published(plan_dir)
+    published = read_published(plan_dir, run)
+    assert published is not None  # publish_once lost to a file that is there
+    return published
+
+
+# -- a measured pick, cached per machine kind and model ---------------------------------------------
+def cache_dir() -> Path:
+    root = os.environ.get("BCGEN_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "bcgen")
+    return Path(root) / "batching"
+
+
+def cache_key(identity: dict, sig: Signature, pool: Sequence[int], cfg_bcg, device: torch.device) -> str:
+    """Everything a measured pick depends on: the GPU model, the software stack, the model (the
+    run identity's model section and quality tier), the signature and the growth settings."""
+    import diffusers
+
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu x{torch.get_num_threads()}"
+    parts = {"gpu": gpu, "torch": torch.__version__, "cuda": torch.version.cuda, "diffusers": diffusers.__version__,
+             "model": identity.get("model"), "tier": [identity.get("bcg_fusions"), identity.get("bcg_compile")],
+             "signature": str(sig), "pool": list(pool), "max": cfg_bcg.batch_grow_max,
+             "min_gain": cfg_bcg.batch_grow_min_gain, "memory_fraction": cfg_bcg.batch_grow_memory_fraction}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+def load_cached(key: str) -> Optional[BatchPick]:
+    path = cache_dir() / f"{key}.json"
+    try:
+        pick = BatchPick.from_json(json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError, KeyError):
+        return None  # none yet, or unreadable: measure (and write it anew)
+    pick.source = "cached"
+    return pick
+
+
+def save_cached(key: str, pick: BatchPick) -> None:
+    try:
+        cache_dir().mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(cache_dir() / f"{key}.json", (json.dumps(pick.to_json(), indent=1) + "\n").encode())
+    except OSError as e:  # a cache that cannot be written costs the next job a probe, nothing more
+        log.warning("batch sizing: could not cache the pick in %s (%s)", cache_dir(), e)
 
 
 # -- the worker's entry: published pick, configured pool, or a measurement ------------------------
-def choose(cfg, manifest, plan_dir: Path, pipeline,
+def choose(cfg, manifest, plan_dir: Path, pipeline, run: str,
            on_published: Callable[[Path], None] = lambda path: None) -> BatchPick:
-    """The batch sizes this worker cuts units with (see the module docstring); `on_published` as
-    for `publish`."""
-    published = read_published(plan_dir)
+    """The batch sizes this worker cuts units with (see the module docstring); `run` is the run's
+    id (batching.json carries it); `on_published` as for `publish`."""
+    published = read_published(plan_dir, run)
     if published is not None:
         return published
     pool, mode = sorted({int(b) for b in cfg.bcg.batch_sizes}), cfg.bcg.batch_grow
@@ -226,12 +297,25 @@ def choose(cfg, manifest, plan_dir: Path, pipeline,
     limit = min(cfg.bcg.batch_grow_max, max(counts.values(), default=0))
     if mode == "off" or (mode == "auto" and not pipeline.cuda):
         why = "bcg.batch_grow=off" if mode == "off" else "bcg.batch_grow=auto grows on CUDA only"
-        return publish(plan_dir, BatchPick(sizes=pool, reason=why, source="configured"), on_published)
+        return publish(plan_dir, BatchPick(sizes=pool, reason=why, source="configured"), run, on_published)
     if pool[-1] * 2 > limit:
         return publish(plan_dir, BatchPick(sizes=pool, source="configured",
                                            reason=f"no signature has {pool[-1] * 2} items, or bcg.batch_grow_max is lower"),
-                       on_published)
+                       run, on_published)
     sig = max(counts, key=lambda s: (counts[s], s))  # the most common signature: what the job mostly runs
+    key = cache_key(manifest.identity, sig, pool, cfg.bcg, pipeline.device)
+    pick = load_cached(key)
+    if pick is not None:
+        log.info("batch sizing on %s: pool %s from the cache (%s; %s)", sig, pick.sizes, cache_dir() / f"{key}.json",
+                 pick.reason)
+        return publish(plan_dir, pick, run, on_published)
+    pick = _measure(cfg, manifest, plan_dir, pipeline, sig, counts, pool, limit)
+    save_cached(key, pick)
+    return publish(plan_dir, pick, run, on_published)
+
+
+def _measure(cfg, manifest, plan_dir: Path, pipeline, sig: Signature, counts: dict, pool: List[int],
+             limit: int) -> BatchPick:
     info = max((u for u in manifest.units if u.signature == sig), key=lambda u: (u.count, -u.id))
     items = read_unit(plan_dir, info, manifest.dataset["path"], cfg.model.dtype)
     pixels = lambda s: s.height * s.width * s.frames  # noqa: E731
@@ -242,4 +326,4 @@ def choose(cfg, manifest, plan_dir: Path, pipeline,
     pick.signature, pick.seconds = str(sig), round(time.perf_counter() - t0, 2)
     log.info("batch sizing on %s took %.1fs: pool %s%s (%s)", sig, pick.seconds, pick.sizes,
              f", grown by {pick.grown}" if pick.grown else "", pick.reason)
-    return publish(plan_dir, pick, on_published)
+    return pick

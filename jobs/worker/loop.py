@@ -20,6 +20,7 @@ from typing import Optional
 
 from bcg import GraphRunner
 from jobs.errors import EnvironmentFailure
+from jobs.output.claim import run_id
 from jobs.output.layout import PLAN_DIR
 from jobs.telemetry.summary import JobStats, StageTimer
 from jobs.telemetry.watch import Watch
@@ -94,7 +95,7 @@ def _load(prep: Prepared, stats: JobStats, timer: StageTimer) -> Loaded:
     dispatcher = CaptureDispatcher(runner, cfg.bcg)
     pipeline = Pipeline(cfg, prep.family, pipe, prep.padder, runner, prep.device, gpu_lock=dispatcher.lock)
     with timer("batch_sizing"):
-        pick = choose_batch_sizes(cfg, prep.manifest, prep.output_dir / PLAN_DIR, pipeline,
+        pick = choose_batch_sizes(cfg, prep.manifest, prep.output_dir / PLAN_DIR, pipeline, run_id(prep.output_dir),
                                   on_published=prep.sink.shards.on_plan_file)
     prep.plan.settings.batch_sizes = pick.sizes
     dispatcher.set_pool(pick.sizes)
