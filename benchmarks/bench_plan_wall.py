@@ -11,8 +11,10 @@ tiny one made with bench_job_realsize.py's builder, same tokenizer as the real-s
 `--prompts` count (the bundled realistic prompts, cycled with new keys past 510). Each case runs
 `--runs` times after one warm-up run (page cache warm), each into a fresh output_dir; with
 `--before`, that tree's runs alternate with this one's (A B A B: drift in a shared machine's speed
-hits both alike). A row holds min/median/max wall seconds, and plan_dataset's own seconds from its log line. `--profile` adds
-`python -X importtime`'s heaviest top-level imports of one run.
+hits both alike). A row holds min/median/max wall seconds, the median CPU seconds of the process
+(user + system, from wait4: what a busy shared machine moves least) and plan_dataset's own
+seconds from its log line. `--profile` adds `python -X importtime`'s heaviest top-level imports of
+one run.
 """
 
 from __future__ import annotations
@@ -56,15 +58,22 @@ def run_once(root: Path, overrides: list, work: Path, importtime: bool = False) 
     env = dict(os.environ, PYTHONPATH=str(root), HYDRA_FULL_ERROR="1")
     cmd = [sys.executable, *(["-X", "importtime"] if importtime else []), "-m", "jobs.plan", *overrides,
            f"output_dir={out}", f"hydra.run.dir={work / 'hydra'}"]
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - t0
+    with tempfile.TemporaryFile("w+") as log:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+        # wait4: this child's own CPU seconds, which another session's load on the cores barely moves
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t0
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        log.seek(0)
+        text = log.read()
     if proc.returncode:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
-    inner = re.search(r"plan: \d+ rows -> .*?, ([\d.]+)s \(", proc.stdout + proc.stderr)
-    row = {"wall_s": wall, "plan_dataset_s": float(inner.group(1)) if inner else None}
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{text[-4000:]}")
+    inner = re.search(r"plan: \d+ rows -> .*?, ([\d.]+)s \(", text)
+    row = {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime,
+           "plan_dataset_s": float(inner.group(1)) if inner else None}
     if importtime:
-        row["top_imports"] = top_imports(proc.stderr)
+        row["top_imports"] = top_imports(text)
     return row
 
 
@@ -93,6 +102,7 @@ def measure(trees: dict, case: str, overrides: list, prompts: int, runs: int, wo
         row = {"tree": name, "commit": commit_of(root), "case": case, "prompts": prompts, "runs": runs,
                "wall_s": round(statistics.median(walls), 3), "wall_min_s": round(walls[0], 3),
                "wall_max_s": round(walls[-1], 3),
+               "cpu_s": round(statistics.median(r["cpu_s"] for r in done[name]), 3),
                "plan_dataset_s": round(statistics.median(inner), 3) if inner else None,
                "wall_all_s": [round(w, 3) for w in walls]}
         if profile:
@@ -118,13 +128,12 @@ def write(out: Path, stem: str, meta: dict, rows: list) -> None:
     lines = [f"# {stem}: `python -m jobs.plan`, process start to exit", "",
              f"- {meta['date']}, {meta['cpus']} CPUs, load average {meta['load_before']} before / {meta['load_after']} after",
              f"- command: `{meta['command']}`", "",
-             "| tree | commit | case | prompts | runs | wall s (median) | min | max | plan_dataset s | heaviest imports (s) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| tree | commit | case | prompts | runs | wall s (median) | min | max | CPU s (median) | plan_dataset s | heaviest imports (s) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         imports = ", ".join(f"{i['module']} {i['s']}" for i in r.get("top_imports", [])[:5]) or "—"
         lines.append(f"| {r['tree']} | `{r['commit']}` | {r['case']} | {r['prompts']} | {r['runs']} | {r['wall_s']} | "
-                     f"{r['wall_min_s']} | "
-                     f"{r['wall_max_s']} | {r['plan_dataset_s']} | {imports} |")
+                     f"{r['wall_min_s']} | {r['wall_max_s']} | {r['cpu_s']} | {r['plan_dataset_s']} | {imports} |")
     (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines), flush=True)
 
