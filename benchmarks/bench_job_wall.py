@@ -52,7 +52,7 @@ from bench_job_realsize import JOB_MODES, PROMPTS  # noqa: E402
 H200_PEAK_TFLOPS = 989.0
 PIPELINE_TEXT_LEN = 300  # SanaPipeline encodes every prompt to max_sequence_length
 COLUMNS = ["mode", "resolution", "prompts", "batch", "runs", "wall_images_per_s", "wall_images_per_s_min",
-           "wall_images_per_s_max", "images_per_s", "first_batch_s", "tflops", "peak_fraction", "wall_s", "skipped"]
+           "wall_images_per_s_max", "images_per_s", "first_batch_s", "tflops", "peak_fraction", "wall_s", "fixed_s", "skipped"]
 
 PLAIN_LOOP = r'''
 import json, sys, time
@@ -200,7 +200,7 @@ class Results:
                            first_batch_s=round(statistics.median(first), 2) if first else None,
                            flops_per_image=fpi, tflops=round(tflops, 1) if tflops else None,
                            peak_fraction=round(tflops / H200_PEAK_TFLOPS, 4) if tflops else None,
-                           wall_s=round(statistics.median(r["wall_s"] for r in runs), 1),
+                           wall_s=round(statistics.median(r["wall_s"] for r in runs), 1), fixed_s=_fixed(runs),
                            all_runs=[{k: v for k, v in r.items() if k != "signatures"} for r in runs])
             out.append(row)
         return out
@@ -215,7 +215,8 @@ class Results:
                  f"process start to exit", "",
                  f"- {self.meta['date']}; commit `{self.meta['commit']}`; {self.meta['gpu']}, torch {self.meta['torch']}",
                  f"- command: `{self.meta['command']}`",
-                 f"- caches: {self.a.cache} (Triton/Inductor); page cache warmed by reading the model folder once", "",
+                 f"- caches: {self.a.cache} (Triton/Inductor); page cache warmed by reading the model folder once; "
+                 f"lanes (GPU: modes, run in series): {self.meta.get('lanes')}", "",
                  "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
         for r in rows:
             lines.append("| " + " | ".join("—" if r.get(c) is None else str(r.get(c)) for c in COLUMNS) + " |")
@@ -224,6 +225,19 @@ class Results:
                       "process start to the first batch out of the decoder; tflops: images_per_s x the model FLOPs of "
                       "an image at that mode's text lengths (jobs/models/flops.py); peak_fraction: of 989 TFLOP/s."]
         (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
+
+
+def _fixed(runs: list) -> str:
+    """The fixed costs of a mode, medians: the job's plan, load and batch sizing; the plain loop's load."""
+    names = ("plan", "load", "batch_sizing")
+    parts = []
+    for name in names:
+        v = [r["stage_seconds"][name] for r in runs if name in r.get("stage_seconds", {})]
+        if name == "load" and not v:
+            v = [r["load_s"] for r in runs if "load_s" in r]
+        if v:
+            parts.append(f"{name} {statistics.median(v):.1f}")
+    return ", ".join(parts)
 
 
 def one_run(a, mode: str, prompts: int, data: Path, gpu, i: int, results: Results) -> None:
@@ -344,6 +358,7 @@ def main() -> None:
     results = Results(a, meta)
     gpus = [None] if a.gpus == "none" else a.gpus.split(",")
     lanes = [a.mode_order[i::len(gpus)] for i in range(len(gpus))]
+    meta["lanes"] = {str(g): modes for modes, g in zip(lanes, gpus) if modes}
     bcg_done = threading.Event()
     if "bcg" not in a.mode_order:
         bcg_done.set()
