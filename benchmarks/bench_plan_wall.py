@@ -43,19 +43,25 @@ def write_prompts(path: Path, n: int) -> Path:
 
 
 def tiny_sana_folder(path: Path) -> Path:
-    """A SANA diffusers folder of one-layer components with MiniLM's tokenizer (bench_job_realsize.py build --tiny)."""
+    """A SANA diffusers folder of one-layer components with MiniLM's tokenizer (bench_job_realsize.py
+    build --tiny): `.minilm` (a saved copy, what the GPU machine carries) or the package's."""
     if not (path / "model_index.json").exists():
-        from jobs.models.text_encoders import minilm_path
+        tokenizer = ROOT / ".minilm"
+        if not tokenizer.is_dir():
+            from jobs.models.text_encoders import minilm_path
 
+            tokenizer = minilm_path()
         subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_job_realsize.py"), "build", "--dir", str(path),
-                        "--tiny", "--tokenizer", minilm_path()], check=True, capture_output=True)
+                        "--tiny", "--tokenizer", str(tokenizer)], check=True, capture_output=True)
     return path
 
 
 def run_once(root: Path, overrides: list, work: Path, importtime: bool = False) -> dict:
     out = work / "out"
     shutil.rmtree(out, ignore_errors=True)
-    env = dict(os.environ, PYTHONPATH=str(root), HYDRA_FULL_ERROR="1")
+    # `root` first: its jobs/ shadows any other tree on the path (the wheels' folder stays after it)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])),
+               HYDRA_FULL_ERROR="1")
     cmd = [sys.executable, *(["-X", "importtime"] if importtime else []), "-m", "jobs.plan", *overrides,
            f"output_dir={out}", f"hydra.run.dir={work / 'hydra'}"]
     with tempfile.TemporaryFile("w+") as log:
