@@ -66,6 +66,9 @@ def test_backend_counts_equal_the_family_tokenizer(which, saved_folder):
         assert fast.counts(texts, special) == [len(ids) for ids in real(texts, add_special_tokens=special)["input_ids"]]
     assert light.encode(texts[5]) == real.encode(texts[5])
     assert light._full is None  # none of it needed transformers
+    import copy
+
+    assert copy.copy(light)._full is None  # copying it does not load the family's tokenizer either
 
 
 def test_rows_the_backend_cannot_count_go_to_the_family_tokenizer():
@@ -76,7 +79,8 @@ def test_rows_the_backend_cannot_count_go_to_the_family_tokenizer():
     assert light._full is real
 
 
-@pytest.mark.parametrize("change", ["lowercase_off", "added_tokens_file", "extra_special", "unknown_key", "not_bert"])
+@pytest.mark.parametrize("change", ["lowercase_off", "added_tokens_file", "extra_special", "unknown_key", "not_bert",
+                                    "never_split"])
 def test_folders_it_cannot_vouch_for_are_refused(change, saved_folder, tmp_path):
     folder = tmp_path / "tok"
     shutil.copytree(saved_folder / "tokenizer", folder)
@@ -89,6 +93,8 @@ def test_folders_it_cannot_vouch_for_are_refused(change, saved_folder, tmp_path)
         config["additional_special_tokens"] = ["<extra>"]
     elif change == "unknown_key":
         config["split_special_tokens"] = True
+    elif change == "never_split":
+        config["never_split"] = ["don't"]
     else:
         config["tokenizer_class"] = "T5Tokenizer"
     (folder / "tokenizer_config.json").write_text(json.dumps(config))

@@ -220,6 +220,8 @@ class BackendTokenizer:
         return self._full
 
     def __getattr__(self, name):
+        if name.startswith("_"):  # never load the family's tokenizer for a private name (copy, pickle)
+            raise AttributeError(name)
         return getattr(self.full, name)
 
     def __call__(self, texts, add_special_tokens: bool = True, **kwargs):
@@ -248,6 +250,8 @@ def backend_tokenizer(folder: str, load) -> "BackendTokenizer | None":
         return None
     if set(config) - _HARMLESS_CONFIG_KEYS or set(special_map) - set(_SPECIAL_KEYS):
         return None
+    if config.get("do_basic_tokenize", True) is not True or config.get("never_split"):
+        return None  # the slow tokenizer's options: refuse rather than guess how transformers reads them
     from tokenizers import Tokenizer
 
     backend = Tokenizer.from_file(os.path.join(folder, "tokenizer.json"))
