@@ -119,3 +119,13 @@ def test_summary_states_tflops_against_the_peak():
     assert out["flops_per_image"] == per_image
     assert out["tflops"] == round(per_image * 50 / 2.0 / 1e12, 2)
     assert out["peak_fraction"] == round(per_image * 50 / 2.0 / 1e12 / 1e-3, 4)
+
+
+def test_a_mix_of_signatures_is_counted_image_by_image():
+    from jobs.models.flops import flops_summary_mix
+
+    a, b = _signature(128, 128, 64, steps=20, cfg=True), _signature(256, 128, 300, steps=8)
+    per = {s: transformer_flops("sana", SANA_TINY, None, s).per_image for s in (a, b)}
+    out = flops_summary_mix("sana", {a: 3, b: 1}, 2.0, transformer_config=SANA_TINY)
+    assert out["flops_per_image"] == (3 * per[a] + per[b]) / 4
+    assert out["tflops"] == round((3 * per[a] + per[b]) / 2.0 / 1e12, 2)

@@ -3,6 +3,7 @@
     flops = transformer_flops("sana", transformer_config, vae_config, signature)   # None: not counted
     flops_summary("sana", signature, images=510, seconds=167.7,
                   transformer_config=..., vae_config=...)   # {"tflops": ..., "peak_fraction": ...}
+    flops_summary_mix("sana", {sig_a: 452, sig_b: 58}, 167.7, transformer_config=..., vae_config=...)
 
 What is counted is what `torch.utils.flop_counter.FlopCounterMode` counts: matmuls (2 FLOPs per
 multiply-add), convolutions and attention's two products; elementwise ops, norms and softmax are
@@ -78,13 +79,24 @@ def flops_summary(family: str, signature, images: int, seconds: float, *, transf
                   vae_config: Optional[dict] = None, peak_tflops: float = H200_BF16_DENSE_TFLOPS) -> dict:
     """What a summary reports: model FLOPs per image, achieved TFLOP/s over `seconds` for `images`
     images of `signature`, and the fraction of the peak; {"counted": False, ...} without a rule."""
-    count = transformer_flops(family, transformer_config, vae_config, signature)
-    if count is None:
+    return flops_summary_mix(family, {signature: images}, seconds, transformer_config=transformer_config,
+                             vae_config=vae_config, peak_tflops=peak_tflops)
+
+
+def flops_summary_mix(family: str, images_by_signature: dict, seconds: float, *, transformer_config: dict,
+                      vae_config: Optional[dict] = None, peak_tflops: float = H200_BF16_DENSE_TFLOPS) -> dict:
+    """flops_summary of a run of several signatures ({Signature: images}) in `seconds` (a job's
+    generation stage): FLOPs per image is the run's mean."""
+    counts = {sig: transformer_flops(family, transformer_config, vae_config, sig) for sig in images_by_signature}
+    if not counts or any(c is None for c in counts.values()):
         return {"counted": False, "reason": f"not counted: no FLOPs rule for family {family!r} "
                                             f"(known: {', '.join(known_families())})"}
-    tflops = count.per_image * images / seconds / 1e12 if seconds > 0 else None
-    return {"counted": True, "flops_per_image": count.per_image,
-            "flops_per_image_with_prompt_memo": count.per_image_with_prompt_memo,
+    images = sum(images_by_signature.values())
+    total = sum(c.per_image * images_by_signature[sig] for sig, c in counts.items())
+    memo = sum(c.per_image_with_prompt_memo * images_by_signature[sig] for sig, c in counts.items())
+    tflops = total / seconds / 1e12 if seconds > 0 and images else None
+    return {"counted": True, "flops_per_image": total / images if images else None,
+            "flops_per_image_with_prompt_memo": memo / images if images else None,
             "tflops": None if tflops is None else round(tflops, 2), "peak_tflops": peak_tflops,
             "peak_fraction": None if tflops is None else round(tflops / peak_tflops, 4)}
 
