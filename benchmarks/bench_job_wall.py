@@ -272,7 +272,7 @@ def lane(a, modes: list, gpu, results: Results, t_start: float, bcg_done: thread
                 if (mode, prompts) in results.skipped:
                     continue
                 left = a.budget_s - (time.perf_counter() - t_start)
-                if left < last.get((mode, prompts), 0) * 1.1:
+                if left < _estimate(last, mode, prompts) * 1.1:
                     results.skip(mode, prompts, f"budget: {left:.0f} s left of --budget-s {a.budget_s:.0f} after "
                                                 f"{len(results.runs.get((mode, prompts), []))} run(s)")
                     continue
@@ -286,6 +286,15 @@ def lane(a, modes: list, gpu, results: Results, t_start: float, bcg_done: thread
                         bcg_done.set()
                 last[(mode, prompts)] = time.perf_counter() - t0
     bcg_done.set()  # a lane without bcg never holds the others
+
+
+def _estimate(last: dict, mode: str, prompts: int) -> float:
+    """Seconds the next run of (mode, prompts) should take: its last run, else a smaller count's
+    last run scaled by the prompts (fixed costs scaled too: an overestimate), else 0 (run it)."""
+    if (mode, prompts) in last:
+        return last[(mode, prompts)]
+    smaller = [(n, s) for (m, n), s in last.items() if m == mode and n < prompts]
+    return max(smaller)[1] * prompts / max(smaller)[0] if smaller else 0.0
 
 
 def write_prompts(path: Path, n: int) -> Path:
