@@ -8,6 +8,13 @@ peak memory, capture/compile seconds, relative error of the final latents agains
 
     python benchmarks/bench_denoise.py --out benchmarks/results            # full
     python benchmarks/bench_denoise.py --quick --out /tmp/smoke            # 512^2 B1, no compile
+    python benchmarks/bench_denoise.py --configs 1024x1 --modes eager,bcg-fused --out benchmarks/results \
+        --compile 1024x1:compile-ro,1024x1:compile-ro-memo,1024x1:compile-max-autotune --tag memo
+
+Compile rows (`--compile`): compile, compile-ro (reduce-overhead), compile-max-autotune, and their
+`-memo` forms: given the prompt memo bcgen has (caption projection, caption norm and every block's
+cross-attention K/V made once a loop, outside the compiled region: benchmarks/sana_prompt_memo.py),
+so bcg-fused is set against a compiled model doing the same work a step.
 
 Rows are written after each measurement, so a run cut short keeps what it measured; modes that
 do not fit the time budget are written as skipped rows with the reason.
@@ -41,18 +48,23 @@ COLUMNS = ["mode", "resolution", "batch", "denoise_ms", "denoise_min_ms", "denoi
            "peak_mem_gib", "setup_s", "segments", "rel_err_vs_eager", "psnr_vs_lossless_db", "skipped"]
 
 
-def make_loop(forward, inp: dict, timesteps, sigmas, mark_step: bool = False):
+def make_loop(forward, inp: dict, timesteps, sigmas, mark_step: bool = False, begin=None):
+    """`begin`: a prompt memo's (sana_prompt_memo.py), called with the prompt embeddings once a
+    loop, whose forward then takes no prompt embeddings."""
     emb, mask = inp["encoder_hidden_states"], inp["encoder_attention_mask"]
     dtype = emb.dtype
+    prompt = {} if begin is not None else {"encoder_hidden_states": emb}
 
     def loop() -> torch.Tensor:
         lat = inp["latents"]
+        if begin is not None:
+            begin(emb)  # once per prompt batch, as bcgen's memo
         for i, t in enumerate(timesteps):
             x = torch.cat([lat, lat]).to(dtype)
             timestep = t.expand(x.shape[0]).to(dtype)  # as SanaPipeline builds it
             if mark_step:
                 torch.compiler.cudagraph_mark_step_begin()
-            v = forward(hidden_states=x, encoder_hidden_states=emb, encoder_attention_mask=mask,
+            v = forward(hidden_states=x, **prompt, encoder_attention_mask=mask,
                         timestep=timestep, return_dict=False)[0].float()
             uncond, cond = v.chunk(2)
             lat = lat + (sigmas[i + 1] - sigmas[i]) * (uncond + GUIDANCE * (cond - uncond))
@@ -70,10 +82,20 @@ def time_loops(loop, n: int) -> tuple[list[float], torch.Tensor]:
     return times, out
 
 
+COMPILE_MODES = {  # bench mode -> (torch.compile mode, prompt memo)
+    "compile": (None, False),
+    "compile-ro": ("reduce-overhead", False),
+    # reduce-overhead given bcgen's prompt memo: caption path and K/V once a loop, outside the compiled region
+    "compile-ro-memo": ("reduce-overhead", True),
+    "compile-max-autotune": ("max-autotune", False),  # autotuned GEMM/conv templates + CUDA graphs
+    "compile-max-autotune-memo": ("max-autotune", True),
+}
+
+
 def setup_mode(mode: str, model):
-    """(forward callable, teardown, runner or None, mark_step)."""
+    """(forward callable, teardown, runner or None, mark_step, begin or None)."""
     if mode == "eager":
-        return model, lambda: None, None, False
+        return model, lambda: None, None, False, None
     if mode == "bcg-compile":  # the compiled forward captured as one graph (bcg/compiled.py)
         backend = "cuda" if torch.cuda.is_available() else "tape"
         torch._dynamo.reset()
@@ -83,24 +105,32 @@ def setup_mode(mode: str, model):
             runner.remove()
             torch._dynamo.reset()
 
-        return model, teardown, runner, False
+        return model, teardown, runner, False, None
     if mode == "bcg-fused-noprompt":  # the fused blocks alone: K/V made every step (no sana_prompt)
         runner = apply_graph_runner(model, RunnerConfig(backend="cuda", fusions="lossless"), break_policy="none")
         runner.fusions.remove()
         runner.fusions = install_fusions(model, rules=["sana_block"])
-        return model, runner.remove, runner, False
+        return model, runner.remove, runner, False, None
     if mode.startswith("bcg-fused"):  # graphs of the lossless fused forward (bcg/fusions), prompt memo included
         backend = "cuda" if torch.cuda.is_available() else "tape"
         policy = mode[len("bcg-fused-"):] if mode.startswith("bcg-fused-") else "none"
         runner = apply_graph_runner(model, RunnerConfig(backend=backend, fusions="lossless"), break_policy=policy)
-        return model, runner.remove, runner, False
+        return model, runner.remove, runner, False, None
     if mode.startswith("bcg-"):  # graphs of the model's own kernels (fusions off: the baseline)
         backend = "cuda" if torch.cuda.is_available() else "tape"  # tape: --device cpu smoke runs
         runner = apply_graph_runner(model, RunnerConfig(backend=backend, fusions="off"), break_policy=mode[4:])
-        return model, runner.remove, runner, False
+        return model, runner.remove, runner, False, None
+    compile_mode, memo = COMPILE_MODES[mode]
     torch._dynamo.reset()
-    compiled = torch.compile(model, mode="reduce-overhead" if mode == "compile-ro" else None)
-    return compiled, torch._dynamo.reset, None, mode == "compile-ro"
+    target, begin = model, None
+    if memo:
+        from sana_prompt_memo import PromptMemoForward
+
+        target = PromptMemoForward(model)
+        begin = target.begin
+    compiled = torch.compile(target, mode=compile_mode)
+    # reduce-overhead and max-autotune both record CUDA graphs (cudagraph trees): one step a replay
+    return compiled, torch._dynamo.reset, None, compile_mode is not None, begin
 
 
 def measure(mode: str, model, res: int, batch: int, loops: int, ref: torch.Tensor | None,
@@ -112,15 +142,15 @@ def measure(mode: str, model, res: int, batch: int, loops: int, ref: torch.Tenso
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-    forward, teardown, runner, mark = setup_mode(mode, model)
+    forward, teardown, runner, mark, begin = setup_mode(mode, model)
     try:
-        loop = make_loop(forward, inp, timesteps, sigmas, mark)
+        loop = make_loop(forward, inp, timesteps, sigmas, mark, begin)
         t0 = time.perf_counter()
         with torch.no_grad():
             loop()  # captures (bcg) / compiles (torch.compile) on its first step
             sync()
             setup_s = time.perf_counter() - t0
-            if mode == "compile-ro":
+            if mark:
                 loop()  # cudagraph trees record after a warm-up call
             times, out = time_loops(loop, loops)
             prof = kernel_profile(loop, steps)
@@ -147,6 +177,14 @@ def measure(mode: str, model, res: int, batch: int, loops: int, ref: torch.Tenso
             row.update(fusions_verified=fx["verified"], fusions_rejected=fx["rejected"],
                        fusion_rejections=fx["rejections"])
         row.update(memo_runs=stats["memo_runs"], memo_reuses=stats["memo_reuses"])
+    if COMPILE_MODES.get(mode, (None, False))[1]:
+        from sana_prompt_memo import check
+
+        step = {"hidden_states": torch.cat([inp["latents"]] * 2).to(inp["encoder_hidden_states"].dtype),
+                "encoder_hidden_states": inp["encoder_hidden_states"],
+                "encoder_attention_mask": inp["encoder_attention_mask"],
+                "timestep": timesteps[0].expand(2 * batch).to(inp["encoder_hidden_states"].dtype)}
+        row["memo_forward_equals_model_eager"] = check(model, step)  # the baseline computes the model's function
     if ref is not None:
         row["rel_err_vs_eager"] = float((out - ref).norm() / ref.norm())
         row["max_abs_err_vs_eager"] = float((out - ref).abs().max())
@@ -189,10 +227,12 @@ def targets(rows: list[dict]) -> list[str]:
         notes.append(f"1024² B1: bcg(none) is {100 * (1 - n['denoise_ms'] / e['denoise_ms']):.1f}% faster "
                      "than eager; target >= 8%")
     for res, b, bar in ((1024, 1, 1.0), (512, 1, 1.05)):
-        f, c = get("bcg-fused", res, b), get("compile-ro", res, b)
-        if f and c:
-            notes.append(f"{res}² B{b}: bcg-fused {f['denoise_ms']} ms = {f['denoise_ms'] / c['denoise_ms']:.3f}x "
-                         f"compile-ro ({c['denoise_ms']} ms); target <= {bar}x")
+        f = get("bcg-fused", res, b)
+        for base in ("compile-ro", "compile-ro-memo", "compile-max-autotune", "compile-max-autotune-memo"):
+            c = get(base, res, b)
+            if f and c:
+                notes.append(f"{res}² B{b}: bcg-fused {f['denoise_ms']} ms = {f['denoise_ms'] / c['denoise_ms']:.3f}x "
+                             f"{base} ({c['denoise_ms']} ms)" + (f"; target <= {bar}x" if base == "compile-ro" else ""))
     fused = [r for r in rows if r["mode"] == "bcg-fused" and "rel_err_vs_eager" in r]
     if fused:
         notes.append("bcg-fused rel_err_vs_eager: " + ", ".join(
@@ -223,9 +263,12 @@ def main() -> None:
     p.add_argument("--budget-s", type=float, default=420, help="wall budget for the whole run")
     p.add_argument("--compile-row-s", type=float, default=110,
                    help="time a torch.compile row needs (compile + loops); skipped if not left")
+    p.add_argument("--max-autotune-row-s", type=float, default=420,
+                   help="the same for a max-autotune row (its GEMM/conv autotuning takes minutes at 1.6B)")
     p.add_argument("--compile", default="512x1:compile-ro,1024x1:compile,512x1:compile,"
                    "1024x1:compile-ro,512x4:compile-ro,1024x4:compile-ro,512x4:compile,1024x4:compile",
-                   help="compile rows in priority order")
+                   help="compile rows in priority order, RESxB:MODE; modes: " + ", ".join(COMPILE_MODES)
+                        + " (-memo: given bcgen's prompt memo, benchmarks/sana_prompt_memo.py)")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     t_start = time.perf_counter()
@@ -271,10 +314,11 @@ def main() -> None:
         if (res, batch) not in configs:
             continue
         left = args.budget_s - (time.perf_counter() - t_start)
-        if left < args.compile_row_s:
+        need = args.max_autotune_row_s if "max-autotune" in mode else args.compile_row_s
+        if left < need:
             rows.append({"mode": mode, "resolution": res, "batch": batch,
                          "skipped": f"time budget: {left:.0f} s left of --budget-s {args.budget_s:.0f}, "
-                                    f"a compile row needs ~{args.compile_row_s:.0f} s"})
+                                    f"a {mode} row needs ~{need:.0f} s"})
             flush()
             continue
         run(mode, res, batch)

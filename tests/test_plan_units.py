@@ -200,3 +200,13 @@ def test_sana_text_length_arrays_equal_text_lengths():
         used, raw, limit = family.text_length_arrays(tok, pa.array(texts), cfg.model, instruction)
         assert [(t.used, t.raw, t.limit) for t in want] == list(zip(used.tolist(), raw.tolist(), limit.tolist()))
     assert any(t.raw > t.limit for t in want)  # truncation was exercised
+
+
+def test_no_more_processes_start_than_there_are_chunks(tmp_path, caplog):
+    import logging
+
+    data = write_jsonl(tmp_path / "p.jsonl", _rows(300))
+    chunk_mb = data.stat().st_size / 2.5 / (1 << 20)  # the file is three chunks
+    with caplog.at_level(logging.INFO, logger="jobs.plan"):
+        _plan(_cfg(tmp_path, data, "plan.workers=8", f"plan.chunk_mb={chunk_mb}"), tmp_path / "w")
+    assert "planning in 3 processes" in caplog.text

@@ -319,8 +319,11 @@ def plan_dataset(cfg: GenerateConfig, divisor: int, work_dir: Path) -> PlanResul
     spill.mkdir(parents=True)
     size = path.stat().st_size
     workers = cfg.plan.workers or os.cpu_count() or 1
-    if size <= cfg.plan.chunk_mb * (1 << 20):
+    chunk_bytes = cfg.plan.chunk_mb * (1 << 20)
+    if size <= chunk_bytes:
         workers = 1  # one chunk: starting processes would cost more than it saves
+    elif fmt == "jsonl":  # byte chunks: a process per chunk at most (more would start and wait for nothing)
+        workers = min(workers, math.ceil(size / chunk_bytes))
     initargs = (cfg, label, path.stem, fmt, str(spill), divisor)
     with _Workers(workers, initargs) as pool:
         col, digest, streamed, drop, keep_until = _check(cfg, path, fmt, label, spill, pool, t0)

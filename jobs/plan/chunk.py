@@ -73,7 +73,7 @@ class ChunkContext:
     @classmethod
     def build(cls, cfg, label: str, stem: str, fmt: str, spill_dir: str, divisor: int) -> "ChunkContext":
         from jobs.models.registry import get_family
-        from jobs.plan.lengths import LengthTokenizer
+        from jobs.plan.lengths import planning_tokenizer
         from padding import get_padder
 
         family = get_family(cfg.model.family)
@@ -90,7 +90,7 @@ class ChunkContext:
                                 min_steps=family.min_steps, model_name=cfg.model.name)
         return cls(label=label, stem=stem, fmt=fmt, max_line_bytes=cfg.dataset.max_line_bytes, prompt_field=cfg.dataset.prompt_field,
                    key_field=cfg.dataset.key_field, defaults=defaults, spill_dir=spill_dir, family=family,
-                   model_cfg=cfg.model, tokenizer=LengthTokenizer(family.load_tokenizer(cfg.model)),
+                   model_cfg=cfg.model, tokenizer=planning_tokenizer(family, cfg.model),
                    bucket_for=padder.bucket_for)
 
 

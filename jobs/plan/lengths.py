@@ -164,3 +164,135 @@ class LengthTokenizer:
         parents = pc.list_parent_indices(words).to_numpy()
         out[simple] = np.bincount(parents, weights=per_word[enc.indices.to_numpy()], minlength=len(simple))
         return out
+
+
+# -- a tokenizer for planning without importing transformers ------------------------------------
+#
+# `import transformers` costs about 1.1 s before its first tokenizer (it scans its model modules),
+# more than everything else the planner does for a few thousand prompts. A BERT WordPiece folder
+# needs none of it: the counting above reads only the Rust backend, which `tokenizers` loads in
+# ~30 ms. The family's own tokenizer is still loaded, lazily, for anything else asked of it.
+
+# Where each family's planning tokenizer lives, as its load_tokenizer() finds it. A family not
+# listed plans with its own load_tokenizer(); tests/test_plan_tokenizer.py checks every entry
+# against it. (This belongs in the families, as a `tokenizer_dir(cfg)` hook, once jobs/models may change.)
+def _sana_folder(model_cfg) -> str:
+    import os
+
+    if model_cfg.path is None:  # the tiny preset names its encoder ('minilm' or a folder)
+        from jobs.models.text_encoders import resolve_encoder_path
+
+        return resolve_encoder_path(model_cfg.tiny["text_encoder"])
+    return os.path.join(model_cfg.path, "tokenizer")
+
+
+TOKENIZER_FOLDERS = {"sana": _sana_folder}
+
+# tokenizer_config.json keys the backend alone honours as transformers would (or that only decoding,
+# padding and truncation read, which counting never uses); any other key sends the folder to
+# transformers.
+_HARMLESS_CONFIG_KEYS = {
+    "backend", "tokenizer_class", "is_local", "local_files_only", "max_length", "model_max_length", "stride",
+    "pad_to_multiple_of", "pad_token_type_id", "padding_side", "truncation_side", "truncation_strategy",
+    "clean_up_tokenization_spaces", "do_basic_tokenize", "never_split", "name_or_path", "model_input_names",
+    "do_lower_case", "strip_accents", "tokenize_chinese_chars", "added_tokens_decoder",
+    "cls_token", "sep_token", "pad_token", "unk_token", "mask_token",
+}
+_SPECIAL_KEYS = ("cls_token", "sep_token", "pad_token", "unk_token", "mask_token")
+
+
+class BackendTokenizer:
+    """The part of a transformers BERT fast tokenizer that LengthTokenizer reads, answered by the
+    `tokenizers` backend alone; everything else goes to the family's tokenizer, loaded on first use."""
+
+    def __init__(self, backend, special_tokens: List[str], load):
+        backend.no_truncation()  # as transformers' call does when it is not asked to truncate or pad
+        backend.no_padding()
+        self.backend_tokenizer = backend
+        self.all_special_tokens = special_tokens
+        self.added_tokens_encoder = {t.content: i for i, t in backend.get_added_tokens_decoder().items()}
+        self._load, self._full = load, None
+
+    @property
+    def full(self):
+        if self._full is None:
+            self._full = self._load()
+        return self._full
+
+    def __getattr__(self, name):
+        if name.startswith("_"):  # never load the family's tokenizer for a private name (copy, pickle)
+            raise AttributeError(name)
+        return getattr(self.full, name)
+
+    def __call__(self, texts, add_special_tokens: bool = True, **kwargs):
+        if texts == "" and not kwargs:  # LengthTokenizer's count of the special tokens alone
+            return {"input_ids": self.backend_tokenizer.encode("", add_special_tokens=add_special_tokens).ids}
+        return self.full(texts, add_special_tokens=add_special_tokens, **kwargs)
+
+    def encode(self, text, *args, **kwargs):
+        if isinstance(text, str) and not args and not kwargs:  # transformers' encode(text): specials, no truncation
+            return self.backend_tokenizer.encode(text).ids
+        return self.full.encode(text, *args, **kwargs)
+
+
+def backend_tokenizer(folder: str, load) -> "BackendTokenizer | None":
+    """A BackendTokenizer over `folder` when its tokenizer.json is a lowercasing BERT WordPiece
+    whose config changes nothing transformers would build differently; else None (plan with `load()`)."""
+    import json
+    import os
+
+    names = set(os.listdir(folder)) if os.path.isdir(folder) else set()
+    if "tokenizer.json" not in names or "added_tokens.json" in names:
+        return None
+    config = _read_json(os.path.join(folder, "tokenizer_config.json"))
+    special_map = _read_json(os.path.join(folder, "special_tokens_map.json"))
+    if config is None or special_map is None or config.get("tokenizer_class") not in ("BertTokenizer", "BertTokenizerFast"):
+        return None
+    if set(config) - _HARMLESS_CONFIG_KEYS or set(special_map) - set(_SPECIAL_KEYS):
+        return None
+    if config.get("do_basic_tokenize", True) is not True or config.get("never_split"):
+        return None  # the slow tokenizer's options: refuse rather than guess how transformers reads them
+    from tokenizers import Tokenizer
+
+    backend = Tokenizer.from_file(os.path.join(folder, "tokenizer.json"))
+    norm = json.loads(backend.normalizer.__getstate__()) if backend.normalizer is not None else {}
+    # transformers rebuilds the normalizer where the config disagrees with it: then it is not this file's
+    if norm.get("type") != "BertNormalizer" or (
+            norm.get("lowercase"), norm.get("strip_accents"), norm.get("handle_chinese_chars")) != (
+            config.get("do_lower_case", True), config.get("strip_accents"), config.get("tokenize_chinese_chars", True)):
+        return None
+    specials = {**{k: config[k] for k in _SPECIAL_KEYS if k in config}, **special_map}
+    special_tokens = sorted({_content(v) for v in specials.values()})
+    added = {t.content for t in backend.get_added_tokens_decoder().values()}
+    declared = {_content(v) for v in (config.get("added_tokens_decoder") or {}).values()}
+    if set(special_tokens) != added or not declared <= added:  # transformers would add tokens this file lacks
+        return None
+    return BackendTokenizer(backend, special_tokens, load)
+
+
+def _content(token) -> str:
+    return token["content"] if isinstance(token, dict) else str(token)
+
+
+def _read_json(path: str):
+    """The file's object, {} when it is absent, None when it is not a JSON object."""
+    import json
+    import os
+
+    if not os.path.exists(path):
+        return {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            value = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def planning_tokenizer(family, model_cfg) -> LengthTokenizer:
+    """The planner's token counter for a family: over its tokenizer folder's backend where that is
+    a plain BERT WordPiece (no transformers import), else over the family's own tokenizer."""
+    load = lambda: family.load_tokenizer(model_cfg)  # noqa: E731
+    where = TOKENIZER_FOLDERS.get(family.name)
+    light = backend_tokenizer(where(model_cfg), load) if where is not None else None
+    return LengthTokenizer(light if light is not None else load())

@@ -1,0 +1,385 @@
+"""The time a user waits (issue 28): images/s from process start to exit, per mode, over several runs.
+
+    python benchmarks/bench_job_wall.py --dir /tmp/sana16 --res 1024 --prompts 200 --runs 3 \
+        --modes bcg,plain8,plain8-compile --gpus 0,1,2 --budget-s 480 --out benchmarks/results
+
+Every run is a fresh process timed from outside, from its start to its exit: the job with its plan,
+model load, batch sizing, captures and shard writing; the plain loop with its imports, model load
+and (for `-compile`) its compile. Modes:
+    bcg              python -m jobs.generate model=sana model.path=DIR ... (the default job)
+    off              the same with bcg=off bcg.batch_grow=off
+    <job mode>       any other mode of bench_job_realsize.JOB_MODES (bcg-nofuse, bcg-serial, ...)
+    plainN           SanaPipeline.from_pretrained(DIR) called on N prompts at a time (no warm-up call:
+                     what a user runs; it writes no files)
+    plain-picked     the plain loop at the largest batch the bcg run of this call picked (needs bcg;
+                     skipped as a duplicate when that is a plain mode already listed)
+    plainN-compile   the plain loop with pipe.transformer = torch.compile(pipe.transformer)
+Per mode and prompt count: wall images/s (median, min, max of --runs), generation-stage images/s
+(the job's summary; the plain loop's batches after its first), first_batch_s (process start to the
+first batch out of the decoder: the job's first _timeline line, start + t; the plain loop's first
+call), and the generation stage's model TFLOP/s (jobs/models/flops.py, each mode's own text
+lengths: the job's buckets, the pipeline's 300) with its fraction of the H200's 989 dense bf16.
+
+Modes run in lanes, one per GPU of --gpus (round robin), each lane's runs in series; run i of
+every mode is done before run i+1 of any mode of that lane. The model folder is built once
+(`--build`, bench_job_realsize.py build) and read once before the first run (page cache warm).
+Triton and Inductor caches: --cache warm (default) shares them between the runs of a mode (run 1
+compiles cold, the rest reuse: the median is a warm run), --cache cold gives each run empty ones.
+A run that would end past --budget-s (estimated from the mode's last run) is skipped and said so.
+Rows are written after every run; the table is printed last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from bench_job_realsize import JOB_MODES, PROMPTS  # noqa: E402
+
+H200_PEAK_TFLOPS = 989.0
+PIPELINE_TEXT_LEN = 300  # SanaPipeline encodes every prompt to max_sequence_length
+COLUMNS = ["mode", "resolution", "prompts", "batch", "runs", "wall_images_per_s", "wall_images_per_s_min",
+           "wall_images_per_s_max", "images_per_s", "first_batch_s", "tflops", "peak_fraction", "wall_s", "fixed_s", "skipped"]
+
+PLAIN_LOOP = r'''
+import json, sys, time
+path, prompts, res, steps, guidance, batch, compile_, device = sys.argv[1:]
+res, steps, guidance, batch = int(res), int(steps), float(guidance), int(batch)
+import torch
+from diffusers import SanaPipeline
+texts = [json.loads(l)["prompt"] for l in open(prompts)]
+dtype = torch.bfloat16 if device == "cuda" else torch.float32
+t0 = time.perf_counter()
+pipe = SanaPipeline.from_pretrained(path, torch_dtype=dtype, local_files_only=True).to(device)
+pipe.set_progress_bar_config(disable=True)
+if compile_ == "1":
+    pipe.transformer = torch.compile(pipe.transformer)  # the one line a strong user adds
+load = time.perf_counter() - t0
+sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+first_unix = first_n = t_first = None
+n = 0
+for i in range(0, len(texts), batch):
+    chunk = texts[i:i + batch]
+    g = [torch.Generator("cpu").manual_seed(i + j) for j in range(len(chunk))]
+    n += len(pipe(prompt=chunk, negative_prompt="", guidance_scale=guidance, num_inference_steps=steps,
+                  height=res, width=res, generator=g, output_type="pil", use_resolution_binning=False).images)
+    if first_unix is None:
+        sync()
+        first_unix, first_n, t_first = time.time(), n, time.perf_counter()
+sync()
+gen = time.perf_counter() - t_first
+print("PLAIN " + json.dumps({"items": n, "load_s": round(load, 2), "first_batch_unix": first_unix,
+                            "images_per_s": round((n - first_n) / gen, 3) if n > first_n else None}))
+'''
+
+
+# -- one run ----------------------------------------------------------------------------------
+def child_env(gpu, cache: Path) -> dict:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+               TRITON_CACHE_DIR=str(cache / "triton"), TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"))
+    if gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+    return env
+
+
+def timed(cmd: list, env: dict, log: Path) -> tuple:
+    """(unix start, wall seconds, stdout) of one process, started and reaped here."""
+    with open(log, "w") as err:
+        start_unix, t0 = time.time(), time.perf_counter()
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=err, text=True)
+        wall = time.perf_counter() - t0
+    if proc.returncode:
+        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}; see {log}:\n{log.read_text()[-3000:]}")
+    return start_unix, wall, proc.stdout
+
+
+def run_job(a, mode: str, data: Path, out: Path, env: dict, log: Path) -> dict:
+    shutil.rmtree(out, ignore_errors=True)  # a fresh output_dir: nothing to resume, batch sizing measured again
+    cmd = [sys.executable, "-m", "jobs.generate", "model=sana", f"model.path={a.dir}", f"dataset.path={data}",
+           f"output_dir={out}", f"sampling.height={a.res}", f"sampling.width={a.res}", f"sampling.steps={a.steps}",
+           f"sampling.guidance_scale={a.guidance}", "job.progress=false", f"hydra.run.dir={out}-hydra",
+           *JOB_MODES.get(mode, []), *a.extra]
+    start, wall, _ = timed(cmd, env, log)
+    s = json.loads((out / "summary.json").read_text())
+    firsts = [e["start"] + e["t"] for p in (out / "_timeline").glob("*.jsonl")
+              for e in map(json.loads, filter(str.strip, p.read_text().splitlines()))]
+    sizes = (s.get("batching") or {}).get("sizes") or [1, 2, 4, 8]
+    return {"wall_s": wall, "items": s["items_written"], "images_per_s": s["images_per_s"],
+            "first_batch_s": min(firsts) - start if firsts else None, "batch": max(int(b) for b in sizes),
+            "signatures": s.get("signatures", {}), "gpu_busy": s.get("gpu_busy"),
+            "stage_seconds": s.get("stage_seconds", {})}
+
+
+def run_plain(a, batch: int, compiled: bool, data: Path, env: dict, log: Path) -> dict:
+    cmd = [sys.executable, "-c", PLAIN_LOOP, str(a.dir), str(data), str(a.res), str(a.steps), str(a.guidance),
+           str(batch), "1" if compiled else "0", a.device]
+    start, wall, out = timed(cmd, env, log)
+    r = json.loads(next(line for line in out.splitlines() if line.startswith("PLAIN "))[6:])
+    sig = f"{a.res}x{a.res}/t{PIPELINE_TEXT_LEN}/s{a.steps}/cfg{a.guidance:g}/bfloat16"
+    return {"wall_s": wall, "items": r["items"], "images_per_s": r["images_per_s"], "load_s": r["load_s"],
+            "first_batch_s": r["first_batch_unix"] - start, "batch": batch, "signatures": {sig: r["items"]}}
+
+
+# -- FLOPs --------------------------------------------------------------------------------------
+_SIG = re.compile(r"^(\d+)x(\d+)(?:/f\d+)?/t(\d+)/s(\d+)/(?:cfg([\d.]+)|nocfg)/(\w+)$")
+
+
+def flops_per_image(a, signatures: dict):
+    """The mean model FLOPs of an image over a run's signatures ({str(Signature): items}), or None."""
+    from jobs.models.flops import transformer_flops
+    from jobs.plan import Signature
+
+    configs = [json.loads((Path(a.dir) / c / "config.json").read_text()) for c in ("transformer", "vae")]
+    total = n = 0
+    for text, items in signatures.items():
+        m = _SIG.match(text)
+        if m is None:
+            return None
+        h, w, t, steps, g, dtype = m.groups()
+        sig = Signature(int(h), int(w), int(t), int(steps), float(g or 1.0), g is not None, dtype)
+        count = transformer_flops("sana", configs[0], configs[1], sig)
+        if count is None:
+            return None
+        total, n = total + count.per_image * items, n + items
+    return total / n if n else None
+
+
+# -- lanes and rows -----------------------------------------------------------------------------
+class Results:
+    """Every run of every (mode, prompts), written to <out>/job_wall_<tag>.{json,md} after each."""
+
+    def __init__(self, a, meta: dict):
+        self.a, self.meta, self.lock = a, meta, threading.Lock()
+        self.runs: dict = {}  # (mode, prompts) -> [run dicts]
+        self.skipped: dict = {}
+
+    def add(self, mode: str, prompts: int, run: dict) -> None:
+        with self.lock:
+            self.runs.setdefault((mode, prompts), []).append(run)
+            self.write()
+
+    def skip(self, mode: str, prompts: int, why: str) -> None:
+        with self.lock:
+            self.skipped.setdefault((mode, prompts), why)
+            self.write()
+
+    def picked_batch(self, prompts: int):
+        runs = self.runs.get(("bcg", prompts))
+        return runs[0]["batch"] if runs else None
+
+    def rows(self) -> list:
+        out = []
+        for key in sorted(set(self.runs) | set(self.skipped), key=lambda k: (k[1], self.a.mode_order.index(k[0]))):
+            mode, prompts = key
+            runs = self.runs.get(key, [])
+            row = {"mode": mode, "resolution": self.a.res, "prompts": prompts, "runs": len(runs),
+                   "skipped": self.skipped.get(key)}
+            if runs:
+                wall = sorted(r["items"] / r["wall_s"] for r in runs)
+                gen = [r["images_per_s"] for r in runs if r["images_per_s"]]
+                first = [r["first_batch_s"] for r in runs if r["first_batch_s"] is not None]
+                fpi = flops_per_image(self.a, runs[0]["signatures"])
+                ips = statistics.median(gen) if gen else None
+                tflops = fpi * ips / 1e12 if fpi and ips else None
+                row.update(batch=runs[0]["batch"], wall_images_per_s=round(statistics.median(wall), 3),
+                           wall_images_per_s_min=round(wall[0], 3), wall_images_per_s_max=round(wall[-1], 3),
+                           images_per_s=round(ips, 3) if ips else None,
+                           first_batch_s=round(statistics.median(first), 2) if first else None,
+                           flops_per_image=fpi, tflops=round(tflops, 1) if tflops else None,
+                           peak_fraction=round(tflops / H200_PEAK_TFLOPS, 4) if tflops else None,
+                           wall_s=round(statistics.median(r["wall_s"] for r in runs), 1), fixed_s=_fixed(runs),
+                           all_runs=[{k: v for k, v in r.items() if k != "signatures"} for r in runs])
+            out.append(row)
+        return out
+
+    def write(self) -> None:
+        rows = self.rows()
+        out = Path(self.a.out)
+        out.mkdir(parents=True, exist_ok=True)
+        stem = f"job_wall_{self.a.tag}"
+        (out / f"{stem}.json").write_text(json.dumps({"meta": self.meta, "rows": rows}, indent=1, default=str) + "\n")
+        lines = [f"# {stem}: SANA-1.6B size, {self.a.res}², {self.a.steps} steps, CFG {self.a.guidance:g}, "
+                 f"process start to exit", "",
+                 f"- {self.meta['date']}; commit `{self.meta['commit']}`; {self.meta['gpu']}, torch {self.meta['torch']}",
+                 f"- command: `{self.meta['command']}`",
+                 f"- caches: {self.a.cache} (Triton/Inductor); page cache warmed by reading the model folder once; "
+                 f"lanes (GPU: modes, run in series): {self.meta.get('lanes')}", "",
+                 "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+        for r in rows:
+            lines.append("| " + " | ".join("—" if r.get(c) is None else str(r.get(c)) for c in COLUMNS) + " |")
+        lines += ["", "wall_images_per_s: items / (exit - start) of each run, median [min, max]; images_per_s: the "
+                      "generation stage (the job's summary; the plain loop's batches after its first); first_batch_s: "
+                      "process start to the first batch out of the decoder; tflops: images_per_s x the model FLOPs of "
+                      "an image at that mode's text lengths (jobs/models/flops.py); peak_fraction: of 989 TFLOP/s."]
+        (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
+
+
+def _fixed(runs: list) -> str:
+    """The fixed costs of a mode, medians: the job's plan, load and batch sizing; the plain loop's load."""
+    names = ("plan", "load", "batch_sizing")
+    parts = []
+    for name in names:
+        v = [r["stage_seconds"][name] for r in runs if name in r.get("stage_seconds", {})]
+        if name == "load" and not v:
+            v = [r["load_s"] for r in runs if "load_s" in r]
+        if v:
+            parts.append(f"{name} {statistics.median(v):.1f}")
+    return ", ".join(parts)
+
+
+def one_run(a, mode: str, prompts: int, data: Path, gpu, i: int, results: Results) -> None:
+    cache = a.work / ("cache" if a.cache == "warm" else f"cache-{mode}-{prompts}-{i}")
+    env = child_env(gpu, cache)
+    log = a.work / f"{mode}-{prompts}-{i}.log"
+    if mode.startswith("plain"):
+        m = re.fullmatch(r"plain(\d+|-picked)(-compile)?", mode)
+        batch = results.picked_batch(prompts) if m.group(1) == "-picked" else int(m.group(1))
+        run = run_plain(a, batch, bool(m.group(2)), data, env, log)
+    else:
+        run = run_job(a, mode, data, a.work / f"out-{mode}-{prompts}", env, log)
+    results.add(mode, prompts, run)
+    print(f"[gpu {gpu}] {mode} {prompts} prompts run {i + 1}: {run['items'] / run['wall_s']:.3f} images/s wall "
+          f"({run['wall_s']:.1f} s), {run['images_per_s']} generating, first batch {run['first_batch_s']:.1f} s",
+          flush=True)
+
+
+def lane(a, modes: list, gpu, results: Results, t_start: float, bcg_done: threading.Event) -> None:
+    modes = sorted(modes, key=lambda m: m != "bcg")  # plain-picked may wait for bcg's first run: never in its own lane
+    last: dict = {}
+    for prompts, data in a.datasets:
+        for i in range(a.runs):
+            for mode in modes:
+                if mode == "plain-picked":
+                    bcg_done.wait()
+                    picked = results.picked_batch(prompts)
+                    if picked is None or f"plain{picked}" in a.mode_order:
+                        results.skip(mode, prompts, "no bcg run in this call" if picked is None
+                                     else f"bcg picked {picked}: the same as plain{picked}")
+                        continue
+                if (mode, prompts) in results.skipped:
+                    continue
+                left = a.budget_s - (time.perf_counter() - t_start)
+                if left < _estimate(last, mode, prompts) * 1.1:
+                    results.skip(mode, prompts, f"budget: {left:.0f} s left of --budget-s {a.budget_s:.0f} after "
+                                                f"{len(results.runs.get((mode, prompts), []))} run(s)")
+                    continue
+                t0 = time.perf_counter()
+                try:
+                    one_run(a, mode, prompts, data, gpu, i, results)
+                except RuntimeError as e:  # a failing mode is a row, not a crash of the others
+                    results.skip(mode, prompts, f"error: {str(e).splitlines()[0][:300]}")
+                finally:
+                    if mode == "bcg" and i == 0:
+                        bcg_done.set()
+                last[(mode, prompts)] = time.perf_counter() - t0
+    bcg_done.set()  # a lane without bcg never holds the others
+
+
+def _estimate(last: dict, mode: str, prompts: int) -> float:
+    """Seconds the next run of (mode, prompts) should take: its last run, else a smaller count's
+    last run scaled by the prompts (fixed costs scaled too: an overestimate), else 0 (run it)."""
+    if (mode, prompts) in last:
+        return last[(mode, prompts)]
+    smaller = [(n, s) for (m, n), s in last.items() if m == mode and n < prompts]
+    return max(smaller)[1] * prompts / max(smaller)[0] if smaller else 0.0
+
+
+def write_prompts(path: Path, n: int) -> Path:
+    """The first n realistic prompts (510), cycled with distinct keys beyond."""
+    texts = [json.loads(line)["prompt"] for line in PROMPTS.read_text().splitlines() if line.strip()]
+    path.write_text("".join(json.dumps({"key": f"w{i:06d}", "prompt": texts[i % len(texts)]}) + "\n"
+                            for i in range(n)))
+    return path
+
+
+def warm_page_cache(folder: Path) -> float:
+    t0 = time.perf_counter()
+    for p in sorted(folder.rglob("*")):
+        if p.is_file():
+            with open(p, "rb") as f:
+                while f.read(1 << 24):
+                    pass
+    return time.perf_counter() - t0
+
+
+def build(a) -> None:
+    if (Path(a.dir) / "model_index.json").exists():
+        return
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_job_realsize.py"), "build", "--dir", str(a.dir),
+           "--tokenizer", a.tokenizer, *(["--tiny"] if a.device == "cpu" else [])]
+    subprocess.run(cmd, cwd=ROOT, check=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dir", type=Path, required=True, help="the SANA-1.6B-size folder (made with --build if missing)")
+    p.add_argument("--build", action="store_true", help="build the folder first if it is missing")
+    p.add_argument("--tokenizer", default=str(ROOT / ".minilm"), help="for --build: the offline MiniLM tokenizer")
+    p.add_argument("--res", type=int, default=1024)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--guidance", type=float, default=4.5)
+    p.add_argument("--prompts", default="200", help="comma list of prompt counts, e.g. 200,1000,5000")
+    p.add_argument("--modes", default="bcg,plain8,plain8-compile")
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--gpus", default="0", help="GPU lanes (modes round robin); 'none' for --device cpu")
+    p.add_argument("--device", default="cuda", help="cpu: a smoke test of this script (tiny folder)")
+    p.add_argument("--cache", choices=["warm", "cold"], default="warm")
+    p.add_argument("--budget-s", type=float, default=480, help="no run starts that would end after this")
+    p.add_argument("--extra", nargs="*", default=[], help="more overrides for every job mode")
+    p.add_argument("--work", type=Path, default=Path("/tmp/bcgen-wall"))
+    p.add_argument("--tag", default=None, help="result file job_wall_<tag> (default: the GPU, e.g. h200)")
+    p.add_argument("--out", default="benchmarks/results")
+    a = p.parse_args()
+    t_start = time.perf_counter()
+    a.mode_order = a.modes.split(",")
+    for m in a.mode_order:
+        if not (m in JOB_MODES or m == "bcg" or re.fullmatch(r"plain(\d+|-picked)(-compile)?", m)):
+            raise SystemExit(f"--modes: unknown mode {m!r}; use bcg, {', '.join(JOB_MODES)}, plainN, plain-picked, "
+                             f"plainN-compile")
+    shutil.rmtree(a.work, ignore_errors=True)
+    a.work.mkdir(parents=True)
+    build(a)
+    warm_s = warm_page_cache(Path(a.dir))
+    a.datasets = [(n, write_prompts(a.work / f"prompts_{n}.jsonl", n)) for n in map(int, a.prompts.split(","))]
+    import torch
+
+    from common import device_tag, environment
+
+    meta = environment()
+    meta.update(commit=subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                                      text=True).stdout.strip() or "unknown",
+                page_cache_warm_s=round(warm_s, 1), cache=a.cache, steps=a.steps, guidance=a.guidance,
+                gpus=torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    a.tag = a.tag or device_tag()
+    results = Results(a, meta)
+    gpus = [None] if a.gpus == "none" else a.gpus.split(",")
+    lanes = [a.mode_order[i::len(gpus)] for i in range(len(gpus))]
+    meta["lanes"] = {str(g): modes for modes, g in zip(lanes, gpus) if modes}
+    bcg_done = threading.Event()
+    if "bcg" not in a.mode_order:
+        bcg_done.set()
+    threads = [threading.Thread(target=lane, args=(a, modes, g, results, t_start, bcg_done))
+               for modes, g in zip(lanes, gpus) if modes]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    results.write()
+    print((Path(a.out) / f"job_wall_{a.tag}.md").read_text(), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,29 @@
+"""benchmarks/bench_job_wall.py reads the job's signatures back (str(Signature)) into FLOPs."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+from bench_job_wall import flops_per_image  # noqa: E402
+
+from jobs.models.flops import transformer_flops  # noqa: E402
+from jobs.plan import Signature  # noqa: E402
+
+
+def test_flops_per_image_is_the_mean_over_the_runs_signatures(tmp_path):
+    transformer = {"num_layers": 2, "num_attention_heads": 4, "attention_head_dim": 16}
+    vae = {"encoder_block_out_channels": [8] * 6}
+    for name, cfg in (("transformer", transformer), ("vae", vae)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(cfg))
+    a = Signature(1024, 1024, 64, 20, 4.5, True, "bfloat16")
+    b = Signature(512, 768, 300, 8, 1.0, False, "bfloat16")
+    want = [transformer_flops("sana", transformer, vae, s).per_image for s in (a, b)]
+    got = flops_per_image(SimpleNamespace(dir=tmp_path), {str(a): 3, str(b): 1})
+    assert got == (3 * want[0] + want[1]) / 4
+    assert flops_per_image(SimpleNamespace(dir=tmp_path), {"not a signature": 1}) is None
