@@ -75,6 +75,20 @@ def transformer_flops(family: str, transformer_config: dict, vae_config: Optiona
     return None if rule is None else rule(transformer_config, vae_config, signature)
 
 
+# Dense bf16 TFLOP/s by the GPU's name (datasheets): where the name is not here, no fraction is claimed.
+DENSE_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "B200": 2250.0}
+
+
+def dense_bf16_peak(device) -> Optional[float]:
+    """The datasheet dense bf16 peak of `device`'s GPU, or None (a CPU, or a GPU not in the table)."""
+    import torch
+
+    if getattr(device, "type", str(device)) != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((v for k, v in DENSE_BF16_TFLOPS.items() if k in name), None)
+
+
 def flops_summary(family: str, signature, images: int, seconds: float, *, transformer_config: dict,
                   vae_config: Optional[dict] = None, peak_tflops: float = H200_BF16_DENSE_TFLOPS) -> dict:
     """What a summary reports: model FLOPs per image, achieved TFLOP/s over `seconds` for `images`

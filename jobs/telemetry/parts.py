@@ -51,6 +51,19 @@ def _add(a: dict, b: dict) -> dict:
     return out
 
 
+def _merged_flops(parts: list) -> dict:
+    """Parts generate at once: the job's rate is the sum of theirs, its peak the sum of their GPUs'."""
+    counted = [f for f in parts if f.get("counted") and f.get("tflops")]
+    if not counted:
+        return next((f for f in parts if f), {})
+    tflops = sum(f["tflops"] for f in counted)
+    peaks = [f.get("peak_tflops") for f in counted]
+    merged = dict(counted[0], tflops=round(tflops, 2), parts=len(counted))
+    merged["peak_tflops"] = sum(peaks) if all(peaks) else None
+    merged["peak_fraction"] = round(tflops / merged["peak_tflops"], 4) if merged["peak_tflops"] else None
+    return merged
+
+
 def merge_stats(records: list, parts: int) -> JobStats:
     """Part records -> one JobStats: counts add up, stage times are the slowest part's (wall
     clock), dataset-wide counts (bad rows) are taken once, and a missing part reads as running."""
@@ -76,6 +89,7 @@ def merge_stats(records: list, parts: int) -> JobStats:
         merged.capture_policy += r.get("capture_policy", [])
         merged.overlap = merged.overlap or r.get("overlap", False)
         merged.batching = merged.batching or r.get("batching", {})  # one published pick per output_dir
+    merged.flops = _merged_flops([r.get("flops", {}) for r in records])
     busy = [r["gpu_busy"] for r in records if r.get("gpu_busy") is not None]
     merged.gpu_busy = sum(busy) / len(busy) if busy else None
     merged.device = ", ".join(sorted({r["device"] for r in records if r["device"]}))

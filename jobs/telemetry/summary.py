@@ -49,6 +49,7 @@ class JobStats:
     gpu_busy: Optional[float] = None  # fraction of the generate stage with a kernel running (NVML)
     capture_policy: List[dict] = field(default_factory=list)  # per (signature, batch): decision, ms
     batching: dict = field(default_factory=dict)  # the pool used and how it was chosen (jobs/worker/batch_sizer.py)
+    flops: dict = field(default_factory=dict)  # model FLOPs per image, TFLOP/s, peak fraction (jobs/models/flops.py)
     device: str = ""
     model: str = ""
     output_dir: str = ""
@@ -108,10 +109,19 @@ class JobStats:
             + (f", prompt state reused {g['memo_reuses']} / made {g['memo_runs']} times on replay"
                if g.get("memo_reuses") or g.get("memo_runs") else ""),
             self._batching_line(),
+            self._flops_line(),
             f"  shards: {self.shards} committed this run; bad rows {self.bad_rows}; truncated prompts "
             f"{self.truncated_prompts}; NaN/Inf images {len(self.nonfinite_keys)}; OOM splits {self.oom_splits}",
         ]
         return out
+
+    def _flops_line(self) -> str:
+        f = self.flops
+        if not f.get("counted") or not f.get("tflops"):
+            return "  model FLOPs: " + (f.get("reason") or "not counted")
+        peak = f" = {f['peak_fraction']:.0%} of the GPU's dense bf16 peak ({f['peak_tflops']:g})" \
+            if f.get("peak_fraction") else ""
+        return f"  model FLOPs: {f['flops_per_image']:.3g} an image, {f['tflops']:.1f} TFLOP/s while generating{peak}"
 
     def _batching_line(self) -> str:
         b = self.batching

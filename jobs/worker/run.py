@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from jobs.config import GenerateConfig
+from jobs.models.flops import dense_bf16_peak, flops_summary_mix, known_families
 from jobs.output.claim import dir_lock
 from jobs.output.done import done_records
 from jobs.output.layout import ERRORS_FILE, PLAN_DIR, SUMMARY_FILE
@@ -75,9 +76,25 @@ def _run(cfg: GenerateConfig, timer: StageTimer, group: Group, device: torch.dev
         stats.items_skipped_done = plan.skipped_done + (plan.done_at_start if prep.topo.part == 0 else 0)
         stats.truncated_prompts = plan.truncated
         stats.signatures = {str(s): n for s, n in plan.signature_counts.items()}
+        stats.flops = _flops(prep, plan.signature_counts, stats.stage_seconds.get("generate", 0.0))
         finish(prep, stats, group, met=ended)
     stop.forward()
     return stats
+
+
+def _flops(prep: Prepared, images: dict, seconds: float) -> dict:
+    """Model FLOPs per image (counted from the family's config), achieved TFLOP/s over the generate
+    stage, and the fraction of the GPU's dense bf16 peak where it is known (jobs/models/flops.py)."""
+    if not images or prep.family.name not in known_families():
+        return {"counted": False, "reason": f"no FLOPs rule for family {prep.family.name!r}"}
+    model = prep.cfg.model
+    out = flops_summary_mix(prep.family.name, images, seconds,
+                            transformer_config=prep.family.component_config(model, "transformer"),
+                            vae_config=prep.family.component_config(model, "vae"))
+    peak = dense_bf16_peak(prep.device)
+    out["peak_tflops"] = peak
+    out["peak_fraction"] = round(out["tflops"] / peak, 4) if peak and out.get("tflops") else None
+    return out
 
 
 def finish(prep: Prepared, stats: JobStats, group: Group, met: bool) -> None:
