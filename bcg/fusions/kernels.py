@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from .ops import NotApplicable
+from .applicable import check as _check
 
 try:  # compile options of this Triton: pass only the ones it knows
     from triton.backends.nvidia.compiler import CUDAOptions
@@ -289,11 +289,6 @@ def dwconv_glu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, col_ma
     _dw_glu_kernel[grid](x, weight, bias, out, Hh, Ww, C2 // 2, COL_MAJOR=col_major, BP=BP, BC=BC,
                          num_warps=warps, **OPTS)
     return out
-
-
-def _check(ok: bool, why: str) -> None:
-    if not ok:
-        raise NotApplicable(why)
 
 
 # -- GLUMBConv from the raw 1x1 conv output: bias + SiLU, depthwise 3x3, bias + GLU in one pass --

@@ -32,7 +32,8 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from .kernels import OPTS, _check, _r
+from .applicable import check as _check
+from .kernels import OPTS, _r
 
 _LANES, _WARPS, _VEC = 32, 4, 4  # aten: a warp, num_threads() = C10_WARP_SIZE * 4, vec_size
 LANES = tl.constexpr(_LANES)

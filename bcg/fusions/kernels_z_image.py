@@ -25,7 +25,8 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from .kernels import OPTS, _check, _r, _silu
+from .applicable import check as _check
+from .kernels import OPTS, _r, _silu
 
 RSTD_IN_KERNEL = True
 """rsqrt(var + eps) in the kernel (libdevice) rather than two aten kernels on the [rows, 1] variance."""

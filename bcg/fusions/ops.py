@@ -19,6 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .applicable import NotApplicable, check
+
 _EPS = 1e-15  # SanaLinearAttnProcessor2_0's normaliser epsilon
 
 
@@ -32,10 +34,6 @@ class Op:
 
 
 OPS: dict[str, Op] = {}
-
-
-class NotApplicable(ValueError):
-    """A fused plan does not cover these inputs (layout, dtype, module config): eager runs."""
 
 
 def register(op: Op) -> Op:
@@ -99,9 +97,8 @@ def _grl_reference(h, g, x, linear: nn.Linear):
 
 
 def _grl_fused(h, g, x, linear: nn.Linear):
-    k = _kernels()
-    k._check(x.dim() == 3 and not x.is_contiguous(), "the fused plan is at::linear's strided-input path")
-    return k.gated_residual(h, g, torch.matmul(x, linear.weight.t()), linear.bias)
+    check(x.dim() == 3 and not x.is_contiguous(), "the fused plan is at::linear's strided-input path")
+    return _kernels().gated_residual(h, g, torch.matmul(x, linear.weight.t()), linear.bias)
 
 
 GATED_RESIDUAL_LINEAR = register(Op("gated_residual_linear", _grl_eager, _grl_reference, _grl_fused))
@@ -141,7 +138,7 @@ def _lin_reference(query, key, value, heads: int):
 
 def _lin_fused(query, key, value, heads: int):
     k = _kernels()
-    k._check(query.shape[0] > 1, "batch 1: eager's matmul sees a strided query (no reshape copy)")
+    check(query.shape[0] > 1, "batch 1: eager's matmul sees a strided query (no reshape copy)")
     q32, k32, v32 = k.linear_attention_prep(query, key, value, heads)
     hs = torch.matmul(torch.matmul(v32, k32), q32)
     return k.linear_attention_div(hs, query.dtype, _EPS)

@@ -19,7 +19,8 @@ from typing import Callable
 import torch
 from torch import nn
 
-from .ops import ADALN, GATED_RESIDUAL, NotApplicable, Op, _adaln_eager, _adaln_reference, _gres_reference, register
+from .applicable import NotApplicable
+from .ops import ADALN, GATED_RESIDUAL, Op, _adaln_eager, _adaln_reference, _gres_reference, register
 
 
 def _kernels():

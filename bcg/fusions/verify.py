@@ -22,7 +22,8 @@ import torch
 from torch import nn
 
 from ..graph import active_capture
-from .ops import NotApplicable, Op
+from .applicable import NotApplicable
+from .ops import Op
 
 log = logging.getLogger(__name__)
 
