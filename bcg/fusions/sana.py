@@ -38,6 +38,7 @@ from ..memo import version as _version  # None for inference tensors (the job's 
 from .ops import (CONV_BIAS_GLU, CONV_BIAS_SILU, DWCONV_GLU_COLS, DWCONV_GLU_ROWS, GATED_RESIDUAL,
                   GATED_RESIDUAL_LINEAR, GLU, LINEAR_ATTENTION, MODULATION, RESCALE_RESIDUAL, SILU_DWCONV_GLU)
 from .ops_norm import gated_res_ln_adaln, ln_adaln, res_ln_adaln
+from .guard import guarded
 from .sana_prompt import PromptState, caption_forwards, check_model
 from .verify import Verifier
 
@@ -93,8 +94,9 @@ def check_prompt(model: nn.Module) -> str | None:
 
 def prompt_forwards(model: nn.Module, fx: Verifier) -> dict[str, Callable]:
     """caption_projection / caption_norm forwards that make every fused block's K/V once per
-    prompt batch under a graph (sana_prompt.py)."""
-    return caption_forwards(model, fx.shared.setdefault("sana_prompt", PromptState()), check_block)
+    prompt batch under a graph (sana_prompt.py), each verified against the module's own forward."""
+    made = caption_forwards(model, fx.shared.setdefault("sana_prompt", PromptState()), check_block)
+    return {name: guarded("sana_prompt", model.get_submodule(name), fwd, fx) for name, fwd in made.items()}
 
 
 def _inlinable(attn: nn.Module) -> bool:
@@ -184,11 +186,15 @@ class NormHandoff:
     def put(self, target: nn.Module, hidden: torch.Tensor, timestep: torch.Tensor, normed: torch.Tensor) -> None:
         self.entry = (target, hidden, _version(hidden), timestep, normed)
 
+    def ready(self, block: nn.Module, hidden: torch.Tensor, timestep: torch.Tensor) -> bool:
+        """Whether `take` would hand this block its normalised input (without taking it)."""
+        e = self.entry
+        return not (e is None or e[0] is not block or e[1] is not hidden or e[2] != _version(hidden)
+                    or e[3] is not timestep)
+
     def take(self, block: nn.Module, hidden: torch.Tensor, timestep: torch.Tensor) -> torch.Tensor | None:
-        e, self.entry = self.entry, None
-        if e is None or e[0] is not block or e[1] is not hidden or e[2] != _version(hidden) or e[3] is not timestep:
-            return None
-        return e[4]
+        ready, e, self.entry = self.ready(block, hidden, timestep), self.entry, None
+        return e[4] if ready else None
 
 
 def _cross_attention(attn, hidden_states, encoder_hidden_states, attention_mask, masks: MaskCache,
@@ -349,5 +355,10 @@ def block_forward(block: nn.Module, fx: Verifier) -> Callable:
         handoff.put(following, hidden_states, timestep, normed)
         return hidden_states
 
-    forward.__bcg_fusion__ = "sana_block"  # type: ignore[attr-defined]
-    return forward
+    def variant(hidden_states, attention_mask=None, encoder_hidden_states=None, encoder_attention_mask=None,
+                timestep=None, height=None, width=None):
+        # the paths that state outside the arguments opens: verified each on its own (guard.py)
+        return (handoff.ready(block, hidden_states, timestep),
+                attn2 is not None and prompt.has_kv(attn2, encoder_hidden_states))
+
+    return guarded("sana_block", block, forward, fx, variant=variant)

@@ -32,6 +32,7 @@ from torch import nn
 from ..breaks import _AttentionKernelBreaks
 from ..graph import active_capture
 from .ops import NORM_ROPE, RMS_RESIDUAL, RMS_SCALE, RMS_VARIANCE, SWIGLU, Op
+from .guard import guarded
 from .sana import _inlinable, _null
 from .verify import Verifier
 
@@ -159,5 +160,4 @@ def block_forward(block: nn.Module, fx: Verifier) -> Callable:
         y = ff.w2(call(SWIGLU, ff.w1(h), ff.w3(h)))
         return call(RMS_RESIDUAL, x, gate_mlp, y, variance(y), f2, f2.eps)
 
-    forward.__bcg_fusion__ = "z_image_block"  # type: ignore[attr-defined]
-    return forward
+    return guarded("z_image_block", block, forward, fx)
