@@ -10,10 +10,18 @@ Quality tiers (`RunnerConfig.fusions`):
     fx.stats()                             # counters for summary.json
     fx.remove()                            # the model's own forwards again
 
-Layout: ops (each chain's eager / reference / fused), kernels (Triton, GPU only), verify (first-
-sight verification and counters), registry (rules: module pattern + forward), sana (the SANA block),
-sana_prompt (SANA's caption path and K/V, once per prompt batch under a graph), z_image (the
-Z-Image block; its kernels in kernels_z_image).
+Layout, by pattern (each kernel written once, bound to a family's modules by its rule):
+    applicable       NotApplicable: a plan does not cover these inputs (eager runs)
+    ops*, kernels*   chains (eager / reference plan / fused launcher) and their Triton kernels:
+                     ops, kernels            adaLN, gated residuals, SANA's linear attention and GLUMBConv
+                     ops_norm, kernels_norm  LayerNorm (+ residual) + adaLN, in aten's Welford order
+                     ops_rms, kernels_rms    RMSNorm in aten's orders, and the chains after it
+                     kernels_rope            q/k (RMSNorm +) RoPE, 1-D / 2-D / 3-D, into joint attention
+                     ops_act, kernels_act    SwiGLU, GELU-tanh
+    verify, guard    first-sight verification of chains and of whole rewritten forwards
+    keys, cache      what decides bits; verdicts kept across runs
+    registry         rules: module pattern + forward maker
+    sana, sana_prompt, z_image, ...   the families' rules
 A rule only reorganises *which* calls run; every arithmetic op keeps eager's fp32-then-round plan,
 and LayerNorm, GEMMs, convs and attention stay aten's. The verifier guards the rest: a chain that
 is not equal to eager on live inputs runs eager for good, and the count says so.

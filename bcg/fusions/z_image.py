@@ -4,7 +4,8 @@ Each block runs six RMSNorms (attention_norm1/2, ffn_norm1/2 over the model widt
 over the head dim), each eager as ~7 kernels (`.float()`, `pow`, `mean`, `+ eps`, `rsqrt`, `*`,
 `.to()`, `* weight`) around one reduction, plus RoPE (4 kernels a tensor), the modulation and gated
 residuals and SwiGLU. The fused forward keeps every GEMM and the attention kernel aten's, computes
-each variance in aten's own reduction order, and runs one kernel for each chain (kernels_z_image.py);
+each variance in aten's own reduction order, and runs one kernel for each chain (the shared kernels_rms.py,
+kernels_rope.py, kernels_act.py);
 every chain is verified against eager on first sight, the variance against aten's mean:
 
     each RMSNorm's variance                  1 kernel in aten's reduction order (rms_variance_*;
@@ -31,7 +32,9 @@ from torch import nn
 
 from ..breaks import _AttentionKernelBreaks
 from ..graph import active_capture
-from .ops import NORM_ROPE, RMS_RESIDUAL, RMS_SCALE, RMS_VARIANCE, SWIGLU, Op
+from .ops import Op
+from .ops_act import SWIGLU
+from .ops_rms import NORM_ROPE, RMS_RESIDUAL, RMS_SCALE, RMS_VARIANCE
 from .guard import guarded
 from .sana import _inlinable, _null
 from .verify import Verifier
