@@ -28,7 +28,7 @@ from ..graph import active_capture
 from ..tree import tensor_leaves
 from .applicable import NotApplicable
 from .cache import VerdictCache
-from .keys import module_key, tensor_key
+from .keys import module_key, tensor_key, value_key
 from .ops import Op
 
 log = logging.getLogger(__name__)
@@ -87,8 +87,8 @@ class Verifier:
                 if k is None:
                     k = self._module_keys[id(a)] = module_key(a)
                 parts.append(k)
-            elif isinstance(a, tuple):
-                parts.append(tuple(tensor_key(t) if isinstance(t, torch.Tensor) else t for t in a))
+            elif isinstance(a, (tuple, list, dict)):
+                parts.append(value_key(a))
             else:
                 parts.append(a)
         return tuple(parts)
@@ -175,6 +175,15 @@ class Verifier:
     def remember(self, key: tuple, ok: bool, what: str) -> None:
         if self.cache is not None:
             self.cache.put(key, ok, what)
+
+
+def chain(call: Callable, ops: tuple) -> Callable:
+    """call(ops[0], ...), falling back to ops[1], ... and finally eager: the first variant the
+    verifier found equal to eager runs (candidate orders, contractions, norms run by aten)."""
+    fb = None
+    for op in reversed(ops):
+        fb = (lambda op, nxt: lambda *a: call(op, *a, fallback=nxt))(op, fb)
+    return fb
 
 
 def capturing(args: Any) -> bool:

@@ -30,14 +30,11 @@ from typing import Callable
 import torch
 from torch import nn
 
-from ..breaks import _AttentionKernelBreaks
-from ..graph import active_capture
-from .ops import Op
 from .ops_act import SWIGLU
 from .ops_rms import NORM_ROPE, RMS_RESIDUAL, RMS_SCALE, RMS_VARIANCE
 from .guard import guarded
-from .sana import _inlinable, _null
-from .verify import Verifier
+from .inline import inlinable, kernel_breaks
+from .verify import Verifier, chain
 
 
 def check_block(block: nn.Module) -> str | None:
@@ -63,15 +60,6 @@ def check_block(block: nn.Module) -> str | None:
         if "forward" in norm.__dict__ or getattr(norm, "_diffusers_hook", None) is not None:
             return f"{name} carries a hook or an instance forward (layerwise casting, offloading)"
     return None
-
-
-def _chain(call: Callable, ops: tuple[Op, ...]) -> Callable:
-    """call(ops[0], ...), falling back to ops[1], ... and finally eager: the first variant the
-    verifier found equal to eager runs."""
-    fb = None
-    for op in reversed(ops):
-        fb = (lambda op, nxt: lambda *a: call(op, *a, fallback=nxt))(op, fb)
-    return fb
 
 
 def _attention(attn: nn.Module, hidden_states, attention_mask, freqs_cis, norm_rope: Callable, variance: Callable):
@@ -101,8 +89,7 @@ def _attention(attn: nn.Module, hidden_states, attention_mask, freqs_cis, norm_r
     if attention_mask is not None and attention_mask.ndim == 2:
         attention_mask = attention_mask[:, None, None, :]
     proc = attn.processor
-    breaks = "forward" in attn.__dict__ and active_capture() is not None  # bcg's attention break
-    with _AttentionKernelBreaks() if breaks else _null():
+    with kernel_breaks(attn):  # bcg's attention break
         hidden_states = dispatch_attention_fn(
             query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=False,
             backend=getattr(proc, "_attention_backend", ZSingleStreamAttnProcessor._attention_backend),
@@ -127,8 +114,8 @@ def block_forward(block: nn.Module, fx: Verifier) -> Callable:
     call = fx.call
     attn, ff = block.attention, block.feed_forward
     n1, n2, f1, f2 = block.attention_norm1, block.attention_norm2, block.ffn_norm1, block.ffn_norm2
-    norm_rope = _chain(call, NORM_ROPE)
-    variance = _chain(call, RMS_VARIANCE)
+    norm_rope = chain(call, NORM_ROPE)
+    variance = chain(call, RMS_VARIANCE)
     class_forward = type(block).forward
 
     def forward(
@@ -152,7 +139,7 @@ def block_forward(block: nn.Module, fx: Verifier) -> Callable:
 
         # Attention block
         h = call(RMS_SCALE, x, variance(x), n1, n1.eps, scale_msa)
-        if _inlinable(attn):
+        if inlinable(attn):
             attn_out = _attention(attn, h, attn_mask, freqs_cis, norm_rope, variance)
         else:
             attn_out = attn(h, attention_mask=attn_mask, freqs_cis=freqs_cis)
