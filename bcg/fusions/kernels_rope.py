@@ -37,7 +37,8 @@ from triton.language.extra import libdevice
 
 from .applicable import check as _check
 from .kernels import OPTS, _r
-from .kernels_rms import RSTD_IN_KERNEL, _rstd, fused_rms_rstd, mean_sq_rows
+from . import kernels_rms
+from .kernels_rms import _rstd, fused_rms_rstd, mean_sq_rows
 
 CMUL_MODES = ("fma_ac_ad", "fma_bd_bc", "fma_ac_bc", "fma_bd_ad", "plain")
 """re = a*c - b*d, im = a*d + b*c with the FMA on: fma_ac_ad: re = fma(a, c, -(b*d)), im = fma(a, d, b*c);
@@ -227,7 +228,7 @@ def rope(x: torch.Tensor, freqs, rope_: Rope, out: torch.Tensor | None = None, t
                                           M, RPT, S, o.stride(0), o.stride(1), f_sb, f_ss, eps, factor, L=L,
                                           LP=triton.next_power_of_2(L // 2), D=D,
                                           ROWS=rows, NORM=0 if norm == "none" else 1, HAS_W=weight is not None,
-                                          VAR_IN=var_in, RSTD=not RSTD_IN_KERNEL, STYLE=style, MODE=mode,
+                                          VAR_IN=var_in, RSTD=not kernels_rms.RSTD_IN_KERNEL, STYLE=style, MODE=mode,
                                           CE=ce, SE=se, CO=co, SO=so, **OPTS)
     return out
 
