@@ -203,6 +203,9 @@ def rope(dt):
     check(f"rope pairs joint {dt}", out, pairs_plan(torch.cat([xt, xi], 1), cos, sin, KR.FLUX_INDEX))
     check(f"rope pairs wan index {dt}", KR.rope(xi, (cos[None, 5:], sin[None, 5:]), KR.Rope("pairs", index=KR.WAN_INDEX)),
           pairs_plan(xi, cos[5:], sin[5:], KR.WAN_INDEX))
+    lc, ls = cos[5:].to(dt), sin[5:].to(dt)  # rope buffers cast with the model (Wan after .to(bf16))
+    check(f"rope pairs storage-dtype freqs {dt}", KR.rope(xi, (lc[None], ls[None]), KR.Rope("pairs", index=KR.WAN_INDEX)),
+          pairs_plan(xi, lc, ls, KR.WAN_INDEX))
     freqs = torch.polar(torch.ones(1, 11, D // 2), torch.rand(1, 11, D // 2, generator=G) * 30)
     a, b = xi.float()[..., 0::2], xi.float()[..., 1::2]
     fr = torch.view_as_real(freqs)[:, :, None]

@@ -17,7 +17,9 @@ One kernel for the RoPE of every family, parameterised by what eager runs before
                         even = a*cos[CE] - b*sin[SE], odd = b*cos[CO] + a*sin[SO], each product
                         and the sum rounded to fp32 (eager runs them as separate fp32 kernels),
                         the pair's element (0 even, 1 odd) that each output reads given by `index`:
-                        Flux's `x*cos + rotate(x)*sin` reads (0, 0, 1, 1), Wan's (0, 1, 0, 1)
+                        Flux's `x*cos + rotate(x)*sin` reads (0, 0, 1, 1), Wan's (0, 1, 0, 1); cos / sin
+                        in the storage dtype (Wan's rope buffers after a whole-model .to(bf16)) round
+                        each product and the sum, as eager's bf16 ops do
     out      a [B, S_out, H, D] tensor and a token offset: joint attention's concatenation of the
              text and image streams is written in place, one launch per stream (no torch.cat)
 
@@ -76,9 +78,11 @@ def _cmul(a, b, c, d, MODE: tl.constexpr):
 
 @triton.jit
 def _rope(a, b, fo, q, f_ptr, g_ptr, m, STYLE: tl.constexpr, MODE: tl.constexpr, CE: tl.constexpr,
-          SE: tl.constexpr, CO: tl.constexpr, SO: tl.constexpr):
+          SE: tl.constexpr, CO: tl.constexpr, SO: tl.constexpr, LOW: tl.constexpr, o_ptr):
     """RoPE of the pairs (a, b) [R, P] (fp32 holding storage-dtype values); `fo` [R]: each row's
-    frequency offset (its token), `q` [P]: each pair's index within its head."""
+    frequency offset (its token), `q` [P]: each pair's index within its head. LOW: cos / sin in the
+    storage dtype (a model cast whole with .to(bf16)): every product and sum rounded to it, as
+    eager's bf16 ops round."""
     if STYLE == 0:  # freqs: view_as_real(complex64) [.., S, D/2, 2]
         c = tl.load(f_ptr + fo[:, None] + 2 * q[None, :], mask=m)
         d = tl.load(f_ptr + fo[:, None] + 2 * q[None, :] + 1, mask=m)
@@ -87,6 +91,10 @@ def _rope(a, b, fo, q, f_ptr, g_ptr, m, STYLE: tl.constexpr, MODE: tl.constexpr,
     se = tl.load(g_ptr + fo[:, None] + (2 * q + SE)[None, :], mask=m)
     co = tl.load(f_ptr + fo[:, None] + (2 * q + CO)[None, :], mask=m)
     so = tl.load(g_ptr + fo[:, None] + (2 * q + SO)[None, :], mask=m)
+    if LOW:
+        ce, se, co, so = ce.to(tl.float32), se.to(tl.float32), co.to(tl.float32), so.to(tl.float32)
+        return (_r(_r(a * ce, o_ptr) - _r(b * se, o_ptr), o_ptr),
+                _r(_r(b * co, o_ptr) + _r(a * so, o_ptr), o_ptr))
     return a * ce - b * se, b * co + a * so
 
 
@@ -101,7 +109,8 @@ def _place(rows, RPT, S, s_b, s_s, L: tl.constexpr):
 def _rope_kernel(x_ptr, v_ptr, w_ptr, f_ptr, g_ptr, o_ptr, M, RPT, S, o_sb, o_ss, f_sb, f_ss, eps, factor,
                  L: tl.constexpr, LP: tl.constexpr, D: tl.constexpr, ROWS: tl.constexpr, NORM: tl.constexpr,
                  HAS_W: tl.constexpr, VAR_IN: tl.constexpr, RSTD: tl.constexpr, STYLE: tl.constexpr,
-                 MODE: tl.constexpr, CE: tl.constexpr, SE: tl.constexpr, CO: tl.constexpr, SO: tl.constexpr):
+                 MODE: tl.constexpr, CE: tl.constexpr, SE: tl.constexpr, CO: tl.constexpr, SO: tl.constexpr,
+                 LOW: tl.constexpr):
     # x: contiguous rows of L, RPT rows a token, S tokens a batch; LP: L / 2 up to a power of 2.
     # NORM 0: none; 1: diffusers' RMSNorm
     rows = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)
@@ -123,7 +132,7 @@ def _rope_kernel(x_ptr, v_ptr, w_ptr, f_ptr, g_ptr, o_ptr, M, RPT, S, o_sb, o_ss
             a = _r(a * tl.load(w_ptr + 2 * cols, mask=cm).to(tl.float32)[None, :], o_ptr)
             b = _r(b * tl.load(w_ptr + 2 * cols + 1, mask=cm).to(tl.float32)[None, :], o_ptr)
     fo = _place(rows, RPT, S, f_sb, f_ss, 0)
-    re, im = _rope(a, b, fo, cols % (D // 2), f_ptr, g_ptr, m, STYLE, MODE, CE, SE, CO, SO)
+    re, im = _rope(a, b, fo, cols % (D // 2), f_ptr, g_ptr, m, STYLE, MODE, CE, SE, CO, SO, LOW, o_ptr)
     ob = _place(rows, RPT, S, o_sb, o_ss, L)
     tl.store(o_ptr + ob[:, None] + 2 * cols[None, :], re.to(o_ptr.dtype.element_ty), mask=m)
     tl.store(o_ptr + ob[:, None] + 2 * cols[None, :] + 1, im.to(o_ptr.dtype.element_ty), mask=m)
@@ -134,7 +143,7 @@ def _rope_fused_rms_kernel(x_ptr, w_ptr, f_ptr, g_ptr, o_ptr, RPT, S, o_sb, o_ss
                            LP: tl.constexpr, D: tl.constexpr, ROUNDS: tl.constexpr, HAS_W: tl.constexpr,
                            SQ_FMA: tl.constexpr, EXPLICIT: tl.constexpr, STYLE: tl.constexpr,
                            MODE: tl.constexpr, CE: tl.constexpr, SE: tl.constexpr, CO: tl.constexpr,
-                           SO: tl.constexpr):
+                           SO: tl.constexpr, LOW: tl.constexpr):
     # one row of L a program, 4 warps (the fused RMSNorm's thread order); LP = next power of 2 of L/2
     row = tl.program_id(0).to(tl.int64)
     base = row * L
@@ -151,7 +160,7 @@ def _rope_fused_rms_kernel(x_ptr, w_ptr, f_ptr, g_ptr, o_ptr, RPT, S, o_sb, o_ss
         a = _r(r * a, o_ptr)
         b = _r(r * b, o_ptr)
     fo = _place(rows, RPT, S, f_sb, f_ss, 0)
-    re, im = _rope(a, b, fo, cols % (D // 2), f_ptr, g_ptr, m, STYLE, MODE, CE, SE, CO, SO)
+    re, im = _rope(a, b, fo, cols % (D // 2), f_ptr, g_ptr, m, STYLE, MODE, CE, SE, CO, SO, LOW, o_ptr)
     ob = _place(rows, RPT, S, o_sb, o_ss, L)
     tl.store(o_ptr + ob[:, None] + 2 * cols[None, :], re.to(o_ptr.dtype.element_ty), mask=m)
     tl.store(o_ptr + ob[:, None] + 2 * cols[None, :] + 1, im.to(o_ptr.dtype.element_ty), mask=m)
@@ -167,17 +176,17 @@ class Rope:
     index: tuple = FLUX_INDEX
 
 
-def _freq_view(freqs, style: str, S: int, D: int) -> tuple:
-    """(f, g, batch stride, token stride) of the frequencies for S tokens (fp32 element units)."""
+def _freq_view(freqs, style: str, S: int, D: int, dtype: torch.dtype) -> tuple:
+    """(f, g, batch stride, token stride) of the frequencies for S tokens (in elements)."""
     if style == "complex":
         _check(isinstance(freqs, torch.Tensor) and freqs.dtype == torch.complex64 and freqs.dim() == 3
                and freqs.shape[1:] == (S, D // 2) and freqs.stride(2) == 1, "freqs must be complex64 [B|1, S, D/2]")
         f = torch.view_as_real(freqs)
         return f, f, (f.stride(0) if freqs.shape[0] > 1 else 0), f.stride(1)
     cos, sin = freqs
-    _check(cos.dtype == sin.dtype == torch.float32 and cos.shape == sin.shape and cos.dim() == 3
-           and cos.shape[1:] == (S, D) and cos.stride() == sin.stride() and cos.stride(2) == 1,
-           "cos / sin must be fp32 [B|1, S, D] of one layout")
+    _check(cos.dtype == sin.dtype and cos.dtype in (torch.float32, dtype) and cos.shape == sin.shape
+           and cos.dim() == 3 and cos.shape[1:] == (S, D) and cos.stride() == sin.stride() and cos.stride(2) == 1,
+           "cos / sin must be [B|1, S, D] of one layout, fp32 or x's dtype")
     return cos, sin, (cos.stride(0) if cos.shape[0] > 1 else 0), cos.stride(1)
 
 
@@ -192,7 +201,7 @@ def rope(x: torch.Tensor, freqs, rope_: Rope, out: torch.Tensor | None = None, t
     _check(x.dim() == 4 and x.is_contiguous() and x.dtype in (torch.bfloat16, torch.float16, torch.float32),
            "x must be a contiguous [B, S, H, D] of a float dtype")
     B, S, H, D = x.shape
-    _check(D >= 4 and D & (D - 1) == 0, "the head dim must be a power of two")
+    _check(D >= 2 and D % 2 == 0, "the head dim must be even (pairs)")
     L = H * D if across_heads else D
     RPT = 1 if across_heads else H
     M = B * S * RPT
@@ -202,7 +211,8 @@ def rope(x: torch.Tensor, freqs, rope_: Rope, out: torch.Tensor | None = None, t
     _check(out.dim() == 4 and out.is_contiguous() and out.shape[0] == B and out.shape[2:] == (H, D)
            and out.dtype == x.dtype and 0 <= t0 and t0 + S <= out.shape[1], "out must be a contiguous [B, S_out, H, D]")
     o = out[:, t0:]
-    f, g, f_sb, f_ss = _freq_view(freqs, rope_.style, S, D)
+    f, g, f_sb, f_ss = _freq_view(freqs, rope_.style, S, D, x.dtype)
+    low = rope_.style == "pairs" and f.dtype != torch.float32
     _check(norm in NORMS and (norm == "none" or weight is None or (weight.shape == (L,) and weight.dtype == x.dtype
                                                                     and weight.is_contiguous())),
            "weight must be a contiguous [D] (or [H * D] across heads) of x's dtype")
@@ -213,7 +223,7 @@ def rope(x: torch.Tensor, freqs, rope_: Rope, out: torch.Tensor | None = None, t
         _rope_fused_rms_kernel[(M,)](x, weight if weight is not None else x, f, g, o, RPT, S, o.stride(0),
                                      o.stride(1), f_sb, f_ss, eps, L, LP=triton.next_power_of_2(L // 2), D=D,
                                      ROUNDS=triton.cdiv(L // 4, 128), HAS_W=weight is not None, SQ_FMA=sq_fma,
-                                     EXPLICIT=EXPLICIT_TREE, STYLE=style, MODE=mode, CE=ce, SE=se, CO=co, SO=so,
+                                     EXPLICIT=EXPLICIT_TREE, STYLE=style, MODE=mode, CE=ce, SE=se, CO=co, SO=so, LOW=low,
                                      num_warps=4, **OPTS)
         return out
     var_in = norm == "mean" and var is None
@@ -229,7 +239,7 @@ def rope(x: torch.Tensor, freqs, rope_: Rope, out: torch.Tensor | None = None, t
                                           LP=triton.next_power_of_2(L // 2), D=D,
                                           ROWS=rows, NORM=0 if norm == "none" else 1, HAS_W=weight is not None,
                                           VAR_IN=var_in, RSTD=not kernels_rms.RSTD_IN_KERNEL, STYLE=style, MODE=mode,
-                                          CE=ce, SE=se, CO=co, SO=so, **OPTS)
+                                          CE=ce, SE=se, CO=co, SO=so, LOW=low, **OPTS)
     return out
 
 

@@ -310,3 +310,32 @@ def _rescale_residual_plan(a, r: float, h):
 
 RESCALE_RESIDUAL = register(Op("rescale_residual", _rescale_residual_eager, _rescale_residual_plan,
                                _rescale_residual_plan))
+
+
+# -- Wan's gated residuals: (h.float() + y.float() * gate).type_as(h), the gate fp32 ------------------
+def _gres_f32_eager(h, g, y):
+    return (h.float() + y.float() * g).type_as(h)
+
+
+def _gres_f32_reference(h, g, y):
+    return (h.float() + y.float() * g.float()).to(h.dtype)
+
+
+GATED_RESIDUAL_F32 = register(Op("gated_residual_f32", _gres_f32_eager, _gres_f32_reference,
+                                 lambda h, g, y: _kernels().gated_residual(h, g, y, f32=True)))
+
+
+# -- Wan's modulation, every block at once: scale_shift_table + temb.float() ---------------------------
+def _modulation_f32_eager(tables, t):
+    """tables [L, 1, 6, D] (the blocks' scale_shift_table, stacked) -> [L, B, 6, D]: each block's own
+    add, as WanTransformerBlock.forward writes it."""
+    return torch.stack([tables[i] + t.float() for i in range(tables.shape[0])])
+
+
+def _modulation_f32_stacked(tables, t):
+    # t.float() once and one broadcast add: the same fp32 add for every element, 2 launches instead of 2L
+    return tables + t.float()[None]
+
+
+MODULATION_F32 = register(Op("modulation_f32", _modulation_f32_eager, _modulation_f32_stacked,
+                             _modulation_f32_stacked))

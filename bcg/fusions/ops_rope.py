@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from .applicable import check
-from .ops import Op, register
+from .ops import Op, _r, register
 
 
 def _kr():
@@ -55,11 +55,17 @@ def _joint_out(xs: tuple) -> torch.Tensor:
 
 def _pairs_plan(n: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, index: tuple) -> torch.Tensor:
     """The kernel's rotation in plain torch: even = a*cos[CE] - b*sin[SE], odd = b*cos[CO] + a*sin[SO],
-    for n [B, S, H, D] and cos / sin [S, D] fp32."""
+    for n [B, S, H, D] and cos / sin [S, D], in fp32 (fp32 cos / sin) or each op rounded to n's
+    dtype (cos / sin in it)."""
     a, b = n.float()[..., 0::2], n.float()[..., 1::2]
-    c, s = cos[None, :, None, :], sin[None, :, None, :]
+    c, s = cos[None, :, None, :].float(), sin[None, :, None, :].float()
     ce, se, co, so = (t[..., i::2] for t, i in zip((c, s, c, s), index))
-    return torch.stack([a * ce - b * se, b * co + a * so], dim=-1).flatten(3).to(n.dtype)
+    if cos.dtype == torch.float32:
+        return torch.stack([a * ce - b * se, b * co + a * so], dim=-1).flatten(3).to(n.dtype)
+    dt = n.dtype
+    even = _r(_r(a * ce, dt) - _r(b * se, dt), dt)
+    odd = _r(_r(b * co, dt) + _r(a * so, dt), dt)
+    return torch.stack([even, odd], dim=-1).flatten(3).to(dt)
 
 
 # -- Flux / LongCat: norm per head (torch.nn.RMSNorm), cat [text, image], real pairs ----------------
