@@ -146,3 +146,32 @@ NORM_ROPE = tuple(register(Op(f"rms_norm_rope_{m}", _norm_rope_eager, _norm_rope
                   for m in NORM_ROPE_MODES)
 """One op per candidate contraction of aten's complex product; the Z-Image block tries them in
 order and keeps the first the verifier finds equal to eager."""
+
+
+# -- q/k: the same chain with the variance reduced in the RoPE kernel (aten's mean order, vec_dec: the
+#    H200's for rows of 128); tried before the chain above, which needs its own variance kernel -------
+def _norm_rope_in_eager(x, norm, eps, freqs):
+    return _norm_rope_eager(x, None, norm, eps, freqs)
+
+
+def _norm_rope_in_reference(mode: str):
+    plan = _norm_rope_reference(mode)
+
+    def reference(x, norm, eps, freqs):
+        return plan(x, _var_eager(x), norm, eps, freqs)  # the CPU's mean stands in for the kernel's order
+
+    return reference
+
+
+def _norm_rope_in_fused(mode: str):
+    def fused(x, norm, eps, freqs):
+        _rms_applicable(x, norm, eps)
+        from . import kernels_rope as KR
+
+        return KR.rope(x, freqs, KR.Rope("complex", mode), norm="mean", weight=norm.weight, eps=eps)
+
+    return fused
+
+
+NORM_ROPE_IN = tuple(register(Op(f"rms_norm_rope_in_{m}", _norm_rope_in_eager, _norm_rope_in_reference(m),
+                                 _norm_rope_in_fused(m))) for m in ("fma_ac_ad", "plain"))

@@ -55,7 +55,8 @@ def _builtin() -> None:
                    "dwconv_glu_cols", "silu_dwconv_glu") + ops_norm.OP_NAMES))
     register(Rule("z_image_block", "ZImageTransformerBlock", z_image.check_block, z_image.block_forward,
                   (*(op.name for op in z_image.RMS_VARIANCE), "rms_norm_scale",
-                   *(op.name for op in z_image.NORM_ROPE), "gated_rms_residual", "swiglu")))
+                   *(op.name for op in z_image.NORM_ROPE_IN), *(op.name for op in z_image.NORM_ROPE),
+                   "gated_rms_residual", "swiglu")))
     register(Rule("qwen_image_block", "QwenImageTransformerBlock", qwen_image.check_block, qwen_image.block_forward,
                   qwen_image.OPS))
     register(Rule("wan_prompt", "WanTransformer3DModel", wan.check_model, wan.prompt_forwards, ()))

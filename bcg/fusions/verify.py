@@ -177,10 +177,11 @@ class Verifier:
             self.cache.put(key, ok, what)
 
 
-def chain(call: Callable, ops: tuple) -> Callable:
-    """call(ops[0], ...), falling back to ops[1], ... and finally eager: the first variant the
-    verifier found equal to eager runs (candidate orders, contractions, norms run by aten)."""
-    fb = None
+def chain(call: Callable, ops: tuple, last: Callable | None = None) -> Callable:
+    """call(ops[0], ...), falling back to ops[1], ... and finally `last` (default: the last op's
+    eager): the first variant the verifier found equal to eager runs (candidate orders,
+    contractions, norms run by aten)."""
+    fb = last
     for op in reversed(ops):
         fb = (lambda op, nxt: lambda *a: call(op, *a, fallback=nxt))(op, fb)
     return fb

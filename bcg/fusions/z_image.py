@@ -11,8 +11,9 @@ every chain is verified against eager on first sight, the variance against aten'
     each RMSNorm's variance                  1 kernel in aten's reduction order (rms_variance_*;
                                              last resort: our squares + aten's mean, 2 kernels)
     attention_norm1(x) * scale_msa           1 kernel
-    norm_q / norm_k + RoPE                   1 kernel each (the complex product's FMA contraction
-                                             picked by the verifier)
+    norm_q / norm_k + RoPE                   1 kernel each, the variance reduced in it (else its own
+                                             kernel first); the complex product's FMA contraction
+                                             picked by the verifier
     x + gate_msa * attention_norm2(attn)     1 kernel
     ffn_norm1(x) * scale_mlp                 1 kernel
     silu(w1 h) * w3 h                        1 kernel (w1, w3, w2 stay the module's linears)
@@ -31,7 +32,7 @@ import torch
 from torch import nn
 
 from .ops_act import SWIGLU
-from .ops_rms import NORM_ROPE, RMS_RESIDUAL, RMS_SCALE, RMS_VARIANCE
+from .ops_rms import NORM_ROPE, NORM_ROPE_IN, RMS_RESIDUAL, RMS_SCALE, RMS_VARIANCE
 from .guard import guarded
 from .inline import inlinable, kernel_breaks
 from .verify import Verifier, chain
@@ -62,7 +63,7 @@ def check_block(block: nn.Module) -> str | None:
     return None
 
 
-def _attention(attn: nn.Module, hidden_states, attention_mask, freqs_cis, norm_rope: Callable, variance: Callable):
+def _attention(attn: nn.Module, hidden_states, attention_mask, freqs_cis, norm_rope: Callable):
     """ZSingleStreamAttnProcessor, op for op, with norm + RoPE of q and k fused."""
     from diffusers.models.attention_dispatch import dispatch_attention_fn
     from diffusers.models.transformers.transformer_z_image import ZSingleStreamAttnProcessor
@@ -74,8 +75,8 @@ def _attention(attn: nn.Module, hidden_states, attention_mask, freqs_cis, norm_r
     key = key.unflatten(-1, (attn.heads, -1))
     value = value.unflatten(-1, (attn.heads, -1))
     if freqs_cis is not None and attn.norm_q is not None and attn.norm_k is not None:
-        query = norm_rope(query, variance(query), attn.norm_q, attn.norm_q.eps, freqs_cis)
-        key = norm_rope(key, variance(key), attn.norm_k, attn.norm_k.eps, freqs_cis)
+        query = norm_rope(query, attn.norm_q, attn.norm_q.eps, freqs_cis)
+        key = norm_rope(key, attn.norm_k, attn.norm_k.eps, freqs_cis)
     else:  # the processor's own ops (no q/k norm, or no RoPE)
         if attn.norm_q is not None:
             query = attn.norm_q(query)
@@ -114,8 +115,10 @@ def block_forward(block: nn.Module, fx: Verifier) -> Callable:
     call = fx.call
     attn, ff = block.attention, block.feed_forward
     n1, n2, f1, f2 = block.attention_norm1, block.attention_norm2, block.ffn_norm1, block.ffn_norm2
-    norm_rope = chain(call, NORM_ROPE)
     variance = chain(call, RMS_VARIANCE)
+    with_variance = chain(call, NORM_ROPE)
+    # the variance in the RoPE kernel first; else its own kernel (or aten's mean) and the chains above
+    norm_rope = chain(call, NORM_ROPE_IN, last=lambda x, norm, eps, f: with_variance(x, variance(x), norm, eps, f))
     class_forward = type(block).forward
 
     def forward(
@@ -140,7 +143,7 @@ def block_forward(block: nn.Module, fx: Verifier) -> Callable:
         # Attention block
         h = call(RMS_SCALE, x, variance(x), n1, n1.eps, scale_msa)
         if inlinable(attn):
-            attn_out = _attention(attn, h, attn_mask, freqs_cis, norm_rope, variance)
+            attn_out = _attention(attn, h, attn_mask, freqs_cis, norm_rope)
         else:
             attn_out = attn(h, attention_mask=attn_mask, freqs_cis=freqs_cis)
         x = call(RMS_RESIDUAL, x, gate_msa, attn_out, variance(attn_out), n2, n2.eps)
