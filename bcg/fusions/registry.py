@@ -46,7 +46,7 @@ def get(name: str) -> Rule:
 
 
 def _builtin() -> None:
-    from . import flux, ops_norm, qwen_image, sana, wan, z_image
+    from . import flux, ops_norm, qwen_image, sana, sana_video, wan, z_image
 
     register(Rule("sana_prompt", "SanaTransformer2DModel", sana.check_prompt, sana.prompt_forwards, ()))
     register(Rule("sana_block", "SanaTransformerBlock", sana.check_block, sana.block_forward,
@@ -59,6 +59,8 @@ def _builtin() -> None:
                    "gated_rms_residual", "swiglu")))
     register(Rule("qwen_image_block", "QwenImageTransformerBlock", qwen_image.check_block, qwen_image.block_forward,
                   qwen_image.OPS))
+    register(Rule("sana_video_block", "SanaVideoTransformerBlock", sana_video.check_block, sana_video.block_forward,
+                  sana_video.OPS))
     register(Rule("wan_prompt", "WanTransformer3DModel", wan.check_model, wan.prompt_forwards, ()))
     register(Rule("wan_block", "WanTransformerBlock", wan.check_block, wan.block_forward, wan.OPS))
     for prefix in flux.FAMILIES:  # Flux.1 and LongCat-Image: one forward each for both block kinds

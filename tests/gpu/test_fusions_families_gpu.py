@@ -266,3 +266,30 @@ def test_wan_fused_forward_equals_eager(size):
     verified = _check_model(model, cases, list(model.blocks))
     assert {"modulation_f32", "ln_adaln_f32", "res_ln_adaln_f32", "gated_residual_f32"} <= verified, verified
     assert verified & {"qk_wan_fused", "qk_wan_aten"}
+
+
+@pytest.mark.parametrize("size", ["tiny", "real"])
+def test_sana_video_fused_forward_equals_eager(size):
+    from tests import test_fusions_sana_video as T
+
+    saved = dict(T.TINY)
+    if size == "real":  # SanaVideoTransformer3DModel's defaults (SANA-Video 2B), 2 layers
+        T.TINY.clear()
+        T.TINY.update(num_layers=2)
+    try:
+        model = T.tiny_model(torch.bfloat16).cuda()
+        cfg = model.config
+        cases = []
+        for seed, batch in ((0, 1), (1, 2)):
+            kw = T.tiny_inputs(torch.bfloat16, batch=batch, text=8 if size == "tiny" else 128, seed=seed)
+            frames, h, w = (2, 8, 8) if size == "tiny" else (3, 60, 104)
+            kw["hidden_states"] = _rand(batch, cfg.in_channels, frames, h, w, g=_g(seed)).cpu()
+            kw["encoder_hidden_states"] = _rand(batch, kw["encoder_hidden_states"].shape[1], cfg.caption_channels,
+                                                g=_g(seed)).cpu()
+            cases.append(_cuda(kw))
+    finally:
+        T.TINY.clear()
+        T.TINY.update(saved)
+    verified = _check_model(model, cases, list(model.transformer_blocks))
+    assert {"modulation_video", "ln_adaln", "gated_residual", "res_ln_adaln"} <= verified, verified
+

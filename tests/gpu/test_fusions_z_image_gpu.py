@@ -243,7 +243,8 @@ FUSED_FAMILIES = {"sana": ("SanaTransformerBlock", "SanaTransformer2DModel"),  #
                   "flux": ("FluxTransformerBlock", "FluxSingleTransformerBlock"),
                   "longcat_image": ("LongCatImageTransformerBlock", "LongCatImageSingleTransformerBlock"),
                   "qwen_image": ("QwenImageTransformerBlock",),
-                  "wan": ("WanTransformerBlock", "WanTransformer3DModel")}  # blocks; the text memo
+                  "wan": ("WanTransformerBlock", "WanTransformer3DModel"),  # blocks; the text memo
+                  "sana_video": ("SanaVideoTransformerBlock",)}
 SANA_PROMPTS = ("a red fox", "a lighthouse on a cliff at dusk, waves crashing below")
 
 
