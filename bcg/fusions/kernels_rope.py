@@ -99,7 +99,7 @@ def _rope(a, b, fo, q, f_ptr, g_ptr, m, STYLE: tl.constexpr, MODE: tl.constexpr,
 
 
 @triton.jit
-def _place(rows, RPT, S, s_b, s_s, L: tl.constexpr):
+def _place(rows, RPT, S, s_b, s_s, L):
     """Offsets [R] of rows (RPT a token, S tokens a batch) in a tensor of batch / token strides s_b, s_s."""
     tok = rows // RPT
     return (tok // S) * s_b + (tok % S) * s_s + (rows % RPT) * L
