@@ -164,3 +164,17 @@ def test_fused_blocks_are_verified_as_wholes(grad_mode):
     # the blocks with their input, caption projection and norm; block 1 a second time with the
     # norm its predecessor handed it, the blocks again with the prompt memo's K/V (the variants)
     assert c.forwards_rejected == 0 and c.forwards_verified >= TINY["num_layers"] + 2
+
+
+def test_an_error_is_rejected_for_the_run_but_not_remembered(tmp_path):
+    def oom(*a):
+        raise RuntimeError("CUDA out of memory (a stand-in: nothing about the key)")
+
+    op = ops.Op("oom_plan", ops.GATED_RESIDUAL.eager, oom, oom)
+    h = torch.randn(1, 3, 4)
+    run1 = Verifier("reference", cache=VerdictCache(tmp_path / "v.json"))
+    assert torch.equal(run1.call(op, h, h[:, :1], h), ops.GATED_RESIDUAL.eager(h, h[:, :1], h))
+    assert run1.counters.rejected == 1
+    run2 = Verifier("reference", cache=VerdictCache(tmp_path / "v.json"))
+    run2.call(op, h, h[:, :1], h)
+    assert (run2.counters.cached, run2.counters.rejected) == (0, 1)  # compared (and failed) again

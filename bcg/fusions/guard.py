@@ -63,15 +63,17 @@ def guarded(rule: str, module: nn.Module, fused: Callable, fx: Verifier, origina
             c.forwards_unverified_in_capture += 1
             return original(*args, **kwargs)
         want = original(*args, **kwargs)
-        got = None
+        got, compared = None, True
         try:
             got = fused(*args, **kwargs)
             why = difference(got, want)
         except Exception as exc:  # noqa: BLE001 - a forward that cannot run this key is a rejection
             why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+            compared = False  # for this run only: an error (out of memory) may not recur
         fx.judge(f"{rule} forward of {type(module).__name__}", ("forward",) + tuple(k), why, forward=True)
         verdicts[k] = why is None
-        fx.remember(("forward", where, k), why is None, f"{rule}: {why or 'equal'}")
+        if compared:
+            fx.remember(("forward", where, k), why is None, f"{rule}: {why or 'equal'}")
         # Equal: the rewritten forward's own tensors (the same bits), so that state it left keyed on
         # them (a norm handed to the next block) serves the next module in this very forward, and
         # its path is verified now rather than first seen inside a capture.

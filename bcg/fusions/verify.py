@@ -150,6 +150,8 @@ class Verifier:
             return want
         except Exception as exc:  # noqa: BLE001 - a kernel that cannot run this key is a rejection
             why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+            self.judge(op.name, k, why)  # for this run only: an error (out of memory) may not recur
+            return want
         self.judge(op.name, k, why)
         self.remember(("op", k), why is None, f"{op.name} {describe(k)}: {why or 'equal'}")
         return want
