@@ -28,10 +28,9 @@ the CUDA backend. The core never imports it; this package face does, so `import 
 """
 
 from . import fusions as _lossless_tier  # noqa: F401  (registers the "lossless" rewrite)
-from .breaks import count_breaks, eager_on_graph, install_breaks, remove_breaks
+from .breaks import count_breaks, eager_on_graph, install_breaks, memo_on_graph, remove_breaks
 from .config import RunnerConfig
 from .counters import Counters
-from .memo import memo_on_graph
 from .runner import Dispatch, GraphRunner, apply_graph_runner
 from .signature import describe_difference, flatten, signature
 

@@ -26,6 +26,8 @@ import functools
 import logging
 from typing import Any, Callable, TypeVar
 
+import torch
+
 import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
@@ -50,6 +52,21 @@ class _BreakHook:
 
     def wrap(self, module: nn.Module, inner: Callable) -> Callable:
         return self.make(inner)
+
+
+def memo_on_graph(fn: Callable, params: Callable[[], list[torch.Tensor]]) -> Callable:
+    """`fn` as a memo break (bcg/memo.py: re-run on replay only when its inputs changed); `params()`
+    lists the weights `fn` reads."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        cap = active_capture()
+        if cap is None:
+            return fn(*args, **kwargs)
+        return cap.run_memo(fn, args, kwargs, params())
+
+    wrapper.__bcg_memo__ = True  # type: ignore[attr-defined]
+    return wrapper
 
 
 def eager_on_graph(fn: Fn) -> Fn:
@@ -164,4 +181,4 @@ def count_breaks(module: nn.Module) -> int:
     return count(module, HOOK)
 
 
-__all__ = ["eager_on_graph", "install_breaks", "remove_breaks", "count_breaks"]
+__all__ = ["eager_on_graph", "memo_on_graph", "install_breaks", "remove_breaks", "count_breaks"]

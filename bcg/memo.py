@@ -5,7 +5,7 @@ computes from them alone is the same at every step (SANA: the caption projection
 cross-attention K and V, 42 GEMMs a forward). `memo_on_graph(fn, params)` marks such a function:
 
 - outside a capture it is `fn` (an eager forward computes it every call);
-- during a capture it is a break (bcg.graph): `fn` runs eagerly once and its outputs become
+- during a capture it is a break (bcg.graph; the decorator lives with `eager_on_graph` in bcg.breaks): `fn` runs eagerly once and its outputs become
   bridges; on replay its step (`bcg.graph.MemoStep`) re-runs `fn` only when the live tensor behind
   one of its inputs changed since its last run, or one of `params` was edited in place. Otherwise
   the bridges keep the last results, which are the bits `fn` would make again (same calls, same
@@ -29,7 +29,6 @@ and `params` (module weights; an in-place edit bumps their version, so it re-run
 
 from __future__ import annotations
 
-import functools
 import logging
 import weakref
 from typing import Any, Callable, Sequence
@@ -78,21 +77,6 @@ class InputSources:
 
 def _source(live: torch.Tensor, scope: int | None) -> tuple:
     return weakref.ref(live), version(live), scope
-
-
-def memo_on_graph(fn: Callable, params: Callable[[], list[torch.Tensor]]) -> Callable:
-    """`fn` as a memo break (module docstring); `params()` lists the weights `fn` reads."""
-    from .graph import active_capture
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        cap = active_capture()
-        if cap is None:
-            return fn(*args, **kwargs)
-        return cap.run_memo(fn, args, kwargs, params())
-
-    wrapper.__bcg_memo__ = True  # type: ignore[attr-defined]
-    return wrapper
 
 
 _logged: set[str] = set()

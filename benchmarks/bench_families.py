@@ -19,6 +19,9 @@ first (untimed) loop; bcg-fused: the same graph of the lossless fused forward (b
     python benchmarks/bench_families.py --tiny --out /tmp/smoke           # CPU smoke test (tape)
     python benchmarks/bench_families.py --families z_image --loops 3 --profile --stem fusions_z_image \
         --out benchmarks/results                                          # H200, eager vs bcg vs bcg-fused
+    python benchmarks/bench_families.py --table fused --families flux,qwen_image,wan --out benchmarks/results
+                                      # H200: families_fused_h200.json, a row per (family, batch, mode),
+                                      # eager / bcg / bcg-fused / compile-ro (benchmarks/families_fused.py)
 
 Rows are written after each family, so a run cut short keeps what it measured.
 """
@@ -44,28 +47,8 @@ from common import (LoopTimer, device_tag, environment, flow_schedule, kernel_pr
 from bcg import RunnerConfig, apply_graph_runner  # noqa: E402
 from bcg.fusions import RULES  # noqa: E402
 import families_video as video  # noqa: E402
+from families_image import CFG_SCALE, REAL, TEXT, build, make_step, tiny_configs  # noqa: E402
 
-# transformer/config.json of the released checkpoints (diffusers 0.42.1 class defaults where equal)
-REAL = {
-    "qwen_image": dict(patch_size=2, in_channels=64, out_channels=16, num_layers=60, attention_head_dim=128,
-                       num_attention_heads=24, joint_attention_dim=3584, guidance_embeds=False,
-                       axes_dims_rope=(16, 56, 56)),  # Qwen/Qwen-Image
-    "flux": dict(patch_size=1, in_channels=64, num_layers=19, num_single_layers=38, attention_head_dim=128,
-                 num_attention_heads=24, joint_attention_dim=4096, pooled_projection_dim=768, guidance_embeds=True,
-                 axes_dims_rope=(16, 56, 56)),  # black-forest-labs/FLUX.1-dev
-    "z_image": dict(all_patch_size=(2,), all_f_patch_size=(1,), in_channels=16, dim=3840, n_layers=30,
-                    n_refiner_layers=2, n_heads=30, n_kv_heads=30, norm_eps=1e-5, qk_norm=True, cap_feat_dim=2560,
-                    rope_theta=256.0, t_scale=1000.0, axes_dims=[32, 48, 48], axes_lens=[1024, 512, 512]),
-    "longcat_image": dict(patch_size=1, in_channels=64, num_layers=10, num_single_layers=20, attention_head_dim=128,
-                          num_attention_heads=24, joint_attention_dim=3584, pooled_projection_dim=3584,
-                          axes_dims_rope=[16, 56, 56]),  # meituan-longcat/LongCat-Image
-}
-CLASSES = {"qwen_image": "QwenImageTransformer2DModel", "flux": "FluxTransformer2DModel",
-           "z_image": "ZImageTransformer2DModel", "longcat_image": "LongCatImageTransformer2DModel"}
-# text the transformer sees: (positive real tokens, text length); CFG negatives use NEG_REAL tokens
-TEXT = {"qwen_image": (77, 128), "flux": (77, 512), "z_image": (77, 77), "longcat_image": (77, 512)}
-NEG_REAL = 5
-CFG_SCALE = {"qwen_image": 4.0, "longcat_image": 4.5}  # the others run one call per step
 ALL = {**REAL, **video.REAL}
 COLUMNS = ["family", "params_b", "resolution", "steps", "calls_per_step", "text_len", "eager_ms", "bcg_ms",
            "speedup", "ms_saved_per_call", "capture_s", "graphs", "segments", "max_abs_diff", "peak_mem_gib",
@@ -73,98 +56,6 @@ COLUMNS = ["family", "params_b", "resolution", "steps", "calls_per_step", "text_
 FUSED_COLUMNS = ["family", "resolution", "steps", "eager_ms", "bcg_ms", "bcg_fused_ms", "fused_gain_vs_bcg_pct",
                  "fused_speedup_vs_eager", "fused_max_abs_diff", "fused_rel_err", "kernels_per_call_eager",
                  "kernels_per_call_fused", "fused_verified", "fused_rejected", "skipped"]
-
-
-def tiny_configs() -> dict:
-    """The tiny presets' transformer configs (conf/model/*_tiny.yaml), for the CPU smoke test."""
-    from omegaconf import OmegaConf
-
-    conf = Path(__file__).resolve().parents[1] / "conf" / "model"
-    return {f: OmegaConf.to_container(OmegaConf.load(conf / f"{video.TINY.get(f, f)}_tiny.yaml"))["model"]["tiny"][
-        "transformer"] for f in ALL}
-
-
-def build(family: str, config: dict, device: str, dtype: torch.dtype):
-    import diffusers
-
-    torch.manual_seed(0)
-    with torch.device(device):
-        model = getattr(diffusers, CLASSES[family])(**config)
-    if family == "qwen_image":
-        from jobs.models.qwen_image import capturable_text_lengths
-
-        capturable_text_lengths()  # what the family installs when it loads a pipeline
-    return model.to(dtype).eval().requires_grad_(False)
-
-
-def make_step(family: str, config: dict, side: int, device: str, dtype: torch.dtype, tiny: bool):
-    """(initial latents, step(forward, lat, t) -> velocity). Inputs built as each pipeline builds them."""
-    g = torch.Generator(device).manual_seed(0)
-    real, length = TEXT[family]
-    if tiny:
-        real, length = min(real, 16), min(length, 32 if family != "z_image" else 16)
-    width = config.get("joint_attention_dim", config.get("cap_feat_dim"))
-    pos = torch.randn(1, length, width, generator=g, device=device).to(dtype)
-    neg = torch.randn(1, length, width, generator=g, device=device).to(dtype)
-    pos_mask = (torch.arange(length, device=device) < real).long()[None]
-    neg_mask = (torch.arange(length, device=device) < NEG_REAL).long()[None]
-    tokens = (side // 2) ** 2  # latents packed 2x2
-
-    if family == "z_image":
-        lat = torch.randn(1, config["in_channels"], 1, side, side, generator=g, device=device)
-        caption = pos[0, :real]
-
-        def step(fwd, lat, t):
-            out = fwd([lat[0].to(dtype)], ((1000 - t) / 1000).expand(1), [caption], return_dict=False)[0]
-            return -torch.stack([o.float() for o in out])
-        return lat, step
-
-    lat = torch.randn(1, tokens, config["in_channels"], generator=g, device=device)
-    h = w = side // 2
-    if family == "qwen_image":
-        shapes = [[(1, h, w)]]
-
-        def step(fwd, lat, t):
-            kw = dict(hidden_states=lat.to(dtype), timestep=(t / 1000).expand(1).to(dtype), guidance=None,
-                      img_shapes=shapes, attention_kwargs={}, return_dict=False)
-            cond = fwd(encoder_hidden_states=pos, encoder_hidden_states_mask=pos_mask, **kw)[0].float()
-            uncond = fwd(encoder_hidden_states=neg, encoder_hidden_states_mask=neg_mask, **kw)[0].float()
-            comb = uncond + CFG_SCALE[family] * (cond - uncond)
-            return comb * (cond.norm(dim=-1, keepdim=True) / comb.norm(dim=-1, keepdim=True))
-        return lat, step
-
-    img_ids = torch.zeros(h, w, 3, device=device)
-    img_ids[..., 1] += torch.arange(h, device=device)[:, None]
-    img_ids[..., 2] += torch.arange(w, device=device)[None, :]
-    img_ids = img_ids.reshape(-1, 3)
-    if family == "flux":
-        txt_ids = torch.zeros(length, 3, device=device)
-        pooled = torch.randn(1, config["pooled_projection_dim"], generator=g, device=device).to(dtype)
-        guidance = torch.full((1,), 3.5, device=device)
-
-        def step(fwd, lat, t):
-            return fwd(hidden_states=lat.to(dtype), timestep=(t / 1000).expand(1).to(dtype), guidance=guidance,
-                       pooled_projections=pooled, encoder_hidden_states=pos, txt_ids=txt_ids, img_ids=img_ids,
-                       joint_attention_kwargs=None, return_dict=False)[0].float()
-        return lat, step
-
-    # longcat_image: text positions 0..S-1 on two axes, image positions offset by the text length
-    from diffusers.pipelines.longcat_image.pipeline_longcat_image import prepare_pos_ids
-
-    txt_ids = prepare_pos_ids(0, "text", (0, 0), num_token=length).to(device)
-    img_ids = prepare_pos_ids(1, "image", (length, length), height=h, width=w).to(device)
-
-    def step(fwd, lat, t):
-        ts = (t / 1000).expand(1).to(lat.dtype)
-        # as LongCatImagePipeline calls it: guidance=None on the cond call only (two signatures)
-        cond = fwd(hidden_states=lat.to(dtype), timestep=ts, guidance=None, encoder_hidden_states=pos,
-                   txt_ids=txt_ids, img_ids=img_ids, return_dict=False)[0].float()
-        uncond = fwd(hidden_states=lat.to(dtype), timestep=ts, encoder_hidden_states=neg, txt_ids=txt_ids,
-                     img_ids=img_ids, return_dict=False)[0].float()
-        comb = uncond + CFG_SCALE[family] * (cond - uncond)
-        scale = (cond.norm(dim=-1, keepdim=True) / (comb.norm(dim=-1, keepdim=True) + 1e-8)).clamp(0.0, 1.0)
-        return comb * scale
-    return lat, step
 
 
 def run_family(family: str, args, device: str, dtype: torch.dtype) -> dict:
@@ -266,12 +157,36 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--resolution", type=int, default=1024)
     ap.add_argument("--tiny", action="store_true", help="tiny preset configs, float32 (CPU smoke test)")
-    ap.add_argument("--modes", default="eager,bcg", help="comma-separated subset of eager,bcg,bcg-fused")
-    ap.add_argument("--loops", type=int, default=1, help="timed loops per mode (the median is reported)")
+    ap.add_argument("--modes", default=None, help="comma-separated subset of eager,bcg,bcg-fused (--table fused: "
+                    "also compile-ro; default all four; else eager,bcg)")
+    ap.add_argument("--loops", type=int, default=None, help="timed loops per mode, the median reported (default 1; "
+                    "--table fused: 3)")
     ap.add_argument("--profile", action="store_true", help="kernels per transformer call (eager, bcg-fused)")
     ap.add_argument("--stem", default="families", help="results file stem (then _<device>[_tiny])")
+    ap.add_argument("--table", choices=("wide", "fused"), default="wide",
+                    help="wide: one row a family (eager / bcg / bcg-fused); fused: one row a (family, batch, mode) "
+                         "with compile-ro and the kernel-time mix (benchmarks/families_fused.py)")
+    ap.add_argument("--batches", default="1,job", help="--table fused: batch sizes; 'job' = the pool's largest a "
+                    "long sorted job cuts (8 image, 2 video)")
+    ap.add_argument("--compile", choices=("full", "regional"), default="full",
+                    help="--table fused compile-ro: the whole model, or each repeated block (less compile time)")
+    ap.add_argument("--init", choices=("normal", "diffusers"), default="normal",
+                    help="--table fused: matrices normal_(0, 0.02) or diffusers' own init")
+    ap.add_argument("--quick", action="store_true", help="--table fused: 2 steps, 3 loops, batch 1, regional "
+                    "compile (several families in one ~6 min device call)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    unknown = [f for f in args.families.split(",") if f not in ALL]
+    if unknown:
+        raise ValueError(f"--families: {unknown} not among {', '.join(ALL)}")
+    if args.table == "fused":
+        import families_fused
+
+        args.modes = args.modes or ",".join(families_fused.MODES)
+        args.loops = args.loops or 3
+        families_fused.run_all(args)
+        return
+    args.modes, args.loops = args.modes or "eager,bcg", args.loops or 1
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.float32 if args.tiny else torch.bfloat16
     meta = environment()

@@ -13,7 +13,7 @@ against eager, and time.
    bias_glu or the one-pass dwconv_glu) and as the 1x1 conv + kernels.silu_dwconv_glu over a sweep
    of tiles; each checked equal to eager. Timed as CUDA-graph replays of 20 calls (no Python
    launch overhead, as the job's graphs run them).
-4. `row_var`: Z-Image's RMSNorm variance (kernels_z_image.row_variance) at its 1024² shapes, a sweep of
+4. `row_var`: Z-Image's RMSNorm variance (kernels_rms.row_variance) at its 1024² shapes, a sweep of
    tiles (rows a program, warps, unrolled loop), each checked equal to aten's `x.float().pow(2).mean(-1)`,
    timed as CUDA-graph replays beside those two aten kernels.
 
@@ -269,9 +269,9 @@ ROW_VAR_TILES = {3840: [(r, w, u) for r in (1, 2, 4, 8, 16) for w in (1, 4) for 
 
 
 def row_var_rows() -> list[dict]:
-    """kernels_z_image.row_variance: every tile against aten's `x.float().pow(2).mean(-1)` (bits)
+    """kernels_rms.row_variance: every tile against aten's `x.float().pow(2).mean(-1)` (bits)
     and its time inside a CUDA graph, beside aten's two kernels it replaces."""
-    from bcg.fusions import kernels_z_image as K
+    from bcg.fusions import kernels_rms as K
 
     torch.manual_seed(0)
     out = []

@@ -1,4 +1,6 @@
-"""Shared pytest setup: the `gpu` marker skips cleanly where CUDA is absent."""
+"""Shared pytest setup: the `gpu` marker skips cleanly where CUDA is absent; every test gets its own
+fusion verdict cache (bcg/fusions/cache.py), so each one compares its kernels with eager itself
+instead of trusting an earlier test's (or run's) verdicts."""
 
 import os
 import tempfile
@@ -19,3 +21,10 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _own_fusion_cache(tmp_path_factory, monkeypatch):
+    from bcg.fusions.cache import ENV_DIR
+
+    monkeypatch.setenv(ENV_DIR, str(tmp_path_factory.mktemp("bcgen-cache")))

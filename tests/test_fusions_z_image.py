@@ -1,5 +1,5 @@
 """Z-Image lossless fusions on the CPU (no Triton): each chain's rounding plan (`reference`, what the
-kernels in bcg/fusions/kernels_z_image.py compute around aten's RMSNorm mean) equals eager bit for
+kernels in bcg/fusions/kernels_rms.py compute around aten's RMSNorm mean) equals eager bit for
 bit in bf16 and fp32; the block forward installed on a real tiny ZImageTransformer2DModel leaves its
 outputs identical and its class untouched."""
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from bcg.fusions import install_fusions, ops
+from bcg.fusions import install_fusions, ops_act, ops_rms
 from bcg.fusions.registry import RULES
 from bcg.fusions.verify import Verifier
 
@@ -46,16 +46,16 @@ def cases(dtype, B=2, N=24, D=48, heads=3):
     n1, n2, nq = _norm(D, dtype), _norm(D, dtype), _norm(hd, dtype)
     x, y = _rand(B, N, D, dtype=dtype, scale=3.0), _rand(B, N, D, dtype=dtype, scale=0.2)
     q = _rand(B, N, D, dtype=dtype).unflatten(-1, (heads, -1))
-    plain_rope = ops.NORM_ROPE[ops.NORM_ROPE_MODES.index("plain")]
-    var = ops.RMS_VARIANCE[-1].reference  # aten's mean of the squares (the CPU's plan)
+    plain_rope = ops_rms.NORM_ROPE[ops_rms.NORM_ROPE_MODES.index("plain")]
+    var = ops_rms.RMS_VARIANCE[-1].reference  # aten's mean of the squares (the CPU's plan)
     return [
-        (ops.RMS_VARIANCE[-1], (x,)),
-        (ops.RMS_SCALE, (x, var(x), n1, n1.eps, scale)),
-        (ops.RMS_SCALE, (x, var(x), n1, n1.eps, None)),
-        (ops.RMS_RESIDUAL, (x, gate, y, var(y), n2, n2.eps)),
-        (ops.RMS_RESIDUAL, (x, None, y, var(y), n2, n2.eps)),
+        (ops_rms.RMS_VARIANCE[-1], (x,)),
+        (ops_rms.RMS_SCALE, (x, var(x), n1, n1.eps, scale)),
+        (ops_rms.RMS_SCALE, (x, var(x), n1, n1.eps, None)),
+        (ops_rms.RMS_RESIDUAL, (x, gate, y, var(y), n2, n2.eps)),
+        (ops_rms.RMS_RESIDUAL, (x, None, y, var(y), n2, n2.eps)),
         (plain_rope, (q, var(q), nq, nq.eps, _freqs(B, N, hd // 2))),
-        (ops.SWIGLU, (_rand(B, N, 2 * D, dtype=dtype, scale=4.0), _rand(B, N, 2 * D, dtype=dtype))),
+        (ops_act.SWIGLU, (_rand(B, N, 2 * D, dtype=dtype, scale=4.0), _rand(B, N, 2 * D, dtype=dtype))),
     ]
 
 
@@ -81,14 +81,14 @@ def test_gpu_orders_are_left_to_the_gpu():
     q = _rand(1, 8, 2, 16, dtype=torch.bfloat16)
     nq = _norm(16, torch.bfloat16)
     with torch.no_grad():
-        var = ops.RMS_VARIANCE[-1].eager(q)
-        for op in ops.RMS_VARIANCE:
+        var = ops_rms.RMS_VARIANCE[-1].eager(q)
+        for op in ops_rms.RMS_VARIANCE:
             assert torch.equal(fx.call(op, q), var)
         args = (q, var, nq, nq.eps, _freqs(1, 8, 8))
-        for op in ops.NORM_ROPE:
-            assert torch.equal(fx.call(op, *args), ops.NORM_ROPE[0].eager(*args))
+        for op in ops_rms.NORM_ROPE:
+            assert torch.equal(fx.call(op, *args), ops_rms.NORM_ROPE[0].eager(*args))
     c = fx.counters
-    n_gpu_only = len(ops.NORM_ROPE) + len(ops.RMS_VARIANCE) - 2
+    n_gpu_only = len(ops_rms.NORM_ROPE) + len(ops_rms.RMS_VARIANCE) - 2
     assert (c.not_applicable, c.verified, c.rejected) == (n_gpu_only, 2, 0)
 
 
@@ -97,12 +97,12 @@ def test_norms_that_do_not_fit_the_plan_run_eager():
     n32 = _norm(8, torch.float32)  # fp32 weight on a bf16 input: eager's output is fp32
     fx = Verifier("reference")
     with torch.no_grad():
-        var = ops.RMS_VARIANCE[-1].eager(x)
-        out = fx.call(ops.RMS_SCALE, x, var, n32, n32.eps, None)
+        var = ops_rms.RMS_VARIANCE[-1].eager(x)
+        out = fx.call(ops_rms.RMS_SCALE, x, var, n32, n32.eps, None)
         assert _same(out, n32(x)) and out.dtype == torch.float32
         ln = nn.LayerNorm(8).to(torch.bfloat16)
         ln.eps, ln.bias = 1e-5, None
-        assert _same(fx.call(ops.RMS_SCALE, x, var, ln, 1e-5, None), ln(x))
+        assert _same(fx.call(ops_rms.RMS_SCALE, x, var, ln, 1e-5, None), ln(x))
     assert fx.counters.not_applicable == 2 and fx.counters.rejected == 0
 
 

@@ -10,10 +10,39 @@ Quality tiers (`RunnerConfig.fusions`):
     fx.stats()                             # counters for summary.json
     fx.remove()                            # the model's own forwards again
 
-Layout: ops (each chain's eager / reference / fused), kernels (Triton, GPU only), verify (first-
-sight verification and counters), registry (rules: module pattern + forward), sana (the SANA block),
-sana_prompt (SANA's caption path and K/V, once per prompt batch under a graph), z_image (the
-Z-Image block; its kernels in kernels_z_image).
+Layout, by pattern (each kernel written once, bound to a family's modules by its rule):
+    applicable       NotApplicable: a plan does not cover these inputs (eager runs)
+    ops*, kernels*   chains (eager / reference plan / fused launcher) and their Triton kernels:
+                     ops, kernels            adaLN, gated residuals, SANA's linear attention and GLUMBConv
+                     ops_norm, kernels_norm  LayerNorm (+ residual) + adaLN, in aten's Welford order
+                     ops_rms, kernels_rms    RMSNorm in aten's orders, and the chains after it
+                     kernels_rope            q/k (RMSNorm +) RoPE, 1-D / 2-D / 3-D, into joint attention
+                     ops_act, kernels_act    SwiGLU, GELU-tanh
+    verify, guard    first-sight verification of chains and of whole rewritten forwards
+    keys, cache      what decides bits; verdicts kept across runs
+    registry         rules: module pattern + forward maker
+    sana, sana_prompt, z_image, ...   the families' rules
+Patterns and the families that bind them (one kernel each, parameterised by width, dtype, layout):
+
+    pattern                                   kernel                      families
+    LayerNorm (+ residual / gated residual)   kernels_norm.ln_adaln        SANA, SANA-Video, Flux, LongCat,
+      + x * (1 + scale) + shift                 (bf16 plan; fp32 plan)     Qwen-Image; Wan (fp32 plan)
+    gated residual  x + gate * y              kernels.gated_residual       all of the above (Wan: fp32)
+    RMSNorm (+ * scale, + gated residual)     kernels_rms                  Z-Image
+    q/k RMSNorm + RoPE (1-D, 2-D, 3-D),       kernels_rope.rope            Z-Image, Qwen-Image (complex);
+      into joint attention's concatenation                                 Flux, LongCat, Wan (real pairs)
+    GELU-tanh (+ its cat), SwiGLU             kernels_act                  Flux / LongCat single; Z-Image
+    per-block modulation precompute           modulation.TableStack/SameInput  SANA, SANA-Video, Wan; Flux, Qwen
+    prompt memo (text K/V once a batch)       prompt.PromptState + bcg.memo    SANA, Wan
+
+What the H200 has proven (benchmarks/results/): the LN kernel's Welford order and rsqrt form
+(ln_diagnosis_h200.json), aten's mean order `vec_dec` for rows of 3840 and 128, libdevice rsqrt ==
+torch.rsqrt, the complex product's fma_ac_ad contraction, expf-based SiLU, SANA's and Z-Image's chains
+and whole forwards. Not yet run on a GPU (each guarded by the verifier, with an aten fallback): the
+new families' rules, the RoPE kernel's real-pair style and joint slices, aten's fused RMSNorm order
+(torch.nn.RMSNorm: Flux, LongCat, Wan), GELU-tanh's contraction, the affine LayerNorm's FMA, and the
+fp32 (Wan) plan of the LN kernel.
+
 A rule only reorganises *which* calls run; every arithmetic op keeps eager's fp32-then-round plan,
 and LayerNorm, GEMMs, convs and attention stay aten's. The verifier guards the rest: a chain that
 is not equal to eager on live inputs runs eager for good, and the count says so.

@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from .ops import NotApplicable
+from .applicable import check as _check
 
 try:  # compile options of this Triton: pass only the ones it knows
     from triton.backends.nvidia.compiler import CUDAOptions
@@ -76,7 +76,7 @@ def adaln(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor) -> torch.Te
 # -- gated residual: h + g * (y [+ bias]) --------------------------------------------------
 @triton.jit
 def _gate_res_kernel(h_ptr, g_ptr, y_ptr, b_ptr, o_ptr, numel, ND, D, g_sb, g_sd,
-                     HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+                     HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr, F32: tl.constexpr = False):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = offs < numel
     b = offs // ND
@@ -86,16 +86,21 @@ def _gate_res_kernel(h_ptr, g_ptr, y_ptr, b_ptr, o_ptr, numel, ND, D, g_sb, g_sd
     g = tl.load(g_ptr + b * g_sb + d * g_sd, mask=m).to(tl.float32)
     if HAS_BIAS:  # aten linear on a strided input: matmul, then add_(bias) as its own kernel
         y = _r(y + tl.load(b_ptr + d, mask=m).to(tl.float32), o_ptr)
-    gy = _r(g * y, o_ptr)
+    if F32:  # Wan: (h.float() + y.float() * gate).type_as(h): the product stays fp32
+        gy = g * y
+    else:
+        gy = _r(g * y, o_ptr)
     tl.store(o_ptr + offs, (h + gy).to(o_ptr.dtype.element_ty), mask=m)
 
 
 def gated_residual(h: torch.Tensor, gate: torch.Tensor, y: torch.Tensor,
-                   bias: torch.Tensor | None = None) -> torch.Tensor:
-    """h, y [B, N, D] contiguous; gate broadcast as [B or 1, 1, D]; bias [D] or None."""
+                   bias: torch.Tensor | None = None, f32: bool = False) -> torch.Tensor:
+    """h + gate * (y [+ bias]) for h, y [B, N, D] contiguous; gate broadcast as [B or 1, 1, D]; bias [D]
+    or None. `f32`: Wan's `(h.float() + y.float() * gate).type_as(h)` with an fp32 gate."""
     _check(h.dim() == 3 and h.is_contiguous() and y.is_contiguous() and y.shape == h.shape,
            "h and y must be contiguous [B, N, D]")
-    _check(gate.dtype == h.dtype == y.dtype and (bias is None or bias.dtype == h.dtype), "one dtype")
+    _check(h.dtype == y.dtype and (bias is None or bias.dtype == h.dtype) and not (f32 and bias is not None)
+           and (gate.dtype == h.dtype or (f32 and gate.dtype == torch.float32)), "one dtype (an fp32 gate: f32)")
     B, N, D = h.shape
     g = gate.expand(B, N, D)
     _check(g.stride(1) == 0, "gate must broadcast over tokens")
@@ -105,7 +110,7 @@ def gated_residual(h: torch.Tensor, gate: torch.Tensor, y: torch.Tensor,
     n = h.numel()
     _gate_res_kernel[(triton.cdiv(n, BLOCK),)](h, g, y, bias if bias is not None else y, out, n, N * D, D,
                                               g.stride(0), g.stride(2), HAS_BIAS=bias is not None,
-                                              BLOCK=BLOCK, **OPTS)
+                                              BLOCK=BLOCK, F32=f32, **OPTS)
     return out
 
 
@@ -289,11 +294,6 @@ def dwconv_glu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, col_ma
     _dw_glu_kernel[grid](x, weight, bias, out, Hh, Ww, C2 // 2, COL_MAJOR=col_major, BP=BP, BC=BC,
                          num_warps=warps, **OPTS)
     return out
-
-
-def _check(ok: bool, why: str) -> None:
-    if not ok:
-        raise NotApplicable(why)
 
 
 # -- GLUMBConv from the raw 1x1 conv output: bias + SiLU, depthwise 3x3, bias + GLU in one pass --

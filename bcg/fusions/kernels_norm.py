@@ -32,7 +32,8 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from .kernels import OPTS, _check, _r
+from .applicable import check as _check
+from .kernels import OPTS, _r
 
 _LANES, _WARPS, _VEC = 32, 4, 4  # aten: a warp, num_threads() = C10_WARP_SIZE * 4, vec_size
 LANES = tl.constexpr(_LANES)
@@ -90,7 +91,7 @@ def _halve(m, s, c, R: tl.constexpr, OFF: tl.constexpr, MEAN_FMA: tl.constexpr, 
 
 
 @triton.jit
-def _load_row_x(x_ptr, h_ptr, g_ptr, base, g_base, g_sd, offs, mask, HAS_RES: tl.constexpr):
+def _load_row_x(x_ptr, h_ptr, g_ptr, base, g_base, g_sd, offs, mask, HAS_RES: tl.constexpr, F32: tl.constexpr = False):
     x = tl.load(x_ptr + base + offs, mask=mask, other=0.0).to(tl.float32)
     if HAS_RES == 1:  # the residual's sum, rounded where eager stores it
         h = tl.load(h_ptr + base + offs, mask=mask, other=0.0).to(tl.float32)
@@ -98,15 +99,22 @@ def _load_row_x(x_ptr, h_ptr, g_ptr, base, g_base, g_sd, offs, mask, HAS_RES: tl
     elif HAS_RES == 2:  # h + gate * x (the feed-forward's residual): the product stored, then the sum
         h = tl.load(h_ptr + base + offs, mask=mask, other=0.0).to(tl.float32)
         g = tl.load(g_ptr + g_base + offs * g_sd, mask=mask, other=0.0).to(tl.float32)
-        x = (h + (g * x).to(x_ptr.dtype.element_ty).to(tl.float32)).to(x_ptr.dtype.element_ty).to(tl.float32)
+        if F32:  # Wan: (h.float() + x.float() * gate).type_as(h), the product kept in fp32
+            x = (h + g * x).to(x_ptr.dtype.element_ty).to(tl.float32)
+        else:
+            x = (h + (g * x).to(x_ptr.dtype.element_ty).to(tl.float32)).to(x_ptr.dtype.element_ty).to(tl.float32)
     return x
 
 
 @triton.jit
 def _ln_adaln_kernel(x_ptr, h_ptr, s_ptr, t_ptr, o_ptr, r_ptr, m_ptr, rs_ptr, D, N, eps, s_sb, s_sd,
-                     t_sb, t_sd, g_ptr, g_sb, g_sd, HAS_RES: tl.constexpr, MEAN_FMA: tl.constexpr, ROUNDS: tl.constexpr,
-                     BLOCK_D: tl.constexpr, ONLINE: tl.constexpr = 0, SIG_FMA: tl.constexpr = 0,
-                     RSQ: tl.constexpr = 0, REDUCE: tl.constexpr = 1, STATS: tl.constexpr = False):
+                     t_sb, t_sd, g_ptr, g_sb, g_sd, w_ptr, bb_ptr, HAS_RES: tl.constexpr, MEAN_FMA: tl.constexpr,
+                     ROUNDS: tl.constexpr, BLOCK_D: tl.constexpr, ONLINE: tl.constexpr = 0, SIG_FMA: tl.constexpr = 0,
+                     RSQ: tl.constexpr = 0, REDUCE: tl.constexpr = 1, STATS: tl.constexpr = False,
+                     F32: tl.constexpr = False, MOD: tl.constexpr = True, AFFINE: tl.constexpr = False):
+    # F32: Wan's FP32LayerNorm on x.float(), its modulation in fp32, one rounding at the end (and the
+    # gated residual's product kept in fp32). MOD: the adaLN modulation follows. AFFINE: the norm's own
+    # weight and bias, `gamma * (rstd * (x - mean)) + beta` as one FMA (as nvcc contracts it; unproven).
     # ONLINE / SIG_FMA / RSQ / MEAN_FMA / REDUCE: the alternatives benchmarks/bench_fusion_kernels.py
     # --diagnose compares with aten's per-row mean and rstd. On the H200 (fp32 and bf16 rows,
     # D = 32, 1152, 2240) only the defaults (MEAN_FMA 0) match every row, with either reduction;
@@ -124,7 +132,7 @@ def _ln_adaln_kernel(x_ptr, h_ptr, s_ptr, t_ptr, o_ptr, r_ptr, m_ptr, rs_ptr, D,
         v = t + k * (LANES * WARPS)
         vm = v < nvec
         for ii in tl.static_range(VEC):
-            x = _load_row_x(x_ptr, h_ptr, g_ptr, base, g_base, g_sd, v * VEC + ii, vm, HAS_RES)
+            x = _load_row_x(x_ptr, h_ptr, g_ptr, base, g_base, g_sd, v * VEC + ii, vm, HAS_RES, F32)
             new_cnt = cnt + 1.0
             delta = x - mean
             inv = tl.div_rn(tl.full(new_cnt.shape, 1.0, tl.float32), new_cnt)
@@ -177,53 +185,73 @@ def _ln_adaln_kernel(x_ptr, h_ptr, s_ptr, t_ptr, o_ptr, r_ptr, m_ptr, rs_ptr, D,
     # normalise, round (LayerNorm's store), then adaLN's plan
     offs = tl.arange(0, BLOCK_D)
     dm = offs < D
-    x = _load_row_x(x_ptr, h_ptr, g_ptr, base, g_base, g_sd, offs, dm, HAS_RES)
+    x = _load_row_x(x_ptr, h_ptr, g_ptr, base, g_base, g_sd, offs, dm, HAS_RES, F32)
     if HAS_RES:
         tl.store(r_ptr + base + offs, x.to(r_ptr.dtype.element_ty), mask=dm)
-    y = _r(rstd * (x - mu), o_ptr)
-    sc = tl.load(s_ptr + b * s_sb + offs * s_sd, mask=dm, other=0.0).to(tl.float32)
-    sh = tl.load(t_ptr + b * t_sb + offs * t_sd, mask=dm, other=0.0).to(tl.float32)
-    y = _r(y * _r(sc + 1.0, o_ptr), o_ptr)
-    tl.store(o_ptr + base + offs, (y + sh).to(o_ptr.dtype.element_ty), mask=dm)
+    y = rstd * (x - mu)
+    if AFFINE:
+        w = tl.load(w_ptr + offs, mask=dm, other=0.0).to(tl.float32)
+        bb = tl.load(bb_ptr + offs, mask=dm, other=0.0).to(tl.float32)
+        y = tl.fma(w, y, bb)
+    if MOD:
+        sc = tl.load(s_ptr + b * s_sb + offs * s_sd, mask=dm, other=0.0).to(tl.float32)
+        sh = tl.load(t_ptr + b * t_sb + offs * t_sd, mask=dm, other=0.0).to(tl.float32)
+        if F32:
+            y = y * (sc + 1.0) + sh
+        else:
+            y = _r(_r(y, o_ptr) * _r(sc + 1.0, o_ptr), o_ptr) + sh
+    tl.store(o_ptr + base + offs, y.to(o_ptr.dtype.element_ty), mask=dm)
 
 
-def ln_adaln(x: torch.Tensor, eps: float, scale: torch.Tensor, shift: torch.Tensor,
+def ln_adaln(x: torch.Tensor, eps: float, scale: torch.Tensor | None, shift: torch.Tensor | None,
              residual: torch.Tensor | None = None, mean_fma: int = 0, stats: tuple | None = None,
-             gate: torch.Tensor | None = None, **forms):
+             gate: torch.Tensor | None = None, f32: bool = False, weight: torch.Tensor | None = None,
+             bias: torch.Tensor | None = None, **forms):
     """adaLN(LayerNorm(x)) for contiguous x [B, N, D] (no affine); with `residual`, x is first
     `x + residual` (with `gate` [B or 1, 1, D] too: `residual + gate * x`, the feed-forward's gated
     residual) and the pair (that sum, adaLN(LN(that sum))) is returned.
+    `f32`: Wan's plan (FP32LayerNorm, fp32 modulation, one rounding; scale / shift / gate may be fp32).
+    `weight` and `bias` (both, [D]) with scale = shift = None: the norm's own affine, no modulation.
     `stats` (mean, rstd fp32 [B * N]) and `forms` (ONLINE, SIG_FMA, RSQ, REDUCE) are for the
     diagnosis in benchmarks/bench_fusion_kernels.py."""
-    _check(x.dim() == 3 and x.is_contiguous(), "x must be a contiguous [B, N, D]")
-    _check(scale.dtype == shift.dtype == x.dtype and x.dtype in (torch.bfloat16, torch.float16, torch.float32),
-           "one float dtype for x, scale, shift")
+    _check(x.dim() == 3 and x.is_contiguous() and x.dtype in (torch.bfloat16, torch.float16, torch.float32),
+           "x must be a contiguous [B, N, D] of a float dtype")
+    mod = scale is not None
+    _check(mod == (shift is not None) and (weight is None) == (bias is None) and (mod or weight is not None),
+           "scale with shift, or the norm's weight with its bias")
+    mdt = (torch.float32, x.dtype) if f32 else (x.dtype,)
+    _check(not mod or (scale.dtype in mdt and shift.dtype in mdt), "scale / shift must have x's dtype (or fp32: f32)")
     B, N, D = x.shape
     align = x.element_size() * _VEC
     _check(D % _VEC == 0 and D < (1 << 24), "aten's vectorized LayerNorm path needs D % 4 == 0")
+    if weight is not None:
+        _check(weight.shape == bias.shape == (D,) and weight.is_contiguous() and bias.is_contiguous(),
+               "weight and bias must be contiguous [D]")
     if residual is not None:
         _check(residual.shape == x.shape and residual.is_contiguous() and residual.dtype == x.dtype,
                "residual must be a contiguous tensor like x")
     _check(gate is None or residual is not None, "a gate needs a residual")
     g = gate.expand(B, N, D) if gate is not None else None
-    _check(g is None or (g.dtype == x.dtype and (N == 1 or g.stride(1) == 0)),
-           "gate must have x's dtype and broadcast over tokens")
-    s, t = scale.expand(B, N, D), shift.expand(B, N, D)
-    _check(N == 1 or (s.stride(1) == 0 and t.stride(1) == 0), "scale/shift must broadcast over tokens")
+    _check(g is None or (g.dtype in mdt and (N == 1 or g.stride(1) == 0)),
+           "gate must have x's dtype (or fp32: f32) and broadcast over tokens")
+    s, t = (scale.expand(B, N, D), shift.expand(B, N, D)) if mod else (x, x)
+    _check(not mod or N == 1 or (s.stride(1) == 0 and t.stride(1) == 0), "scale/shift must broadcast over tokens")
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
     res = torch.empty_like(x, memory_format=torch.contiguous_format) if residual is not None else out
-    # aten takes the vectorized kernel only on aligned buffers; its input is the residual's
-    # fresh (aligned) output when HAS_RES
-    _check(out.data_ptr() % align == 0 and (residual is not None or x.data_ptr() % align == 0),
+    # aten takes the vectorized kernel only on aligned buffers; its input is the residual's fresh
+    # (aligned) output when HAS_RES, and x.float()'s fresh copy with f32 (Wan)
+    _check(out.data_ptr() % align == 0 and (residual is not None or f32 or x.data_ptr() % align == 0),
            "unaligned buffers take aten's other LayerNorm kernel")
     rounds = triton.cdiv(D // _VEC, _LANES * _WARPS)
     m, rs = stats if stats is not None else (out, out)
     has_res = 0 if residual is None else (1 if gate is None else 2)
     _ln_adaln_kernel[(B * N,)](x, residual if residual is not None else x, s, t, out, res, m, rs, D, N, eps,
-                               s.stride(0), s.stride(2), t.stride(0), t.stride(2),
+                               s.stride(0) if mod else 0, s.stride(2) if mod else 0,
+                               t.stride(0) if mod else 0, t.stride(2) if mod else 0,
                                g if g is not None else x, g.stride(0) if g is not None else 0,
                                g.stride(2) if g is not None else 0,
+                               weight if weight is not None else x, bias if bias is not None else x,
                                HAS_RES=has_res, MEAN_FMA=mean_fma, ROUNDS=rounds,
-                               BLOCK_D=triton.next_power_of_2(D), STATS=stats is not None,
-                               num_warps=_WARPS, **forms, **OPTS)
+                               BLOCK_D=triton.next_power_of_2(D), STATS=stats is not None, F32=f32, MOD=mod,
+                               AFFINE=weight is not None, num_warps=_WARPS, **forms, **OPTS)
     return (res, out) if residual is not None else out

@@ -19,6 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .applicable import NotApplicable, check
+
 _EPS = 1e-15  # SanaLinearAttnProcessor2_0's normaliser epsilon
 
 
@@ -32,10 +34,6 @@ class Op:
 
 
 OPS: dict[str, Op] = {}
-
-
-class NotApplicable(ValueError):
-    """A fused plan does not cover these inputs (layout, dtype, module config): eager runs."""
 
 
 def register(op: Op) -> Op:
@@ -99,9 +97,8 @@ def _grl_reference(h, g, x, linear: nn.Linear):
 
 
 def _grl_fused(h, g, x, linear: nn.Linear):
-    k = _kernels()
-    k._check(x.dim() == 3 and not x.is_contiguous(), "the fused plan is at::linear's strided-input path")
-    return k.gated_residual(h, g, torch.matmul(x, linear.weight.t()), linear.bias)
+    check(x.dim() == 3 and not x.is_contiguous(), "the fused plan is at::linear's strided-input path")
+    return _kernels().gated_residual(h, g, torch.matmul(x, linear.weight.t()), linear.bias)
 
 
 GATED_RESIDUAL_LINEAR = register(Op("gated_residual_linear", _grl_eager, _grl_reference, _grl_fused))
@@ -141,7 +138,7 @@ def _lin_reference(query, key, value, heads: int):
 
 def _lin_fused(query, key, value, heads: int):
     k = _kernels()
-    k._check(query.shape[0] > 1, "batch 1: eager's matmul sees a strided query (no reshape copy)")
+    check(query.shape[0] > 1, "batch 1: eager's matmul sees a strided query (no reshape copy)")
     q32, k32, v32 = k.linear_attention_prep(query, key, value, heads)
     hs = torch.matmul(torch.matmul(v32, k32), q32)
     return k.linear_attention_div(hs, query.dtype, _EPS)
@@ -315,149 +312,44 @@ RESCALE_RESIDUAL = register(Op("rescale_residual", _rescale_residual_eager, _res
                                _rescale_residual_plan))
 
 
-# == Z-Image (ZImageTransformerBlock) =====================================================
-# diffusers' RMSNorm: var = x.float().pow(2).mean(-1, keepdim=True); x * rsqrt(var + eps) (fp32);
-# .to(weight.dtype) when the weight is half/bf16; * weight. The variance is a chain of its own
-# (`rms_variance_*`: aten's CUDA reduction order, or aten's mean itself); the norm chains take it as
-# an argument (eager ignores it and runs the module) and fuse everything after the mean.
-def _zk():
-    from . import kernels_z_image
-
-    return kernels_z_image
+# -- Wan's gated residuals: (h.float() + y.float() * gate).type_as(h), the gate fp32 ------------------
+def _gres_f32_eager(h, g, y):
+    return (h.float() + y.float() * g).type_as(h)
 
 
-def _var_eager(x):
-    return x.to(torch.float32).pow(2).mean(-1, keepdim=True)
+def _gres_f32_reference(h, g, y):
+    return (h.float() + y.float() * g.float()).to(h.dtype)
 
 
-def _var_reference(mode: str):
-    def reference(x):
-        if mode != "sq_mean":
-            raise NotApplicable(f"the {mode} order is aten's CUDA reduction (no plain-torch plan)")
-        return _var_eager(x)
-
-    return reference
+GATED_RESIDUAL_F32 = register(Op("gated_residual_f32", _gres_f32_eager, _gres_f32_reference,
+                                 lambda h, g, y: _kernels().gated_residual(h, g, y, f32=True)))
 
 
-def _var_fused(mode: str):
-    def fused(x):
-        k = _zk()
-        if mode == "sq_mean":  # our squares, aten's mean
-            return k.rms_sq(x).mean(-1, keepdim=True)
-        return k.row_variance(x, mode)
-
-    return fused
+# -- Wan's modulation, every block at once: scale_shift_table + temb.float() ---------------------------
+def _modulation_f32_eager(tables, t):
+    """tables [L, 1, 6, D] (the blocks' scale_shift_table, stacked) -> [L, B, 6, D]: each block's own
+    add, as WanTransformerBlock.forward writes it."""
+    return torch.stack([tables[i] + t.float() for i in range(tables.shape[0])])
 
 
-RMS_VARIANCE_MODES = ("vec_dec", "vec_inc", "strided_dec", "strided_inc", "sq_mean")  # kernels_z_image.VAR_MODES
-RMS_VARIANCE = tuple(register(Op(f"rms_variance_{m}", _var_eager, _var_reference(m), _var_fused(m)))
-                     for m in RMS_VARIANCE_MODES)
-"""RMSNorm's variance: the candidate reduction orders first, aten's mean of our squares last."""
+def _modulation_f32_stacked(tables, t):
+    # t.float() once and one broadcast add: the same fp32 add for every element, 2 launches instead of 2L
+    return tables + t.float()[None]
 
 
-def _rms_applicable(x: torch.Tensor, norm: nn.Module, eps: float) -> None:
-    if type(norm).__name__ != "RMSNorm" or getattr(norm, "weight", None) is None or norm.bias is not None:
-        raise NotApplicable("not a diffusers RMSNorm with a weight and no bias")
-    if norm.weight.dtype != x.dtype or norm.eps != eps:
-        raise NotApplicable("the norm's weight dtype differs from its input's (or eps is not the norm's)")
+MODULATION_F32 = register(Op("modulation_f32", _modulation_f32_eager, _modulation_f32_stacked,
+                             _modulation_f32_stacked))
 
 
-def _rms_plan(x: torch.Tensor, var: torch.Tensor, norm: nn.Module, eps: float) -> torch.Tensor:
-    """RMSNorm(x) given its variance, in fp32 holding storage-dtype values (every kernel's plan)."""
-    _rms_applicable(x, norm, eps)
-    dt = x.dtype
-    r = torch.rsqrt(var + eps)
-    return _r(_r(x.float() * r, dt) * norm.weight.float(), dt)
+# -- SANA-Video's modulation, every block at once: scale_shift_table[None, None] + t.reshape(B, T, 6, -1) --
+def _modulation_video_eager(tables, t, batch: int):
+    """tables [L, 6, D] -> [L, B, T, 6, D]: each block's own add, as SanaVideoTransformerBlock writes it."""
+    return torch.stack([tables[i][None, None] + t.reshape(batch, t.shape[1], 6, -1) for i in range(tables.shape[0])])
 
 
-def _mul_r(a: torch.Tensor, b: torch.Tensor | None, dt: torch.dtype) -> torch.Tensor:
-    return a if b is None else _r(b.float() * a, dt)
+def _modulation_video_stacked(tables, t, batch: int):
+    return tables[:, None, None] + t.reshape(1, batch, t.shape[1], 6, -1)
 
 
-# -- norm(x) [* scale]: attention_norm1(x) * scale_msa, ffn_norm1(x) * scale_mlp ----------------
-def _rms_scale_eager(x, var, norm, eps, scale):
-    y = norm(x)
-    return y if scale is None else y * scale
-
-
-def _rms_scale_reference(x, var, norm, eps, scale):
-    return _mul_r(_rms_plan(x, var, norm, eps), scale, x.dtype).to(x.dtype)
-
-
-def _rms_scale_fused(x, var, norm, eps, scale):
-    _rms_applicable(x, norm, eps)
-    k = _zk()
-    return k.rms_scale(x, k.rstd_input(var, eps), norm.weight, eps, scale)
-
-
-RMS_SCALE = register(Op("rms_norm_scale", _rms_scale_eager, _rms_scale_reference, _rms_scale_fused))
-
-
-# -- x + gate * norm(y): the block's two residuals ----------------------------------------------
-def _rms_res_eager(x, gate, y, var, norm, eps):
-    return x + norm(y) if gate is None else x + gate * norm(y)
-
-
-def _rms_res_reference(x, gate, y, var, norm, eps):
-    dt = x.dtype
-    return (x.float() + _mul_r(_rms_plan(y, var, norm, eps), gate, dt)).to(dt)
-
-
-def _rms_res_fused(x, gate, y, var, norm, eps):
-    _rms_applicable(y, norm, eps)
-    k = _zk()
-    return k.rms_residual(x, gate, y, k.rstd_input(var, eps), norm.weight, eps)
-
-
-RMS_RESIDUAL = register(Op("gated_rms_residual", _rms_res_eager, _rms_res_reference, _rms_res_fused))
-
-
-# -- q/k: RMSNorm over the head dim, then ZSingleStreamAttnProcessor's apply_rotary_emb -----------
-def _norm_rope_eager(x, var, norm, eps, freqs):
-    x_in = norm(x)
-    with torch.amp.autocast("cuda", enabled=False):
-        xc = torch.view_as_complex(x_in.float().reshape(*x_in.shape[:-1], -1, 2))
-        x_out = torch.view_as_real(xc * freqs.unsqueeze(2)).flatten(3)
-        return x_out.type_as(x_in)
-
-
-def _norm_rope_reference(mode: str):
-    def reference(x, var, norm, eps, freqs):
-        if mode != "plain":
-            raise NotApplicable(f"the {mode} contraction is the GPU's (no FMA in the plain-torch plan)")
-        n = _rms_plan(x, var, norm, eps)
-        a, b = n[..., 0::2], n[..., 1::2]
-        f = torch.view_as_real(freqs).unsqueeze(2).float()
-        c, d = f[..., 0], f[..., 1]
-        return torch.stack([a * c - b * d, a * d + b * c], dim=-1).flatten(3).to(x.dtype)
-
-    return reference
-
-
-def _norm_rope_fused(mode: str):
-    def fused(x, var, norm, eps, freqs):
-        _rms_applicable(x, norm, eps)
-        k = _zk()
-        return k.norm_rope(x, k.rstd_input(var, eps), norm.weight, eps, freqs, mode)
-
-    return fused
-
-
-NORM_ROPE_MODES = ("fma_ac_ad", "fma_bd_bc", "fma_ac_bc", "fma_bd_ad", "plain")  # = kernels_z_image.CMUL_MODES
-NORM_ROPE = tuple(register(Op(f"rms_norm_rope_{m}", _norm_rope_eager, _norm_rope_reference(m), _norm_rope_fused(m)))
-                  for m in NORM_ROPE_MODES)
-"""One op per candidate contraction of aten's complex product; the Z-Image block tries them in
-order and keeps the first the verifier finds equal to eager."""
-
-
-# -- FeedForward's SwiGLU: silu(w1 x) * w3 x --------------------------------------------------------
-def _swiglu_eager(a, b):
-    return F.silu(a) * b
-
-
-def _swiglu_reference(a, b):
-    dt = a.dtype
-    return (_r(F.silu(a.float()), dt) * b.float()).to(dt)
-
-
-SWIGLU = register(Op("swiglu", _swiglu_eager, _swiglu_reference, lambda a, b: _zk().swiglu(a, b)))
+MODULATION_VIDEO = register(Op("modulation_video", _modulation_video_eager, _modulation_video_stacked,
+                               _modulation_video_stacked))

@@ -19,7 +19,8 @@ from typing import Callable
 import torch
 from torch import nn
 
-from .ops import ADALN, GATED_RESIDUAL, NotApplicable, Op, _adaln_eager, _adaln_reference, _gres_reference, register
+from .applicable import NotApplicable
+from .ops import ADALN, GATED_RESIDUAL, Op, _adaln_eager, _adaln_reference, _gres_reference, register
 
 
 def _kernels():
@@ -124,3 +125,74 @@ def gated_res_ln_adaln(call: Callable, y, g, h, norm: nn.Module, scale, shift):
         return h, ln_adaln(call, h, norm, scale, shift)
 
     return call(GRES_LN_ADALN, y, g, h, norm, scale, shift, fallback=fallback)
+
+
+# == Wan: FP32LayerNorm on x.float(), its modulation in fp32, one rounding (`.type_as(x)`) ==========
+def _fp32_layer_norm(norm: nn.Module, affine: bool) -> None:
+    _plain_layer_norm_shape(norm)
+    if type(norm).__name__ != "FP32LayerNorm":
+        raise NotApplicable("not diffusers' FP32LayerNorm")
+    if affine != (norm.weight is not None) or (norm.weight is None) != (norm.bias is None):
+        raise NotApplicable("the norm's affine parameters are not what the plan expects")
+
+
+def _plain_layer_norm_shape(norm: nn.Module) -> None:
+    if not isinstance(norm, nn.LayerNorm) or len(norm.normalized_shape) != 1:
+        raise NotApplicable("not a LayerNorm over the last axis")
+
+
+def _ln_adaln_f32_eager(x, norm: nn.Module, scale, shift):
+    return (norm(x.float()) * (1 + scale) + shift).type_as(x)
+
+
+def _ln_adaln_f32_reference(x, norm: nn.Module, scale, shift):
+    _fp32_layer_norm(norm, affine=False)
+    return (norm(x.float()) * (1 + scale) + shift).to(x.dtype)  # aten's CPU LayerNorm, then the fp32 plan
+
+
+def _ln_adaln_f32_fused(x, norm: nn.Module, scale, shift):
+    _fp32_layer_norm(norm, affine=False)
+    return _kernels().ln_adaln(x, norm.eps, scale, shift, f32=True)
+
+
+LN_ADALN_F32 = register(Op("ln_adaln_f32", _ln_adaln_f32_eager, _ln_adaln_f32_reference, _ln_adaln_f32_fused))
+
+
+# -- h' = h + a (bf16); (h', adaLN_f32(LN(h'))): Wan's cross-attention residual and norm3 ---------------
+def _res_ln_adaln_f32_eager(a, h, norm: nn.Module, scale, shift):
+    h = h + a
+    return h, _ln_adaln_f32_eager(h, norm, scale, shift)
+
+
+def _res_ln_adaln_f32_reference(a, h, norm: nn.Module, scale, shift):
+    h = h + a
+    return h, _ln_adaln_f32_reference(h, norm, scale, shift)
+
+
+def _res_ln_adaln_f32_fused(a, h, norm: nn.Module, scale, shift):
+    _fp32_layer_norm(norm, affine=False)
+    return _kernels().ln_adaln(a, norm.eps, scale, shift, residual=h, f32=True)
+
+
+RES_LN_ADALN_F32 = register(Op("res_ln_adaln_f32", _res_ln_adaln_f32_eager, _res_ln_adaln_f32_reference,
+                               _res_ln_adaln_f32_fused))
+
+
+# -- FP32LayerNorm with its own weight and bias (Wan's norm2, cross_attn_norm): norm(x.float()).type_as(x) ----
+def _ln_affine_f32_eager(x, norm: nn.Module):
+    return norm(x.float()).type_as(x)
+
+
+def _ln_affine_f32_reference(x, norm: nn.Module):
+    _fp32_layer_norm(norm, affine=True)
+    return norm(x.float()).to(x.dtype)
+
+
+def _ln_affine_f32_fused(x, norm: nn.Module):
+    _fp32_layer_norm(norm, affine=True)
+    return _kernels().ln_adaln(x, norm.eps, None, None, f32=True, weight=norm.weight, bias=norm.bias)
+
+
+LN_AFFINE_F32 = register(Op("ln_affine_f32", _ln_affine_f32_eager, _ln_affine_f32_reference, _ln_affine_f32_fused))
+
+WAN_OP_NAMES = (LN_ADALN_F32.name, RES_LN_ADALN_F32.name, LN_AFFINE_F32.name)

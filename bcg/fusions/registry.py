@@ -46,7 +46,7 @@ def get(name: str) -> Rule:
 
 
 def _builtin() -> None:
-    from . import ops_norm, sana, z_image
+    from . import flux, ops_norm, qwen_image, sana, sana_video, wan, z_image
 
     register(Rule("sana_prompt", "SanaTransformer2DModel", sana.check_prompt, sana.prompt_forwards, ()))
     register(Rule("sana_block", "SanaTransformerBlock", sana.check_block, sana.block_forward,
@@ -55,7 +55,19 @@ def _builtin() -> None:
                    "dwconv_glu_cols", "silu_dwconv_glu") + ops_norm.OP_NAMES))
     register(Rule("z_image_block", "ZImageTransformerBlock", z_image.check_block, z_image.block_forward,
                   (*(op.name for op in z_image.RMS_VARIANCE), "rms_norm_scale",
-                   *(op.name for op in z_image.NORM_ROPE), "gated_rms_residual", "swiglu")))
+                   *(op.name for op in z_image.NORM_ROPE_IN), *(op.name for op in z_image.NORM_ROPE),
+                   "gated_rms_residual", "swiglu")))
+    register(Rule("qwen_image_block", "QwenImageTransformerBlock", qwen_image.check_block, qwen_image.block_forward,
+                  qwen_image.OPS))
+    register(Rule("sana_video_block", "SanaVideoTransformerBlock", sana_video.check_block, sana_video.block_forward,
+                  sana_video.OPS))
+    register(Rule("wan_prompt", "WanTransformer3DModel", wan.check_model, wan.prompt_forwards, ()))
+    register(Rule("wan_block", "WanTransformerBlock", wan.check_block, wan.block_forward, wan.OPS))
+    for prefix in flux.FAMILIES:  # Flux.1 and LongCat-Image: one forward each for both block kinds
+        name = prefix.lower()
+        register(Rule(f"{name}_block", f"{prefix}TransformerBlock", flux.check_block, flux.block_forward, flux.OPS))
+        register(Rule(f"{name}_single_block", f"{prefix}SingleTransformerBlock", flux.check_single,
+                      flux.single_forward, flux.OPS))
 
 
 _builtin()

@@ -32,12 +32,13 @@ from torch import nn
 
 import torch.nn.functional as F
 
-from ..breaks import _AttentionKernelBreaks
-from ..graph import active_capture
 from ..memo import version as _version  # None for inference tensors (the job's torch.inference_mode)
 from .ops import (CONV_BIAS_GLU, CONV_BIAS_SILU, DWCONV_GLU_COLS, DWCONV_GLU_ROWS, GATED_RESIDUAL,
                   GATED_RESIDUAL_LINEAR, GLU, LINEAR_ATTENTION, MODULATION, RESCALE_RESIDUAL, SILU_DWCONV_GLU)
 from .ops_norm import gated_res_ln_adaln, ln_adaln, res_ln_adaln
+from .guard import guarded
+from .inline import inlinable, kernel_breaks
+from .modulation import TableStack
 from .sana_prompt import PromptState, caption_forwards, check_model
 from .verify import Verifier
 
@@ -93,15 +94,9 @@ def check_prompt(model: nn.Module) -> str | None:
 
 def prompt_forwards(model: nn.Module, fx: Verifier) -> dict[str, Callable]:
     """caption_projection / caption_norm forwards that make every fused block's K/V once per
-    prompt batch under a graph (sana_prompt.py)."""
-    return caption_forwards(model, fx.shared.setdefault("sana_prompt", PromptState()), check_block)
-
-
-def _inlinable(attn: nn.Module) -> bool:
-    """An attention module's processor may be inlined: its forward is the class's, or bcg's
-    attention-kernel wrapper (whose breaks `_cross_attention` keeps)."""
-    fwd = attn.__dict__.get("forward")
-    return fwd is None or getattr(fwd, "__bcg_attention_break__", False)
+    prompt batch under a graph (sana_prompt.py), each verified against the module's own forward."""
+    made = caption_forwards(model, fx.shared.setdefault("sana_prompt", PromptState()), check_block)
+    return {name: guarded("sana_prompt", model.get_submodule(name), fwd, fx) for name, fwd in made.items()}
 
 
 class MaskCache:
@@ -125,50 +120,14 @@ class MaskCache:
         return out
 
 
-class ModulationCache:
+class ModulationCache(TableStack):
     """Every block adds its own `scale_shift_table` to the same timestep embedding: a small add each
     (one launch of ~7 us a block at SANA-1.6B, 20 a forward). The first block of a forward makes all
     the fused blocks' modulations in one add (ops.MODULATION, verified like every chain) and the
-    others take their slice. Keyed like MaskCache: the timestep tensor itself (so its id cannot be
-    reused), its version and the batch size; and each block's table version when it was stacked, so
-    a table edited in place since (a LoRA fused) makes the stack again."""
+    others take their slice (modulation.TableStack)."""
 
     def __init__(self) -> None:
-        self.blocks: list[nn.Module] = []
-        self.entry: tuple | None = None
-
-    def add(self, block: nn.Module) -> None:
-        self.blocks.append(block)
-
-    def following(self, block: nn.Module) -> nn.Module | None:
-        """The fused block installed after this one (the model's next, in SanaTransformer2DModel's
-        loop), or None for the last."""
-        i = next(i for i, b in enumerate(self.blocks) if b is block)
-        return self.blocks[i + 1] if i + 1 < len(self.blocks) else None
-
-    def get(self, call: Callable, block: nn.Module, timestep: torch.Tensor, batch_size: int) -> torch.Tensor:
-        if self._stale(block, timestep, batch_size):
-            self.entry = (timestep, (_version(timestep), batch_size), *self._make(call, block, timestep, batch_size))
-        index, out = self.entry[2], self.entry[3]
-        if id(block) not in index:  # a block whose table cannot join the stack: its own add
-            return block.scale_shift_table[None] + timestep.reshape(batch_size, 6, -1)
-        return out[index[id(block)][0]]
-
-    def _stale(self, block: nn.Module, timestep: torch.Tensor, batch_size: int) -> bool:
-        e = self.entry
-        if e is None or e[0] is not timestep or e[1] != (_version(timestep), batch_size):
-            return True  # another forward (a new embedding), or this one edited in place
-        stacked = e[2].get(id(block))
-        return stacked is not None and stacked[1] != _version(block.scale_shift_table)
-
-    def _make(self, call: Callable, first: nn.Module, timestep: torch.Tensor, batch_size: int) -> tuple:
-        t0 = first.scale_shift_table
-        same = [b for b in self.blocks
-                if b.scale_shift_table.shape == t0.shape and b.scale_shift_table.dtype == t0.dtype
-                and b.scale_shift_table.device == t0.device]
-        tables = torch.stack([b.scale_shift_table for b in same])
-        index = {id(b): (i, _version(b.scale_shift_table)) for i, b in enumerate(same)}
-        return index, call(MODULATION, tables, timestep, batch_size)
+        super().__init__(MODULATION, lambda table, t, batch_size: table[None] + t.reshape(batch_size, 6, -1))
 
 
 class NormHandoff:
@@ -184,11 +143,15 @@ class NormHandoff:
     def put(self, target: nn.Module, hidden: torch.Tensor, timestep: torch.Tensor, normed: torch.Tensor) -> None:
         self.entry = (target, hidden, _version(hidden), timestep, normed)
 
+    def ready(self, block: nn.Module, hidden: torch.Tensor, timestep: torch.Tensor) -> bool:
+        """Whether `take` would hand this block its normalised input (without taking it)."""
+        e = self.entry
+        return not (e is None or e[0] is not block or e[1] is not hidden or e[2] != _version(hidden)
+                    or e[3] is not timestep)
+
     def take(self, block: nn.Module, hidden: torch.Tensor, timestep: torch.Tensor) -> torch.Tensor | None:
-        e, self.entry = self.entry, None
-        if e is None or e[0] is not block or e[1] is not hidden or e[2] != _version(hidden) or e[3] is not timestep:
-            return None
-        return e[4]
+        ready, e, self.entry = self.ready(block, hidden, timestep), self.entry, None
+        return e[4] if ready else None
 
 
 def _cross_attention(attn, hidden_states, encoder_hidden_states, attention_mask, masks: MaskCache,
@@ -220,8 +183,7 @@ def _cross_attention(attn, hidden_states, encoder_hidden_states, attention_mask,
     query = query.view(batch_size, -1, attn.heads, head_dim).transpose(1, 2)
     key = key.view(batch_size, -1, attn.heads, head_dim).transpose(1, 2)
     value = value.view(batch_size, -1, attn.heads, head_dim).transpose(1, 2)
-    breaks = "forward" in attn.__dict__ and active_capture() is not None  # bcg's attention break
-    with _AttentionKernelBreaks() if breaks else _null():
+    with kernel_breaks(attn):  # bcg's attention break
         hidden_states = F.scaled_dot_product_attention(
             query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=False
         )
@@ -229,14 +191,6 @@ def _cross_attention(attn, hidden_states, encoder_hidden_states, attention_mask,
     hidden_states = hidden_states.to(query.dtype)
     hidden_states = attn.to_out[0](hidden_states)
     return attn.to_out[1](hidden_states)
-
-
-class _null:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 
 def block_forward(block: nn.Module, fx: Verifier) -> Callable:
@@ -297,7 +251,7 @@ def block_forward(block: nn.Module, fx: Verifier) -> Callable:
         if norm_hidden_states is None:
             norm_hidden_states = ln_adaln(call, hidden_states, block.norm1, scale_msa, shift_msa)
         norm_hidden_states = norm_hidden_states.to(hidden_states.dtype)
-        if _inlinable(attn1):
+        if inlinable(attn1):
             query = attn1.to_q(norm_hidden_states)
             key = attn1.to_k(norm_hidden_states)
             value = attn1.to_v(norm_hidden_states)
@@ -317,7 +271,7 @@ def block_forward(block: nn.Module, fx: Verifier) -> Callable:
             hidden_states = call(GATED_RESIDUAL, hidden_states, gate_msa, attn_output)
 
         # 3. Cross attention (the module's own call: bcg's breaks live there)
-        if attn2 is not None and type(attn2.processor) is SanaAttnProcessor2_0 and _inlinable(attn2):
+        if attn2 is not None and type(attn2.processor) is SanaAttnProcessor2_0 and inlinable(attn2):
             attn_output = _cross_attention(attn2, hidden_states, encoder_hidden_states,
                                            encoder_attention_mask, masks, prompt)
             # the residual add, norm2 and its modulation: one kernel
@@ -349,5 +303,10 @@ def block_forward(block: nn.Module, fx: Verifier) -> Callable:
         handoff.put(following, hidden_states, timestep, normed)
         return hidden_states
 
-    forward.__bcg_fusion__ = "sana_block"  # type: ignore[attr-defined]
-    return forward
+    def variant(hidden_states, attention_mask=None, encoder_hidden_states=None, encoder_attention_mask=None,
+                timestep=None, height=None, width=None):
+        # the paths that state outside the arguments opens: verified each on its own (guard.py)
+        return (handoff.ready(block, hidden_states, timestep),
+                attn2 is not None and prompt.has_kv(attn2, encoder_hidden_states))
+
+    return guarded("sana_block", block, forward, fx, variant=variant)

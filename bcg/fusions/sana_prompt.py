@@ -23,39 +23,8 @@ from typing import Callable
 import torch
 from torch import nn
 
-from ..memo import memo_on_graph, version
-
-
-class PromptState:
-    """What the last caption path made, handed to caption_norm and then to each block's attn2."""
-
-    def __init__(self) -> None:
-        self.projected: tuple | None = None  # (P, its version, N)
-        self.kv: dict[int, tuple] = {}  # id(attn2) -> (K, V) made from `normed`
-        self.normed: tuple | None = None  # (N, its version)
-
-    def put(self, projected: torch.Tensor, normed: torch.Tensor, kv: dict[int, tuple]) -> None:
-        self.projected = (projected, version(projected), normed)
-        self.normed, self.kv = None, kv
-
-    def take_normed(self, x: torch.Tensor) -> torch.Tensor | None:
-        """N if `x` is P seen through a view of the same shape and strides, unedited since."""
-        e, self.projected = self.projected, None
-        if e is None:
-            return None
-        p, ver, n = e
-        if (x.data_ptr() != p.data_ptr() or x.shape != p.shape or x.stride() != p.stride()
-                or x.dtype != p.dtype or version(x) != ver):
-            return None
-        self.normed = (n, version(n))
-        return n
-
-    def take_kv(self, attn: nn.Module, encoder_hidden_states: torch.Tensor) -> tuple | None:
-        """(K, V) for this attention if it is called with that very N, unedited."""
-        e = self.normed
-        if e is None or e[0] is not encoder_hidden_states or e[1] != version(encoder_hidden_states):
-            return None
-        return self.kv.pop(id(attn), None)
+from ..breaks import memo_on_graph
+from .prompt import PromptState
 
 
 def cross_attentions(model: nn.Module, check_block: Callable) -> list[nn.Module]:

@@ -4,14 +4,16 @@ Each block runs six RMSNorms (attention_norm1/2, ffn_norm1/2 over the model widt
 over the head dim), each eager as ~7 kernels (`.float()`, `pow`, `mean`, `+ eps`, `rsqrt`, `*`,
 `.to()`, `* weight`) around one reduction, plus RoPE (4 kernels a tensor), the modulation and gated
 residuals and SwiGLU. The fused forward keeps every GEMM and the attention kernel aten's, computes
-each variance in aten's own reduction order, and runs one kernel for each chain (kernels_z_image.py);
+each variance in aten's own reduction order, and runs one kernel for each chain (the shared kernels_rms.py,
+kernels_rope.py, kernels_act.py);
 every chain is verified against eager on first sight, the variance against aten's mean:
 
     each RMSNorm's variance                  1 kernel in aten's reduction order (rms_variance_*;
                                              last resort: our squares + aten's mean, 2 kernels)
     attention_norm1(x) * scale_msa           1 kernel
-    norm_q / norm_k + RoPE                   1 kernel each (the complex product's FMA contraction
-                                             picked by the verifier)
+    norm_q / norm_k + RoPE                   1 kernel each, the variance reduced in it (else its own
+                                             kernel first); the complex product's FMA contraction
+                                             picked by the verifier
     x + gate_msa * attention_norm2(attn)     1 kernel
     ffn_norm1(x) * scale_mlp                 1 kernel
     silu(w1 h) * w3 h                        1 kernel (w1, w3, w2 stay the module's linears)
@@ -29,11 +31,11 @@ from typing import Callable
 import torch
 from torch import nn
 
-from ..breaks import _AttentionKernelBreaks
-from ..graph import active_capture
-from .ops import NORM_ROPE, RMS_RESIDUAL, RMS_SCALE, RMS_VARIANCE, SWIGLU, Op
-from .sana import _inlinable, _null
-from .verify import Verifier
+from .ops_act import SWIGLU
+from .ops_rms import NORM_ROPE, NORM_ROPE_IN, RMS_RESIDUAL, RMS_SCALE, RMS_VARIANCE
+from .guard import guarded
+from .inline import inlinable, kernel_breaks
+from .verify import Verifier, chain
 
 
 def check_block(block: nn.Module) -> str | None:
@@ -61,16 +63,7 @@ def check_block(block: nn.Module) -> str | None:
     return None
 
 
-def _chain(call: Callable, ops: tuple[Op, ...]) -> Callable:
-    """call(ops[0], ...), falling back to ops[1], ... and finally eager: the first variant the
-    verifier found equal to eager runs."""
-    fb = None
-    for op in reversed(ops):
-        fb = (lambda op, nxt: lambda *a: call(op, *a, fallback=nxt))(op, fb)
-    return fb
-
-
-def _attention(attn: nn.Module, hidden_states, attention_mask, freqs_cis, norm_rope: Callable, variance: Callable):
+def _attention(attn: nn.Module, hidden_states, attention_mask, freqs_cis, norm_rope: Callable):
     """ZSingleStreamAttnProcessor, op for op, with norm + RoPE of q and k fused."""
     from diffusers.models.attention_dispatch import dispatch_attention_fn
     from diffusers.models.transformers.transformer_z_image import ZSingleStreamAttnProcessor
@@ -82,8 +75,8 @@ def _attention(attn: nn.Module, hidden_states, attention_mask, freqs_cis, norm_r
     key = key.unflatten(-1, (attn.heads, -1))
     value = value.unflatten(-1, (attn.heads, -1))
     if freqs_cis is not None and attn.norm_q is not None and attn.norm_k is not None:
-        query = norm_rope(query, variance(query), attn.norm_q, attn.norm_q.eps, freqs_cis)
-        key = norm_rope(key, variance(key), attn.norm_k, attn.norm_k.eps, freqs_cis)
+        query = norm_rope(query, attn.norm_q, attn.norm_q.eps, freqs_cis)
+        key = norm_rope(key, attn.norm_k, attn.norm_k.eps, freqs_cis)
     else:  # the processor's own ops (no q/k norm, or no RoPE)
         if attn.norm_q is not None:
             query = attn.norm_q(query)
@@ -97,8 +90,7 @@ def _attention(attn: nn.Module, hidden_states, attention_mask, freqs_cis, norm_r
     if attention_mask is not None and attention_mask.ndim == 2:
         attention_mask = attention_mask[:, None, None, :]
     proc = attn.processor
-    breaks = "forward" in attn.__dict__ and active_capture() is not None  # bcg's attention break
-    with _AttentionKernelBreaks() if breaks else _null():
+    with kernel_breaks(attn):  # bcg's attention break
         hidden_states = dispatch_attention_fn(
             query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=False,
             backend=getattr(proc, "_attention_backend", ZSingleStreamAttnProcessor._attention_backend),
@@ -123,8 +115,10 @@ def block_forward(block: nn.Module, fx: Verifier) -> Callable:
     call = fx.call
     attn, ff = block.attention, block.feed_forward
     n1, n2, f1, f2 = block.attention_norm1, block.attention_norm2, block.ffn_norm1, block.ffn_norm2
-    norm_rope = _chain(call, NORM_ROPE)
-    variance = _chain(call, RMS_VARIANCE)
+    variance = chain(call, RMS_VARIANCE)
+    with_variance = chain(call, NORM_ROPE)
+    # the variance in the RoPE kernel first; else its own kernel (or aten's mean) and the chains above
+    norm_rope = chain(call, NORM_ROPE_IN, last=lambda x, norm, eps, f: with_variance(x, variance(x), norm, eps, f))
     class_forward = type(block).forward
 
     def forward(
@@ -148,8 +142,8 @@ def block_forward(block: nn.Module, fx: Verifier) -> Callable:
 
         # Attention block
         h = call(RMS_SCALE, x, variance(x), n1, n1.eps, scale_msa)
-        if _inlinable(attn):
-            attn_out = _attention(attn, h, attn_mask, freqs_cis, norm_rope, variance)
+        if inlinable(attn):
+            attn_out = _attention(attn, h, attn_mask, freqs_cis, norm_rope)
         else:
             attn_out = attn(h, attention_mask=attn_mask, freqs_cis=freqs_cis)
         x = call(RMS_RESIDUAL, x, gate_msa, attn_out, variance(attn_out), n2, n2.eps)
@@ -159,5 +153,4 @@ def block_forward(block: nn.Module, fx: Verifier) -> Callable:
         y = ff.w2(call(SWIGLU, ff.w1(h), ff.w3(h)))
         return call(RMS_RESIDUAL, x, gate_mlp, y, variance(y), f2, f2.eps)
 
-    forward.__bcg_fusion__ = "z_image_block"  # type: ignore[attr-defined]
-    return forward
+    return guarded("z_image_block", block, forward, fx)

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from bcg import RunnerConfig, apply_graph_runner
-from bcg.fusions import RULES, ops
+from bcg.fusions import RULES, ops_act, ops_rms
+from bcg.fusions.applicable import NotApplicable
 from bcg.fusions.verify import Verifier
 
 pytestmark = pytest.mark.gpu
@@ -25,15 +26,15 @@ REAL = dict(all_patch_size=(2,), all_f_patch_size=(1,), in_channels=16, dim=3840
             t_scale=1000.0, axes_dims=[32, 48, 48], axes_lens=[1024, 512, 512])
 TINY = dict(all_patch_size=(2,), all_f_patch_size=(1,), in_channels=4, dim=32, n_layers=2, n_refiner_layers=1,
             n_heads=2, n_kv_heads=2, cap_feat_dim=32, axes_dims=[4, 6, 6], axes_lens=[1024, 64, 64])
-ROPE = tuple(op.name for op in ops.NORM_ROPE)
-VARIANCE = tuple(op.name for op in ops.RMS_VARIANCE)
+ROPE = tuple(op.name for op in ops_rms.NORM_ROPE_IN + ops_rms.NORM_ROPE)
+VARIANCE = tuple(op.name for op in ops_rms.RMS_VARIANCE)
 CANDIDATES = ROPE + VARIANCE  # candidate orders / contractions: the verifier may reject all but one
 
 
 def test_libdevice_rsqrt_equals_torch_rsqrt():
-    """The kernels compute rsqrt(var + eps) with libdevice (kernels_z_image.RSTD_IN_KERNEL); aten's
+    """The kernels compute rsqrt(var + eps) with libdevice (kernels_rms.RSTD_IN_KERNEL); aten's
     CUDA rsqrt is rsqrtf. Every exponent, normals and subnormals, and the values RMSNorm sees."""
-    from bcg.fusions import kernels_z_image as K
+    from bcg.fusions import kernels_rms as K
 
     g = torch.Generator("cuda").manual_seed(0)
     bits = torch.randint(1, 0x7F800000, (1 << 22,), generator=g, device="cuda", dtype=torch.int32)
@@ -48,7 +49,7 @@ def test_libdevice_rsqrt_equals_torch_rsqrt():
 def test_complex_product_contraction():
     """Which FMA contraction of (a*c - b*d) + (a*d + b*c)i aten's complex64 multiply computes (the
     RoPE product: bf16 q/k values times fp32 cos/sin); the verifier tries the modes in this order."""
-    from bcg.fusions import kernels_z_image as K
+    from bcg.fusions import kernels_rope as K
 
     g = torch.Generator("cuda").manual_seed(0)
     q = torch.randn(1, 512, 30, 64, 2, generator=g, device="cuda").to(torch.bfloat16).float()
@@ -64,21 +65,21 @@ def test_complex_product_contraction():
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_variance_orders(dtype):
-    """Which reduction order (kernels_z_image.VAR_MODES) equals aten's mean of x.float().pow(2) for
+    """Which reduction order (kernels_rms.VAR_MODES) equals aten's mean of x.float().pow(2) for
     Z-Image's rows (the width 3840 at 1024² and 512², the head dim 128); our squares + aten's mean
     (the last resort) always does."""
-    from bcg.fusions import kernels_z_image as K
+    from bcg.fusions import kernels_rms as K
 
     g = torch.Generator("cuda").manual_seed(0)
     found = {}
     for shape in [(1, 4192, 3840), (2, 1120, 3840), (1, 4192, 30, 128), (1, 96, 3840)]:
         x = (torch.randn(*shape, generator=g, device="cuda") * 3).to(dtype)
         want = x.to(torch.float32).pow(2).mean(-1, keepdim=True)
-        assert torch.equal(ops.RMS_VARIANCE[-1].fused(x), want)
+        assert torch.equal(ops_rms.RMS_VARIANCE[-1].fused(x), want)
         for m in K.VAR_MODES:
             try:
                 found[(shape, m)] = int((K.row_variance(x, m) != want).sum())
-            except ops.NotApplicable:
+            except NotApplicable:
                 found[(shape, m)] = "n/a"
     print(f"\n[variance {dtype}] rows differing from aten's mean: {found}")
 
@@ -106,15 +107,16 @@ def op_cases(dtype, B=1, N=256, D=3840, heads=30):
     freqs = torch.polar(torch.ones_like(ang), ang)
     q = r(B, N, D).unflatten(-1, (heads, -1))
     hidden = int(D / 3 * 8)
-    var = ops.RMS_VARIANCE[-1].eager
-    cases = [(op, (t,)) for op in ops.RMS_VARIANCE for t in (x, q)] + [
-        (ops.RMS_SCALE, (x, var(x), n1, n1.eps, scale)),
-        (ops.RMS_SCALE, (x, var(x), n1, n1.eps, None)),
-        (ops.RMS_RESIDUAL, (x, gate, y, var(y), n2, n2.eps)),
-        (ops.RMS_RESIDUAL, (x, None, y, var(y), n2, n2.eps)),
-        (ops.SWIGLU, (r(B, N, hidden, scale=4.0), r(B, N, hidden))),
+    var = ops_rms.RMS_VARIANCE[-1].eager
+    cases = [(op, (t,)) for op in ops_rms.RMS_VARIANCE for t in (x, q)] + [
+        (ops_rms.RMS_SCALE, (x, var(x), n1, n1.eps, scale)),
+        (ops_rms.RMS_SCALE, (x, var(x), n1, n1.eps, None)),
+        (ops_rms.RMS_RESIDUAL, (x, gate, y, var(y), n2, n2.eps)),
+        (ops_rms.RMS_RESIDUAL, (x, None, y, var(y), n2, n2.eps)),
+        (ops_act.SWIGLU, (r(B, N, hidden, scale=4.0), r(B, N, hidden))),
     ]
-    return cases + [(op, (q, var(q), nq, nq.eps, freqs)) for op in ops.NORM_ROPE]
+    return (cases + [(op, (q, var(q), nq, nq.eps, freqs)) for op in ops_rms.NORM_ROPE]
+            + [(op, (q, nq, nq.eps, freqs)) for op in ops_rms.NORM_ROPE_IN])
 
 
 @pytest.mark.parametrize("batch", [1, 2])
@@ -167,20 +169,57 @@ def _check_model(model, cases, policy="none"):
             outs = [run(kw) for kw in cases]
             again = [run(kw) for kw in cases]
             stats = runner.stats()
+            verified = {k[0] for k, ok in runner.fusions.verifier.state.items() if ok}
         finally:
             runner.remove()
         assert all("forward" not in b.__dict__ for b in model.layers)
         after = run(cases[0])
-    fx = stats["fusions"]
+    fx = dict(stats["fusions"], verified_ops=sorted(verified))
     print(f"\n[z_image fused model] {fx}")
     for i, (ref, out, out2) in enumerate(zip(refs, outs, again)):
         assert torch.equal(out, ref), (i, (out.float() - ref.float()).abs().max().item())
         assert torch.equal(out2, ref), i
     assert torch.equal(after, refs[0])
     n_blocks = len(model.layers) + len(model.noise_refiner) + len(model.context_refiner)
-    assert fx["modules"] == n_blocks and fx["fused_calls"] > 0
+    assert fx["modules"] == n_blocks and fx["fused_calls"] > 0 and fx["forwards_rejected"] == 0
     assert all(r.split()[0] in CANDIDATES for r in fx["rejections"]), fx["rejections"]
     return fx
+
+
+# The tuned kernels the Z-Image block relies on for its 32% (fusions_z_image_s22b_h200.md). A test that
+# only checked the fallback order would pass with every one of them rejected: these must run.
+TUNED = ("rms_variance_vec_dec", "rms_norm_rope_in_fma_ac_ad")
+
+
+def test_the_tuned_kernels_run_and_equal_aten():
+    """aten's mean of x.float().pow(2) on Z-Image's 1024² shapes (width 3840, q/k rows of 128): the
+    tuned row_variance (vec_dec, its sweep's tiles) must equal it and then run fused; so must the q/k
+    chain with the variance reduced in the RoPE kernel and the H200's complex contraction."""
+    from diffusers.models.normalization import RMSNorm
+
+    fx = Verifier("triton", cache=None)
+    g = torch.Generator("cuda").manual_seed(0)
+    x = (torch.randn(1, 4192, 3840, generator=g, device="cuda") * 3).to(torch.bfloat16)
+    q = torch.randn(1, 4192, 30, 128, generator=g, device="cuda").to(torch.bfloat16)
+    nq = RMSNorm(128, eps=1e-5).to("cuda", torch.bfloat16)
+    ang = torch.rand(1, 4192, 64, generator=g, device="cuda") * 500
+    freqs = torch.polar(torch.ones_like(ang), ang)
+    vec_dec = next(op for op in ops_rms.RMS_VARIANCE if op.name == TUNED[0])
+    rope_in = next(op for op in ops_rms.NORM_ROPE_IN if op.name == TUNED[1])
+    with torch.no_grad():
+        for op, args in ((vec_dec, (x,)), (vec_dec, (q,)), (rope_in, (q, nq, nq.eps, freqs))):
+            want = op.eager(*args)
+            fx.call(op, *args)  # first sight: compared with aten
+            assert fx.state[fx.key(op, args)] is True, (op.name, fx.counters.rejections)
+            before = fx.counters.fused_calls
+            got = fx.call(op, *args)
+            assert fx.counters.fused_calls == before + 1 and torch.equal(got, want), op.name
+
+
+def test_the_real_model_runs_the_tuned_kernels():
+    model = build(REAL, torch.bfloat16)
+    fx = _check_model(model, [inputs(REAL, torch.bfloat16, 32, [77])])
+    assert set(TUNED) <= set(fx["verified_ops"]), fx["verified_ops"]
 
 
 def test_real_architecture_fused_forward_equals_eager():
@@ -200,7 +239,12 @@ def test_tiny_fused_forward_equals_eager(dtype, policy):
 # Family -> the classes its fusion rules target (tests/gpu/test_family_graphs_gpu.py has no SANA
 # prompts: it covers the families without a dedicated GPU test; these two prompts share SANA's bucket).
 FUSED_FAMILIES = {"sana": ("SanaTransformerBlock", "SanaTransformer2DModel"),  # blocks; the caption path
-                  "z_image": ("ZImageTransformerBlock",)}
+                  "z_image": ("ZImageTransformerBlock",),
+                  "flux": ("FluxTransformerBlock", "FluxSingleTransformerBlock"),
+                  "longcat_image": ("LongCatImageTransformerBlock", "LongCatImageSingleTransformerBlock"),
+                  "qwen_image": ("QwenImageTransformerBlock",),
+                  "wan": ("WanTransformerBlock", "WanTransformer3DModel"),  # blocks; the text memo
+                  "sana_video": ("SanaVideoTransformerBlock",)}
 SANA_PROMPTS = ("a red fox", "a lighthouse on a cliff at dusk, waves crashing below")
 
 
@@ -238,4 +282,4 @@ def test_tiny_pipeline_with_fusions_equals_eager(name, monkeypatch):
     stats = fam_gpu.check_family(name, "cuda", "cuda", overrides=_offline_minilm(name))
     fx = stats["fusions"]
     print(f"\n[{name} tiny pipeline fusions] {fx}")
-    assert fx["modules"] > 0 and fx["fused_calls"] > 0 and fx["verified"] > 0
+    assert fx["modules"] > 0 and fx["fused_calls"] > 0 and fx["verified"] > 0 and fx["forwards_rejected"] == 0

@@ -1,20 +1,29 @@
-"""Triton kernels of the Z-Image fusions (imported only where Triton and CUDA exist).
+"""RMSNorm in aten's reduction orders, and the chains that follow it (Triton; GPU or Triton's CPU
+interpreter).
+
+Two RMSNorms reach these models, and aten reduces them in two orders:
+- diffusers' `RMSNorm` (Z-Image, Qwen-Image, SANA's caption norm, SANA-Video's q/k): eager's
+  `x.float().pow(2).mean(-1, keepdim=True)` is aten's CUDA mean kernel (Reduce.cuh), reproduced
+  here for rows of a multiple of 128 (`row_variance`, in candidate orders `VAR_MODES`; `mean_sq_rows`
+  for a kernel that normalises the row it just reduced). On the H200 (torch 2.11) `vec_dec` equals
+  aten's mean for rows of 3840 and of 128 (benchmarks/results/gpu_fusions_z_image_tests_h200.txt).
+  The last resort, `rms_sq`, writes the fp32 squares eager's `x.float().pow(2)` writes and aten's
+  `.mean(-1, keepdim=True)` reduces them (same op, shape and strides: same bits).
+- `torch.nn.RMSNorm` (Flux's and LongCat's q/k, Wan's q/k across heads) is `F.rms_norm`, on CUDA
+  aten's fused `_fused_rms_norm`, the LayerNorm kernel's RMS variant (layer_norm_kernel.cu): 128
+  threads a row, each summing the squares of its 4-wide vectors t, t + 128, ... in order (FMAs as
+  nvcc contracts `sigma2 + x * x`), a shuffle-down tree within each warp, the 4 warps pairwise, then
+  `rstd = rsqrtf(sum / N + eps)` and `y = w * (rstd * x)`, rounded once. `fused_rms_rstd` models that
+  order; it is NOT proven on a GPU yet (the verifier compares it with F.rms_norm on first sight, and
+  the chains fall back to aten's norm + the rest fused when it differs).
 
 Same rounding plan as kernels.py (fp32 arithmetic, a rounding `_r` wherever eager stores a tensor,
-no FMA contraction, `OPTS`). RMSNorm's reduction is aten's order: `row_variance` reproduces aten's
-CUDA mean kernel (Reduce.cuh) for the row sizes Z-Image has, in candidate orders (`VAR_MODES`) the
-verifier tries against aten's own mean; the last resort, `rms_sq`, writes the fp32 squares eager's
-`x.float().pow(2)` writes and aten's `.mean(-1, keepdim=True)` reduces them (same op, shape and
-strides: same bits). The kernels then do everything after the mean:
+no FMA contraction, `OPTS`). After diffusers' mean the kernels do:
 
-    rstd = rsqrt(var + eps)             libdevice rsqrt (rsqrt.approx.f32, as CUDA's rsqrtf), or
+    rstd = rsqrt(var + eps)             libdevice rsqrt (equal to torch.rsqrt on the H200), or
                                         aten's tensor when RSTD_IN_KERNEL is False
     n    = _r(_r(x * rstd) * weight)    `hidden_states.to(weight.dtype) * weight`
-    ...  the modulation, gate, residual, RoPE, SwiGLU that follow, each rounded where eager stores.
-
-RoPE: eager multiplies complex64 tensors; aten's CUDA kernel computes c10::complex's
-`(a*c - b*d) + (a*d + b*c)i` as nvcc compiles it, where multiply-adds may be contracted to FMAs.
-`CMUL` modes name the candidate contractions; the verifier keeps the first mode that equals eager.
+    ...  the modulation, gate and residual that follow, each rounded where eager stores.
 """
 
 from __future__ import annotations
@@ -25,14 +34,11 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from .kernels import OPTS, _check, _r, _silu
+from .applicable import check as _check
+from .kernels import OPTS, _r
 
 RSTD_IN_KERNEL = True
 """rsqrt(var + eps) in the kernel (libdevice) rather than two aten kernels on the [rows, 1] variance."""
-
-CMUL_MODES = ("fma_ac_ad", "fma_bd_bc", "fma_ac_bc", "fma_bd_ad", "plain")
-"""re = a*c - b*d, im = a*d + b*c with the FMA on: fma_ac_ad: re = fma(a, c, -(b*d)), im = fma(a, d, b*c);
-fma_bd_bc: re = fma(-b, d, a*c), im = fma(b, c, a*d); the two mixed pairings; plain: no FMA."""
 
 BLOCK = 1024
 
@@ -78,7 +84,7 @@ VAR_MODES = ("vec_dec", "vec_inc", "strided_dec", "strided_inc")
 
 
 @triton.jit
-def _lane_tree(t, ROWS: tl.constexpr, W: tl.constexpr, DEC: tl.constexpr):
+def lane_tree(t, ROWS: tl.constexpr, W: tl.constexpr, DEC: tl.constexpr):
     # t [ROWS, W] summed over W as lane 0 of a warp's shuffle-down reduction
     if DEC:  # offset W/2 first: lane l += lane l + W/2
         a, b = tl.split(tl.permute(tl.reshape(t, (ROWS, 2, W // 2)), (0, 2, 1)))
@@ -93,6 +99,67 @@ def _sq4(base, j, lane, c4, m):
     v = tl.load(base[:, None, None] + ((j * 32 + lane) * 4)[None, :, None] + c4[None, None, :], mask=m,
                 other=0.0).to(tl.float32)
     return v * v
+
+
+@triton.jit
+def mean_sq_rows(x_ptr, base, rm, L: tl.constexpr, ROWS: tl.constexpr):
+    """aten's `x.float().pow(2).mean(-1)` reduction in the `vec_dec` order (the one the H200 runs) for
+    ROWS rows of L (a multiple of 128) at element offsets `base` [ROWS], before the `* factor`."""
+    lane = tl.arange(0, 32)
+    c4 = tl.arange(0, 4)
+    m = rm[:, None, None] & (lane < 32)[None, :, None] & (c4 < 4)[None, None, :]
+    acc = tl.zeros((ROWS, 32, 4), dtype=tl.float32)
+    for j in tl.static_range(L // 128):
+        acc = acc + _sq4(x_ptr + base, j, lane, c4, m)
+    even, odd = tl.split(tl.reshape(acc, (ROWS, 32, 2, 2)))
+    a0, a2 = tl.split(even)
+    a1, a3 = tl.split(odd)
+    t = ((a0 + a1) + a2) + a3
+    t = lane_tree(t, ROWS, 32, True)
+    t = lane_tree(t, ROWS, 16, True)
+    t = lane_tree(t, ROWS, 8, True)
+    t = lane_tree(t, ROWS, 4, True)
+    t = lane_tree(t, ROWS, 2, True)
+    return tl.reshape(t, (ROWS,))
+
+
+THREADS = 128  # aten's LayerNorm / RMSNorm block: 32 lanes x 4 warps (num_threads())
+
+
+@triton.jit
+def fused_rms_rstd(x_ptr, base, L, eps, ROUNDS: tl.constexpr, SQ_FMA: tl.constexpr, EXPLICIT: tl.constexpr):
+    """rsqrt(sum(x^2) / L + eps) for one row of L (a multiple of 4) at `base`, in the modelled order
+    of aten's `_fused_rms_norm` (module docstring). Run with num_warps=4: the [128] partial sums are
+    one per thread, so Triton's tree reduction (butterflies within each warp, then the 4 warps'
+    partials 2, 1: kernels_norm.py found it to merge as aten's shuffle-down does) is aten's; EXPLICIT
+    spells that tree out instead (the same order whatever the layout: Triton's CPU interpreter sums
+    in its own order otherwise)."""
+    t = tl.arange(0, 128)
+    s = tl.zeros((128,), tl.float32)
+    nvec = L // 4
+    for k in tl.static_range(ROUNDS):  # thread t's vectors t, t + 128, ..., in order
+        v = t + k * 128
+        vm = v < nvec
+        for ii in tl.static_range(4):
+            x = tl.load(x_ptr + base + v * 4 + ii, mask=vm, other=0.0).to(tl.float32)
+            if SQ_FMA:
+                s = tl.fma(x, x, s)
+            else:
+                s = s + x * x
+    if EXPLICIT:
+        w = tl.reshape(s, (4, 32))
+        w = lane_tree(w, 4, 32, True)
+        w = lane_tree(w, 4, 16, True)
+        w = lane_tree(w, 4, 8, True)
+        w = lane_tree(w, 4, 4, True)
+        w = lane_tree(w, 4, 2, True)
+        w = tl.reshape(w, (1, 4))
+        w = lane_tree(w, 1, 4, True)  # warp w takes warp w + 2
+        w = lane_tree(w, 1, 2, True)  # then warp 0 takes warp 1
+        total = tl.sum(tl.reshape(w, (1,)), axis=0)
+    else:
+        total = tl.sum(s, axis=0)
+    return tl.rsqrt(tl.div_rn(total, L.to(tl.float32)) + eps)  # c10::cuda::compat::rsqrt, as kernels_norm's RSQ 0
 
 
 @triton.jit
@@ -129,11 +196,11 @@ def _row_var_kernel(x_ptr, o_ptr, M, factor, L: tl.constexpr, VEC: tl.constexpr,
         a2 = v2 * v2
         a3 = v3 * v3
     t = ((a0 + a1) + a2) + a3
-    t = _lane_tree(t, ROWS, 32, DEC)
-    t = _lane_tree(t, ROWS, 16, DEC)
-    t = _lane_tree(t, ROWS, 8, DEC)
-    t = _lane_tree(t, ROWS, 4, DEC)
-    t = _lane_tree(t, ROWS, 2, DEC)
+    t = lane_tree(t, ROWS, 32, DEC)
+    t = lane_tree(t, ROWS, 16, DEC)
+    t = lane_tree(t, ROWS, 8, DEC)
+    t = lane_tree(t, ROWS, 4, DEC)
+    t = lane_tree(t, ROWS, 2, DEC)
     tl.store(o_ptr + rows, tl.reshape(t, (ROWS,)) * factor, mask=rm)
 
 
@@ -259,89 +326,6 @@ def rms_residual(x: torch.Tensor, gate: torch.Tensor | None, y: torch.Tensor, va
     return out
 
 
-# -- q/k RMSNorm over the head dim + RoPE (complex64 product), rounded to the storage dtype -------
-@triton.jit
-def _cmul(a, b, c, d, MODE: tl.constexpr):
-    if MODE == 0:  # fma_ac_ad
-        re = tl.fma(a, c, -(b * d))
-        im = tl.fma(a, d, b * c)
-    elif MODE == 1:  # fma_bd_bc
-        re = tl.fma(-b, d, a * c)
-        im = tl.fma(b, c, a * d)
-    elif MODE == 2:  # fma_ac_bc
-        re = tl.fma(a, c, -(b * d))
-        im = tl.fma(b, c, a * d)
-    elif MODE == 3:  # fma_bd_ad
-        re = tl.fma(-b, d, a * c)
-        im = tl.fma(a, d, b * c)
-    else:  # plain
-        re = a * c - b * d
-        im = a * d + b * c
-    return re, im
-
-
-@triton.jit
-def _norm_rope_kernel(x_ptr, v_ptr, w_ptr, f_ptr, o_ptr, M, H, N, f_sb, f_sn, eps,
-                      MODE: tl.constexpr, RSTD: tl.constexpr, ROWS: tl.constexpr, HD: tl.constexpr):
-    # x: [B, N, H, HD] contiguous, one row per (b, n, h); f: view_as_real(freqs) [B, N, HD/2, 2] fp32
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    cols = tl.arange(0, HD)
-    rm = rows < M
-    m = rm[:, None] & (cols < HD)[None, :]
-    off = rows.to(tl.int64)[:, None] * HD + cols[None, :]
-    x = tl.load(x_ptr + off, mask=m).to(tl.float32)
-    r = _rstd(tl.load(v_ptr + rows, mask=rm, other=1.0), eps, RSTD)
-    w = tl.load(w_ptr + cols).to(tl.float32)
-    n = _r(_r(x * r[:, None], o_ptr) * w[None, :], o_ptr)
-    tok = rows // H
-    foff = (tok // N).to(tl.int64) * f_sb + (tok % N).to(tl.int64) * f_sn
-    f = tl.load(f_ptr + foff[:, None] + cols[None, :], mask=m)
-    a, b = tl.split(tl.reshape(n, (ROWS, HD // 2, 2)))
-    c, d = tl.split(tl.reshape(f, (ROWS, HD // 2, 2)))
-    re, im = _cmul(a, b, c, d, MODE)
-    out = tl.reshape(tl.join(re, im), (ROWS, HD))
-    tl.store(o_ptr + off, out.to(o_ptr.dtype.element_ty), mask=m)
-
-
-def norm_rope(x: torch.Tensor, var: torch.Tensor, weight: torch.Tensor, eps: float, freqs: torch.Tensor,
-              mode: str) -> torch.Tensor:
-    """RoPE(RMSNorm(x)) for x [B, N, H, HD] contiguous and complex64 freqs [B, N, HD/2]."""
-    _check(x.dim() == 4 and x.is_contiguous() and var.is_contiguous(), "x must be a contiguous [B, N, H, HD]")
-    B, N, H, HD = x.shape
-    _check(HD >= 4 and HD & (HD - 1) == 0, "the head dim must be a power of two")
-    _check(weight.shape == (HD,) and weight.dtype == x.dtype, "weight must be [HD] of x's dtype")
-    _check(freqs.dtype == torch.complex64 and freqs.dim() == 3 and freqs.shape[1:] == (N, HD // 2)
-           and freqs.shape[0] in (1, B) and freqs.stride(2) == 1, "freqs must be complex64 [B, N, HD/2]")
-    f = torch.view_as_real(freqs)
-    f_sb = f.stride(0) if freqs.shape[0] == B else 0
-    out = torch.empty_like(x)
-    M = B * N * H
-    rows = max(1, 2048 // HD)
-    _norm_rope_kernel[(triton.cdiv(M, rows),)](x, var, weight, f, out, M, H, N, f_sb, f.stride(1), eps,
-                                               MODE=CMUL_MODES.index(mode), RSTD=not RSTD_IN_KERNEL,
-                                               ROWS=rows, HD=HD, **OPTS)
-    return out
-
-
-# -- SwiGLU: silu(x1) * x3 ------------------------------------------------------------------------
-@triton.jit
-def _swiglu_kernel(a_ptr, b_ptr, o_ptr, numel, BLOCK: tl.constexpr):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    m = offs < numel
-    a = tl.load(a_ptr + offs, mask=m).to(tl.float32)
-    b = tl.load(b_ptr + offs, mask=m).to(tl.float32)
-    tl.store(o_ptr + offs, (_r(_silu(a), o_ptr) * b).to(o_ptr.dtype.element_ty), mask=m)
-
-
-def swiglu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    _check(a.is_contiguous() and b.is_contiguous() and a.shape == b.shape and a.dtype == b.dtype,
-           "a and b must be contiguous, one shape and dtype")
-    out = torch.empty_like(a)
-    n = a.numel()
-    _swiglu_kernel[(triton.cdiv(n, BLOCK),)](a, b, out, n, BLOCK=BLOCK, **OPTS)
-    return out
-
-
 # -- the GPU test's probes -------------------------------------------------------------------------
 @triton.jit
 def _rsqrt_kernel(x_ptr, o_ptr, numel, BLOCK: tl.constexpr):
@@ -355,25 +339,3 @@ def rsqrt(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty_like(x)
     _rsqrt_kernel[(triton.cdiv(x.numel(), BLOCK),)](x, out, x.numel(), BLOCK=BLOCK, **OPTS)
     return out
-
-
-@triton.jit
-def _cmul_kernel(x_ptr, y_ptr, o_ptr, npairs, MODE: tl.constexpr, BLOCK: tl.constexpr):
-    p = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    m = p < npairs
-    a = tl.load(x_ptr + 2 * p, mask=m)
-    b = tl.load(x_ptr + 2 * p + 1, mask=m)
-    c = tl.load(y_ptr + 2 * p, mask=m)
-    d = tl.load(y_ptr + 2 * p + 1, mask=m)
-    re, im = _cmul(a, b, c, d, MODE)
-    tl.store(o_ptr + 2 * p, re, mask=m)
-    tl.store(o_ptr + 2 * p + 1, im, mask=m)
-
-
-def cmul(x: torch.Tensor, y: torch.Tensor, mode: str) -> torch.Tensor:
-    """x * y for contiguous complex64 tensors of one shape, with the contraction `mode`."""
-    xr, yr = torch.view_as_real(x.contiguous()), torch.view_as_real(y.contiguous())
-    out = torch.empty_like(xr)
-    n = x.numel()
-    _cmul_kernel[(triton.cdiv(n, BLOCK),)](xr, yr, out, n, MODE=CMUL_MODES.index(mode), BLOCK=BLOCK, **OPTS)
-    return torch.view_as_complex(out)

@@ -1,0 +1,177 @@
+"""RMSNorm chains (diffusers' `RMSNorm`): its variance in aten's reduction orders, and what follows
+it fused: `* scale` (Z-Image's modulation), `x + gate * norm(y)` (Z-Image's residuals), q/k + RoPE.
+
+diffusers' RMSNorm: var = x.float().pow(2).mean(-1, keepdim=True); x * rsqrt(var + eps) (fp32);
+.to(weight.dtype) when the weight is half/bf16; * weight. The variance is a chain of its own
+(`rms_variance_*`: aten's CUDA reduction order, or aten's mean itself); the norm chains take it as
+an argument (eager ignores it and runs the module) and fuse everything after the mean.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .applicable import NotApplicable
+from .ops import Op, _r, register
+
+
+def _zk():
+    from . import kernels_rms
+
+    return kernels_rms
+
+
+def _var_eager(x):
+    return x.to(torch.float32).pow(2).mean(-1, keepdim=True)
+
+
+def _var_reference(mode: str):
+    def reference(x):
+        if mode != "sq_mean":
+            raise NotApplicable(f"the {mode} order is aten's CUDA reduction (no plain-torch plan)")
+        return _var_eager(x)
+
+    return reference
+
+
+def _var_fused(mode: str):
+    def fused(x):
+        k = _zk()
+        if mode == "sq_mean":  # our squares, aten's mean
+            return k.rms_sq(x).mean(-1, keepdim=True)
+        return k.row_variance(x, mode)
+
+    return fused
+
+
+RMS_VARIANCE_MODES = ("vec_dec", "vec_inc", "strided_dec", "strided_inc", "sq_mean")  # kernels_rms.VAR_MODES
+RMS_VARIANCE = tuple(register(Op(f"rms_variance_{m}", _var_eager, _var_reference(m), _var_fused(m)))
+                     for m in RMS_VARIANCE_MODES)
+"""RMSNorm's variance: the candidate reduction orders first, aten's mean of our squares last."""
+
+
+def _rms_applicable(x: torch.Tensor, norm: nn.Module, eps: float) -> None:
+    if type(norm).__name__ != "RMSNorm" or getattr(norm, "weight", None) is None or norm.bias is not None:
+        raise NotApplicable("not a diffusers RMSNorm with a weight and no bias")
+    if norm.weight.dtype != x.dtype or norm.eps != eps:
+        raise NotApplicable("the norm's weight dtype differs from its input's (or eps is not the norm's)")
+
+
+def _rms_plan(x: torch.Tensor, var: torch.Tensor, norm: nn.Module, eps: float) -> torch.Tensor:
+    """RMSNorm(x) given its variance, in fp32 holding storage-dtype values (every kernel's plan)."""
+    _rms_applicable(x, norm, eps)
+    dt = x.dtype
+    r = torch.rsqrt(var + eps)
+    return _r(_r(x.float() * r, dt) * norm.weight.float(), dt)
+
+
+def _mul_r(a: torch.Tensor, b: torch.Tensor | None, dt: torch.dtype) -> torch.Tensor:
+    return a if b is None else _r(b.float() * a, dt)
+
+
+# -- norm(x) [* scale]: attention_norm1(x) * scale_msa, ffn_norm1(x) * scale_mlp ----------------
+def _rms_scale_eager(x, var, norm, eps, scale):
+    y = norm(x)
+    return y if scale is None else y * scale
+
+
+def _rms_scale_reference(x, var, norm, eps, scale):
+    return _mul_r(_rms_plan(x, var, norm, eps), scale, x.dtype).to(x.dtype)
+
+
+def _rms_scale_fused(x, var, norm, eps, scale):
+    _rms_applicable(x, norm, eps)
+    k = _zk()
+    return k.rms_scale(x, k.rstd_input(var, eps), norm.weight, eps, scale)
+
+
+RMS_SCALE = register(Op("rms_norm_scale", _rms_scale_eager, _rms_scale_reference, _rms_scale_fused))
+
+
+# -- x + gate * norm(y): the block's two residuals ----------------------------------------------
+def _rms_res_eager(x, gate, y, var, norm, eps):
+    return x + norm(y) if gate is None else x + gate * norm(y)
+
+
+def _rms_res_reference(x, gate, y, var, norm, eps):
+    dt = x.dtype
+    return (x.float() + _mul_r(_rms_plan(y, var, norm, eps), gate, dt)).to(dt)
+
+
+def _rms_res_fused(x, gate, y, var, norm, eps):
+    _rms_applicable(y, norm, eps)
+    k = _zk()
+    return k.rms_residual(x, gate, y, k.rstd_input(var, eps), norm.weight, eps)
+
+
+RMS_RESIDUAL = register(Op("gated_rms_residual", _rms_res_eager, _rms_res_reference, _rms_res_fused))
+
+
+# -- q/k: RMSNorm over the head dim, then ZSingleStreamAttnProcessor's apply_rotary_emb -----------
+def _norm_rope_eager(x, var, norm, eps, freqs):
+    x_in = norm(x)
+    with torch.amp.autocast("cuda", enabled=False):
+        xc = torch.view_as_complex(x_in.float().reshape(*x_in.shape[:-1], -1, 2))
+        x_out = torch.view_as_real(xc * freqs.unsqueeze(2)).flatten(3)
+        return x_out.type_as(x_in)
+
+
+def _norm_rope_reference(mode: str):
+    def reference(x, var, norm, eps, freqs):
+        if mode != "plain":
+            raise NotApplicable(f"the {mode} contraction is the GPU's (no FMA in the plain-torch plan)")
+        n = _rms_plan(x, var, norm, eps)
+        a, b = n[..., 0::2], n[..., 1::2]
+        f = torch.view_as_real(freqs).unsqueeze(2).float()
+        c, d = f[..., 0], f[..., 1]
+        return torch.stack([a * c - b * d, a * d + b * c], dim=-1).flatten(3).to(x.dtype)
+
+    return reference
+
+
+def _norm_rope_fused(mode: str):
+    def fused(x, var, norm, eps, freqs):
+        _rms_applicable(x, norm, eps)
+        from . import kernels_rope as KR
+
+        return KR.rope(x, freqs, KR.Rope("complex", mode), norm="mean", weight=norm.weight, eps=eps,
+                       var=_zk().rstd_input(var, eps))
+
+    return fused
+
+
+NORM_ROPE_MODES = ("fma_ac_ad", "fma_bd_bc", "fma_ac_bc", "fma_bd_ad", "plain")  # = kernels_rope.CMUL_MODES
+NORM_ROPE = tuple(register(Op(f"rms_norm_rope_{m}", _norm_rope_eager, _norm_rope_reference(m), _norm_rope_fused(m)))
+                  for m in NORM_ROPE_MODES)
+"""One op per candidate contraction of aten's complex product; the Z-Image block tries them in
+order and keeps the first the verifier finds equal to eager."""
+
+
+# -- q/k: the same chain with the variance reduced in the RoPE kernel (aten's mean order, vec_dec: the
+#    H200's for rows of 128); tried before the chain above, which needs its own variance kernel -------
+def _norm_rope_in_eager(x, norm, eps, freqs):
+    return _norm_rope_eager(x, None, norm, eps, freqs)
+
+
+def _norm_rope_in_reference(mode: str):
+    plan = _norm_rope_reference(mode)
+
+    def reference(x, norm, eps, freqs):
+        return plan(x, _var_eager(x), norm, eps, freqs)  # the CPU's mean stands in for the kernel's order
+
+    return reference
+
+
+def _norm_rope_in_fused(mode: str):
+    def fused(x, norm, eps, freqs):
+        _rms_applicable(x, norm, eps)
+        from . import kernels_rope as KR
+
+        return KR.rope(x, freqs, KR.Rope("complex", mode), norm="mean", weight=norm.weight, eps=eps)
+
+    return fused
+
+
+NORM_ROPE_IN = tuple(register(Op(f"rms_norm_rope_in_{m}", _norm_rope_in_eager, _norm_rope_in_reference(m),
+                                 _norm_rope_in_fused(m))) for m in ("fma_ac_ad", "plain"))

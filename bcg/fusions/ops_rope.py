@@ -1,0 +1,207 @@
+"""q/k chains of the families: each one's norm + RoPE (+ joint attention's concatenation) as eager
+runs it, its plan in plain torch, and the shared kernel (kernels_rope.rope).
+
+    chain                 eager (diffusers 0.42)                               families
+    qk_pairs_*            torch.nn.RMSNorm per head, cat [text, image],        Flux, LongCat
+                          apply_rotary_emb(x, (cos, sin), sequence_dim=1)
+    qk_complex_*          diffusers RMSNorm per head, apply_rotary_emb_qwen    Qwen-Image
+                          (complex) per stream, cat [text, image]
+    qk_wan_*              torch.nn.RMSNorm across heads, unflatten, Wan's      Wan 2.1 / 2.2
+                          interleaved apply_rotary_emb
+
+Each comes as variants the rule tries in order (the verifier keeps the first equal to eager):
+`*_fused` normalises in the kernel in aten's fused-RMSNorm order (unproven: GPU only), `*_mean`
+in aten's mean order (proven on the H200 for rows of 128), `*_aten` lets aten's norm module run
+and fuses the rest (the rotation, the concatenation: exact elementwise fp32). The complex product
+has a contraction mode (kernels_rope.CMUL_MODES): `fma_ac_ad` is the H200's; `plain` is the CPU's
+(the only one with a plain-torch plan), tried last.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .applicable import check
+from .ops import Op, _r, register
+
+
+def _kr():
+    from . import kernels_rope
+
+    return kernels_rope
+
+
+def _torch_rms(norm: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor | None, float]:
+    """(weight, eps) of a torch.nn.RMSNorm over x's last dim as F.rms_norm runs it."""
+    check(isinstance(norm, nn.RMSNorm) and len(norm.normalized_shape) == 1, "not a torch.nn.RMSNorm over one dim")
+    check(norm.weight is None or norm.weight.dtype == x.dtype, "the norm's weight dtype differs from its input's")
+    return norm.weight, (norm.eps if norm.eps is not None else torch.finfo(x.dtype).eps)
+
+
+def _diffusers_rms(norm: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor | None, float]:
+    check(type(norm).__name__ == "RMSNorm" and not isinstance(norm, nn.RMSNorm) and norm.bias is None,
+          "not a diffusers RMSNorm without bias")
+    check(norm.weight is None or norm.weight.dtype == x.dtype, "the norm's weight dtype differs from its input's")
+    return norm.weight, norm.eps
+
+
+def _joint_out(xs: tuple) -> torch.Tensor:
+    B, _, H, D = xs[0].shape
+    check(all(x.shape[0] == B and x.shape[2:] == (H, D) and x.dtype == xs[0].dtype for x in xs),
+          "the streams differ in batch, heads, head dim or dtype")
+    return torch.empty((B, sum(x.shape[1] for x in xs), H, D), dtype=xs[0].dtype, device=xs[0].device)
+
+
+def _pairs_plan(n: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, index: tuple) -> torch.Tensor:
+    """The kernel's rotation in plain torch: even = a*cos[CE] - b*sin[SE], odd = b*cos[CO] + a*sin[SO],
+    for n [B, S, H, D] and cos / sin [S, D], in fp32 (fp32 cos / sin) or each op rounded to n's
+    dtype (cos / sin in it)."""
+    a, b = n.float()[..., 0::2], n.float()[..., 1::2]
+    c, s = cos[None, :, None, :].float(), sin[None, :, None, :].float()
+    ce, se, co, so = (t[..., i::2] for t, i in zip((c, s, c, s), index))
+    if cos.dtype == torch.float32:
+        return torch.stack([a * ce - b * se, b * co + a * so], dim=-1).flatten(3).to(n.dtype)
+    dt = n.dtype
+    even = _r(_r(a * ce, dt) - _r(b * se, dt), dt)
+    odd = _r(_r(b * co, dt) + _r(a * so, dt), dt)
+    return torch.stack([even, odd], dim=-1).flatten(3).to(dt)
+
+
+# -- Flux / LongCat: norm per head (torch.nn.RMSNorm), cat [text, image], real pairs ----------------
+def _pairs_eager(xs: tuple, norms: tuple, freqs: tuple) -> torch.Tensor:
+    from diffusers.models.embeddings import apply_rotary_emb
+
+    q = torch.cat([n(x) for x, n in zip(xs, norms)], dim=1) if len(xs) > 1 else norms[0](xs[0])
+    return apply_rotary_emb(q, freqs, sequence_dim=1)
+
+
+def _pairs_reference(norm: str):
+    def reference(xs, norms, freqs):
+        check(norm == "aten", "aten's fused RMSNorm order is the GPU's (no plain-torch plan)")
+        cos, sin = freqs
+        outs, t0 = [], 0
+        for x, n in zip(xs, norms):
+            outs.append(_pairs_plan(n(x), cos[t0:t0 + x.shape[1]], sin[t0:t0 + x.shape[1]], (0, 0, 1, 1)))
+            t0 += x.shape[1]
+        return torch.cat(outs, dim=1)
+
+    return reference
+
+
+def _pairs_fused(norm: str):
+    def fused(xs, norms, freqs):
+        kr = _kr()
+        cos, sin = freqs
+        check(cos.dim() == 2 and cos.shape[0] == sum(x.shape[1] for x in xs), "cos / sin must be [S_total, D]")
+        out, t0 = _joint_out(xs), 0
+        for x, n in zip(xs, norms):
+            f = (cos[None, t0:t0 + x.shape[1]], sin[None, t0:t0 + x.shape[1]])
+            if norm == "fused":
+                w, eps = _torch_rms(n, x)
+                kr.rope(x, f, kr.Rope("pairs", index=kr.FLUX_INDEX), out, t0, norm="fused", weight=w, eps=eps)
+            else:
+                kr.rope(n(x), f, kr.Rope("pairs", index=kr.FLUX_INDEX), out, t0)
+            t0 += x.shape[1]
+        return out
+
+    return fused
+
+
+QK_PAIRS = tuple(register(Op(f"qk_pairs_{n}", _pairs_eager, _pairs_reference(n), _pairs_fused(n)))
+                 for n in ("fused", "aten"))
+
+
+# -- Qwen-Image: diffusers RMSNorm per head, complex RoPE per stream, cat [text, image] ---------------
+def _complex_eager(xs: tuple, norms: tuple, freqs: tuple) -> torch.Tensor:
+    from diffusers.models.transformers.transformer_qwenimage import apply_rotary_emb_qwen
+
+    return torch.cat([apply_rotary_emb_qwen(n(x), f, use_real=False) for x, n, f in zip(xs, norms, freqs)], dim=1)
+
+
+def _complex_reference(norm: str, mode: str):
+    def reference(xs, norms, freqs):
+        check(mode == "plain", f"the {mode} contraction is the GPU's (no FMA in the plain-torch plan)")
+        outs = []
+        for x, n, f in zip(xs, norms, freqs):
+            # norm "mean" on the CPU: aten's CPU mean is the plan's variance (the kernel's is the GPU's)
+            y = n(x).float()
+            a, b = y[..., 0::2], y[..., 1::2]
+            fr = torch.view_as_real(f)[None, :, None]
+            c, d = fr[..., 0], fr[..., 1]
+            outs.append(torch.stack([a * c - b * d, a * d + b * c], dim=-1).flatten(3).to(x.dtype))
+        return torch.cat(outs, dim=1)
+
+    return reference
+
+
+def _complex_fused(norm: str, mode: str):
+    def fused(xs, norms, freqs):
+        kr = _kr()
+        out, t0 = _joint_out(xs), 0
+        for x, n, f in zip(xs, norms, freqs):
+            check(f.dim() == 2, "freqs must be complex64 [S, D/2]")
+            if norm == "mean":
+                w, eps = _diffusers_rms(n, x)
+                kr.rope(x, f[None], kr.Rope("complex", mode), out, t0, norm="mean", weight=w, eps=eps)
+            else:
+                kr.rope(n(x), f[None], kr.Rope("complex", mode), out, t0)
+            t0 += x.shape[1]
+        return out
+
+    return fused
+
+
+QK_COMPLEX = tuple(register(Op(f"qk_complex_{n}_{m}", _complex_eager, _complex_reference(n, m), _complex_fused(n, m)))
+                   for n, m in (("mean", "fma_ac_ad"), ("aten", "fma_ac_ad"), ("mean", "plain"), ("aten", "plain")))
+
+
+# -- Wan: torch.nn.RMSNorm across heads, then WanAttnProcessor's interleaved RoPE ---------------------
+def _wan_rotary(hidden_states: torch.Tensor, freqs_cos: torch.Tensor, freqs_sin: torch.Tensor) -> torch.Tensor:
+    # WanAttnProcessor.__call__'s apply_rotary_emb, op for op
+    x1, x2 = hidden_states.unflatten(-1, (-1, 2)).unbind(-1)
+    cos = freqs_cos[..., 0::2]
+    sin = freqs_sin[..., 1::2]
+    out = torch.empty_like(hidden_states)
+    out[..., 0::2] = x1 * cos - x2 * sin
+    out[..., 1::2] = x1 * sin + x2 * cos
+    return out.type_as(hidden_states)
+
+
+def _wan_eager(x: torch.Tensor, norm: nn.Module, heads: int, freqs: tuple) -> torch.Tensor:
+    return _wan_rotary(norm(x).unflatten(2, (heads, -1)), *freqs)
+
+
+def _wan_freqs(freqs: tuple, S: int, D: int) -> tuple:
+    cos, sin = freqs
+    check(cos.dim() == 4 and cos.shape[0] == 1 and cos.shape[1] == S and cos.shape[2] == 1 and cos.shape[3] == D,
+          "Wan's cos / sin must be [1, S, 1, D]")
+    return cos[:, :, 0], sin[:, :, 0]
+
+
+def _wan_reference(norm: str):
+    def reference(x, n, heads, freqs):
+        check(norm == "aten", "aten's fused RMSNorm order is the GPU's (no plain-torch plan)")
+        y = n(x).unflatten(2, (heads, -1))
+        cos, sin = _wan_freqs(freqs, y.shape[1], y.shape[3])
+        return _pairs_plan(y, cos[0], sin[0], (0, 1, 0, 1))
+
+    return reference
+
+
+def _wan_fused(norm: str):
+    def fused(x, n, heads, freqs):
+        kr = _kr()
+        check(x.dim() == 3 and x.shape[2] % heads == 0, "x must be [B, S, heads * D]")
+        B, S, HD = x.shape
+        f = _wan_freqs(freqs, S, HD // heads)
+        rope = kr.Rope("pairs", index=kr.WAN_INDEX)
+        if norm == "fused":
+            w, eps = _torch_rms(n, x)
+            return kr.rope(x.unflatten(2, (heads, -1)), f, rope, norm="fused", weight=w, eps=eps, across_heads=True)
+        return kr.rope(n(x).unflatten(2, (heads, -1)), f, rope)
+
+    return fused
+
+
+QK_WAN = tuple(register(Op(f"qk_wan_{n}", _wan_eager, _wan_reference(n), _wan_fused(n))) for n in ("fused", "aten"))

@@ -1,0 +1,68 @@
+"""Prompt memos: where a model's text path depends on the prompt embeddings alone (which a pipeline
+passes unchanged to every step), it is made once per prompt batch under a graph (a bcg.memo break)
+and handed to each block's cross-attention as K/V, instead of once per step.
+
+    family        memo                                                   rule
+    SANA          caption_projection, caption_norm, every block's        sana_prompt (sana_prompt.py)
+                  attn2 K/V (42 GEMMs a forward at 1.6B)
+    Wan 2.1/2.2   condition_embedder.text_embedder, every block's        wan_prompt (wan.py)
+                  attn2 K (+ its RMSNorm) and V (60 GEMMs at 1.3B)
+    SANA-Video, LTX-2's text stream: the same pattern, not bound yet.
+    Flux, LongCat-Image, Qwen-Image: none. Their double-stream blocks update the text tokens in every
+    block of every step, so nothing in the text path is step-invariant past the input projection.
+
+The results are the same module calls on the same inputs, so the same bits; only when they run
+moves. `PromptState` is the hand-over from the memo to the blocks: each block takes its K/V only
+for that very tensor (unedited since, by version counter), once.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..memo import version
+
+
+class PromptState:
+    """What the last caption path made, handed to caption_norm and then to each block's attn2."""
+
+    def __init__(self) -> None:
+        self.projected: tuple | None = None  # (P, its version, N)
+        self.kv: dict[int, tuple] = {}  # id(attn2) -> (K, V) made from `normed`
+        self.normed: tuple | None = None  # (N, its version)
+
+    def put(self, projected: torch.Tensor, normed: torch.Tensor, kv: dict[int, tuple]) -> None:
+        """SANA's path: P (the projection), then N = caption_norm(P) handed over by `take_normed`,
+        and the blocks' K/V made from N."""
+        self.projected = (projected, version(projected), normed)
+        self.normed, self.kv = None, kv
+
+    def put_direct(self, projected: torch.Tensor, kv: dict[int, tuple]) -> None:
+        """Wan's path: the blocks' cross-attentions read P itself, and their K/V were made from it."""
+        self.projected, self.normed, self.kv = None, (projected, version(projected)), kv
+
+    def take_normed(self, x: torch.Tensor) -> torch.Tensor | None:
+        """N if `x` is P seen through a view of the same shape and strides, unedited since."""
+        e, self.projected = self.projected, None
+        if e is None:
+            return None
+        p, ver, n = e
+        if (x.data_ptr() != p.data_ptr() or x.shape != p.shape or x.stride() != p.stride()
+                or x.dtype != p.dtype or version(x) != ver):
+            return None
+        self.normed = (n, version(n))
+        return n
+
+    def has_kv(self, attn: nn.Module, encoder_hidden_states: torch.Tensor) -> bool:
+        """Whether `take_kv` would hand this attention its K/V (without taking them)."""
+        e = self.normed
+        return (e is not None and e[0] is encoder_hidden_states and e[1] == version(encoder_hidden_states)
+                and id(attn) in self.kv)
+
+    def take_kv(self, attn: nn.Module, encoder_hidden_states: torch.Tensor) -> tuple | None:
+        """(K, V) for this attention if it is called with that very N, unedited."""
+        e = self.normed
+        if e is None or e[0] is not encoder_hidden_states or e[1] != version(encoder_hidden_states):
+            return None
+        return self.kv.pop(id(attn), None)

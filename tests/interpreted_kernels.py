@@ -1,0 +1,249 @@
+"""Run by tests/test_fusions_interpreted.py in a subprocess with TRITON_INTERPRET=1 (Triton reads it
+when the kernels are defined): every fused kernel on the CPU, in fp32 and fp16, against its plan in
+plain torch. Prints one JSON line {check: null | what differed}.
+
+Triton's interpreter runs the kernels in numpy: fp32 arithmetic and FMAs are exact, fp16 casts round
+to nearest even (bf16 casts truncate: not used here). libdevice has no interpreter path, so its
+functions are swapped for numpy's (tanh, exp) or Triton's (rsqrt: 1 / sqrt) and each plan uses the
+same function: what this proves is the kernels' indexing, masks, rounding points and reduction
+orders; that the modelled orders and libdevice functions are aten's is the GPU tests' job.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+import numpy as np
+import torch
+import triton.language as tl
+from triton.language.extra import libdevice
+from triton.runtime.interpreter import TensorHandle
+
+
+def _np_unary(fn):
+    return lambda v: tl.core.tensor(TensorHandle(fn(v.handle.data), v.handle.dtype.scalar), v.type)
+
+
+libdevice.tanh = _np_unary(np.tanh)
+libdevice.exp = _np_unary(np.exp)
+libdevice.rsqrt = lambda v: tl.rsqrt(v)
+
+from bcg.fusions import kernels, kernels_act, kernels_norm, kernels_rms, kernels_rope, ops  # noqa: E402
+from bcg.fusions.applicable import NotApplicable  # noqa: E402
+
+kernels_rms.RSTD_IN_KERNEL = False  # the kernels read aten's rsqrt(var + eps) unless they reduce themselves
+kernels_rope.EXPLICIT_TREE = True  # the fused RMSNorm's cross-thread tree spelled out (module docstring)
+
+RESULTS: dict[str, str | None] = {}
+G = torch.Generator().manual_seed(0)
+
+
+def rand(*shape, scale=1.0, dtype=torch.float32):
+    return (torch.randn(*shape, generator=G) * scale).to(dtype)
+
+
+def check(name: str, got, want) -> None:
+    if isinstance(want, tuple):
+        for i, (g, w) in enumerate(zip(got, want)):
+            check(f"{name}[{i}]", g, w)
+        return
+    ok = torch.equal(got, want) and got.stride() == want.stride() and got.dtype == want.dtype
+    RESULTS[name] = None if ok else (f"{int((got != want).sum())} of {want.numel()} differ, max "
+                                     f"{float((got.float() - want.float()).abs().max()):.3g}, strides "
+                                     f"{got.stride()} vs {want.stride()}, {got.dtype} vs {want.dtype}")
+
+
+def np_tanh(t):
+    return torch.from_numpy(np.tanh(t.numpy()))
+
+
+def np_silu(t):
+    return t / (1 + torch.from_numpy(np.exp(-t.numpy())))
+
+
+def rsqrt(t):
+    """What the interpreter runs for tl.rsqrt: numpy's fp32 1 / sqrt (torch's `1 / t` is a reciprocal
+    kernel that can differ by an ulp)."""
+    return torch.from_numpy(1 / np.sqrt(t.numpy()))
+
+
+# -- elementwise --------------------------------------------------------------------------------
+def elementwise(dt):
+    B, N, D = 2, 5, 24
+    x, s, t = rand(B, N, D, dtype=dt), rand(B, 1, D, scale=0.3, dtype=dt), rand(B, 1, D, dtype=dt)
+    check(f"adaln {dt}", kernels.adaln(x, s, t), ops.ADALN.reference(x, s, t))
+    y = rand(B, N, D, dtype=dt)
+    check(f"gated_residual {dt}", kernels.gated_residual(x, s, y), ops.GATED_RESIDUAL.reference(x, s, y))
+    g32 = rand(B, 1, D, scale=0.3)  # Wan: an fp32 gate, the product kept in fp32
+    check(f"gated_residual f32 {dt}", kernels.gated_residual(x, g32, y, f32=True),
+          (x.float() + y.float() * g32).to(dt))
+    a, b = rand(B, N, D, scale=3, dtype=dt), rand(B, N, D, dtype=dt)
+    check(f"swiglu {dt}", kernels_act.swiglu(a, b), (np_silu(a.float()).to(dt).float() * b.float()).to(dt))
+    for fma in (True, False):
+        xf = a.float()
+        cube = (xf * xf) * xf
+        k = np.float32(kernels_act.K_KAPPA)
+        inner = ((xf.double() + k * cube.double()).float() if fma else xf + k * cube) * np.float32(kernels_act.K_BETA)
+        want = torch.cat([x, ((0.5 * xf) * (1 + np_tanh(inner))).to(dt)], dim=-1)
+        check(f"gelu_cat fma={fma} {dt}", kernels_act.gelu_cat(x, a, gelu_fma=fma), want)
+    strided = torch.cat([x, x], dim=2)[:, :, :D]  # the attention output as a strided view
+    check(f"gelu_cat strided first {dt}", kernels_act.gelu_cat(strided, a)[..., :D].contiguous(), x)
+
+
+# -- LayerNorm + adaLN after the statistics (the Welford order itself is proven on the H200) ------------
+def layer_norm(dt):
+    B, N, D = 2, 3, 64
+    x = rand(B, N, D, scale=2, dtype=dt)
+    mean, rstd = torch.empty(B * N), torch.empty(B * N)
+    s, t = rand(B, 1, D, scale=0.3, dtype=dt), rand(B, 1, D, dtype=dt)
+    got = kernels_norm.ln_adaln(x, 1e-6, s, t, stats=(mean, rstd))
+    n = (rstd.view(B, N, 1) * (x.float() - mean.view(B, N, 1))).to(dt)
+    check(f"ln_adaln after stats {dt}", got, ops.ADALN.reference(n, s, t))
+    s32, t32 = s.float(), t.float()  # Wan: FP32LayerNorm, fp32 modulation, one rounding
+    got = kernels_norm.ln_adaln(x, 1e-6, s32, t32, f32=True, stats=(mean, rstd))
+    n32 = rstd.view(B, N, 1) * (x.float() - mean.view(B, N, 1))
+    check(f"ln_adaln f32 after stats {dt}", got, (n32 * (1 + s32) + t32).to(dt))
+    w, bb = rand(D, dtype=dt), rand(D, dtype=dt)
+    got = kernels_norm.ln_adaln(x, 1e-6, None, None, f32=True, weight=w, bias=bb, stats=(mean, rstd))
+    fma = (w.double() * n32.double() + bb.double()).float()  # one rounding, as an FMA
+    check(f"ln affine f32 after stats {dt}", got, fma.to(dt))
+    h = rand(B, N, D, dtype=dt)
+    g32 = rand(B, 1, D, scale=0.3)
+    r, got = kernels_norm.ln_adaln(x, 1e-6, s32, t32, residual=h, gate=g32, f32=True, stats=(mean, rstd))
+    check(f"gated residual f32 into ln {dt}", r, (h.float() + g32 * x.float()).to(dt))
+    n32 = rstd.view(B, N, 1) * (r.float() - mean.view(B, N, 1))
+    check(f"gated residual f32 into ln_adaln {dt}", got, (n32 * (1 + s32) + t32).to(dt))
+
+
+def unaligned():
+    """A view 2 bytes off an aligned buffer: the LN kernel does not apply (aten takes another
+    kernel there), and through the verifier it falls back to eager instead of raising."""
+    from bcg.fusions import ops_norm
+    from bcg.fusions.verify import Verifier
+
+    buf = rand(2 * 3 * 64 + 1, dtype=torch.float16)
+    x = buf[1:].view(2, 3, 64)
+    norm = torch.nn.LayerNorm(64, elementwise_affine=False, eps=1e-6)
+    s, t = rand(2, 1, 64, scale=0.3, dtype=torch.float16), rand(2, 1, 64, dtype=torch.float16)
+    try:
+        kernels_norm.ln_adaln(x, 1e-6, s, t)
+        RESULTS["unaligned view is not applicable"] = "the kernel ran on a 2-byte-offset view"
+    except NotApplicable:
+        RESULTS["unaligned view is not applicable"] = None
+    fx = Verifier("triton", cache=None)
+    aligned = buf[:-1].view(2, 3, 64)
+    fx.call(ops_norm.LN_ADALN, aligned, norm, s, t)
+    out = fx.call(ops_norm.LN_ADALN, x, norm, s, t)
+    c = fx.counters
+    RESULTS["unaligned view falls back through the verifier"] = (
+        None if torch.equal(out, ops_norm.LN_ADALN.eager(x, norm, s, t)) and c.not_applicable == 1
+        else f"counters {c}")
+
+
+# -- RMSNorm statistics in the modelled aten orders ---------------------------------------------------
+def mean_order(x2d: torch.Tensor) -> torch.Tensor:
+    """aten's mean of x^2 over rows of L (vec_dec), sum before `* factor`: lane l's 4 accumulators sum
+    x^2[(j*32 + l)*4 + i] over j in order, then ((a0+a1)+a2)+a3, then a shuffle-down tree."""
+    M, L = x2d.shape
+    sq = (x2d.float() * x2d.float()).view(M, L // 128, 32, 4)
+    acc = sq[:, 0]
+    for j in range(1, L // 128):
+        acc = acc + sq[:, j]
+    t = ((acc[..., 0] + acc[..., 1]) + acc[..., 2]) + acc[..., 3]
+    while t.shape[1] > 1:
+        t = t[:, : t.shape[1] // 2] + t[:, t.shape[1] // 2:]
+    return t[:, 0]
+
+
+def fused_rms_order(x2d: torch.Tensor) -> torch.Tensor:
+    """aten's fused RMSNorm sum of squares (modelled): thread t sums its vectors t, t + 128, ... in
+    order, a shuffle-down tree over each warp's 32 lanes, then warps w + 2, then w + 1."""
+    M, L = x2d.shape
+    nvec = L // 4
+    s = torch.zeros(M, 128)
+    for k in range(math.ceil(nvec / 128)):
+        for ii in range(4):
+            v = torch.arange(128) + k * 128
+            idx = (v * 4 + ii).clamp(max=L - 1)
+            val = torch.where(v < nvec, x2d.float()[:, idx], torch.zeros(()))
+            s = s + val * val  # exact squares (fp16 inputs): the FMA's single rounding is the add's
+    w = s.view(M, 4, 32)
+    while w.shape[2] > 1:
+        w = w[..., : w.shape[2] // 2] + w[..., w.shape[2] // 2:]
+    w = w[..., 0]
+    return (w[:, 0] + w[:, 2]) + (w[:, 1] + w[:, 3])
+
+
+def rms(dt):
+    M, L = 40, 256
+    x = rand(M, L, scale=2, dtype=dt)
+    factor = np.float32(M) / np.float32(M * L)
+    check(f"row_variance vec_dec {dt}", kernels_rms.row_variance(x, "vec_dec")[:, 0],
+          mean_order(x) * torch.tensor(float(factor)))
+
+
+# -- RoPE, with and without the norm, into a joint slice ------------------------------------------------
+def pairs_plan(n, cos, sin, index):
+    from bcg.fusions.ops_rope import _pairs_plan
+
+    return _pairs_plan(n, cos, sin, index)
+
+
+def rope(dt):
+    KR = kernels_rope
+    B, H, D = 2, 3, 128
+    xt, xi = rand(B, 5, H, D, dtype=dt), rand(B, 11, H, D, dtype=dt)
+    ang = torch.rand(16, D // 2, generator=G) * 30
+    cos, sin = ang.cos().repeat_interleave(2, -1), ang.sin().repeat_interleave(2, -1)
+    out = torch.empty(B, 16, H, D, dtype=dt)
+    KR.rope(xt, (cos[None, :5], sin[None, :5]), KR.Rope("pairs"), out, 0)
+    KR.rope(xi, (cos[None, 5:], sin[None, 5:]), KR.Rope("pairs"), out, 5)
+    check(f"rope pairs joint {dt}", out, pairs_plan(torch.cat([xt, xi], 1), cos, sin, KR.FLUX_INDEX))
+    check(f"rope pairs wan index {dt}", KR.rope(xi, (cos[None, 5:], sin[None, 5:]), KR.Rope("pairs", index=KR.WAN_INDEX)),
+          pairs_plan(xi, cos[5:], sin[5:], KR.WAN_INDEX))
+    lc, ls = cos[5:].to(dt), sin[5:].to(dt)  # rope buffers cast with the model (Wan after .to(bf16))
+    check(f"rope pairs storage-dtype freqs {dt}", KR.rope(xi, (lc[None], ls[None]), KR.Rope("pairs", index=KR.WAN_INDEX)),
+          pairs_plan(xi, lc, ls, KR.WAN_INDEX))
+    freqs = torch.polar(torch.ones(1, 11, D // 2), torch.rand(1, 11, D // 2, generator=G) * 30)
+    a, b = xi.float()[..., 0::2], xi.float()[..., 1::2]
+    fr = torch.view_as_real(freqs)[:, :, None]
+    want = torch.stack([a * fr[..., 0] - b * fr[..., 1], a * fr[..., 1] + b * fr[..., 0]], -1).flatten(3).to(dt)
+    check(f"rope complex plain {dt}", KR.rope(xi, freqs, KR.Rope("complex", "plain")), want)
+    w = (1 + 0.3 * rand(D)).to(dt)
+    # diffusers RMSNorm per head, the variance given (aten's CPU mean: the plan's), rstd read (aten's)
+    var = xi.float().pow(2).mean(-1, keepdim=True)
+    r = kernels_rms.rstd_input(var, 1e-6)
+    n = ((xi.float() * r).to(dt).float() * w.float()).to(dt)
+    check(f"rope after mean-order norm (given) {dt}",
+          KR.rope(xi, (cos[None, 5:], sin[None, 5:]), KR.Rope("pairs"), norm="mean", weight=w, eps=1e-6, var=r),
+          pairs_plan(n, cos[5:], sin[5:], KR.FLUX_INDEX))
+    # the variance in the kernel: aten's GPU mean order (modelled), 1 / sqrt for rsqrt
+    M = B * 11 * H
+    v = mean_order(xi.reshape(M, D)) * torch.tensor(float(np.float32(M) / np.float32(M * D)))
+    r = rsqrt(v + 1e-6).view(B, 11, H, 1)
+    n = ((xi.float() * r).to(dt).float() * w.float()).to(dt)
+    check(f"rope after mean-order norm (in kernel) {dt}",
+          KR.rope(xi, (cos[None, 5:], sin[None, 5:]), KR.Rope("pairs"), norm="mean", weight=w, eps=1e-6),
+          pairs_plan(n, cos[5:], sin[5:], KR.FLUX_INDEX))
+    if dt == torch.float16:  # exact squares: the fused order's FMAs are its adds (fused_rms_order)
+        for across, L in ((False, D), (True, H * D)):
+            x2 = xi.reshape(-1, L)
+            wl = (1 + 0.3 * rand(L)).to(dt)
+            r = rsqrt(fused_rms_order(x2) / L + 1e-6)
+            n = (wl.float() * (r[:, None] * x2.float())).to(dt).view(xi.shape)
+            got = KR.rope(xi, (cos[None, 5:], sin[None, 5:]), KR.Rope("pairs", index=KR.WAN_INDEX), norm="fused",
+                          weight=wl, eps=1e-6, across_heads=across)
+            check(f"rope after fused-order norm across={across} {dt}", got,
+                  pairs_plan(n, cos[5:], sin[5:], KR.WAN_INDEX))
+
+
+for dt in (torch.float32, torch.float16):
+    elementwise(dt)
+    layer_norm(dt)
+    rms(dt)
+    rope(dt)
+unaligned()
+print("RESULTS " + json.dumps(RESULTS))
+sys.stdout.flush()
