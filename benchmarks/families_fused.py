@@ -36,7 +36,7 @@ import torch
 import families_image as image
 import families_video as video
 from common import LoopTimer, device_tag, environment, flow_schedule, sync, write_results
-from profile_fusions import kind_of
+from kernel_kinds import kind_of
 
 from bcg import RunnerConfig, apply_graph_runner
 from bcg.fusions import install_fusions
