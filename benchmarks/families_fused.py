@@ -196,8 +196,8 @@ def _run_mode(mode: str, model, loop, timed, step_once, args) -> dict:
         # CPU smoke run (--tiny): bcg's op tape, and the fusions' plain-torch plans installed by hand
         # (the runner installs the Triton ones on its CUDA backend only)
         fx = install_fusions(model, backend="reference") if mode == "bcg-fused" and not cuda else None
-        runner = apply_graph_runner(model, RunnerConfig(backend="cuda" if cuda else "tape", break_policy="none",
-                                                        fusions="lossless" if mode == "bcg-fused" and cuda else "off"))
+        runner = apply_graph_runner(model, RunnerConfig(backend="cuda" if cuda else "tape", 
+                                                        fusions="lossless" if mode == "bcg-fused" and cuda else "off"), break_policy="none")
         runner.capture_allowed = True
         try:
             t0 = time.perf_counter()

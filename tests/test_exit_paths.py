@@ -13,8 +13,8 @@ from tests.helpers import write_jsonl
 from tests.test_resume_kill import FAST, cli, log_of
 
 
-def refused(*args: str) -> str:
-    proc = cli(*args)
+def refused(*args: str, env: dict | None = None) -> str:
+    proc = cli(*args, env=env)
     text = proc.stdout + proc.stderr
     assert proc.returncode == 2, log_of(proc)
     assert "Traceback" not in text, text
@@ -46,7 +46,9 @@ def test_config_errors_exit_2_before_anything_is_created(tmp_path, override, mes
 
 
 def test_a_bad_value_in_a_sweep_is_refused_before_any_job_starts(tmp_path):
-    text = refused("-m", *FAST, "sampling.steps=2,0", f"output_dir={tmp_path}/out", f"hydra.sweep.dir={tmp_path}/sweep")
+    # The sweep folder is moved into tmp_path, which a hydra.* path override needs the user's opt-in for.
+    text = refused("-m", *FAST, "sampling.steps=2,0", f"output_dir={tmp_path}/out", f"hydra.sweep.dir={tmp_path}/sweep",
+                   env={"BCGEN_ALLOW_HYDRA_PATHS": "1"})
     assert "sampling.steps=0 is invalid: expected an int in [1, 1000]" in text
     assert not (tmp_path / "sweep").exists()
 

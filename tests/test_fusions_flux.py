@@ -123,7 +123,7 @@ def test_fused_flux_captures_and_replays_on_the_tape():
     with torch.no_grad():
         refs = [model(**kw)[0] for kw in cases]
         fx = install_fusions(model, backend="reference")
-        runner = apply_graph_runner(model, RunnerConfig(backend="tape", fusions="off", break_policy="attention"))
+        runner = apply_graph_runner(model, RunnerConfig(backend="tape", fusions="off"), break_policy="attention")
         try:
             outs = [model(**kw)[0] for kw in cases + cases]
             stats = runner.stats()

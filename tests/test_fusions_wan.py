@@ -84,7 +84,7 @@ def test_text_kv_made_once_per_prompt_batch(grad_mode):
     with grad_mode():
         refs = [model(**kw)[0] for kw in steps]
         fx = install_fusions(model, backend="reference")
-        runner = apply_graph_runner(model, RunnerConfig(backend="tape", fusions="off", break_policy="none"))
+        runner = apply_graph_runner(model, RunnerConfig(backend="tape", fusions="off"), break_policy="none")
         calls = _kv_calls(model)
         try:
             with runner.call_scope():  # one pipeline call

@@ -182,7 +182,7 @@ def _sana_folder(model_cfg) -> str:
     if model_cfg.path is None:  # the tiny preset names its encoder ('minilm' or a folder)
         from jobs.models.text_encoders import resolve_encoder_path
 
-        return resolve_encoder_path(model_cfg.tiny["text_encoder"])
+        return resolve_encoder_path(model_cfg.tiny.text_encoder)
     return os.path.join(model_cfg.path, "tokenizer")
 
 

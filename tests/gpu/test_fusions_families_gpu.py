@@ -162,7 +162,7 @@ def test_gelu_tanh_forms_against_aten(dtype):
 def _check_model(model, cases, blocks, run=lambda m, kw: m(**kw)[0]):
     with torch.no_grad():
         refs = [run(model, kw) for kw in cases]
-        runner = apply_graph_runner(model, RunnerConfig(break_policy="none", fusions="lossless"))
+        runner = apply_graph_runner(model, RunnerConfig(fusions="lossless"), break_policy="none")
         try:
             assert runner.mode == "cuda" and runner.fusions is not None
             outs = [run(model, kw) for kw in cases]
