@@ -110,7 +110,7 @@ def run_job(a, mode: str, data: Path, out: Path, env: dict, log: Path) -> dict:
     shutil.rmtree(out, ignore_errors=True)  # a fresh output_dir: nothing to resume, batch sizing measured again
     cmd = [sys.executable, "-m", "jobs.generate", "model=sana", f"model.path={a.dir}", f"dataset.path={data}",
            f"output_dir={out}", f"sampling.height={a.res}", f"sampling.width={a.res}", f"sampling.steps={a.steps}",
-           f"sampling.guidance_scale={a.guidance}", "job.progress=false", f"hydra.run.dir={out}-hydra",
+           f"sampling.guidance_scale={a.guidance}", "job.progress=false",
            *JOB_MODES.get(mode, []), *a.extra]
     start, wall, _ = timed(cmd, env, log)
     s = json.loads((out / "summary.json").read_text())

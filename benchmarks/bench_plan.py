@@ -160,7 +160,8 @@ def main() -> None:
     data = Path(a.data)
     data.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")])),
-               HYDRA_FULL_ERROR="1")
+               HYDRA_FULL_ERROR="1",
+               BCGEN_ALLOW_HYDRA_PATHS="1")  # its hydra.run.dir keeps the logs out of the timed output_dir
     rows = []
     for n in (int(s) for s in a.sizes.split(",")):
         prompts = data / f"prompts_{n}.jsonl"

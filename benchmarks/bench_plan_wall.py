@@ -61,7 +61,8 @@ def run_once(root: Path, overrides: list, work: Path, importtime: bool = False) 
     shutil.rmtree(out, ignore_errors=True)
     # `root` first: its jobs/ shadows any other tree on the path (the wheels' folder stays after it)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])),
-               HYDRA_FULL_ERROR="1")
+               HYDRA_FULL_ERROR="1",
+               BCGEN_ALLOW_HYDRA_PATHS="1")  # its hydra.run.dir keeps the logs out of the timed output_dir
     cmd = [sys.executable, *(["-X", "importtime"] if importtime else []), "-m", "jobs.plan", *overrides,
            f"output_dir={out}", f"hydra.run.dir={work / 'hydra'}"]
     with tempfile.TemporaryFile("w+") as log:
