@@ -279,6 +279,7 @@ def test_sana_video_fused_forward_equals_eager(size):
     try:
         model = T.tiny_model(torch.bfloat16).cuda()
         cfg = model.config
+        T.TINY.setdefault("caption_channels", cfg.caption_channels)  # the real config's text width
         cases = []
         for seed, batch in ((0, 1), (1, 2)):
             kw = T.tiny_inputs(torch.bfloat16, batch=batch, text=8 if size == "tiny" else 128, seed=seed)

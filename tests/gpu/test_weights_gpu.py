@@ -15,6 +15,7 @@ import torch
 
 from jobs.models.base import DenoiseRequest
 from jobs.models.weights import torch_modules
+from tests.gpu.test_family_graphs_gpu import tokenizer_overrides
 from tests.helpers import compose_cfg, tiny_pipeline
 
 pytestmark = pytest.mark.gpu
@@ -23,11 +24,11 @@ CUDA_ALIGNMENT = 256  # cudaMalloc's guarantee; the caching allocator hands out 
 
 def test_a_loaded_checkpoint_on_cuda_owns_aligned_weights_and_matches(tmp_path):
     device = torch.device("cuda")
-    tiny_cfg, fam, pipe = tiny_pipeline("flux_tiny")
+    tiny_cfg, fam, pipe = tiny_pipeline("flux_tiny", *tokenizer_overrides("flux"))  # `.minilm/` on the GPU machine
     path = tmp_path / "flux_tiny_diffusers"
     pipe.save_pretrained(path, safe_serialization=True)
     cfg = compose_cfg(["model=flux", f"model.path={path}", "model.dtype=float32", "output_dir=/tmp/x", "device=cuda"])
-    loaded = fam.load(cfg.model, torch.float32, device).to(device)  # as jobs/worker/pipeline.py's load_pipeline does
+    loaded = fam.load(cfg.model, torch.float32, device).to(device)  # as jobs/worker/model.py's load_pipeline does
     loaded.set_progress_bar_config(disable=True)
     tensors = [(f"{name}.{n}", t) for name, module in torch_modules(loaded).items()
                for n, t in list(module.named_parameters()) + list(module.named_buffers())]
