@@ -1,11 +1,16 @@
-"""Batch-invariant convolution: one sample per call, or a 1x1 convolution as an invariant GEMM.
+"""Batch-invariant convolution and group norm: one sample per call, or a 1x1 convolution as an
+invariant GEMM.
 
 oneDNN and cuDNN choose a convolution's algorithm (and its blocking, so its reduction order) from
 the whole input shape, minibatch included, so a sample's output changes with N. Per sample, the
 shape a sample meets is the same in every batch: the algorithm is fixed by construction (with
 cuDNN's benchmark off, since a benchmarked pick is a timing). A pointwise convolution is a GEMM
 over pixels, and runs as one through the mode's invariant GEMM, in one call for the whole batch.
-The output keeps the memory format aten would give (channels-last in, channels-last out).
+Each sample is made contiguous first: a batch can arrive in another layout than a single sample
+(AutoencoderKL's attention hands its next convolution a channels-last view for B > 1 and a plain
+one for B = 1) and the layout picks the algorithm too. The output keeps the memory format aten
+would give (channels-last in, channels-last out). Group norm (CPU: its kernel splits the work by
+N x groups) is per sample for the same reasons.
 """
 
 from __future__ import annotations
@@ -48,7 +53,7 @@ def per_sample(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
     fmt = _format(x)
     out = None
     for i in range(x.shape[0]):
-        y = torch.ops.aten._convolution.default(x[i:i + 1], weight, bias, stride, padding, dilation, transposed,
+        y = torch.ops.aten._convolution.default(x[i:i + 1].contiguous(), weight, bias, stride, padding, dilation, transposed,
                                                 output_padding, groups, *flags.values())
         if out is None:
             out = torch.empty((x.shape[0], *y.shape[1:]), dtype=y.dtype, device=y.device, memory_format=fmt)
@@ -56,4 +61,16 @@ def per_sample(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
     if out is None:  # an empty batch: aten's own answer for its shape
         out = torch.ops.aten._convolution.default(x, weight, bias, stride, padding, dilation, transposed,
                                                   output_padding, groups, *flags.values())
+    return out
+
+
+def group_norm_per_sample(x: torch.Tensor, groups: int, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor],
+                          eps: float) -> torch.Tensor:
+    """aten::group_norm, one contiguous sample a call of aten::native_group_norm (left in place)."""
+    n, c = x.shape[0], x.shape[1]
+    hw = x[0, 0].numel() if n else 0
+    out = torch.empty_like(x, memory_format=_format(x))
+    for i in range(n):
+        y = torch.ops.aten.native_group_norm.default(x[i:i + 1].contiguous(), weight, bias, 1, c, hw, groups, eps)[0]
+        out[i:i + 1].copy_(y)
     return out

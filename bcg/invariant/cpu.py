@@ -10,7 +10,9 @@ M = 8 (benchmarks/results/batch_invariance_cpu.md). Here no call's shape depends
   fixed shape keeps MKL's threading choice fixed as well.
 - `bmm`: the same for whole items: fixed chunks of ITEMS [m, k] @ [k, n] products.
 
-They call the `.out` overloads, whose kernels the mode leaves in place (so there is no recursion
+Inputs are made contiguous first: a batch can reach an op in another layout than a single row
+(a [B, C, H, W] view is channels-last for B > 1 and plain for B = 1 in AutoencoderKL's attention),
+and MKL runs another kernel for a transposed operand. They call the `.out` overloads, whose kernels the mode leaves in place (so there is no recursion
 into the overrides). Cost: about 2x aten's GEMM on the tiny presets' shapes (a gemv reads the
 weight once a row); correctness first on the CPU, the GPU has its own path (gemm_triton).
 """
@@ -25,6 +27,7 @@ ITEMS = 8  # bmm items per fixed-shape call
 
 def mm(a: torch.Tensor, b: torch.Tensor, rows: int = ROWS) -> torch.Tensor:
     """a [M, K] @ b [K, N], each row computed alone."""
+    a, b = a.contiguous(), b.contiguous()
     m, k = a.shape
     n = b.shape[1]
     out = torch.empty((m, n), dtype=torch.result_type(a, b), device=a.device)
@@ -47,6 +50,7 @@ def mm(a: torch.Tensor, b: torch.Tensor, rows: int = ROWS) -> torch.Tensor:
 
 def bmm(a: torch.Tensor, b: torch.Tensor, items: int = ITEMS) -> torch.Tensor:
     """a [B, m, k] @ b [B, k, n], each item computed in a call of one fixed shape."""
+    a, b = a.contiguous(), b.contiguous()
     nb, m, k = a.shape
     n = b.shape[2]
     out = torch.empty((nb, m, n), dtype=torch.result_type(a, b), device=a.device)

@@ -63,6 +63,10 @@ def register(lib: torch.library.Library, mode) -> None:
         calls["cuda.convolution.per_sample"] += 1
         return conv.per_sample(x, w, bias, stride, padding, dilation, transposed, output_padding, groups)
 
+    def group_norm(x, num_groups, weight=None, bias=None, eps=1e-5, cudnn_enabled=True):
+        calls["cuda.group_norm"] += 1
+        return conv.group_norm_per_sample(x, num_groups, weight, bias, eps)
+
     def _last_dim(x, dim) -> bool:
         if dim is None or x.dim() == 0:
             return False
@@ -90,6 +94,8 @@ def register(lib: torch.library.Library, mode) -> None:
         lib.impl("baddbmm", baddbmm, "CUDA")
     if c.conv:
         lib.impl("convolution", convolution, "CUDA")
+    if c.norms:
+        lib.impl("group_norm", group_norm, "CUDA")
     if c.reductions:
         lib.impl("mean.dim", mean_dim, "CUDA")
         lib.impl("sum.dim_IntList", sum_dim, "CUDA")

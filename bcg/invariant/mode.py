@@ -9,7 +9,8 @@ destroys the registrations, and aten's kernels are back.
 What is replaced, and why (benchmarks/results/batch_invariance_cpu.md measured the CPU side):
 - mm, addmm, bmm, baddbmm (so linear, matmul, einsum): BLAS/cuBLAS pick kernels by M. CPU:
   fixed-shape calls of aten's own kernels (cpu.py); CUDA: the Triton GEMM (gemm_triton.py).
-- convolution: algorithms picked by minibatch. Per sample; on CUDA a 1x1 one as a GEMM (conv.py).
+- convolution: algorithms picked by minibatch and layout. Per sample, contiguous; on CUDA a 1x1
+  one as a GEMM (conv.py). group_norm: per sample likewise.
 - CUDA mean/sum over the last dim (RMSNorm): launch picked by the number of rows (reduce_triton.py).
 - CUDA attention: flash attention splits the keys when batch x heads x query blocks is small, and
   cuDNN attention picks plans by shape; the memory-efficient kernel keeps one program a query block
@@ -48,6 +49,8 @@ class InvariantConfig:
     """mm / addmm / bmm / baddbmm, and so every linear and matmul."""
     conv: bool = True
     """aten::convolution: per sample, or a 1x1 one as a GEMM (CUDA)."""
+    norms: bool = True
+    """group_norm: per sample (its CPU kernel splits the work by N x groups)."""
     reductions: bool = True
     """CUDA: sum / mean over the last dimension (the CPU's reductions were measured invariant)."""
     attention: Literal["efficient", "keep"] = "efficient"
@@ -85,7 +88,7 @@ class BatchInvariance:
             lib = torch.library.Library("aten", "IMPL")
             try:
                 with warnings.catch_warnings():  # "Overriding a previously registered kernel": the point
-                    warnings.filterwarnings("ignore", message=".*Overriding a previously registered kernel")
+                    warnings.filterwarnings("ignore", message="Warning only once for all operators")
                     self._register_cpu(lib)
                     if cuda:
                         cuda_ops.register(lib, self)
@@ -180,6 +183,10 @@ class BatchInvariance:
             calls["cpu.convolution"] += 1
             return conv.per_sample(x, w, bias, stride, padding, dilation, transposed, output_padding, groups)
 
+        def group_norm(x, num_groups, weight=None, bias=None, eps=1e-5, cudnn_enabled=True):
+            calls["cpu.group_norm"] += 1
+            return conv.group_norm_per_sample(x, num_groups, weight, bias, eps)
+
         if c.gemm:
             lib.impl("mm", mm, "CPU")
             lib.impl("addmm", addmm, "CPU")
@@ -187,6 +194,8 @@ class BatchInvariance:
             lib.impl("baddbmm", baddbmm, "CPU")
         if c.conv:
             lib.impl("convolution", convolution, "CPU")
+        if c.norms:
+            lib.impl("group_norm", group_norm, "CPU")
 
 
 def _restrict_sdpa() -> dict:

@@ -26,7 +26,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 
-_SKIP = {"aten.detach.default", "aten.alias.default", "aten._to_copy.default", "aten.lift_fresh.default"}
+# identities of value that run only for some shapes (`contiguous` is dispatched only when the
+# tensor is not: a batch of 1 often is), so they would misalign the two op sequences
+_SKIP = {"aten.detach.default", "aten.alias.default", "aten.lift_fresh.default", "aten.contiguous.default"}
 
 
 def _tensors(obj) -> List[torch.Tensor]:
