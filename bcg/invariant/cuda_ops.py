@@ -19,7 +19,9 @@ def _ok(*ts) -> bool:
     return all(t.dtype == ts[0].dtype for t in ts) and ts[0].dtype in _FLOATS
 
 
-def register(lib: torch.library.Library, mode) -> None:
+def register(lib: torch.library.Library, mode, key: str = "CUDA") -> None:
+    """Register the kernels for `key` ("CUDA"; the CPU tests pass "CPU" to run them under
+    TRITON_INTERPRET=1)."""
     c, calls = mode.config, mode.calls
 
     def mm(a, b):
@@ -88,14 +90,14 @@ def register(lib: torch.library.Library, mode) -> None:
         return row_sum(x, mean=False, keepdim=keepdim, out_dtype=x.dtype)
 
     if c.gemm:
-        lib.impl("mm", mm, "CUDA")
-        lib.impl("addmm", addmm, "CUDA")
-        lib.impl("bmm", bmm, "CUDA")
-        lib.impl("baddbmm", baddbmm, "CUDA")
+        lib.impl("mm", mm, key)
+        lib.impl("addmm", addmm, key)
+        lib.impl("bmm", bmm, key)
+        lib.impl("baddbmm", baddbmm, key)
     if c.conv:
-        lib.impl("convolution", convolution, "CUDA")
+        lib.impl("convolution", convolution, key)
     if c.norms:
-        lib.impl("group_norm", group_norm, "CUDA")
+        lib.impl("group_norm", group_norm, key)
     if c.reductions:
-        lib.impl("mean.dim", mean_dim, "CUDA")
-        lib.impl("sum.dim_IntList", sum_dim, "CUDA")
+        lib.impl("mean.dim", mean_dim, key)
+        lib.impl("sum.dim_IntList", sum_dim, key)
