@@ -23,6 +23,7 @@ import argparse
 import statistics
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -324,13 +325,17 @@ def main() -> None:
     del sana1, flux1
     torch.cuda.empty_cache()
     print(f"{len(shapes)} GEMM shapes", flush=True)
-    bench_gemms(shapes, rows)
-    save()
-    bench_other_kernels(rows)
-    save()
-    bench_vae(rows, a.quick)
-    save()
-    bench_denoise(rows, a.quick)
+    # A section that fails is a row saying so; the others still run (one device call, no retry).
+    for section, fn in (("gemm", lambda: bench_gemms(shapes, rows)), ("kernel", lambda: bench_other_kernels(rows)),
+                        ("vae", lambda: bench_vae(rows, a.quick)), ("denoise", lambda: bench_denoise(rows, a.quick))):
+        try:
+            fn()
+        except Exception as exc:  # noqa: BLE001
+            traceback.print_exc()
+            rows.append(dict(section=section, model="—", case="failed", note=f"{type(exc).__name__}: {exc}"[:300],
+                             ms_today=float("nan"), ms_invariant=float("nan"), ratio=float("nan")))
+        torch.cuda.empty_cache()
+        save()
     notes = [f"wall {time.time() - t0:.0f} s",
              "ratio = invariant / today (lower is better); today = torch's own kernels (cuBLAS, cuDNN, aten)",
              "rows_equal: row 0 alone == row 0 of the batch, bitwise"]
