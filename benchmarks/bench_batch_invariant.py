@@ -370,7 +370,7 @@ def summary(rows) -> None:
     print(f"{'what':44} {'today ms':>10} {'invariant ms':>12} {'ratio':>6}  rows equal (today/inv)")
     for (m, res), (t, i) in sorted(agg.items()):
         bad = sum(1 for r in rows if r["section"] == "gemm" and r["model"] == m and r["case"].startswith(res)
-                  and not r["rows_equal_invariant"])
+                  and not r.get("rows_equal_invariant", False))
         print(f"{'GEMMs ' + m + ' ' + res + ' (sum, all B)':44} {t:10.2f} {i:12.2f} {i / t:6.2f}  inv. failures {bad}")
     for r in rows:
         if r["section"] != "gemm":
