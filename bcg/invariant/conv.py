@@ -6,7 +6,9 @@ the whole input shape, minibatch included, so a sample's output changes with N. 
 shape a sample meets is the same in every batch: the algorithm is fixed by construction (with
 cuDNN's benchmark off, since a benchmarked pick is a timing). A pointwise convolution is a GEMM
 over pixels, and runs as one through the mode's invariant GEMM, in one call for the whole batch.
-Each sample is made contiguous first: a batch can arrive in another layout than a single sample
+Each sample is copied to a fresh contiguous buffer first: a fresh buffer starts on the
+allocator's alignment whatever the sample's offset in the batch (MKL's results were measured to
+depend on alignment, cpu.py), and a batch can arrive in another layout than a single sample
 (AutoencoderKL's attention hands its next convolution a channels-last view for B > 1 and a plain
 one for B = 1) and the layout picks the algorithm too. The output keeps the memory format aten
 would give (channels-last in, channels-last out). Group norm (CPU: its kernel splits the work by
@@ -53,7 +55,8 @@ def per_sample(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
     fmt = _format(x)
     out = None
     for i in range(x.shape[0]):
-        y = torch.ops.aten._convolution.default(x[i:i + 1].contiguous(), weight, bias, stride, padding, dilation, transposed,
+        xi = x[i:i + 1].clone(memory_format=torch.contiguous_format)
+        y = torch.ops.aten._convolution.default(xi, weight, bias, stride, padding, dilation, transposed,
                                                 output_padding, groups, *flags.values())
         if out is None:
             out = torch.empty((x.shape[0], *y.shape[1:]), dtype=y.dtype, device=y.device, memory_format=fmt)
@@ -71,6 +74,7 @@ def group_norm_per_sample(x: torch.Tensor, groups: int, weight: Optional[torch.T
     hw = x[0, 0].numel() if n else 0
     out = torch.empty_like(x, memory_format=_format(x))
     for i in range(n):
-        y = torch.ops.aten.native_group_norm.default(x[i:i + 1].contiguous(), weight, bias, 1, c, hw, groups, eps)[0]
+        xi = x[i:i + 1].clone(memory_format=torch.contiguous_format)
+        y = torch.ops.aten.native_group_norm.default(xi, weight, bias, 1, c, hw, groups, eps)[0]
         out[i:i + 1].copy_(y)
     return out
