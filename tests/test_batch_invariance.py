@@ -146,3 +146,18 @@ def test_install_and_remove_give_aten_back():
         torch.nn.functional.conv2d(torch.randn(2, 3, 5, 5), torch.randn(4, 3, 3, 3))
         assert "cpu.convolution" not in inv2.calls
     assert active() is None
+
+
+@pytest.mark.parametrize("op", [torch.nn.functional.silu, torch.sigmoid, torch.tanh, torch.exp,
+                                lambda t: torch.nn.functional.gelu(t, approximate="tanh")])
+def test_transcendental_ops_take_one_path_whatever_the_numel(op):
+    # [1, 24] runs the scalar tail for 8 of its 24 elements, [16, 24] runs them all vectorised
+    # (Wan's timestep embedding: silu's row 0 differed between batch 1 and 16 on this CPU)
+    x = torch.randn(16, 24, generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode(), batch_invariant() as inv:
+        full = op(x)
+        for r in (0, 3, 15):
+            assert torch.equal(op(x[r:r + 1].clone()), full[r:r + 1])
+        assert torch.equal(op(x[:3]), full[:3])
+    assert sum(inv.calls.values()) == 5 and not any(k.endswith("fallback") for k in inv.calls)
+    assert torch.allclose(full, op(x), atol=1e-6)  # the same function (mode off now)

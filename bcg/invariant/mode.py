@@ -11,6 +11,7 @@ What is replaced, and why (benchmarks/results/batch_invariance_cpu.md measured t
   fixed-shape calls of aten's own kernels (cpu.py); CUDA: the Triton GEMM (gemm_triton.py).
 - convolution: algorithms picked by minibatch and layout. Per sample, contiguous; on CUDA a 1x1
   one as a GEMM (conv.py). group_norm: per sample likewise.
+- CPU silu/gelu/tanh/sigmoid/exp: vector body vs scalar tail picked by numel (elementwise.py).
 - CUDA mean/sum over the last dim (RMSNorm): launch picked by the number of rows (reduce_triton.py).
 - CUDA attention: flash attention splits the keys when batch x heads x query blocks is small, and
   cuDNN attention picks plans by shape; the memory-efficient kernel keeps one program a query block
@@ -32,7 +33,7 @@ from typing import Literal, Optional
 
 import torch
 
-from . import conv, cpu
+from . import conv, cpu, elementwise
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,8 @@ class InvariantConfig:
     """aten::convolution: per sample, or a 1x1 one as a GEMM (CUDA)."""
     norms: bool = True
     """group_norm: per sample (its CPU kernel splits the work by N x groups)."""
+    elementwise: bool = True
+    """CPU: silu / gelu / tanh / sigmoid / exp through the vectorised path only (elementwise.py)."""
     reductions: bool = True
     """CUDA: sum / mean over the last dimension (the CPU's reductions were measured invariant)."""
     attention: Literal["efficient", "keep"] = "efficient"
@@ -196,6 +199,22 @@ class BatchInvariance:
             lib.impl("convolution", convolution, "CPU")
         if c.norms:
             lib.impl("group_norm", group_norm, "CPU")
+        if c.elementwise:
+            for name, out_op in elementwise.OPS.items():
+                lib.impl(name, _unary(name, out_op, calls), "CPU")
+
+
+def _unary(name, out_op, calls):
+    def impl(x, **kw):
+        if x.dtype not in _FLOATS:
+            calls[f"cpu.{name}.fallback"] += 1
+            res = torch.empty_like(x)
+            out_op(x, **kw, out=res)
+            return res
+        calls[f"cpu.{name}"] += 1
+        return elementwise.padded_unary(out_op, x, **kw)
+
+    return impl
 
 
 def _restrict_sdpa() -> dict:

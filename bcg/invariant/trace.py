@@ -28,7 +28,10 @@ from torch.utils._pytree import tree_leaves, tree_map
 
 # identities of value that run only for some shapes (`contiguous` is dispatched only when the
 # tensor is not: a batch of 1 often is), so they would misalign the two op sequences
-_SKIP = {"aten.detach.default", "aten.alias.default", "aten.lift_fresh.default", "aten.contiguous.default"}
+# (and the allocations, whose bytes are whatever memory held)
+_SKIP = {"aten.detach.default", "aten.alias.default", "aten.lift_fresh.default", "aten.contiguous.default",
+         "aten.empty_like.default", "aten.empty.memory_format", "aten.new_empty.default",
+         "aten.empty_strided.default", "aten.new_empty_strided.default"}
 
 
 def _tensors(obj) -> List[torch.Tensor]:
