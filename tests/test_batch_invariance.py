@@ -52,8 +52,9 @@ def test_transformer_row_is_the_same_alone_in_any_batch_at_any_position(built, p
     tr = fam.transformer(pipe)
     with batch_invariant() as inv:
         alone = {r: outputs(tr, args, kw, batch, [r]) for r in range(8)}
-        # batch sizes 1..16, and every position of a batch of 8 (rows 0..7 forwards, then backwards)
-        for rows in ([0, 1], [0, 1, 2], list(range(8)), list(range(7, -1, -1)), list(range(16))):
+        # batch sizes 1 (alone), 2, 3, 8 and 16; in the batch of 8 each of the 8 positions holds a row
+        # also run alone; the last batch puts row 3 at the end, among rows it never met before
+        for rows in ([0, 1], [0, 1, 2], [7, 6, 5, 4, 3, 2, 1, 0], list(range(16)), [9, 12, 3]):
             got = outputs(tr, args, kw, batch, rows)
             bad = [(i, r) for i, r in enumerate(rows) if r in alone and not torch.equal(got[i:i + 1], alone[r])]
             assert not bad, f"{preset}: in a batch of {len(rows)}, (position, row) {bad} differ from the row alone"
@@ -84,8 +85,8 @@ def test_sana_latents_and_pixels_do_not_depend_on_the_batch(built):
                 lat = fam.denoise(pipe, req)
                 return lat, fam.decode(pipe, lat, req)
 
-            alone = {r: run([r]) for r in (0, 2, 5)}
-            for rows in ([5, 0, 2], [1, 2, 3, 4, 5, 6, 7, 0]):
+            alone = {r: run([r]) for r in (0, 5)}
+            for rows in ([5, 0], [1, 2, 0, 5]):
                 lat, px = run(rows)
                 for r in alone:
                     i = rows.index(r)

@@ -48,14 +48,15 @@ def pointwise(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor
 
 def per_sample(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], stride: Sequence[int],
                padding: Sequence[int], dilation: Sequence[int], transposed: bool, output_padding: Sequence[int],
-               groups: int) -> torch.Tensor:
-    """aten::convolution, one sample a call (aten::_convolution, which the mode leaves in place)."""
+               groups: int, canonical: torch.memory_format = torch.contiguous_format) -> torch.Tensor:
+    """aten::convolution, one sample a call (aten::_convolution, which the mode leaves in place), each
+    sample copied to a fresh buffer in the `canonical` layout (CUDA: channels-last, cuDNN's fast one)."""
     flags = dict(benchmark=False, deterministic=True, cudnn_enabled=torch.backends.cudnn.enabled,
                  allow_tf32=torch.backends.cudnn.allow_tf32)
     fmt = _format(x)
     out = None
     for i in range(x.shape[0]):
-        xi = x[i:i + 1].clone(memory_format=torch.contiguous_format)
+        xi = x[i:i + 1].clone(memory_format=canonical if x.dim() == 4 else torch.contiguous_format)
         y = torch.ops.aten._convolution.default(xi, weight, bias, stride, padding, dilation, transposed,
                                                 output_padding, groups, *flags.values())
         if out is None:

@@ -63,7 +63,8 @@ def register(lib: torch.library.Library, mode, key: str = "CUDA") -> None:
             calls["cuda.convolution.pointwise"] += 1
             return conv.pointwise(x, w, bias, gemm_bias)
         calls["cuda.convolution.per_sample"] += 1
-        return conv.per_sample(x, w, bias, stride, padding, dilation, transposed, output_padding, groups)
+        return conv.per_sample(x, w, bias, stride, padding, dilation, transposed, output_padding, groups,
+                               canonical=torch.channels_last if key == "CUDA" else torch.contiguous_format)
 
     def group_norm(x, num_groups, weight=None, bias=None, eps=1e-5, cudnn_enabled=True):
         calls["cuda.group_norm"] += 1
