@@ -34,7 +34,8 @@ def built():
 
     def get(preset):
         if preset not in cache:
-            cfg, fam, pipe = tiny_pipeline(preset)
+            # 64 px: SANA's 128-px default would be 4x the tokens, and the CPU mode's GEMM is a gemv a row
+            cfg, fam, pipe = tiny_pipeline(preset, "sampling.height=64", "sampling.width=64")
             args, kw, batch = transformer_inputs(fam, pipe, cfg, 16)
             cache[preset] = (cfg, fam, pipe, args, kw, batch)
         return cache[preset]
@@ -98,7 +99,7 @@ def test_sana_latents_and_pixels_do_not_depend_on_the_batch(built):
 def test_vae_decode_row_is_the_same_in_any_batch(built, preset):
     cfg, fam, pipe, *_ = built(preset)
     shape = {"sana_tiny": (8, 16, 16), "flux_tiny": (4, 16, 16)}[preset]
-    z = torch.randn(8, *shape, generator=torch.Generator().manual_seed(1))
+    z = torch.randn(4, *shape, generator=torch.Generator().manual_seed(1))
 
     def decode(x):
         with torch.inference_mode():
@@ -106,9 +107,9 @@ def test_vae_decode_row_is_the_same_in_any_batch(built, preset):
 
     with batch_invariant():
         full = decode(z)
-        for r in (0, 5):
+        for r in (0, 3):
             assert torch.equal(decode(z[r:r + 1]), full[r:r + 1]), f"{preset}: VAE row {r}"
-        assert torch.equal(decode(z[[6, 5]])[1:], full[5:6])
+        assert torch.equal(decode(z[[2, 1]])[1:], full[1:2])  # another batch, another position
 
 
 # -- the mechanism ------------------------------------------------------------------------------

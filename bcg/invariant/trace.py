@@ -151,7 +151,8 @@ class _Comparer(TorchDispatchMode):
                 continue
             self.report.compared += count
             if not bitwise_equal(s, r):
-                return float((s.double() - r.double()).abs().nan_to_num(float("inf")).max())
+                diff = (s - r) if s.is_complex() else (s.double() - r.double())  # complex: rotary tables
+                return float(diff.abs().double().nan_to_num(float("inf")).max())
         return None
 
         return out
