@@ -21,6 +21,7 @@ says no byte depends on a timing. Runs on CUDA tensors, and on CPU tensors under
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Optional
 
@@ -97,8 +98,10 @@ def _gemm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr,
         tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=cmask)
 
 
+@functools.lru_cache(maxsize=None)
 def num_programs(device: torch.device) -> int:
-    """The persistent grid: one program per SM (a fixed 4 under the CPU interpreter)."""
+    """The persistent grid: one program per SM (a fixed 4 under the CPU interpreter). Cached: a
+    device-properties query on every GEMM would be host time on every eager call."""
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
     return 4
