@@ -1,0 +1,42 @@
+"""Batch-invariant sum / mean over the last dimension (Triton, CUDA).
+
+aten's CUDA reduction picks its launch (threads per output, outputs per block, and for few
+outputs a split of each sum across blocks) from the number of outputs, so RMSNorm's
+`x.pow(2).mean(-1)` sums a token's row in another order when the batch has fewer tokens. Here one
+program reduces one row, BLOCK lanes at a time in order, then a fixed tree over the lanes; BLOCK
+is a function of the row length alone. fp32 accumulation, one rounding to the output dtype (as
+aten does for half types).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit(do_not_specialize=["ROWS"])
+def _row_sum_kernel(x_ptr, out_ptr, ROWS, N, stride_row, divisor, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s in range(0, N, BLOCK):
+        offs = s + tl.arange(0, BLOCK)
+        acc += tl.load(x_ptr + row * stride_row + offs, mask=offs < N, other=0.0).to(tl.float32)
+    total = tl.sum(acc, axis=0) / divisor
+    tl.store(out_ptr + row, total.to(out_ptr.dtype.element_ty))
+
+
+def block_for(n: int) -> int:
+    return min(1024, triton.next_power_of_2(max(n, 16)))
+
+
+def row_sum(x: torch.Tensor, mean: bool, keepdim: bool, out_dtype: torch.dtype) -> torch.Tensor:
+    """sum (or mean) of x over its last dimension; x's last dimension must have stride 1."""
+    n = x.shape[-1]
+    rows = x.reshape(-1, n)  # a view where the leading dims are collapsible; else one copy
+    out = torch.empty(rows.shape[0], dtype=out_dtype, device=x.device)
+    if rows.shape[0]:
+        _row_sum_kernel[(rows.shape[0],)](rows, out, rows.shape[0], n, rows.stride(0),
+                                          float(n) if mean else 1.0, BLOCK=block_for(n), num_warps=4)
+    shape = (*x.shape[:-1], 1) if keepdim else x.shape[:-1]
+    return out.reshape(shape)

@@ -1,0 +1,165 @@
+"""The batch-invariance contract on the CPU (issue 30): with bcg.invariant's mode on, a row's
+output bytes do not depend on the batch size, its neighbours or its position.
+
+Real diffusers modules of the tiny presets (SANA's trained weights, seeded random ones for the
+others); inputs are those of each family's own pipeline call (tests/invariance_rows.py). Equality
+is bitwise (`torch.equal`): the contract is bytes, and no tolerance is needed, since every compared
+row goes through kernels of one fixed shape. It holds for any thread count; the bytes themselves
+may differ between 1 and 2 threads, which the contract allows.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bcg.invariant import InvariantConfig, active, batch_invariant, compare_rows, install_batch_invariance
+from bcg.invariant import cpu as inv_cpu
+from tests.helpers import tiny_pipeline
+from tests.invariance_rows import request, run_transformer, take_rows, transformer_inputs
+
+FAMILIES = ["sana_tiny", "flux_tiny", "qwen_image_tiny"]
+#: the aten ops the mode replaces on the CPU, as a TorchDispatchMode sees them under inference_mode
+#: (linear and conv2d decompose into the replaced mm/addmm and convolution)
+REPLACED = {"aten.linear.default", "aten.mm.default", "aten.addmm.default", "aten.bmm.default",
+            "aten.baddbmm.default", "aten.matmul.default", "aten.conv2d.default", "aten.conv3d.default",
+            "aten.convolution.default", "aten.einsum.default", "aten.group_norm.default"}
+
+
+
+
+@pytest.fixture(scope="module")
+def built():
+    cache = {}
+
+    def get(preset):
+        if preset not in cache:
+            # 64 px: SANA's 128-px default would be 4x the tokens, and the CPU mode's GEMM is a gemv a row
+            cfg, fam, pipe = tiny_pipeline(preset, "sampling.height=64", "sampling.width=64")
+            args, kw, batch = transformer_inputs(fam, pipe, cfg, 16)
+            cache[preset] = (cfg, fam, pipe, args, kw, batch)
+        return cache[preset]
+
+    return get
+
+
+def outputs(tr, args, kw, batch, rows):
+    return run_transformer(tr, *take_rows((args, kw), rows, batch))
+
+
+@pytest.mark.parametrize("preset", FAMILIES)
+def test_transformer_row_is_the_same_alone_in_any_batch_at_any_position(built, preset):
+    cfg, fam, pipe, args, kw, batch = built(preset)
+    tr = fam.transformer(pipe)
+    with batch_invariant() as inv:
+        alone = {r: outputs(tr, args, kw, batch, [r]) for r in range(8)}
+        # batch sizes 1 (alone), 2, 3, 8 and 16; in the batch of 8 each of the 8 positions holds a row
+        # also run alone; the last batch puts row 3 at the end, among rows it never met before
+        for rows in ([0, 1], [0, 1, 2], [7, 6, 5, 4, 3, 2, 1, 0], list(range(16)), [9, 12, 3]):
+            got = outputs(tr, args, kw, batch, rows)
+            bad = [(i, r) for i, r in enumerate(rows) if r in alone and not torch.equal(got[i:i + 1], alone[r])]
+            assert not bad, f"{preset}: in a batch of {len(rows)}, (position, row) {bad} differ from the row alone"
+        assert inv.calls["cpu.addmm"] + inv.calls["cpu.mm"] > 0  # the replacements really ran
+
+
+@pytest.mark.parametrize("preset", FAMILIES)
+def test_with_the_mode_off_only_replaced_ops_change_a_row(built, preset):
+    # What each family misses without the mode, pinned op by op: a row's output differs between
+    # batch 1 and 16 (on this CPU: a GEMM for M = 1 is a gemv), and every op that computes the
+    # same row differently is one the mode replaces: nothing else in these models depends on the batch.
+    cfg, fam, pipe, args, kw, batch = built(preset)
+    tr = fam.transformer(pipe)
+    rep = compare_rows(lambda a: run_transformer(tr, *a), take_rows((args, kw), [0], batch),
+                       take_rows((args, kw), list(range(16)), batch))
+    assert rep.sequence_break is None, rep.sequence_break
+    assert rep.compared > 100 and rep.uncompared == 0
+    assert set(rep.origin_ops()) <= REPLACED, rep.origin_ops()
+    assert rep.origins and not rep.outputs_equal, f"{preset}: batch 16 gave row 0's bytes without the mode"
+
+
+def test_sana_latents_and_pixels_do_not_depend_on_the_batch(built):
+    cfg, fam, pipe, *_ = built("sana_tiny")
+    with batch_invariant():
+        with torch.inference_mode():
+            def run(rows):
+                req = request(fam, pipe, cfg, rows, steps=2)
+                lat = fam.denoise(pipe, req)
+                return lat, fam.decode(pipe, lat, req)
+
+            alone = {r: run([r]) for r in (0, 5)}
+            for rows in ([5, 0], [1, 2, 0, 5]):
+                lat, px = run(rows)
+                for r in alone:
+                    i = rows.index(r)
+                    assert torch.equal(lat[i:i + 1], alone[r][0]), f"latents of row {r} at {i} of {len(rows)}"
+                    assert torch.equal(px[i:i + 1], alone[r][1]), f"pixels of row {r} at {i} of {len(rows)}"
+
+
+@pytest.mark.parametrize("preset", ["sana_tiny", "flux_tiny"])
+def test_vae_decode_row_is_the_same_in_any_batch(built, preset):
+    cfg, fam, pipe, *_ = built(preset)
+    shape = {"sana_tiny": (8, 16, 16), "flux_tiny": (4, 16, 16)}[preset]
+    z = torch.randn(4, *shape, generator=torch.Generator().manual_seed(1))
+
+    def decode(x):
+        with torch.inference_mode():
+            return pipe.vae.decode(x, return_dict=False)[0]
+
+    with batch_invariant():
+        full = decode(z)
+        for r in (0, 3):
+            assert torch.equal(decode(z[r:r + 1]), full[r:r + 1]), f"{preset}: VAE row {r}"
+        assert torch.equal(decode(z[[2, 1]])[1:], full[1:2])  # another batch, another position
+
+
+# -- the mechanism ------------------------------------------------------------------------------
+
+def test_cpu_gemm_rows_are_computed_alone():
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(70, 48, generator=g), torch.randn(48, 40, generator=g)
+    full = inv_cpu.mm(a, b, rows=16)  # 70 rows: four full chunks and a padded one
+    for r in (0, 15, 16, 69):
+        assert torch.equal(inv_cpu.mm(a[r:r + 1], b, rows=16), full[r:r + 1])
+    assert torch.allclose(full, a @ b, atol=1e-5)
+    x, y = torch.randn(11, 5, 48, generator=g), torch.randn(11, 48, 7, generator=g)
+    fb = inv_cpu.bmm(x, y, items=4)
+    assert torch.equal(inv_cpu.bmm(x[9:10], y[9:10], items=4), fb[9:10])
+    assert torch.allclose(fb, x @ y, atol=1e-5)
+
+
+def test_install_and_remove_give_aten_back():
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(3, 64, generator=g), torch.randn(64, 32, generator=g)
+    before = torch.mm(a, b)
+    inv = install_batch_invariance()
+    try:
+        assert active() is inv
+        with pytest.raises(RuntimeError, match="already installed"):
+            install_batch_invariance()
+        on = torch.nn.functional.linear(a, b.t(), torch.ones(32))
+        assert inv.calls["cpu.addmm"] == 1
+        assert torch.equal(on, inv_cpu.mm(a, b) + 1)
+        assert torch.equal(torch.mm(a.double(), b.double()), a.double() @ b.double())  # a counted fallback
+        assert inv.calls["cpu.mm.fallback"] >= 1
+    finally:
+        inv.remove()
+    assert active() is None and torch.equal(torch.mm(a, b), before)
+    with batch_invariant(InvariantConfig(conv=False)) as inv2:
+        torch.nn.functional.conv2d(torch.randn(2, 3, 5, 5), torch.randn(4, 3, 3, 3))
+        assert "cpu.convolution" not in inv2.calls
+    assert active() is None
+
+
+@pytest.mark.parametrize("op", [torch.nn.functional.silu, torch.sigmoid, torch.tanh, torch.exp,
+                                lambda t: torch.nn.functional.gelu(t, approximate="tanh")])
+def test_transcendental_ops_take_one_path_whatever_the_numel(op):
+    # [1, 24] runs the scalar tail for 8 of its 24 elements, [16, 24] runs them all vectorised
+    # (Wan's timestep embedding: silu's row 0 differed between batch 1 and 16 on this CPU)
+    x = torch.randn(16, 24, generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode(), batch_invariant() as inv:
+        full = op(x)
+        for r in (0, 3, 15):
+            assert torch.equal(op(x[r:r + 1].clone()), full[r:r + 1])
+        assert torch.equal(op(x[:3]), full[:3])
+    assert sum(inv.calls.values()) == 5 and not any(k.endswith("fallback") for k in inv.calls)
+    assert torch.allclose(full, op(x), atol=1e-6)  # the same function (mode off now)
