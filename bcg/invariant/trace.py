@@ -155,8 +155,6 @@ class _Comparer(TorchDispatchMode):
                 return float(diff.abs().double().nan_to_num(float("inf")).max())
         return None
 
-        return out
-
 
 def _patch(big: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     out = big.clone()
