@@ -3,7 +3,10 @@ makes), its leases, its sink and where its shards go.
 
     prepare(cfg, ...) ─▶ check_config (jobs/preflight.py) ─▶ rank 0: join or make the plan of
         output_dir (jobs/plan/publish.py; an object store: staged and published, jobs/output/mirror.py)
-        ─▶ every rank: read the plan ─▶ Leaser + UnitSink + LeasedPlan over it
+        ─▶ every rank: read the plan ─▶ Leaser + UnitSink + LeasedPlan over it (assemble)
+
+`assemble` is the part every kind of worker shares: a Ray actor (jobs/cluster/) builds the same
+sink and plan over the units its driver hands it instead of leases.
 """
 
 from __future__ import annotations
@@ -24,13 +27,14 @@ from jobs.output.leases import HOST
 from jobs.output.mirror import LocalShards, open_shards
 from jobs.plan.publish import join_or_make_plan
 from jobs.plan.units import PlanManifest, read_manifest
-from jobs.preflight import check_config
+from jobs.preflight import Checked, check_config
 from jobs.telemetry.summary import StageTimer
 from jobs.worker.lease import Leaser
 from jobs.worker.leased_plan import LeasedPlan, PlanSettings
 from jobs.worker.ranks import Group, Topology
 from jobs.worker.stop import StopFlag
 from jobs.worker.unit_sink import UnitSink
+from jobs.worker.unit_source import LeaseSource, UnitSource
 from padding import Padder
 
 log = logging.getLogger("jobs.run")
@@ -63,22 +67,31 @@ def prepare(cfg: GenerateConfig, timer: StageTimer, group: Group, device: torch.
         def join_or_make() -> None:
             held["manifest"] = join_or_make_plan(cfg, shards, checked.divisor)
             if cfg.job.verify == "full":
-                _reopen_damaged(output_dir, shards, cfg.job.verify)
+                reopen_damaged_units(output_dir, shards, cfg.job.verify)
 
         group.agree(join_or_make, leader_only=True)
     plan_dir = output_dir / PLAN_DIR
     manifest = held.get("manifest") or read_manifest(plan_dir)
     owner = f"{HOST}:{os.getpid()}:part{topo.part}/{topo.parts}"
     leaser = Leaser(plan_dir, owner, cfg.job.lease_ttl_s)
-    sink = UnitSink(output_dir, cfg.sink, plan_dir, leaser, owner, shards)
+    source = LeaseSource(manifest, plan_dir, leaser, topo.part, cfg.job.wait_for_leases, stop)
+    return assemble(cfg, checked, shards, manifest, source, owner, topo, device)
+
+
+def assemble(cfg: GenerateConfig, checked: Checked, shards: LocalShards, manifest: PlanManifest,
+             source: UnitSource, owner: str, topo: Topology, device: torch.device) -> Prepared:
+    """The sink and the plan of a worker whose units come from `source`."""
+    plan_dir = checked.output_dir / PLAN_DIR
+    sink = UnitSink(checked.output_dir, cfg.sink, plan_dir, source, owner, shards)
     order = PlanSettings(batch_sizes=list(cfg.bcg.batch_sizes), pad_short=cfg.bcg.pad_short_batches,
-                      dtype=cfg.model.dtype, part=topo.part, wait=cfg.job.wait_for_leases, verify=cfg.job.verify)
-    plan = LeasedPlan(manifest, plan_dir, leaser, sink, order, stop)
-    return Prepared(cfg=cfg, family=checked.family, padder=checked.padder, output_dir=output_dir, plan=plan,
+                         dtype=cfg.model.dtype, verify=cfg.job.verify)
+    plan = LeasedPlan(manifest, plan_dir, source, sink, order)
+    return Prepared(cfg=cfg, family=checked.family, padder=checked.padder, output_dir=checked.output_dir, plan=plan,
                     manifest=manifest, sink=sink, topo=topo, device=device)
 
 
-def _reopen_damaged(output_dir: Path, shards: LocalShards, verify: str) -> None:
+def reopen_damaged_units(output_dir: Path, shards: LocalShards, verify: str) -> None:
+    """job.verify=full: done units whose shards no longer match their manifests lose their markers."""
     moved = reopen_damaged(output_dir / PLAN_DIR, shards, verify)
     if moved:
         log.warning("resume: %d committed shard(s) no longer match their manifests and were moved to "

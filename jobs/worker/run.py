@@ -27,6 +27,7 @@ from jobs.output.done import done_records
 from jobs.output.layout import ERRORS_FILE, PLAN_DIR, SUMMARY_FILE
 from jobs.telemetry.parts import merge_stats, read_part_summaries, write_part_summary
 from jobs.telemetry.summary import JobStats, StageTimer
+from jobs.worker.leased_plan import LeasedPlan
 from jobs.worker.loop import generate_all
 from jobs.worker.prepare import Prepared, prepare
 from jobs.worker.ranks import Group, Topology, pick_device, topology
@@ -68,16 +69,21 @@ def _run(cfg: GenerateConfig, timer: StageTimer, group: Group, device: torch.dev
         ended = True
     finally:
         stop.restore()
-        prep.sink.leaser.release_all()  # a unit left unfinished is free for a rerun at once
-        stats.stage_seconds = dict(timer.seconds)
-        stats.items_planned = plan.planned
+        prep.sink.source.release_all()  # a unit left unfinished is free for a rerun at once
         # Done units count once, on part 0, so the parts' summaries add up to the dataset.
-        stats.items_skipped_done = plan.skipped_done + (plan.done_at_start if prep.topo.part == 0 else 0)
-        stats.truncated_prompts = plan.truncated
-        stats.signatures = {str(s): n for s, n in plan.signature_counts.items()}
+        record_plan(stats, plan, timer, count_done_at_start=prep.topo.part == 0)
         finish(prep, stats, group, met=ended)
     stop.forward()
     return stats
+
+
+def record_plan(stats: JobStats, plan: LeasedPlan, timer: StageTimer, count_done_at_start: bool) -> None:
+    """What the worker's plan counted, into its summary (after the loop, whatever ended it)."""
+    stats.stage_seconds = dict(timer.seconds)
+    stats.items_planned = plan.planned
+    stats.items_skipped_done = plan.skipped_done + (plan.done_at_start if count_done_at_start else 0)
+    stats.truncated_prompts = plan.truncated
+    stats.signatures = {str(s): n for s, n in plan.signature_counts.items()}
 
 
 def finish(prep: Prepared, stats: JobStats, group: Group, met: bool) -> None:

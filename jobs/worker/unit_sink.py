@@ -1,11 +1,12 @@
-"""`UnitSink`: the job's sink, one AsyncSink per leased unit, and the unit's commit.
+"""`UnitSink`: the job's sink, one AsyncSink per unit the worker owns, and the unit's commit.
 
 Each unit writes its own shards, `shard-uNNNNNNN-IIII.tar`, so a unit's shards are found by one
 glob and no two units (or workers) ever share a shard name. The generation loop sees one sink:
 `put` routes a sample by its key to its unit; once every item of the unit is accounted for
 (put, or `skip`ped to the NaN ledger), the unit's shards are committed, its done marker is
-written and its lease released, before the loop asks for the next batch. Committing as soon as
-the unit is complete matters: a worker that holds a finished but unmarked unit while it waits for
+written and the unit released to its source (its lease, or the Ray driver that handed it out:
+jobs/worker/unit_source.py), before the loop asks for the next batch. Committing as soon as the
+unit is complete matters: a worker that holds a finished but unmarked unit while it waits for
 others' leases would make them wait for it.
 
 A unit whose lease was lost (taken over as expired while this worker stalled) stops being
@@ -22,7 +23,7 @@ from typing import Dict, List, Optional
 from jobs.output.mirror import LocalShards
 from jobs.output.done import done_path, mark_done
 from jobs.output.layout import unit_shard_pattern
-from jobs.worker.lease import Leaser
+from jobs.worker.unit_source import UnitSource
 from sinks import AsyncSink, Sample, ShardRecord, SinkConfig
 from sinks.sidecars import MetaSpec
 
@@ -39,12 +40,12 @@ class _Open:
 
 
 class UnitSink:
-    def __init__(self, output_dir: Path, config: SinkConfig, plan_dir: Path, leaser: Leaser, owner: str,
+    def __init__(self, output_dir: Path, config: SinkConfig, plan_dir: Path, source: UnitSource, owner: str,
                  shards: Optional[LocalShards] = None):
         self.output_dir, self.config, self.plan_dir = Path(output_dir), config, plan_dir
         # Where committed shards are found and what follows a commit (an upload, jobs/output/mirror.py).
         self.shards = shards or LocalShards(self.output_dir, MetaSpec())
-        self.leaser, self.owner = leaser, owner
+        self.source, self.owner = source, owner  # who owns which unit (leases, or a Ray driver)
         self._open: Dict[int, _Open] = {}
         self._unit_of: Dict[str, int] = {}
         self._records: List[ShardRecord] = []  # committed by this worker, units closed
@@ -65,7 +66,7 @@ class UnitSink:
     def put(self, sample: Sample) -> None:
         unit = self._unit_of.pop(sample.key)
         u = self._open[unit]
-        if unit in self.leaser.lost:
+        if unit in self.source.lost:
             self._drop(unit)
             return
         u.sink.put(sample)
@@ -75,7 +76,7 @@ class UnitSink:
         """An item that will not be written (its image went to the NaN ledger): the unit still ends."""
         unit = self._unit_of.pop(key)
         u = self._open[unit]
-        if unit not in self.leaser.lost:
+        if unit not in self.source.lost:
             u.sink.note_failure(key, reason)  # counted in its shard's _stats.json
         self._account(unit, u)
 
@@ -85,7 +86,7 @@ class UnitSink:
             del self._open[unit]
             records = u.sink.close()
             self._collect(u.sink, records)
-            if self.leaser.still_held(unit):
+            if self.source.still_held(unit):
                 self._mark(unit, u.prior + records)
             else:
                 log.error("unit %d: lease lost before its commit; its new holder finishes it", unit)
@@ -94,7 +95,7 @@ class UnitSink:
         if mark_done(self.plan_dir, unit, records, self.owner):
             self.shards.on_done(done_path(self.plan_dir, unit))
         self.units_done.append(unit)
-        self.leaser.release(unit)
+        self.source.release(unit)
 
     def inflight(self) -> Dict[int, int]:
         """Items of each open unit that are committed or on their way (the job's progress)."""
@@ -133,7 +134,7 @@ class UnitSink:
             u = self._open.pop(unit)
             u.sink.abort()
             self._collect(u.sink, u.sink.records)
-        self.leaser.release_all()
+        self.source.release_all()
 
     def stats(self) -> dict:
         out: dict = {}
