@@ -38,7 +38,20 @@ def check_command_line(argv: Sequence[str]) -> None:
             or args.config_path or args.config_name or args.config_dir):
         return
     for overrides in _runs(args.overrides, args.multirun)[:MAX_SWEEP_CHECKED]:
+        _check_ray_section(overrides)
         _check_one(overrides, args.multirun)
+
+
+def _check_ray_section(overrides: List[str]) -> None:
+    """`ray.*` keys exist only under +cluster=ray (the section is null otherwise), and Hydra's own
+    error for setting a key under null is an AssertionError that names neither."""
+    keys = [o.split("=", 1)[0].lstrip("+~") for o in overrides]
+    if "cluster" in keys:  # conf/cluster/ray.yaml, or a preset of the user's that may add the section
+        return
+    ray_keys = [o for o, k in zip(overrides, keys) if k == "ray" or k.startswith("ray.")]
+    if ray_keys:
+        raise UserError(f"command line: {ray_keys[0]!r} sets the Ray section, which only +cluster=ray adds: "
+                        f"python -m jobs.generate +cluster=ray {' '.join(ray_keys)} ...")
 
 
 def _runs(overrides: List[str], multirun: bool) -> List[List[str]]:

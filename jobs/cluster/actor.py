@@ -1,0 +1,125 @@
+"""`Worker`: one bcgen worker as a Ray actor, long-lived: one model load, graphs warm across units.
+
+    run()              prepare (the config check, this node's staging folder, the plan) and the
+                       ordinary generation loop over a UnitFeed; returns this worker's JobStats
+    generate(unit)     hand it a unit; returns when the unit is released: {unit, done, written}
+    warm()             returns once the loop asked for its first unit (model loaded, batch sizes
+                       published), so the driver can start the other actors on the same sizes
+    progress()         items of its open units committed or on their way (the driver's bar)
+    end() / halt(why)  no more units / stop between batches, commit every complete sample
+
+The driver calls these from its own thread, concurrently (a threaded actor: `max_concurrency`),
+while run() occupies one thread for the actor's life.
+
+With an object-store output_dir the actor works in its node's staging folder, fetched from the
+store (jobs/output/mirror.py hydrate: the plan, done markers, batch sizes); units are fetched when
+given. Nothing is shared with the driver but the store. A CPU run uses the thread count its run
+identity recorded (jobs/plan/identity.py): Ray starts actors with one thread, and 1 and 2 threads
+give different bytes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Optional
+
+import torch
+
+from jobs.cluster.feed import UnitFeed
+from jobs.config import GenerateConfig
+from jobs.output.claim import dir_lock
+from jobs.output.layout import PLAN_DIR
+from jobs.output.leases import HOST
+from jobs.output.mirror import Mirror, open_shards
+from jobs.plan.units import PlanManifest, UnitInfo, read_manifest
+from jobs.preflight import check_config
+from jobs.telemetry.summary import JobStats, StageTimer
+from jobs.worker.loop import generate_all
+from jobs.worker.prepare import Prepared, assemble
+from jobs.worker.ranks import Topology, pick_device
+from jobs.worker.run import record_plan
+from jobs.worker.stop import StopFlag
+
+log = logging.getLogger("jobs.cluster")
+
+LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"  # Hydra's, as the driver logs
+
+
+class Worker:
+    def __init__(self, cfg: GenerateConfig, part: int, parts: int):
+        if not logging.getLogger().handlers:  # Ray forwards the actor's stderr to the driver
+            logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+        self.cfg, self.part, self.parts = cfg, part, parts
+        self.stats = JobStats(model=cfg.model.name)
+        self.stop = StopFlag()
+        self.feed = UnitFeed(lambda: self.stats.items_written)
+        self.prep: Optional[Prepared] = None
+
+    def where(self) -> str:
+        return f"{HOST} pid {os.getpid()}"
+
+    def run(self) -> dict:
+        timer = StageTimer()
+        ok = False
+        try:
+            self.prep = prepare_actor(self.cfg, self.part, self.parts, self.feed)
+            match_threads(self.prep.manifest, self.prep.device)
+            self.stats.output_dir = self.prep.sink.shards.shown
+            generate_all(self.prep, self.stats, timer, self.stop)
+            ok = True
+        finally:
+            self.feed.release_all()  # the driver's waiting calls return; their units are not done
+            if self.prep is not None:
+                record_plan(self.stats, self.prep.plan, timer, count_done_at_start=False)  # the driver counts those
+                if ok:
+                    self.prep.sink.shards.push_end(leader=False)  # this node's timeline (an object store)
+        return self.stats.to_json()
+
+    def generate(self, info: UnitInfo) -> dict:
+        written = self.feed.wait(info.id) if self.feed.give(info) else 0
+        done = self.prep is not None and info.id in self.prep.sink.units_done
+        return {"unit": info.id, "done": done, "written": written}
+
+    def warm(self) -> bool:
+        self.feed.asked.wait()
+        return True
+
+    def progress(self) -> dict:
+        if self.prep is None:
+            return {}
+        for _ in range(3):
+            try:
+                return dict(self.prep.sink.inflight())
+            except RuntimeError:  # the loop opened or closed a unit while we read: read again
+                continue
+        return {}
+
+    def end(self) -> None:
+        self.feed.close()
+
+    def halt(self, reason: str) -> None:
+        self.stop.reason = reason
+        self.feed.close()
+
+
+def prepare_actor(cfg: GenerateConfig, part: int, parts: int, feed: UnitFeed) -> Prepared:
+    """prepare() of a worker whose driver made the plan and hands out its units."""
+    checked = check_config(cfg)
+    shards = open_shards(cfg.output_dir, cfg.job.staging_dir)
+    if isinstance(shards, Mirror):
+        with dir_lock(shards.output_dir, "mirror"):
+            shards.hydrate(overwrite=False)  # this node's copy of the plan, done markers, batch sizes
+    manifest = read_manifest(checked.output_dir / PLAN_DIR)
+    topo = Topology(rank=part, world=parts, local_rank=part)
+    device = pick_device(cfg.device, 0)  # Ray sets CUDA_VISIBLE_DEVICES to this actor's GPU
+    owner = f"{HOST}:{os.getpid()}:ray-part{part}"
+    return assemble(cfg, checked, shards, manifest, feed, owner, topo, device)
+
+
+def match_threads(manifest: PlanManifest, device: torch.device) -> None:
+    threads = manifest.identity.get("cpu_threads")
+    if device.type == "cpu" and threads and torch.get_num_threads() != threads:
+        log.info("CPU threads %d -> %d: the run identity's count (its bytes depend on it)", torch.get_num_threads(),
+                 threads)
+        torch.set_num_threads(threads)
