@@ -14,5 +14,5 @@ so a unit redone after its actor died continues after the shards that actor comm
 May import: the worker room (jobs/worker/) and everything it may import. Nothing imports this room
 but the front door (jobs/generate.py), and only with +cluster=ray. `import ray` happens only here
 (Ray is the optional extra `.[ray]`; connect.py turns its absence into a UserError).
-Files: connect, driver, pool, queue, feed, actor, progress, summary.
+Files: connect, driver, pool, queue, grants (the driver's lease per unit), feed, actor, progress, summary.
 """

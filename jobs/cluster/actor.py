@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+from fnmatch import fnmatch
 from typing import Optional
 
 import torch
@@ -29,7 +30,7 @@ import torch
 from jobs.cluster.feed import UnitFeed
 from jobs.config import GenerateConfig
 from jobs.output.claim import dir_lock
-from jobs.output.layout import PLAN_DIR
+from jobs.output.layout import PLAN_DIR, unit_shard_glob
 from jobs.output.leases import HOST
 from jobs.output.mirror import Mirror, open_shards
 from jobs.plan.units import PlanManifest, UnitInfo, read_manifest
@@ -53,7 +54,7 @@ class Worker:
         self.cfg, self.part, self.parts = cfg, part, parts
         self.stats = JobStats(model=cfg.model.name)
         self.stop = StopFlag()
-        self.feed = UnitFeed(lambda: self.stats.items_written)
+        self.feed = UnitFeed()
         self.prep: Optional[Prepared] = None
 
     def where(self) -> str:
@@ -77,23 +78,20 @@ class Worker:
         return self.stats.to_json()
 
     def generate(self, info: UnitInfo) -> dict:
-        written = self.feed.wait(info.id) if self.feed.give(info) else 0
-        done = self.prep is not None and info.id in self.prep.sink.units_done
-        return {"unit": info.id, "done": done, "written": written}
+        if self.feed.give(info):
+            self.feed.wait(info.id)
+        if self.prep is None:
+            return {"unit": info.id, "done": False, "written": 0}
+        mine = unit_shard_glob(info.id)
+        written = sum(r.nsamples for r in _read(lambda: self.prep.sink.records) if fnmatch(r.url, mine))
+        return {"unit": info.id, "done": info.id in self.prep.sink.units_done, "written": written}
 
     def warm(self) -> bool:
         self.feed.asked.wait()
         return True
 
     def progress(self) -> dict:
-        if self.prep is None:
-            return {}
-        for _ in range(3):
-            try:
-                return dict(self.prep.sink.inflight())
-            except RuntimeError:  # the loop opened or closed a unit while we read: read again
-                continue
-        return {}
+        return {} if self.prep is None else _read(self.prep.sink.inflight)
 
     def end(self) -> None:
         self.feed.close()
@@ -101,6 +99,16 @@ class Worker:
     def halt(self, reason: str) -> None:
         self.stop.reason = reason
         self.feed.close()
+
+
+def _read(read):
+    """What the sink reports, read from the driver's thread while the loop may change it."""
+    for _ in range(5):
+        try:
+            return read()
+        except RuntimeError:  # the loop opened or closed a unit meanwhile ("changed size during iteration")
+            continue
+    return read()
 
 
 def prepare_actor(cfg: GenerateConfig, part: int, parts: int, feed: UnitFeed) -> Prepared:

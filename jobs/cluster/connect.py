@@ -53,8 +53,17 @@ def connect(config: RayConfig) -> str:
     return address
 
 
-def worker_count(config: RayConfig, resources: dict) -> int:
-    """ray.workers, or one actor per gpus_per_worker GPUs the cluster has (ray.workers=0)."""
+def worker_count(config: RayConfig, resources: dict, nodes: list) -> int:
+    """ray.workers, or one actor per gpus_per_worker GPUs the cluster has (ray.workers=0). Refuses
+    an actor no node can hold (Ray would keep it pending for ever)."""
+    fits = [n for n in nodes if n.get("Alive") and n["Resources"].get("GPU", 0) >= config.gpus_per_worker
+            and n["Resources"].get("CPU", 0) >= config.cpus_per_worker]
+    if not fits:
+        biggest = max(((n["Resources"].get("GPU", 0), n["Resources"].get("CPU", 0)) for n in nodes if n.get("Alive")),
+                      default=(0, 0))
+        raise UserError(f"no node of the Ray cluster has the ray.gpus_per_worker={config.gpus_per_worker:g} GPU and "
+                        f"ray.cpus_per_worker={config.cpus_per_worker:g} CPU one actor needs (the largest node has "
+                        f"{biggest[0]:g} GPU, {biggest[1]:g} CPU): lower them, or add such nodes")
     if config.workers:
         return config.workers
     gpus = resources.get("GPU", 0.0)

@@ -46,7 +46,7 @@ def run_ray_job(cfg: GenerateConfig) -> JobStats:
     cfg = for_actors(cfg)
     checked = check_config(cfg)
     address = connect(cfg.ray)
-    workers = worker_count(cfg.ray, ray.cluster_resources())
+    workers = worker_count(cfg.ray, ray.cluster_resources(), ray.nodes())
     timer = StageTimer()
     shards = open_shards(cfg.output_dir, cfg.job.staging_dir)
     with timer("plan"):

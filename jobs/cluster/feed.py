@@ -7,9 +7,7 @@
 
 The driver pushes a unit and its Ray call blocks until the unit is released, so the call's result
 is the unit's outcome and a dead actor shows as an error on exactly the calls of the units it
-held. The loop asks for the next unit only after committing the previous one, so units are
-released in the order they were taken, one at a time; `written` is how many samples the loop
-wrote since the last release, i.e. for this unit.
+held. The loop asks for the next unit only after committing the previous one.
 
 Nothing is ever `lost`: the driver hands a unit to another actor only once this one is dead.
 """
@@ -18,20 +16,17 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Callable, Dict, Optional, Set
+from typing import Dict, Optional, Set
 
 from jobs.plan import Signature
 from jobs.plan.units import UnitInfo
 
 
 class UnitFeed:
-    def __init__(self, written: Callable[[], int]):
-        self._written = written
-        self._base = 0
+    def __init__(self):
         self._queue: "queue.Queue[Optional[UnitInfo]]" = queue.Queue()
         self._lock = threading.Lock()
         self._released: Dict[int, threading.Event] = {}
-        self._counts: Dict[int, int] = {}
         self._held: Set[int] = set()
         self._closed = False
         self.lost: Set[int] = set()
@@ -46,12 +41,11 @@ class UnitFeed:
         self._queue.put(info)
         return True
 
-    def wait(self, unit: int) -> int:
-        """Block until `unit` is released; returns the samples written for it."""
+    def wait(self, unit: int) -> None:
+        """Block until `unit` is released (done, or given up by a worker that stops)."""
         self._released[unit].wait()
         with self._lock:
             self._released.pop(unit, None)
-            return self._counts.pop(unit, 0)
 
     def close(self) -> None:
         """No more units: the loop ends once it asks again. Units given but not started are dropped
@@ -82,10 +76,6 @@ class UnitFeed:
 
     def release(self, unit: int) -> None:
         self._held.discard(unit)
-        now = self._written()
-        with self._lock:
-            self._counts[unit] = now - self._base
-            self._base = now
         self._set(unit)
 
     def release_all(self) -> None:

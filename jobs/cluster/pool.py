@@ -238,6 +238,9 @@ class Pool:
         for ref in [r for r, (_, s, _u) in self._calls.items() if s is slot]:
             del self._calls[ref]
         slot.dead, slot.holding = True, 0
+        # Unavailable (not known dead: a lost connection) must not leave a live writer of the units
+        # we hand on: make Ray end it, wherever it is, before they go to another actor.
+        ray.kill(slot.actor)
         self.progress.forget(slot.part)
         for info in units:
             self.queue.put_back(info)

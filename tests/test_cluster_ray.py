@@ -1,0 +1,263 @@
+"""The Ray path against a real local Ray cluster (tests/ray_cluster.py) and moto's real S3 server:
+two actors on the tiny default write every key once, byte-identical to one process, with a local
+output_dir and with an S3 one (the driver and the actors sharing no staging folder); an actor
+killed mid-unit (`ray.kill`) has its unit finished by another; a driver killed mid-run resumes
+when the command is rerun; bad input is refused before any actor starts."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ray")
+pytest.importorskip("s3fs")
+pytest.importorskip("moto")
+
+from jobs.output.storage import STAGING_ENV  # noqa: E402
+from tests.helpers import prompts, write_jsonl  # noqa: E402
+from tests.ray_cluster import bcgen_actors, ray_cluster  # noqa: E402
+from tests.s3_server import new_bucket, s3_server  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+N = 40
+# 4 units of 10; one thread per process (the run identity records it), so two actors fit two cores.
+FAST = ["sampling.steps=2", "sampling.height=64", "sampling.width=64", "job.progress=false", "plan.unit_items=10",
+        "job.log_every_s=5"]
+RAY = ["+cluster=ray", "ray.workers=2", "ray.gpus_per_worker=0", "ray.cpus_per_worker=0.5"]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """One S3 server and one Ray cluster for the module. The actors stage under `actors/`, the
+    drivers under `driver/`: with an object store they share nothing but the bucket."""
+    tmp = tmp_path_factory.mktemp("ray")
+    saved = os.environ.get(STAGING_ENV)
+    with s3_server() as s3env:
+        os.environ[STAGING_ENV] = str(tmp / "actors")  # inherited by the cluster's processes, so by every actor
+        try:
+            with ray_cluster() as address:
+                assert address.startswith("127."), address  # every process on the loopback
+                yield {"address": address, "tmp": tmp, "s3": s3env}
+        finally:
+            if saved is None:
+                os.environ.pop(STAGING_ENV, None)
+            else:
+                os.environ[STAGING_ENV] = saved
+
+
+def _env(cluster) -> dict:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+               OMP_NUM_THREADS="1", HYDRA_FULL_ERROR="1")
+    env[STAGING_ENV] = str(cluster["tmp"] / "driver")
+    return env
+
+
+def start(cluster, *overrides: str, ray: bool = True) -> subprocess.Popen:
+    args = [*RAY, f"ray.address={cluster['address']}"] if ray else []
+    return subprocess.Popen([sys.executable, "-m", "jobs.generate", *args, *FAST, *overrides], cwd=ROOT,
+                            env=_env(cluster), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def run(cluster, *overrides: str, ray: bool = True, code: int = 0) -> str:
+    proc = start(cluster, *overrides, ray=ray)
+    out, _ = proc.communicate(timeout=900)
+    assert proc.returncode == code, f"exit {proc.returncode}\n{out[-6000:]}"
+    return out
+
+
+@pytest.fixture(scope="module")
+def data(cluster) -> Path:
+    return write_jsonl(cluster["tmp"] / "prompts.jsonl", prompts(N))
+
+
+@pytest.fixture(scope="module")
+def reference(cluster, data) -> dict:
+    """One process, no Ray: every shard tar and parquet by name."""
+    out = cluster["tmp"] / "single"
+    run(cluster, f"dataset.path={data}", f"output_dir={out}", ray=False)
+    return {p.name: p.read_bytes() for p in out.iterdir() if p.name.startswith("shard-")
+            and p.suffix in (".tar", ".parquet")}
+
+
+def tar_keys(data: bytes) -> list:
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        return [json.loads(tar.extractfile(m).read())["key"] for m in tar if m.name.endswith(".json")]
+
+
+def every_key_once(tars: dict) -> None:
+    counts = Counter(k for data in tars.values() for k in tar_keys(data))
+    assert sorted(counts) == sorted(r["key"] for r in prompts(N))
+    assert set(counts.values()) == {1}, [k for k, n in counts.items() if n > 1]
+
+
+def local_files(out: Path) -> dict:
+    return {p.name: p.read_bytes() for p in out.iterdir() if p.name.startswith("shard-")
+            and p.suffix in (".tar", ".parquet")}
+
+
+def bucket_files(fs, root: str) -> dict:
+    fs.invalidate_cache()
+    return {p.rsplit("/", 1)[-1]: fs.cat_file(p) for p in fs.find(root)
+            if p.rsplit("/", 1)[-1].startswith("shard-") and p.endswith((".tar", ".parquet"))}
+
+
+def s3fs():
+    import fsspec
+
+    fs = fsspec.filesystem("s3")
+    fs.invalidate_cache()
+    return fs
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def test_two_actors_write_every_key_once_as_one_process_does(cluster, data, reference):
+    out = cluster["tmp"] / "local"
+    log = run(cluster, f"dataset.path={data}", f"output_dir={out}")
+    got = local_files(out)
+    assert sorted(got) == sorted(reference)  # the same shards, by name: one per unit
+    assert [n for n in got if got[n] != reference[n]] == []  # and byte for byte
+    every_key_once({n: b for n, b in got.items() if n.endswith(".tar")})
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["status"], summary["items_written"], summary["items_planned"]) == ("complete", N, N)
+    actors = summary["ray"]["actors"]
+    assert [a["status"] for a in actors] == ["finished", "finished"] and summary["ray"]["deaths"] == 0
+    assert all(a["units_done"] >= 1 for a in actors) and sum(a["items_written"] for a in actors) == N
+    index = json.loads((out / "index.wids.json").read_text())
+    assert sum(s["nsamples"] for s in index["shardlist"]) == N
+    assert os.listdir(out / "_plan" / "leases") == []  # the driver released every unit
+    assert "job 40/40 items (100.0%)" in log and "2 worker(s) on Ray" in log
+
+
+def test_s3_output_dir_driver_and_actors_share_only_the_bucket(cluster, data, reference):
+    root = f"{new_bucket()}/run"
+    log = run(cluster, f"dataset.path={data}", f"output_dir=s3://{root}")
+    fs = s3fs()
+    got = bucket_files(fs, root)
+    assert sorted(got) == sorted(reference) and [n for n in got if got[n] != reference[n]] == []
+    every_key_once({n: b for n, b in got.items() if n.endswith(".tar")})
+    names = [p.rsplit("/", 1)[-1] for p in fs.find(root)]
+    tars = [n for n in names if n.startswith("shard-") and n.endswith(".tar")]
+    assert sorted(n for n in names if n.endswith(".tar.json")) == sorted(f"{t}.json" for t in tars)  # a manifest each
+    assert sorted(n for n in names if n.startswith("unit-") and n.endswith(".json")) == [
+        f"unit-{u:07d}.json" for u in range(4)]  # the done markers
+    summary = json.loads(fs.cat_file(f"{root}/summary.json"))
+    assert (summary["status"], summary["items_written"], summary["output_dir"]) == ("complete", N, f"s3://{root}")
+    # The actors staged and uploaded every shard; the driver's staging folder saw none of them.
+    driver_staged = list((cluster["tmp"] / "driver").rglob("_manifest/*.json"))
+    actor_staged = list((cluster["tmp"] / "actors").rglob("_manifest/*.json"))
+    assert driver_staged == [] and len(actor_staged) == len(tars)
+    index = json.loads(fs.cat_file(f"{root}/index.wids.json"))
+    assert sum(s["nsamples"] for s in index["shardlist"]) == N
+    assert "plan published to s3://" in log
+
+
+def _mid_unit(out: Path, timeout_s: float = 600):
+    """Wait for an actor with a unit that has a committed shard, no done marker and items still
+    to come; returns (actor handle, unit)."""
+    import ray
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for _, actor in bcgen_actors():
+            try:
+                inflight = ray.get(actor.progress.remote(), timeout=5)
+            except Exception:  # noqa: BLE001 - starting or ending: try the next one
+                continue
+            for unit, n in inflight.items():
+                started = (out / f"shard-u{unit:07d}-0000.tar").exists()
+                if started and 2 < n < 10 and not (out / "_plan" / "done" / f"unit-{unit:07d}.json").exists():
+                    return actor, unit
+        time.sleep(0.1)
+    raise AssertionError("no actor was seen mid-unit")
+
+
+def test_an_actor_killed_mid_unit_has_its_unit_finished_by_another(cluster, data):
+    import ray
+
+    out = cluster["tmp"] / "kill-actor"
+    proc = start(cluster, f"dataset.path={data}", f"output_dir={out}", "sink.maxcount=2")
+    try:
+        actor, unit = _mid_unit(out)
+        before = {p.name: sha(p.read_bytes()) for p in out.glob(f"shard-u{unit:07d}-*.tar")}
+        ray.kill(actor)
+        log, _ = proc.communicate(timeout=900)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, log[-6000:]
+    got = local_files(out)
+    every_key_once({n: b for n, b in got.items() if n.endswith(".tar")})
+    # What the dead actor committed stays, unchanged, and is the unit's: nothing generated twice.
+    assert before and all(sha(got[n]) == h for n, h in before.items())
+    marker = json.loads((out / "_plan" / "done" / f"unit-{unit:07d}.json").read_text())
+    assert set(before) <= {s["url"] for s in marker["shards"]} and marker["items"] == 10
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "complete" and summary["ray"]["deaths"] == 1
+    assert unit in summary["ray"]["units_redone"]
+    assert re.search(rf"died .*; its unit\(s\) \[[^\]]*\b{unit}\b", log), log[-3000:]
+
+
+def test_the_driver_killed_and_rerun_resumes(cluster, data):
+    import ray
+
+    root = f"{new_bucket()}/run"
+    fs = s3fs()
+    proc = start(cluster, f"dataset.path={data}", f"output_dir=s3://{root}", "sink.maxcount=3")
+    try:
+        deadline = time.monotonic() + 600
+        done = []
+        while time.monotonic() < deadline and not done:
+            fs.invalidate_cache()
+            done = fs.glob(f"{root}/_plan/done/unit-*.json") if fs.exists(f"{root}/_plan/done") else []
+            time.sleep(0.2)
+        assert done, "no unit was done in time"
+        proc.kill()  # SIGKILL: no summary, no release; its actors die with it (Ray's owner fate-sharing)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    fs.invalidate_cache()
+    finished = sorted(p.rsplit("/", 1)[-1] for p in fs.glob(f"{root}/_plan/done/unit-*.json"))
+    assert 1 <= len(finished) < 4, finished
+    kept = {n: sha(b) for n, b in bucket_files(fs, root).items()}
+    deadline = time.monotonic() + 60
+    while bcgen_actors() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert bcgen_actors() == []  # Ray ended the killed driver's actors
+    assert ray.is_initialized()
+
+    log = run(cluster, f"dataset.path={data}", f"output_dir=s3://{root}", "sink.maxcount=3")
+    got = bucket_files(fs, root)
+    every_key_once({n: b for n, b in got.items() if n.endswith(".tar")})
+    for marker in finished:  # units done before the kill were not touched
+        unit = marker[len("unit-"):-len(".json")]
+        names = [n for n in kept if n.startswith(f"shard-u{unit}-")]
+        assert names and all(sha(got[n]) == kept[n] for n in names)
+    summary = json.loads(fs.cat_file(f"{root}/summary.json"))
+    assert summary["status"] == "complete"
+    assert summary["items_written"] + summary["items_skipped_done"] == N
+    assert f"resume: {10 * len(finished)} item(s) of done units" in log
+
+
+def test_bad_input_is_refused_on_the_driver_before_any_actor_starts(cluster):
+    bad = write_jsonl(cluster["tmp"] / "bad.jsonl", [{"key": "a", "prompt": "ok"},
+                                                      {"key": "b", "prompt": "x", "width": 63}])
+    out = cluster["tmp"] / "refused"
+    log = run(cluster, f"dataset.path={bad}", f"output_dir={out}", code=2)
+    assert f"{bad}:2" in log and "width" in log
+    assert "worker(s) on Ray" not in log and not list(out.glob("shard-*"))
+    assert bcgen_actors() == []
