@@ -167,8 +167,35 @@ def run_pool(manifest: PlanManifest, actors: int, cpus: float, args, work: Path)
             "driver_rss_mb_before": round(rss0, 1), "driver_rss_mb_after": round(rss_mb(), 1)}
 
 
+class Pending:
+    """Calls that stay in flight (an async actor holds thousands cheaply): what ray.wait scans."""
+
+    async def hold(self, seconds: float) -> None:
+        import asyncio
+
+        await asyncio.sleep(seconds)
+
+
+def wait_cost(counts, repeats: int = 30) -> list:
+    """ms of one ray.wait(refs, num_returns=1, timeout=0) with `count` calls in flight: the loop's
+    O(calls) term (3 calls an actor: its unit, the one queued, its run())."""
+    import ray
+
+    rows = []
+    for count in counts:
+        holder = ray.remote(Pending).options(num_cpus=0, max_concurrency=count + 10).remote()
+        refs = [holder.hold.remote(600) for _ in range(count)]
+        ray.wait(refs, num_returns=1, timeout=2.0)  # every call submitted and pending
+        t = time.perf_counter()
+        for _ in range(repeats):
+            ray.wait(refs, num_returns=1, timeout=0)
+        rows.append({"calls_in_flight": count, "wait_ms": round((time.perf_counter() - t) / repeats * 1e3, 3)})
+        ray.kill(holder)
+    return rows
+
+
 MEMORY_PROBE = r"""
-import json, os, resource, sys, time
+import json, os, sys, time
 sys.path.insert(0, sys.argv[1])
 def rss():
     with open("/proc/self/statm") as f:
@@ -189,9 +216,10 @@ n = 0
 while queue.take(None) is not None:
     n += 1
 take_us = (time.perf_counter() - t) / n * 1e6
+# RSS now, not ru_maxrss: that one survives fork + exec, so it would report the parent's peak.
 print(json.dumps({"units": len(manifest.units), "rss_imports_mb": round(base, 1), "read_s": round(read_s, 2),
                   "plan_mb": round(after_read - base, 1), "queue_mb": round(after_queue - after_read, 1),
-                  "take_us": round(take_us, 2), "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}))
+                  "take_us": round(take_us, 2), "rss_mb": round(max(after_queue, rss()), 1)}))
 """
 
 
@@ -207,12 +235,24 @@ def memory_probe(prompts: int, unit_items: int, work: Path) -> dict:
     return row
 
 
-def estimate(rows: list, mem: dict, gpus: int = 1000, prompts: float = 1e9, unit_items: int = 5000) -> list:
+def estimate(rows: list, waits: list, mem: dict, gpus: int = 1000, prompts: float = 1e9,
+             unit_items: int = 5000) -> list:
     """The 1,000-GPU, 1B-prompt estimate from what was measured (lines for the notes)."""
     by = sorted(rows, key=lambda r: r["actors"])
     lo, hi = by[0], by[-1]
     slope = (hi["driver_cpu_ms_per_unit"] - lo["driver_cpu_ms_per_unit"]) / max(hi["actors"] - lo["actors"], 1)
-    per_unit_ms = hi["driver_cpu_ms_per_unit"] + max(slope, 0.0) * (gpus - hi["actors"])
+
+    def wait_ms(calls: float) -> float:  # piecewise linear through the measured points
+        pts = sorted((w["calls_in_flight"], w["wait_ms"]) for w in waits)
+        for (c0, m0), (c1, m1) in zip(pts, pts[1:]):
+            if calls <= c1:
+                return m0 + (m1 - m0) * (calls - c0) / (c1 - c0)
+        (c0, m0), (c1, m1) = pts[-2], pts[-1]
+        return m1 + (m1 - m0) * (calls - c1) / (c1 - c0)
+
+    # Two ray.wait calls a loop turn, each over ~3 calls an actor; the rest of a unit's cost is O(1).
+    extra = 2 * (wait_ms(3 * gpus) - wait_ms(3 * hi["actors"]))
+    per_unit_ms = hi["driver_cpu_ms_per_unit"] + max(extra, 0.0)
     units = prompts / unit_items
     unit_s = unit_items / H200_IMAGES_PER_S
     rate = gpus / unit_s
@@ -220,15 +260,17 @@ def estimate(rows: list, mem: dict, gpus: int = 1000, prompts: float = 1e9, unit
         f"1B prompts at {unit_items} items a unit = {units:,.0f} units; one unit on one H200 (SANA-1.6B 1024², "
         f"{H200_IMAGES_PER_S} images/s) takes {unit_s:,.0f} s, so {gpus} GPUs complete {rate:.2f} units/s.",
         f"driver CPU per unit: {lo['driver_cpu_ms_per_unit']} ms at {lo['actors']} actors, "
-        f"{hi['driver_cpu_ms_per_unit']} ms at {hi['actors']} ({slope * 1e3:+.1f} µs per extra actor: ray.wait "
-        f"scans every call in flight); extrapolated linearly to {gpus} actors: {per_unit_ms:.1f} ms a unit.",
+        f"{hi['driver_cpu_ms_per_unit']} ms at {hi['actors']} ({slope * 1e3:+.1f} µs per extra actor, within "
+        f"noise); the part that grows with actors is ray.wait over every call in flight: "
+        + ", ".join(f"{w['wait_ms']} ms at {w['calls_in_flight']}" for w in waits)
+        + f". At {gpus} actors (~{3 * gpus} calls, two waits a turn): {per_unit_ms:.1f} ms a unit.",
         f"at {rate:.2f} units/s that is {rate * per_unit_ms / 10:.2f}% of one driver core; the whole job's "
         f"scheduling: {units * per_unit_ms / 1e3 / 60:,.0f} CPU-minutes against ~{units * unit_s / gpus / 3600:,.0f} "
         f"hours of wall clock. The measured ceiling here, {hi['units_per_s']} units/s at {hi['actors']} actors on 2 "
         f"shared cores, is {hi['units_per_s'] / rate:,.0f}x the rate 1,000 GPUs need.",
-        f"driver memory for {mem['units']:,} units (1B prompts): plan.json {mem['plan_json_mb']} MB on disk, "
-        f"{mem['plan_mb']} MB read ({mem['read_s']} s), queue {mem['queue_mb']} MB, peak RSS {mem['peak_rss_mb']} MB "
-        f"with Ray and the worker's imports ({mem['rss_imports_mb']} MB before the plan); "
+        f"driver memory for {mem['units']:,} units ({mem['prompts']:,} prompts at {mem['unit_items']} a unit): "
+        f"plan.json {mem['plan_json_mb']} MB on disk, +{mem['plan_mb']} MB read ({mem['read_s']} s), queue "
+        f"+{mem['queue_mb']} MB, RSS {mem['rss_mb']} MB with Ray imported ({mem['rss_imports_mb']} MB before the plan); "
         f"{mem['take_us']} µs a take. Per actor the driver holds a handle, a slot and up to 2 leases "
         f"(an open descriptor each: 2,000 at 1,000 actors, so the driver raises its soft limit).",
     ]
@@ -259,19 +301,21 @@ def main() -> None:
                 row = run_pool(manifest, actors, args.cpus, args, work)
                 log.info("%s", row)
                 rows.append(row)
+            waits = wait_cost([3 * max(r["actors"] for r in rows), 1000, 3000])
+            log.info("ray.wait: %s", waits)
         finally:
             ray.shutdown()
         mem = memory_probe(args.memory_prompts, 5000, work)
         log.info("memory: %s", mem)
     meta = dict(environment(), ray=ray.__version__, prompts=args.prompts, unit_items=args.unit_items,
-                batch=args.batch, batch_s=args.batch_s, cpus=args.cpus, cores=os.cpu_count(), memory=mem,
-                peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1))
+                batch=args.batch, batch_s=args.batch_s, cpus=args.cpus, cores=os.cpu_count(), memory=mem, waits=waits,
+                driver_peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1))
     columns = ["actors", "units", "unit_s", "actor_startup_s", "wall_s", "ideal_s", "overhead_pct", "units_per_s",
                "driver_cpu_s", "driver_cpu_ms_per_unit", "gap_ms_mean", "gap_ms_p99", "driver_rss_mb_after"]
     notes = [f"plan: {args.prompts:,} prompts in {len(manifest.units):,} units of {args.unit_items}; stand-in actors "
              f"sleep {args.batch_s * 1e3:g} ms a batch of {args.batch}; {args.cpus:g} logical CPUs shared by the "
              f"actors (fractional num_cpus) on a {os.cpu_count()}-core machine shared with other sessions."]
-    notes += estimate(rows, mem)
+    notes += estimate(rows, waits, mem)
     jpath, mpath = write_results(args.out, "ray_driver_cpu", rows, columns, notes, meta)
     print(mpath.read_text())
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+from pathlib import Path
+from typing import List
 
 import ray
 
@@ -32,6 +34,7 @@ from jobs.output.layout import BATCHING_FILE, ERRORS_FILE, PLAN_DIR
 from jobs.output.leases import HOST
 from jobs.output.mirror import open_shards
 from jobs.plan.publish import join_or_make_plan
+from jobs.plan.units import PlanManifest, UnitInfo
 from jobs.preflight import check_config
 from jobs.telemetry.summary import JobStats, StageTimer
 from jobs.worker.prepare import reopen_damaged_units
@@ -53,51 +56,58 @@ def run_ray_job(cfg: GenerateConfig) -> JobStats:
         manifest = join_or_make_plan(cfg, shards, checked.divisor)
         if cfg.job.verify == "full":
             reopen_damaged_units(checked.output_dir, shards, cfg.job.verify)
-    out = checked.output_dir
-    plan_dir = out / PLAN_DIR
+    plan_dir = checked.output_dir / PLAN_DIR
     done = done_units(plan_dir)
     left = [u for u in manifest.units if u.id not in done]
     done_items = manifest.n_items - sum(u.count for u in left)
-    if manifest.dataset["bad_rows"]:
-        log.warning("%d bad row(s) skipped (dataset.on_error=skip); see %s", manifest.dataset["bad_rows"],
-                    out / ERRORS_FILE)
-    if done_items:
-        log.info("resume: %d item(s) of done units in %s are skipped", done_items, shards.shown)
     n = min(workers, len(left))
-    log.info("%d of %d planned items left in %d of %d units; %d worker(s) on Ray", manifest.n_items - done_items,
-             manifest.n_items, len(left), len(manifest.units), n)
-    result, status = PoolResult(), "failed"
-    stop = StopFlag()
-    grants = None
+    _log_start(manifest, checked.output_dir, shards.shown, done_items, len(left), n)
     progress = DriverProgress(manifest.n_items, done_items, cfg.job.progress, cfg.job.log_every_s)
+    result, status, stop = PoolResult(), "failed", StopFlag()
     try:
         if left:
-            raise_fd_limit(64 + (1 + AHEAD) * n)
-            grants = Grants(plan_dir, f"{HOST}:{os.getpid()}:ray-driver", cfg.job.lease_ttl_s)
-            sized = (plan_dir / BATCHING_FILE).exists() or not may_grow(cfg)
-            pool = Pool(actor_factory(cfg, n), n, UnitQueue(left), grants, progress, cfg.ray.max_restarts, sized,
-                        cfg.job.wait_for_leases)
-            result = pool.result
-            stop.install()
-            try:
-                pool.run(stop)
-            except WorkerFailed as e:
-                raise e.error from None  # the actor's exception, with its remote traceback
+            _generate(cfg, plan_dir, left, n, progress, stop, result)
         status = "preempted" if result.halted else "complete"
     except KeyboardInterrupt:
         status = "interrupted"
         raise
     finally:
-        stop.restore()
-        if grants is not None:
-            grants.release_all()  # a unit left unfinished is free for a rerun at once
         progress.close()
         merged = merge(result, manifest, done_items, dict(timer.seconds), status, cfg.model.name, shards.shown)
-        write_summary(out, shards, merged, ray_block(result, address, n))
+        write_summary(checked.output_dir, shards, merged, ray_block(result, address, n))
         for line in merged.lines():
             log.info(line)
     stop.forward()
     return merged
+
+
+def _generate(cfg: GenerateConfig, plan_dir: Path, left: List[UnitInfo], n: int, progress: DriverProgress,
+              stop: StopFlag, result: PoolResult) -> None:
+    """The pool over the units left, until they are done or the job stops (`stop`: SIGTERM etc.).
+    `result` is filled as actors finish or die, so a failed run's summary still lists them."""
+    raise_fd_limit(64 + (1 + AHEAD) * n)
+    grants = Grants(plan_dir, f"{HOST}:{os.getpid()}:ray-driver", cfg.job.lease_ttl_s)
+    sized = (plan_dir / BATCHING_FILE).exists() or not may_grow(cfg)
+    pool = Pool(actor_factory(cfg, n), n, UnitQueue(left), grants, progress, cfg.ray.max_restarts, sized,
+                cfg.job.wait_for_leases, result)
+    stop.install()
+    try:
+        pool.run(stop)
+    except WorkerFailed as e:
+        raise e.error from None  # the actor's exception, with its remote traceback
+    finally:
+        stop.restore()
+        grants.release_all()  # a unit left unfinished is free for a rerun at once
+
+
+def _log_start(manifest: PlanManifest, out: Path, shown: str, done_items: int, units_left: int, n: int) -> None:
+    if manifest.dataset["bad_rows"]:
+        log.warning("%d bad row(s) skipped (dataset.on_error=skip); see %s", manifest.dataset["bad_rows"],
+                    out / ERRORS_FILE)
+    if done_items:
+        log.info("resume: %d item(s) of done units in %s are skipped", done_items, shown)
+    log.info("%d of %d planned items left in %d of %d units; %d worker(s) on Ray", manifest.n_items - done_items,
+             manifest.n_items, units_left, len(manifest.units), n)
 
 
 def for_actors(cfg: GenerateConfig) -> GenerateConfig:

@@ -48,7 +48,7 @@ PROGRESS_S = 5.0  # how often the driver asks each actor for its open units' cou
 RETRY_ELSEWHERE_S = 30.0  # how often units leased by another job are tried again
 
 
-@dataclass
+@dataclass(eq=False)  # compared and hashed by identity: slots live in sets
 class Slot:
     """A worker slot and its current actor (an incarnation: a new one after each death)."""
 
@@ -84,15 +84,19 @@ class WorkerFailed(RuntimeError):
 
 class Pool:
     def __init__(self, spawn: Callable[[int], Any], slots: int, queue: UnitQueue, grants: Grants,
-                 progress: DriverProgress, max_restarts: int, sized: bool, wait_for_leases: bool):
+                 progress: DriverProgress, max_restarts: int, sized: bool, wait_for_leases: bool,
+                 result: Optional[PoolResult] = None):
         self.spawn, self.queue, self.grants, self.progress = spawn, queue, grants, progress
         self.max_restarts, self.sized, self.wait_for_leases = max_restarts, sized, wait_for_leases
-        self.result = PoolResult()
+        self.result = result if result is not None else PoolResult()
         self._parts = 0
         self._calls: Dict[Any, tuple] = {}  # ObjectRef -> (kind, slot, unit or None)
         self._last_progress = 0.0
         self._last_retry = time.monotonic()
         self._ending = False  # draining: no new actors, no new units
+        # Per completion the loop touches only the slots it must: O(1) bookkeeping, not O(actors).
+        self._hungry: set = set()  # running slots that may take another unit
+        self._holding = 0  # units handed out and not released, over all slots
         self.slots = [self._new_slot(i) for i in range(slots)]
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -118,7 +122,7 @@ class Pool:
         return self.result
 
     def _finished(self) -> bool:
-        if any(s.holding for s in self.slots if not s.dead):
+        if self._holding:
             return False
         if len(self.queue):
             if not any(not s.dead and not s.finished for s in self.slots):
@@ -137,6 +141,7 @@ class Pool:
 
     def _start(self, slot: Slot) -> None:
         slot.started = True
+        self._hungry.add(slot)
         self._call(slot.actor.run.remote(), "run", slot)
         if not self.sized:
             self._call(slot.actor.warm.remote(), "warm", slot)
@@ -160,21 +165,30 @@ class Pool:
         if self.grants.elsewhere and now - self._last_retry >= RETRY_ELSEWHERE_S:
             self._last_retry = now
             for info in self.grants.retry_elsewhere():
-                self.queue.put_back(info)
-        for slot in self.slots:
-            while slot.started and not (slot.dead or slot.finished) and slot.holding <= AHEAD:
+                self._put_back(info)
+        for slot in list(self._hungry):
+            if not len(self.queue):
+                break
+            while not (slot.dead or slot.finished) and slot.holding <= AHEAD:
                 info = self._next_unit(slot.last)
                 if info is None:
                     break
                 self._call(slot.actor.generate.remote(info), "unit", slot, info)
                 slot.holding += 1
+                self._holding += 1
                 slot.last = info.signature
+            if slot.dead or slot.finished or slot.holding > AHEAD:
+                self._hungry.discard(slot)
         if now - self._last_progress >= PROGRESS_S:
             self._last_progress = now
             for slot in self.slots:
                 if slot.started and not (slot.dead or slot.finished or slot.progress_pending):
                     slot.progress_pending = True
                     self._call(slot.actor.progress.remote(), "progress", slot)
+
+    def _put_back(self, info: UnitInfo) -> None:
+        self.queue.put_back(info)
+        self._hungry.update(s for s in self.slots if s.started and not (s.dead or s.finished))
 
     def _next_unit(self, warm: Optional[Signature]) -> Optional[UnitInfo]:
         while True:
@@ -213,6 +227,7 @@ class Pool:
             self._unit_returned(slot, unit, value)
         elif kind == "run":
             slot.finished = True
+            self._hungry.discard(slot)
             self.result.records.append(value)
             self._record(slot, "finished")
         elif kind == "warm":
@@ -225,25 +240,29 @@ class Pool:
 
     def _unit_returned(self, slot: Slot, unit: UnitInfo, report: dict) -> None:
         slot.holding -= 1
+        self._holding -= 1
+        self._hungry.add(slot)
         if report["done"]:
             self.grants.release(unit.id)
             slot.units_done += 1
             slot.written += report["written"]
             self.progress.unit_done(slot.part, unit.id, unit.count)
         else:  # the actor stopped before finishing it: still ours, next in line
-            self.queue.put_back(unit)
+            self._put_back(unit)
 
     def _died(self, slot: Slot, error: RayActorError) -> None:
         units = [u for ref, (kind, s, u) in list(self._calls.items()) if s is slot and kind == "unit"]
         for ref in [r for r, (_, s, _u) in self._calls.items() if s is slot]:
             del self._calls[ref]
+        self._holding -= slot.holding
         slot.dead, slot.holding = True, 0
+        self._hungry.discard(slot)
         # Unavailable (not known dead: a lost connection) must not leave a live writer of the units
         # we hand on: make Ray end it, wherever it is, before they go to another actor.
         ray.kill(slot.actor)
         self.progress.forget(slot.part)
         for info in units:
-            self.queue.put_back(info)
+            self._put_back(info)
             self.result.redone.append(info.id)
         self._record(slot, "died")
         log.warning("worker %d (part %d) died (%s); its unit(s) %s go to the other workers", slot.index, slot.part,
