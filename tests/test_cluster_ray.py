@@ -179,9 +179,9 @@ def _mid_unit(out: Path, timeout_s: float = 600):
                 continue
             for unit, n in inflight.items():
                 started = (out / f"shard-u{unit:07d}-0000.tar").exists()
-                if started and 2 < n < 10 and not (out / "_plan" / "done" / f"unit-{unit:07d}.json").exists():
+                if started and 2 < n < 20 and not (out / "_plan" / "done" / f"unit-{unit:07d}.json").exists():
                     return actor, unit
-        time.sleep(0.1)
+        time.sleep(0.05)
     raise AssertionError("no actor was seen mid-unit")
 
 
@@ -189,7 +189,9 @@ def test_an_actor_killed_mid_unit_has_its_unit_finished_by_another(cluster, data
     import ray
 
     out = cluster["tmp"] / "kill-actor"
-    proc = start(cluster, f"dataset.path={data}", f"output_dir={out}", "sink.maxcount=2")
+    # 2 units of 20, a batch an item, 2 items a shard: a unit is mid-way for most of its run.
+    proc = start(cluster, f"dataset.path={data}", f"output_dir={out}", "sink.maxcount=2", "plan.unit_items=20",
+                 "bcg.batch_sizes=[1]")
     try:
         actor, unit = _mid_unit(out)
         before = {p.name: sha(p.read_bytes()) for p in out.glob(f"shard-u{unit:07d}-*.tar")}
@@ -204,7 +206,7 @@ def test_an_actor_killed_mid_unit_has_its_unit_finished_by_another(cluster, data
     # What the dead actor committed stays, unchanged, and is the unit's: nothing generated twice.
     assert before and all(sha(got[n]) == h for n, h in before.items())
     marker = json.loads((out / "_plan" / "done" / f"unit-{unit:07d}.json").read_text())
-    assert set(before) <= {s["url"] for s in marker["shards"]} and marker["items"] == 10
+    assert set(before) <= {s["url"] for s in marker["shards"]} and marker["items"] == 20
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "complete" and summary["ray"]["deaths"] == 1
     assert unit in summary["ray"]["units_redone"]
@@ -216,7 +218,8 @@ def test_the_driver_killed_and_rerun_resumes(cluster, data):
 
     root = f"{new_bucket()}/run"
     fs = s3fs()
-    proc = start(cluster, f"dataset.path={data}", f"output_dir=s3://{root}", "sink.maxcount=3")
+    slow = ["sink.maxcount=3", "bcg.batch_sizes=[1]"]  # a batch an item: the kill lands while units are left
+    proc = start(cluster, f"dataset.path={data}", f"output_dir=s3://{root}", *slow)
     try:
         deadline = time.monotonic() + 600
         done = []
@@ -240,7 +243,7 @@ def test_the_driver_killed_and_rerun_resumes(cluster, data):
     assert bcgen_actors() == []  # Ray ended the killed driver's actors
     assert ray.is_initialized()
 
-    log = run(cluster, f"dataset.path={data}", f"output_dir=s3://{root}", "sink.maxcount=3")
+    log = run(cluster, f"dataset.path={data}", f"output_dir=s3://{root}", *slow)
     got = bucket_files(fs, root)
     every_key_once({n: b for n, b in got.items() if n.endswith(".tar")})
     for marker in finished:  # units done before the kill were not touched
