@@ -58,7 +58,7 @@ def cluster(tmp_path_factory):
 
 def _env(cluster) -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-               OMP_NUM_THREADS="1", HYDRA_FULL_ERROR="1")
+               OMP_NUM_THREADS="1", HYDRA_FULL_ERROR="1", RAY_DEDUP_LOGS="0")  # every actor's lines, as they are
     env[STAGING_ENV] = str(cluster["tmp"] / "driver")
     return env
 
@@ -214,11 +214,11 @@ def test_an_actor_killed_mid_unit_has_its_unit_finished_by_another(cluster, data
 
 
 def test_the_driver_killed_and_rerun_resumes(cluster, data):
-    import ray
-
     root = f"{new_bucket()}/run"
     fs = s3fs()
-    slow = ["sink.maxcount=3", "bcg.batch_sizes=[1]"]  # a batch an item: the kill lands while units are left
+    # A batch an item, so the kill lands while units are left; batch sizes grown by measurement
+    # (bcg.batch_grow=on also measures on a CPU), which one actor must do for the whole run.
+    slow = ["sink.maxcount=3", "bcg.batch_sizes=[1]", "bcg.batch_grow=on", "bcg.batch_grow_max=4"]
     proc = start(cluster, f"dataset.path={data}", f"output_dir=s3://{root}", *slow)
     try:
         deadline = time.monotonic() + 600
@@ -229,10 +229,11 @@ def test_the_driver_killed_and_rerun_resumes(cluster, data):
             time.sleep(0.2)
         assert done, "no unit was done in time"
         proc.kill()  # SIGKILL: no summary, no release; its actors die with it (Ray's owner fate-sharing)
-        proc.wait(timeout=60)
+        first_log, _ = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
+    assert "measures them first" in first_log and first_log.count("batch sizing on") == 1, first_log[-4000:]
     fs.invalidate_cache()
     finished = sorted(p.rsplit("/", 1)[-1] for p in fs.glob(f"{root}/_plan/done/unit-*.json"))
     assert 1 <= len(finished) < 4, finished
@@ -241,7 +242,6 @@ def test_the_driver_killed_and_rerun_resumes(cluster, data):
     while bcgen_actors() and time.monotonic() < deadline:
         time.sleep(0.5)
     assert bcgen_actors() == []  # Ray ended the killed driver's actors
-    assert ray.is_initialized()
 
     log = run(cluster, f"dataset.path={data}", f"output_dir=s3://{root}", *slow)
     got = bucket_files(fs, root)
@@ -254,6 +254,10 @@ def test_the_driver_killed_and_rerun_resumes(cluster, data):
     assert summary["status"] == "complete"
     assert summary["items_written"] + summary["items_skipped_done"] == N
     assert f"resume: {10 * len(finished)} item(s) of done units" in log
+    # The rerun's actors cut units with the sizes the first run measured and published.
+    assert "batch sizing on" not in log and "measures them first" not in log
+    published = json.loads(fs.cat_file(f"{root}/_plan/batching.json"))
+    assert summary["batching"]["sizes"] == published["sizes"] and summary["batching"]["source"] == "published"
 
 
 def test_bad_input_is_refused_on_the_driver_before_any_actor_starts(cluster):

@@ -254,6 +254,8 @@ class Pool:
         units = [u for ref, (kind, s, u) in list(self._calls.items()) if s is slot and kind == "unit"]
         for ref in [r for r, (_, s, _u) in self._calls.items() if s is slot]:
             del self._calls[ref]
+        if slot.finished:  # it returned its stats and held nothing: its end is not a death of the job's
+            return
         self._holding -= slot.holding
         slot.dead, slot.holding = True, 0
         self._hungry.discard(slot)
@@ -267,7 +269,7 @@ class Pool:
         self._record(slot, "died")
         log.warning("worker %d (part %d) died (%s); its unit(s) %s go to the other workers", slot.index, slot.part,
                     _first_line(error), [u.id for u in units] or "none")
-        if self._ending or slot.finished or (not len(self.queue) and not units):
+        if self._ending or (not len(self.queue) and not units):
             return
         if slot.restarts < self.max_restarts:
             new = self._new_slot(slot.index, slot.restarts + 1)
