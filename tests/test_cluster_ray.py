@@ -223,11 +223,11 @@ def test_the_driver_killed_and_rerun_resumes(cluster, data):
     try:
         deadline = time.monotonic() + 600
         done = []
-        while time.monotonic() < deadline and not done:
+        while time.monotonic() < deadline and not done and proc.poll() is None:
             fs.invalidate_cache()
-            done = fs.glob(f"{root}/_plan/done/unit-*.json") if fs.exists(f"{root}/_plan/done") else []
+            done = fs.glob(f"{root}/_plan/done/unit-*.json")
             time.sleep(0.2)
-        assert done, "no unit was done in time"
+        assert done and proc.poll() is None, f"no unit done while the driver ran:\n{proc.communicate()[0][-6000:]}"
         proc.kill()  # SIGKILL: no summary, no release; its actors die with it (Ray's owner fate-sharing)
         first_log, _ = proc.communicate(timeout=60)
     finally:
@@ -268,3 +268,85 @@ def test_bad_input_is_refused_on_the_driver_before_any_actor_starts(cluster):
     assert f"{bad}:2" in log and "width" in log
     assert "worker(s) on Ray" not in log and not list(out.glob("shard-*"))
     assert bcgen_actors() == []
+
+
+# -- the driver's pool over stand-in actors (tests/ray_standin.py): its paths, in seconds -----------
+
+def _pool(tmp: Path, units: int, slots: int, actor_args, sized: bool = True, max_restarts: int = 0):
+    import ray
+
+    from jobs.cluster.grants import Grants
+    from jobs.cluster.pool import Pool
+    from jobs.cluster.progress import DriverProgress
+    from jobs.cluster.queue import UnitQueue
+    from jobs.plan import Signature
+    from jobs.plan.units import PlanManifest, UnitInfo, write_manifest
+    from tests.ray_standin import StandIn
+
+    plan_dir = tmp / "_plan"
+    plan_dir.mkdir(parents=True)
+    sig = Signature(height=64, width=64, text_bucket=64, steps=2, guidance_scale=4.5, cfg=True, dtype="float32")
+    infos = [UnitInfo(i, sig, 10, float(units - i)) for i in range(units)]
+    write_manifest(plan_dir, PlanManifest(identity={}, dataset={"bad_rows": 0}, unit_items=10, units=infos))
+    actor = ray.remote(StandIn).options(num_cpus=0, max_concurrency=8)
+    queue = UnitQueue(infos)
+    pool = Pool(lambda part: actor.remote(**actor_args(part)), slots, queue, Grants(plan_dir, "test", 600.0),
+                DriverProgress(10 * units, 0, False, 1e9), max_restarts, sized, True)
+    return pool, queue
+
+
+def _left(queue) -> list:
+    out = []
+    while (info := queue.take(None)) is not None:
+        out.append(info.id)
+    return out
+
+
+def test_pool_an_actor_that_raises_stops_the_others_and_its_error_reaches_the_driver(cluster, tmp_path):
+    from jobs.cluster.pool import WorkerFailed
+    from jobs.worker.stop import StopFlag
+
+    pool, queue = _pool(tmp_path, 6, 2, lambda part: {"unit_s": 0.2, "raise_on": 3})
+    with pytest.raises(WorkerFailed, match="boom in unit 3"):
+        pool.run(StopFlag())
+    (other,) = pool.result.records  # the actor that did not raise was halted and returned its stats
+    assert other["halted"] == "a worker failed"
+    left = _left(queue)
+    assert 3 in left and 3 not in other["done"]  # the failed unit is not done, and back in the queue
+    assert sum(s.units_done for s in pool.slots) + len(left) == 6  # every other unit done once, or queued
+
+
+def test_pool_replaces_a_dead_actor_and_every_unit_is_done_once(cluster, tmp_path):
+    from jobs.worker.stop import StopFlag
+
+    marker = tmp_path / "died"
+    pool, queue = _pool(tmp_path, 6, 2, lambda part: {"die_once_on": 2, "marker": str(marker)}, max_restarts=1)
+    result = pool.run(StopFlag())
+    done = [u for r in result.records for u in r["done"]]
+    assert sorted(done) == list(range(6)) and marker.exists()
+    assert 2 in result.redone and [a["status"] for a in result.actors].count("died") == 1
+    assert len(result.records) == 2 and len(queue) == 0  # the survivor and the dead one's replacement
+
+
+def test_pool_starts_one_actor_until_its_batch_sizes_are_published(cluster, tmp_path):
+    from jobs.worker.stop import StopFlag
+
+    pool, _ = _pool(tmp_path, 4, 2, lambda part: {"unit_s": 0.3}, sized=False)
+    result = pool.run(StopFlag())
+    first, second = sorted(result.records, key=lambda r: r["started"])
+    assert second["started"] >= first["asked"]  # after the first asked for a unit (its sizes published)
+    assert sorted(first["done"] + second["done"]) == [0, 1, 2, 3]
+
+
+def test_pool_stop_halts_between_units_and_puts_the_unfinished_back(cluster, tmp_path):
+    import threading
+
+    from jobs.worker.stop import StopFlag
+
+    pool, queue = _pool(tmp_path, 12, 2, lambda part: {"unit_s": 0.4})
+    stop = StopFlag()
+    threading.Timer(1.5, lambda: setattr(stop, "reason", "SIGTERM")).start()
+    result = pool.run(stop)
+    assert result.halted == "SIGTERM" and [r["halted"] for r in result.records] == ["SIGTERM", "SIGTERM"]
+    done = [u for r in result.records for u in r["done"]]
+    assert 0 < len(done) < 12 and sorted(done + _left(queue)) == list(range(12))

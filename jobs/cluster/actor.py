@@ -30,7 +30,7 @@ import torch
 from jobs.cluster.feed import UnitFeed
 from jobs.config import GenerateConfig
 from jobs.output.claim import dir_lock
-from jobs.output.layout import PLAN_DIR, unit_shard_glob
+from jobs.output.layout import BATCHING_FILE, PLAN_DIR, unit_name, unit_shard_glob
 from jobs.output.leases import HOST
 from jobs.output.mirror import Mirror, open_shards
 from jobs.plan.units import PlanManifest, UnitInfo, read_manifest
@@ -115,14 +115,29 @@ def prepare_actor(cfg: GenerateConfig, part: int, parts: int, feed: UnitFeed) ->
     """prepare() of a worker whose driver made the plan and hands out its units."""
     checked = check_config(cfg)
     shards = open_shards(cfg.output_dir, cfg.job.staging_dir)
+    plan_dir = checked.output_dir / PLAN_DIR
     if isinstance(shards, Mirror):
         with dir_lock(shards.output_dir, "mirror"):
             shards.hydrate(overwrite=False)  # this node's copy of the plan, done markers, batch sizes
-    manifest = read_manifest(checked.output_dir / PLAN_DIR)
+    manifest = read_manifest(plan_dir)
+    if isinstance(shards, Mirror) and not (plan_dir / BATCHING_FILE).exists():
+        shards.fetch_unit(plan_dir / f"{unit_name(sizing_unit(manifest).id)}.parquet")
     topo = Topology(rank=part, world=parts, local_rank=part)
     device = pick_device(cfg.device, 0)  # Ray sets CUDA_VISIBLE_DEVICES to this actor's GPU
     owner = f"{HOST}:{os.getpid()}:ray-part{part}"
     return assemble(cfg, checked, shards, manifest, feed, owner, topo, device)
+
+
+def sizing_unit(manifest: PlanManifest) -> UnitInfo:
+    """The unit batch sizing probes with (jobs/worker/batch_sizer.py choose: the largest unit of the
+    most common signature). With an object store a unit comes down when it is handed out, and this
+    one is read before any is, by the actor that measures: it is fetched first. The rule is
+    choose()'s; tests/test_cluster_ray.py measures on an S3 output_dir, so a change there shows."""
+    counts: dict = {}
+    for u in manifest.units:
+        counts[u.signature] = counts.get(u.signature, 0) + u.count
+    sig = max(counts, key=lambda s: (counts[s], s))
+    return max((u for u in manifest.units if u.signature == sig), key=lambda u: (u.count, -u.id))
 
 
 def match_threads(manifest: PlanManifest, device: torch.device) -> None:
