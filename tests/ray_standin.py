@@ -44,7 +44,7 @@ class StandIn:
                 self.feed.release(info.id)
         finally:
             self.feed.release_all()
-        return {"done": self.done, "started": self.started, "halted": self.halted}
+        return {"done": self.done, "started": self.started, "asked": self.asked, "halted": self.halted}
 
     def generate(self, info: UnitInfo) -> dict:
         if self.feed.give(info):

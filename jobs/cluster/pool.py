@@ -321,7 +321,9 @@ class Pool:
             log.error("while stopping: %s", e)
 
     def _drain(self) -> None:
-        while any(kind == "run" for kind, _, _ in self._calls.values()):
+        """Until every actor's run() and every unit's call has returned (or its actor died): a
+        stopping actor releases the units it holds, and they go back to the queue."""
+        while any(kind in ("run", "unit") for kind, _, _ in self._calls.values()):
             self._wait_once()
 
 
