@@ -345,7 +345,13 @@ def test_pool_stop_halts_between_units_and_puts_the_unfinished_back(cluster, tmp
 
     pool, queue = _pool(tmp_path, 12, 2, lambda part: {"unit_s": 0.4})
     stop = StopFlag()
-    threading.Timer(1.5, lambda: setattr(stop, "reason", "SIGTERM")).start()
+
+    def signal_after_the_first_unit():  # as SIGTERM's handler would, mid-run
+        while pool.progress.done == 0:
+            time.sleep(0.01)
+        stop.reason = "SIGTERM"
+
+    threading.Thread(target=signal_after_the_first_unit, daemon=True).start()
     result = pool.run(stop)
     assert result.halted == "SIGTERM" and [r["halted"] for r in result.records] == ["SIGTERM", "SIGTERM"]
     done = [u for r in result.records for u in r["done"]]
