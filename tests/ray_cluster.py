@@ -25,7 +25,6 @@ LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 def ray_cluster(num_cpus: int = 4) -> Iterator[str]:
     """Yields the cluster's GCS address (host:port) for `ray.address=`."""
     import ray
-
     from ray._private import ray_constants
 
     saved, saved_flag = os.environ.get(LOOPBACK_ENV), ray_constants.ENABLE_RAY_CLUSTER
