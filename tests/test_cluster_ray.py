@@ -165,6 +165,13 @@ def test_s3_output_dir_driver_and_actors_share_only_the_bucket(cluster, data, re
     assert "plan published to s3://" in log
 
 
+def no_actors_left(timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while bcgen_actors() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert bcgen_actors() == []
+
+
 def _mid_unit(out: Path, timeout_s: float = 600):
     """Wait for an actor with a unit that has a committed shard, no done marker and items still
     to come; returns (actor handle, unit)."""
@@ -188,6 +195,7 @@ def _mid_unit(out: Path, timeout_s: float = 600):
 def test_an_actor_killed_mid_unit_has_its_unit_finished_by_another(cluster, data):
     import ray
 
+    no_actors_left()  # the actors of earlier tests' drivers end with them, a moment later: not these
     out = cluster["tmp"] / "kill-actor"
     # 2 units of 20, a batch an item, 2 items a shard: a unit is mid-way for most of its run.
     proc = start(cluster, f"dataset.path={data}", f"output_dir={out}", "sink.maxcount=2", "plan.unit_items=20",
@@ -238,10 +246,7 @@ def test_the_driver_killed_and_rerun_resumes(cluster, data):
     finished = sorted(p.rsplit("/", 1)[-1] for p in fs.glob(f"{root}/_plan/done/unit-*.json"))
     assert 1 <= len(finished) < 4, finished
     kept = {n: sha(b) for n, b in bucket_files(fs, root).items()}
-    deadline = time.monotonic() + 60
-    while bcgen_actors() and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert bcgen_actors() == []  # Ray ended the killed driver's actors
+    no_actors_left()  # Ray ended the killed driver's actors
 
     log = run(cluster, f"dataset.path={data}", f"output_dir=s3://{root}", *slow)
     got = bucket_files(fs, root)
@@ -261,6 +266,7 @@ def test_the_driver_killed_and_rerun_resumes(cluster, data):
 
 
 def test_bad_input_is_refused_on_the_driver_before_any_actor_starts(cluster):
+    no_actors_left()
     bad = write_jsonl(cluster["tmp"] / "bad.jsonl", [{"key": "a", "prompt": "ok"},
                                                       {"key": "b", "prompt": "x", "width": 63}])
     out = cluster["tmp"] / "refused"
