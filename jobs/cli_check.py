@@ -39,6 +39,7 @@ def check_command_line(argv: Sequence[str]) -> None:
         return
     _check_hydra_overrides(args.overrides)
     for overrides in _runs(args.overrides, args.multirun)[:MAX_SWEEP_CHECKED]:
+        _check_ray_section(overrides)
         _check_one(overrides, args.multirun)
 
 
@@ -62,6 +63,18 @@ def _check_hydra_overrides(overrides: Sequence[str]) -> None:
             raise UserError(f"command line: {text!r} changes where Hydra writes or what it calls; bcgen keeps Hydra's "
                             f"logs in output_dir/logs/ (conf/generate.yaml). Leave it out, or set "
                             f"{ALLOW_HYDRA_ENV}=1 to allow it (then it writes where you say)")
+
+
+def _check_ray_section(overrides: List[str]) -> None:
+    """`ray.*` keys exist only under +cluster=ray (the section is null otherwise), and Hydra's own
+    error for setting a key under null is an AssertionError that names neither."""
+    keys = [o.split("=", 1)[0].lstrip("+~") for o in overrides]
+    if "cluster" in keys:  # conf/cluster/ray.yaml, or a preset of the user's that may add the section
+        return
+    ray_keys = [o for o, k in zip(overrides, keys) if k == "ray" or k.startswith("ray.")]
+    if ray_keys:
+        raise UserError(f"command line: {ray_keys[0]!r} sets the Ray section, which only +cluster=ray adds: "
+                        f"python -m jobs.generate +cluster=ray {' '.join(ray_keys)} ...")
 
 
 def _runs(overrides: List[str], multirun: bool) -> List[List[str]]:

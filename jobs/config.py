@@ -296,6 +296,38 @@ class PlanConfig:
         check("plan.unit_items", self.unit_items <= 10_000_000, self.unit_items, "an int in [1, 10000000]")
 
 
+@dataclass
+class RayConfig:
+    """`+cluster=ray`: the job runs as a Ray driver handing work units to one actor per worker
+    (jobs/cluster/). Absent (null), the job runs as a lease-based worker (torchrun, Slurm, by hand)."""
+
+    address: str = "auto"
+    """auto: the running cluster (RAY_ADDRESS, as `ray job submit` sets it, or `ray start` on this
+    node) | local: start a cluster on this machine for this job | host:port of a cluster's GCS."""
+    workers: int = 0
+    """Actors, each one bcgen worker (one model, one device); 0: as many as the cluster's GPUs
+    allow at gpus_per_worker each."""
+    gpus_per_worker: float = 1.0
+    """GPUs Ray reserves per actor (`num_gpus`); 0 for a CPU-only run (tests), which then needs workers."""
+    cpus_per_worker: float = 1.0
+    """CPUs Ray reserves per actor (`num_cpus`); fractional values pack more actors on a node."""
+    max_restarts: int = 3
+    """An actor that dies (node lost, OOM kill, `ray.kill`) is replaced at most this many times per
+    worker slot; its unit goes back to the queue at once either way."""
+
+    def __post_init__(self) -> None:
+        check("ray.address", bool(str(self.address).strip()), self.address, "auto, local or host:port")
+        check("ray.workers", self.workers >= 0, self.workers, "an int >= 0 (0: one per GPU of the cluster)")
+        check("ray.gpus_per_worker", math.isfinite(self.gpus_per_worker) and self.gpus_per_worker >= 0,
+              self.gpus_per_worker, "a number >= 0 (1: one GPU per actor; 0: CPU only)")
+        check("ray.cpus_per_worker", math.isfinite(self.cpus_per_worker) and self.cpus_per_worker >= 0,
+              self.cpus_per_worker, "a number >= 0, e.g. 1 or 0.25")
+        check("ray.max_restarts", self.max_restarts >= 0, self.max_restarts, "an int >= 0")
+        if self.workers == 0 and self.gpus_per_worker == 0:
+            raise UserError("ray.workers=0 means one actor per GPU, but ray.gpus_per_worker=0 reserves none: "
+                            "set ray.workers=N (e.g. ray.workers=2) for a CPU-only run")
+
+
 def parse_partition(text: str) -> tuple[int, int]:
     try:
         index, count = (int(v) for v in str(text).split("/"))
@@ -320,6 +352,8 @@ class GenerateConfig:
     or an object store URL through fsspec (s3://bucket/prefix, gs://...; jobs/output/storage.py)."""
     device: str = "auto"
     """auto (cuda if available) | cpu | cuda."""
+    ray: Optional[RayConfig] = None
+    """Run on a Ray cluster (`+cluster=ray`, conf/cluster/ray.yaml); null: a lease-based worker."""
 
     def __post_init__(self) -> None:
         check_choice("device", self.device, DEVICES)

@@ -3,7 +3,11 @@ makes), its leases, its sink and where its shards go.
 
     prepare(cfg, ...) ─▶ check_config (jobs/preflight.py) ─▶ rank 0: join or make the plan of
         output_dir (jobs/plan/publish.py; an object store: staged and published, jobs/output/mirror.py)
-        ─▶ every rank: read the plan ─▶ Leaser + UnitSink + LeasedPlan over it
+        and check its done units (jobs/worker/recheck.py) ─▶ every rank: read the plan ─▶ Leaser +
+        UnitSink + LeasedPlan over it (assemble)
+
+`assemble` is the part every kind of worker shares: a Ray actor (jobs/cluster/) builds the same
+sink and plan over the units its driver hands it instead of leases.
 """
 
 from __future__ import annotations
@@ -21,17 +25,18 @@ from jobs.models.base import ModelFamily
 from jobs.output.claim import run_id
 from jobs.output.layout import PLAN_DIR
 from jobs.output.leases import HOST
-from jobs.output.mirror import open_shards
+from jobs.output.mirror import LocalShards, open_shards
 from jobs.plan.publish import join_or_make_plan
 from jobs.plan.units import PlanManifest, read_manifest
-from jobs.preflight import check_config
+from jobs.preflight import Checked, check_config
 from jobs.telemetry.summary import StageTimer
 from jobs.worker.lease import Leaser
-from jobs.worker.recheck import Recheck, recheck_done_units
 from jobs.worker.leased_plan import LeasedPlan, PlanSettings
+from jobs.worker.recheck import Recheck, recheck_done_units
 from jobs.worker.ranks import Group, Topology
 from jobs.worker.stop import StopFlag
 from jobs.worker.unit_sink import UnitSink
+from jobs.worker.unit_source import LeaseSource, UnitSource
 from padding import Padder
 
 log = logging.getLogger("jobs.run")
@@ -65,23 +70,36 @@ def prepare(cfg: GenerateConfig, timer: StageTimer, group: Group, device: torch.
 
         def join_or_make() -> None:
             manifest = held["manifest"] = join_or_make_plan(cfg, shards, checked.divisor)
-            leaser = Leaser(output_dir / PLAN_DIR, owner, cfg.job.lease_ttl_s)
-            _report(recheck_done_units(manifest, output_dir / PLAN_DIR, shards, leaser, run_id(output_dir),
-                                       full=cfg.job.verify == "full"), output_dir)
+            check_done_units(cfg, manifest, shards, output_dir, owner)
 
         group.agree(join_or_make, leader_only=True)
     plan_dir = output_dir / PLAN_DIR
     manifest = held.get("manifest") or read_manifest(plan_dir)
     leaser = Leaser(plan_dir, owner, cfg.job.lease_ttl_s)
-    sink = UnitSink(output_dir, cfg.sink, plan_dir, leaser, owner, shards, run=run_id(output_dir))
+    source = LeaseSource(manifest, plan_dir, leaser, topo.part, cfg.job.wait_for_leases, stop)
+    return assemble(cfg, checked, shards, manifest, source, owner, topo, device)
+
+
+def assemble(cfg: GenerateConfig, checked: Checked, shards: LocalShards, manifest: PlanManifest,
+             source: UnitSource, owner: str, topo: Topology, device: torch.device) -> Prepared:
+    """The sink and the plan of a worker whose units come from `source`."""
+    plan_dir = checked.output_dir / PLAN_DIR
+    sink = UnitSink(checked.output_dir, cfg.sink, plan_dir, source, owner, shards, run=run_id(checked.output_dir))
     order = PlanSettings(batch_sizes=list(cfg.bcg.batch_sizes), pad_short=cfg.bcg.pad_short_batches,
-                      dtype=cfg.model.dtype, part=topo.part, wait=cfg.job.wait_for_leases, verify=cfg.job.verify)
-    plan = LeasedPlan(manifest, plan_dir, leaser, sink, order, stop)
-    return Prepared(cfg=cfg, family=checked.family, padder=checked.padder, output_dir=output_dir, plan=plan,
+                         dtype=cfg.model.dtype, verify=cfg.job.verify)
+    plan = LeasedPlan(manifest, plan_dir, source, sink, order)
+    return Prepared(cfg=cfg, family=checked.family, padder=checked.padder, output_dir=checked.output_dir, plan=plan,
                     manifest=manifest, sink=sink, topo=topo, device=device)
 
 
-def _report(check: Recheck, output_dir: Path) -> None:
+def check_done_units(cfg: GenerateConfig, manifest: PlanManifest, shards: LocalShards, output_dir: Path,
+                     owner: str) -> Recheck:
+    """Before any unit is leased: every done unit's shards still hold what they committed, or the
+    unit is reopened (jobs/worker/recheck.py); job.verify=full hashes them too. The lease-file
+    workers' rank 0 and the Ray driver both run it."""
+    leaser = Leaser(output_dir / PLAN_DIR, owner, cfg.job.lease_ttl_s)
+    check = recheck_done_units(manifest, output_dir / PLAN_DIR, shards, leaser, run_id(output_dir),
+                               full=cfg.job.verify == "full")
     if check.reopened:
         log.warning("resume: %d of %d done unit(s) no longer held what they committed and were reopened (%s); "
                     "%d shard(s) moved to %s/_quarantine/ (listed in summary.json): %s", len(check.reopened),
@@ -89,3 +107,4 @@ def _report(check: Recheck, output_dir: Path) -> None:
                     ", ".join(q["url"] for q in check.quarantined[:10]) or "none")
     elif check.checked:
         log.info("resume: the shards of %d done unit(s) are as committed", check.checked)
+    return check

@@ -69,17 +69,23 @@ def _run(cfg: GenerateConfig, timer: StageTimer, group: Group, device: torch.dev
         ended = True
     finally:
         stop.restore()
-        prep.sink.leaser.release_all()  # a unit left unfinished is free for a rerun at once
-        stats.stage_seconds = dict(timer.seconds)
-        stats.items_planned = plan.planned
+        prep.sink.source.release_all()  # a unit left unfinished is free for a rerun at once
         # Done units count once, on part 0, so the parts' summaries add up to the dataset.
-        stats.items_skipped_done = plan.skipped_done + (plan.done_at_start if prep.topo.part == 0 else 0)
-        stats.truncated_prompts = plan.truncated
-        stats.signatures = {str(s): n for s, n in plan.signature_counts.items()}
-        stats.flops = _flops(prep, plan.signature_counts, stats.stage_seconds.get("generate", 0.0))
+        record_plan(stats, prep, timer, count_done_at_start=prep.topo.part == 0)
         finish(prep, stats, group, met=ended)
     stop.forward()
     return stats
+
+
+def record_plan(stats: JobStats, prep: Prepared, timer: StageTimer, count_done_at_start: bool) -> None:
+    """What the worker's plan counted, into its summary (after the loop, whatever ended it)."""
+    plan = prep.plan
+    stats.stage_seconds = dict(timer.seconds)
+    stats.items_planned = plan.planned
+    stats.items_skipped_done = plan.skipped_done + (plan.done_at_start if count_done_at_start else 0)
+    stats.truncated_prompts = plan.truncated
+    stats.signatures = {str(s): n for s, n in plan.signature_counts.items()}
+    stats.flops = _flops(prep, plan.signature_counts, stats.stage_seconds.get("generate", 0.0))
 
 
 def _flops(prep: Prepared, images: dict, seconds: float) -> dict:

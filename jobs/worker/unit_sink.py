@@ -1,10 +1,11 @@
-"""`UnitSink`: the job's sink, one AsyncSink per leased unit, and the unit's commit.
+"""`UnitSink`: the job's sink, one AsyncSink per unit the worker owns, and the unit's commit.
 
 Each unit writes its own shards, `shard-uNNNNNNN-IIII.tar`, so a unit's shards are found by one
 glob and no two units (or workers) ever share a shard name. The generation loop sees one sink:
 `put` routes a sample by its key to its unit; once every item of the unit is accounted for
 (put, or `skip`ped to the NaN ledger), the unit's shards are committed, its done marker is
-written and its lease released, before the loop asks for the next batch. Committing as soon as
+written and the unit released to its source (its lease, or the Ray driver that handed it out:
+jobs/worker/unit_source.py), before the loop asks for the next batch. Committing as soon as
 the unit is complete matters: a worker that holds a finished but unmarked unit while it waits for
 others' leases would make them wait for it.
 
@@ -26,7 +27,8 @@ from typing import Dict, List, Optional
 from jobs.output.mirror import LocalShards
 from jobs.output.done import done_path, mark_done
 from jobs.output.layout import unit_shard_pattern
-from jobs.worker.lease import LeaseLost, Leaser
+from jobs.worker.lease import LeaseLost
+from jobs.worker.unit_source import UnitSource
 from sinks import AsyncSink, Sample, ShardRecord, SinkConfig
 from sinks.shard_writer import Owner
 from sinks.sidecars import MetaSpec
@@ -44,12 +46,13 @@ class _Open:
 
 
 class UnitSink:
-    def __init__(self, output_dir: Path, config: SinkConfig, plan_dir: Path, leaser: Leaser, owner: str,
+    def __init__(self, output_dir: Path, config: SinkConfig, plan_dir: Path, source: UnitSource, owner: str,
                  shards: Optional[LocalShards] = None, run: str = ""):
         self.output_dir, self.config, self.plan_dir = Path(output_dir), config, plan_dir
         # Where committed shards are found and what follows a commit (an upload, jobs/output/mirror.py).
         self.shards = shards or LocalShards(self.output_dir, MetaSpec())
-        self.leaser, self.owner, self.run = leaser, owner, run  # run: the id every manifest carries
+        # source: who owns which unit (leases, or a Ray driver); run: the id every manifest carries
+        self.source, self.owner, self.run = source, owner, run
         self._open: Dict[int, _Open] = {}
         self._open_closing: Optional[tuple] = None  # (unit, _Open) while its last shards commit
         self._unit_of: Dict[str, int] = {}
@@ -62,8 +65,7 @@ class UnitSink:
         if not keys:
             self._mark(unit, prior)
             return
-        lease = self.leaser.held[unit]
-        writer = Owner(run=self.run, temp_tag=lease.temp_tag, guard=lambda: self.leaser.check(unit))
+        writer = Owner(run=self.run, temp_tag=self.source.temp_tag(unit), guard=lambda: self.source.check(unit))
         sink = AsyncSink(self.output_dir, self.config, name_pattern=unit_shard_pattern(unit), spec=self.shards.spec,
                          on_commit=self.shards.on_commit, owner=writer)
         self._open[unit] = _Open(sink=sink, expected=len(keys), prior=prior, keys=set(keys))
@@ -74,7 +76,7 @@ class UnitSink:
         unit = self._unit_of.pop(sample.key)
         u = self._open[unit]
         with self._guarded(unit):
-            self.leaser.check(unit)
+            self.source.check(unit)
             u.sink.put(sample)
             self._account(unit, u)
 
@@ -83,7 +85,7 @@ class UnitSink:
         unit = self._unit_of.pop(key)
         u = self._open[unit]
         with self._guarded(unit):
-            self.leaser.check(unit)
+            self.source.check(unit)
             u.sink.note_failure(key, reason)  # counted in its shard's _stats.json
             self._account(unit, u)
 
@@ -105,7 +107,7 @@ class UnitSink:
             records = u.sink.close()  # each commit checks the lease (the writer's guard)
             self._open_closing = None
             self._collect(u.sink, records)
-            self.leaser.check(unit)
+            self.source.check(unit)
             self._mark(unit, u.prior + records)
 
     def _mark(self, unit: int, records: List[ShardRecord]) -> None:
@@ -113,7 +115,7 @@ class UnitSink:
         if mark_done(self.plan_dir, unit, records, self.owner):
             self.shards.on_done(done_path(self.plan_dir, unit))
         self.units_done.append(unit)
-        self.leaser.release(unit)
+        self.source.release(unit)
 
     def inflight(self) -> Dict[int, int]:
         """Items of each open unit that are committed or on their way (the job's progress)."""
@@ -145,7 +147,7 @@ class UnitSink:
         try:
             for unit in list(self._open):
                 u = self._open.pop(unit)
-                if unit in self.leaser.lost:  # its new holder writes it now
+                if unit in self.source.lost:  # its new holder writes it now
                     u.sink.abort()
                     continue
                 self._collect(u.sink, u.sink.close())
@@ -160,7 +162,7 @@ class UnitSink:
             u = self._open.pop(unit)
             u.sink.abort()
             self._collect(u.sink, u.sink.records)
-        self.leaser.release_all()
+        self.source.release_all()
 
     def stats(self) -> dict:
         out: dict = {}

@@ -1,0 +1,66 @@
+"""A stand-in for the Ray actor (jobs/cluster/actor.py) for tests of the driver's pool: the real
+call surface over the real UnitFeed, with a unit that takes `unit_s` and a chosen misbehaviour."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Optional
+
+from jobs.cluster.feed import UnitFeed
+from jobs.plan.units import UnitInfo
+
+
+class StandIn:
+    def __init__(self, unit_s: float = 0.05, raise_on: Optional[int] = None, die_once_on: Optional[int] = None,
+                 marker: Optional[str] = None):
+        self.unit_s, self.raise_on, self.die_once_on, self.marker = unit_s, raise_on, die_once_on, marker
+        self.feed = UnitFeed()
+        self.done: list = []
+        self.started = self.asked = None
+        self.halted: Optional[str] = None
+
+    def where(self) -> str:
+        return f"pid {os.getpid()}"
+
+    def run(self) -> dict:
+        self.started = time.time()
+        try:
+            while True:
+                info = self.feed.next_unit(None)
+                if info is None:
+                    break
+                self.asked = self.asked or time.time()
+                if info.id == self.raise_on:
+                    raise RuntimeError(f"boom in unit {info.id}")
+                if info.id == self.die_once_on and not Path(self.marker).exists():
+                    Path(self.marker).write_text("died")
+                    os._exit(1)  # a process death, as an OOM kill is
+                time.sleep(self.unit_s)
+                if self.halted:  # a stop: the unit is left unfinished
+                    break
+                self.done.append(info.id)
+                self.feed.release(info.id)
+        finally:
+            self.feed.release_all()
+        return {"done": self.done, "started": self.started, "asked": self.asked, "halted": self.halted}
+
+    def generate(self, info: UnitInfo) -> dict:
+        if self.feed.give(info):
+            self.feed.wait(info.id)
+        return {"unit": info.id, "done": info.id in self.done, "written": info.count if info.id in self.done else 0}
+
+    def warm(self) -> bool:
+        self.feed.asked.wait()
+        return True
+
+    def progress(self) -> dict:
+        return {}
+
+    def end(self) -> None:
+        self.feed.close()
+
+    def halt(self, reason: str) -> None:
+        self.halted = reason
+        self.feed.close()
