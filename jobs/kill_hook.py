@@ -31,7 +31,7 @@ def kill_hook(point: str, count: int = 0, output_dir: Optional[Path] = None) -> 
     n = int(spec.partition(":")[2] or 0)
     if point in ("batch", "upload") and count != n:
         return
-    if point == "shard-write" and (count < n or not any(output_dir.glob(".shard-*.tar.tmp"))):
+    if point == "shard-write" and (count < n or not any(output_dir.glob(".shard-*.tar*.tmp"))):
         return
     sig = signal.Signals[f"SIG{os.environ.get(KILL_SIGNAL_ENV, 'KILL')}"]
     log.warning("test hook %s=%s: sending %s to this process", KILL_AT_ENV, spec, sig.name)

@@ -90,8 +90,9 @@ def test_ray_job_refuses_what_it_cannot_honour():
         for_actors(compose_cfg([*ray_cfg, "device=cuda"]))
     cpu = for_actors(compose_cfg(ray_cfg))
     assert cpu.device == "cpu" and not may_grow(cpu)
-    gpu = for_actors(compose_cfg(["+cluster=ray", "output_dir=/tmp/x"]))
+    gpu = for_actors(compose_cfg(["+cluster=ray", "bcg.batch_grow=auto", "output_dir=/tmp/x"]))
     assert gpu.device == "cuda" and may_grow(gpu)  # planned for the actors' GPUs, wherever the driver runs
+    assert not may_grow(for_actors(compose_cfg(["+cluster=ray", "output_dir=/tmp/x"])))  # bcg.batch_grow=off
     with pytest.raises(UserError, match="ray.workers=N"):
         compose_cfg(["+cluster=ray", "ray.gpus_per_worker=0", "output_dir=/tmp/x"])
 
