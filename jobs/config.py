@@ -12,6 +12,7 @@ tuple of allowed values; the error names the key, the value and the allowed ones
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
@@ -35,6 +36,14 @@ def check_choice(key: str, value: Any, allowed: tuple) -> None:
         raise UserError(f"{key}={value!r} is not allowed; choose one of: {', '.join(map(str, allowed))}")
 
 
+def home(path: Optional[str]) -> Optional[str]:
+    """`~/x` -> `/home/me/x`: a path quoted past the shell (`'output_dir=~/x'`) or set in a yaml file
+    keeps its `~`, and a folder literally named `~` is never what was meant. URLs are left alone."""
+    if path is None or "://" in str(path):
+        return path
+    return os.path.expanduser(str(path))
+
+
 def check(key: str, ok: bool, value: Any, expected: str) -> None:
     if not ok:
         raise UserError(f"{key}={value!r} is invalid: expected {expected}")
@@ -50,6 +59,7 @@ class LoraConfig:
     """Strength it is fused at (diffusers' `fuse_lora(lora_scale=...)`); 0 < |scale|, finite."""
 
     def __post_init__(self) -> None:
+        self.path = home(self.path)
         check("model.loras[].path", bool(str(self.path).strip()), self.path, "a local .safetensors file")
         check("model.loras[].scale", math.isfinite(self.scale) and self.scale != 0, self.scale,
               "a finite non-zero number (leave the LoRA out to disable it)")
@@ -83,6 +93,7 @@ class ModelConfig:
     `model.loras=[{path:/loras/style.safetensors,scale:0.8}]`. Part of the run identity."""
 
     def __post_init__(self) -> None:
+        self.path = home(self.path)
         check_choice("model.dtype", self.dtype, DTYPES)
         check_choice("model.on_long_prompt", self.on_long_prompt, LONG_PROMPT)
         check("model.max_sequence_length", self.max_sequence_length > 0, self.max_sequence_length, "a positive int")
@@ -232,6 +243,7 @@ class JobConfig:
     they all mount (NFS, Lustre)."""
 
     def __post_init__(self) -> None:
+        self.staging_dir, self.tensorboard = home(self.staging_dir), home(self.tensorboard)
         if self.partition != "slurm_array":
             try:
                 parse_partition(self.partition)
@@ -287,6 +299,7 @@ class GenerateConfig:
     """auto (cuda if available) | cpu | cuda."""
 
     def __post_init__(self) -> None:
+        self.output_dir = home(self.output_dir)
         check_choice("device", self.device, DEVICES)
         check("output_dir", bool(str(self.output_dir).strip()), self.output_dir, "a directory path")
 
@@ -301,16 +314,16 @@ def register_configs() -> None:
 
     from omegaconf import OmegaConf
 
+    from jobs.output.layout import run_folder_name
     from jobs.output.storage import local_dir_of
 
     # hydra.run.dir (its logs) must be a local folder: an object-store output_dir logs into its staging folder.
     OmegaConf.register_new_resolver("bcgen_local", local_dir_of, replace=True)
-    cs = ConfigStore.instance()
-    cs.store(name="generate_schema", node=GenerateConfig)
-    cs.store(group="model", name="model_schema", node=ModelConfig)
-    cs.store(group="dataset", name="dataset_schema", node=DatasetConfig)
-    cs.store(group="sink", name="sink_schema", node=SinkConfig)
-    cs.store(group="bcg", name="bcg_schema", node=BcgConfig)
+    OmegaConf.register_new_resolver("bcgen_run_folder", run_folder_name, replace=True)
+    # One schema, for the whole config: it types every group's yaml merged into it. Schemas stored
+    # inside a group (model/model_schema) would be listed as presets by `--help` and by Hydra's
+    # unknown-preset errors, and are not needed for the typing.
+    ConfigStore.instance().store(name="generate_schema", node=GenerateConfig)
 
 
 def to_typed(cfg) -> GenerateConfig:

@@ -52,10 +52,11 @@ def run_from_dict(cfg: DictConfig) -> int:
 
 def cli(argv=None) -> None:
     """The command: check the command line before Hydra runs (and creates folders), then run."""
-    from jobs.cli_check import check_command_line
+    from jobs.cli_check import check_command_line, expand_home
 
+    sys.argv[1:] = expand_home(sys.argv[1:] if argv is None else argv)  # Hydra's main reads sys.argv
     try:
-        check_command_line(sys.argv[1:] if argv is None else argv)
+        check_command_line(sys.argv[1:])
     except UserError as e:
         # Hydra has not configured logging yet: give this one message Hydra's log format.
         logging.basicConfig(format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")

@@ -58,6 +58,8 @@ class DatasetConfig:
     """A longer line (JSONL, TXT, CSV) or caption (tar, Parquet) is a bad row; memory stays bounded."""
 
     def __post_init__(self) -> None:
+        # `~` expanded: a quoted `'dataset.path=~/p.jsonl'` or a yaml value is no shell's to expand.
+        self.path = os.path.expanduser(self.path) if self.path else self.path
         if self.format not in FORMATS:
             raise DatasetError(f"dataset.format={self.format!r} is not a dataset format; "
                              f"allowed: {', '.join(FORMATS)}")
