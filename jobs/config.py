@@ -28,6 +28,7 @@ NONFINITE = ("record", "ledger")
 CAPTURE_POLICIES = ("auto", "always")
 VERIFY = ("members", "full")
 TINY_WEIGHTS = ("trained", "random")  # jobs/models/demo_weights.py
+MAX_IMAGES_PER_PROMPT = 10000  # samples a row: more is a typo (a sweep of seeds belongs in the dataset)
 MAX_BATCH = 1024  # a short batch is padded up to a pool size: a huge one is an out-of-memory typo
 
 
@@ -129,6 +130,9 @@ class SamplingConfig:
     is 4k+1 for its VAE). A row's `num_frames` overrides it; the family refuses counts it cannot make."""
     fps: float = 16.0
     """Playback rate written into each video (KEY.mp4 and its json); a row's `fps` overrides it."""
+    images_per_prompt: int = 1
+    """Samples a row makes (diffusers' num_images_per_prompt): N > 1 gives keys `KEY-0` .. `KEY-{N-1}`,
+    each with its own seed (a row's `seed` s gives s, s+1, ...; otherwise derived from the sample's key)."""
 
     def __post_init__(self) -> None:
         # The limits dataset rows have: a value a row may not carry is no better as a default.
@@ -142,6 +146,8 @@ class SamplingConfig:
               f"an int in [1, {MAX_FRAMES}] (1: an image)")
         check("sampling.fps", math.isfinite(self.fps) and 0 < self.fps <= MAX_FPS, self.fps,
               f"a number in (0, {MAX_FPS:g}], e.g. 16 or 24")
+        check("sampling.images_per_prompt", 0 < self.images_per_prompt <= MAX_IMAGES_PER_PROMPT,
+              self.images_per_prompt, f"an int in [1, {MAX_IMAGES_PER_PROMPT}]")
 
 
 @dataclass

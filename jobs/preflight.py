@@ -20,6 +20,7 @@ from jobs.models.base import ModelFamily
 from jobs.models.lora import check_loras
 from jobs.models.registry import get_family
 from jobs.output.claim import check_writable
+from jobs.output.schema import reserved_names
 from jobs.output.storage import resolve
 from jobs.telemetry.tensorboard import check_tensorboard
 from padding import Padder, get_padder
@@ -40,6 +41,7 @@ def check_config(cfg: GenerateConfig) -> Checked:
     padder = get_padder(cfg.model.family, buckets=cfg.text_buckets, native_length=cfg.model.max_sequence_length)
     check_loras(cfg.model.loras, family.pipeline_class)
     check_tensorboard(cfg.job.tensorboard)
+    _check_keep_fields(cfg.dataset.keep_fields)
     _check_model_source(cfg, family)
     divisor = family.spatial_divisor(cfg.model)
     _check_sampling(cfg, family, divisor)
@@ -52,6 +54,13 @@ def check_config(cfg: GenerateConfig) -> Checked:
     output = resolve(cfg.output_dir, cfg.job.staging_dir)  # an object store: its local staging folder
     check_writable(output.local)
     return Checked(family=family, padder=padder, output_dir=output.local, divisor=divisor)
+
+
+def _check_keep_fields(names) -> None:
+    clash = sorted(set(names) & reserved_names())
+    if clash:
+        raise UserError(f"dataset.keep_fields={list(names)!r}: {clash[0]!r} is a field every sample's json already "
+                        f"has (it would be overwritten); rename that column in the dataset, or leave it out")
 
 
 def _check_model_source(cfg: GenerateConfig, family: ModelFamily) -> None:

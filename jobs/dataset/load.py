@@ -17,12 +17,12 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, List
 
 from jobs.dataset.formats import READERS
 from jobs.dataset.lines import DEFAULT_MAX_LINE_BYTES
 from jobs.dataset.paths import check_file, dataset_files
-from jobs.dataset.rules import OPTIONAL_FIELDS, DatasetError, Record, RowError, RowValidator
+from jobs.dataset.rules import OPTIONAL_FIELDS, DatasetError, Record, RowError, RowValidator, unknown_fields_message
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +56,9 @@ class DatasetConfig:
     """The field or column holding the key; rows without one get `<file stem>-<line:06d>`."""
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
     """A longer line (JSONL, TXT, CSV) or caption (tar, Parquet) is a bad row; memory stays bounded."""
+    keep_fields: List[str] = field(default_factory=list)
+    """Row fields passed through to each sample's json and parquet (img2dataset's
+    save_additional_columns), e.g. [url, style]: any JSON value, kept as the row gives it."""
 
     def __post_init__(self) -> None:
         # `~` expanded: a quoted `'dataset.path=~/p.jsonl'` or a yaml value is no shell's to expand.
@@ -82,6 +85,14 @@ class DatasetConfig:
             raise DatasetError(f"dataset.format={self.format} but dataset.path is empty: pass "
                                f"dataset.path=/your/prompts.{self.format}, or leave dataset.format=auto "
                                f"(dataset=bundled, the default) for the bundled prompts")
+        self.keep_fields = [str(f) for f in self.keep_fields]
+        used = {self.prompt_field, self.key_field, *OPTIONAL_FIELDS}
+        for name in self.keep_fields:
+            if not name or name in used or self.keep_fields.count(name) > 1:
+                raise DatasetError(f"dataset.keep_fields={self.keep_fields!r}: {name!r} is "
+                                   + ("empty" if not name else "given twice" if name not in used else
+                                      "a field bcgen reads already (it is in every sample's json)")
+                                   + "; list each other field once")
         if self.prompt_field == self.key_field:
             raise DatasetError(f"dataset.prompt_field and dataset.key_field are both "
                              f"{self.key_field!r}; they must name different fields")
@@ -146,7 +157,8 @@ def load_dataset(cfg: DatasetConfig) -> LoadResult:
     gc.disable()
     try:
         for path, fmt in zip(paths, formats):
-            validator = RowValidator(str(path), path.stem, cfg.prompt_field, cfg.key_field, seen=keys)
+            validator = RowValidator(str(path), path.stem, cfg.prompt_field, cfg.key_field, seen=keys,
+                                     keep=cfg.keep_fields)
             check = validator.check
             try:
                 for line, value in READERS[fmt](path, cfg.prompt_field, cfg.key_field, cfg.max_line_bytes):
@@ -160,8 +172,7 @@ def load_dataset(cfg: DatasetConfig) -> LoadResult:
         if gc_was_enabled:
             gc.enable()
     if unknown:
-        log.warning("%s: ignoring fields %s (known: %s, %s, %s)", label, ", ".join(sorted(map(repr, unknown))),
-                    cfg.prompt_field, cfg.key_field, ", ".join(OPTIONAL_FIELDS))
+        log.warning("%s: %s", label, unknown_fields_message(unknown, cfg.prompt_field, cfg.key_field))
     fmt = formats[0] if len(set(formats)) == 1 else "+".join(sorted(set(formats)))
     _apply_policy(cfg, label, records, errors)
     if cfg.limit:

@@ -28,7 +28,7 @@ def plan_typed(cfg: GenerateConfig) -> None:
     from jobs.preflight import check_config
 
     checked = check_config(cfg)
-    shards = open_shards(cfg.output_dir, cfg.job.staging_dir)
+    shards = open_shards(cfg.output_dir, cfg.job.staging_dir, keep_fields=cfg.dataset.keep_fields)
     join_or_make_plan(cfg, shards, checked.divisor)  # an object store: staged, then published
 
 

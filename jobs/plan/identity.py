@@ -31,6 +31,8 @@ def run_identity(cfg: GenerateConfig, digest: str, n_records: int) -> dict:
         # An image family makes one frame and writes no video: these change none of its bytes, and
         # leaving them out keeps the identity of runs made before videos existed (they still resume).
         del sampling["num_frames"], sampling["fps"]
+    if sampling["images_per_prompt"] == 1:
+        del sampling["images_per_prompt"]  # one sample a row, as every run before it made: still resumes
     return {
         "dataset": {"digest": digest, "records": n_records},
         "model": {"name": m.name, "family": m.family, "path": m.path, "dtype": m.dtype, "tiny": m.tiny,
@@ -56,6 +58,8 @@ def plan_identity(cfg: GenerateConfig, digest: str, records: int) -> dict:
     ident = run_identity(cfg, digest, records)
     ident["plan"] = {"unit_items": cfg.plan.unit_items, "dataset_limit": cfg.dataset.limit,
                      "dataset_on_error": cfg.dataset.on_error}
+    if cfg.dataset.keep_fields:  # they are in every json: another list is another output
+        ident["plan"]["dataset_keep_fields"] = list(cfg.dataset.keep_fields)
     return ident
 
 

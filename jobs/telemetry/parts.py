@@ -18,9 +18,6 @@ from sinks.atomic import atomic_write_bytes
 STATUS_ORDER = ("failed", "interrupted", "preempted", "running", "complete")  # worst first
 
 
-STATUS_ORDER = ("failed", "interrupted", "preempted", "running", "complete")  # worst first
-
-
 def part_summary_path(output_dir, part: int, parts: int) -> Path:
     return Path(output_dir) / SUMMARY_DIR / f"part-{part:04d}-of-{parts:04d}.json"
 
@@ -63,6 +60,7 @@ def merge_stats(records: list, parts: int) -> JobStats:
                      "shards"):
             setattr(merged, name, getattr(merged, name) + r[name])
         merged.bad_rows = max(merged.bad_rows, r["bad_rows"])  # every part read the same dataset
+        merged.plan_items = max(merged.plan_items, r.get("plan_items", 0))  # and joined the same plan
         merged.nonfinite_keys += r["nonfinite_keys"]
         merged.modes.update(r["modes"])
         merged.kinds.update(r.get("kinds", {}))

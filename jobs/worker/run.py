@@ -53,7 +53,8 @@ def _run(cfg: GenerateConfig, timer: StageTimer, group: Group, device: torch.dev
     stop = StopFlag()
     prep = prepare(cfg, timer, group, device, stop)
     plan, manifest = prep.plan, prep.manifest
-    stats = JobStats(model=cfg.model.name, output_dir=prep.sink.shards.shown, bad_rows=manifest.dataset["bad_rows"])
+    stats = JobStats(model=cfg.model.name, output_dir=prep.sink.shards.shown, bad_rows=manifest.dataset["bad_rows"],
+                     plan_items=manifest.n_items, device=str(device))
     if stats.bad_rows and prep.topo.part == 0:
         log.warning("%d bad row(s) skipped (dataset.on_error=skip); see %s", stats.bad_rows,
                     prep.output_dir / ERRORS_FILE)
