@@ -13,13 +13,14 @@ lock, and holds a lock on its shard names while it writes (`_locks/`).
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import logging
 import os
 import shutil
 from pathlib import Path
-from typing import List
+from typing import List, Optional
+
+from filelock import FileLock
 
 from jobs.errors import UserError
 from jobs.output.layout import LOCK_DIR, PLAN_DIR, RUN_DIRS, RUN_FILE, RUN_FILES, SHARD_GLOB
@@ -47,8 +48,16 @@ def _short(v) -> str:
     return s if len(s) <= 80 else s[:77] + "..."
 
 
-def open_run(output_dir: Path, identity: dict, overwrite: bool, shard_glob: str = SHARD_GLOB) -> None:
+PROVENANCE_KEY = "provenance"  # run.json's volatile part (jobs/provenance.py): never compared
+
+
+def open_run(output_dir: Path, identity: dict, overwrite: bool, shard_glob: str = SHARD_GLOB,
+             provenance: Optional[dict] = None) -> None:
     """Claim output_dir for this run, or refuse with what differs from the run that owns it.
+
+    `provenance` (when, which versions, which GPU) is written beside the identity under its own
+    key when this job publishes run.json, and is left out of every comparison: a resume with a
+    newer torch, on another host or another day, is the same run.
 
     Array tasks start at once and all claim: the claim lock serializes them, and run.json is
     published with a hard link (fails if the name exists), so even without working locks
@@ -56,16 +65,19 @@ def open_run(output_dir: Path, identity: dict, overwrite: bool, shard_glob: str 
     """
     with dir_lock(output_dir, "claim"):
         for _ in range(2):
-            if _claim_locked(output_dir, identity, overwrite, shard_glob):
+            if _claim_locked(output_dir, identity, overwrite, shard_glob, provenance):
                 return
         raise AssertionError("run.json appeared and vanished twice while claiming")  # a racing wipe
 
 
-def _claim_locked(output_dir: Path, identity: dict, overwrite: bool, shard_glob: str) -> bool:
+def _claim_locked(output_dir: Path, identity: dict, overwrite: bool, shard_glob: str,
+                  provenance: Optional[dict]) -> bool:
     run_file = output_dir / RUN_FILE
     shards = sorted(output_dir.glob(shard_glob))
+    identity = {k: v for k, v in identity.items() if k != PROVENANCE_KEY}
     if run_file.exists():
         old = json.loads(run_file.read_text())
+        old.pop(PROVENANCE_KEY, None)
         diff = _differences(old, identity)
         if not diff:
             return True
@@ -80,7 +92,8 @@ def _claim_locked(output_dir: Path, identity: dict, overwrite: bool, shard_glob:
                          f"not written by this tool's run. Use another output_dir, or job.overwrite=true to delete them.")
     elif shards:
         wipe(output_dir, shard_glob)
-    return publish_once(run_file, (json.dumps(identity, indent=2, sort_keys=True, default=str) + "\n").encode())
+    doc = dict(identity, **({PROVENANCE_KEY: provenance} if provenance else {}))
+    return publish_once(run_file, (json.dumps(doc, indent=2, sort_keys=True, default=str) + "\n").encode())
 
 
 def publish_once(path: Path, data: bytes) -> bool:
@@ -122,30 +135,14 @@ def wipe(output_dir: Path, shard_glob: str) -> None:
                 removed, output_dir)
 
 
-def _lock_file(output_dir: Path, name: str) -> int:
-    (output_dir / LOCK_DIR).mkdir(parents=True, exist_ok=True)
-    return os.open(output_dir / LOCK_DIR / f"{name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
-
-
-def _flock(fd: int, flags: int) -> bool:
-    try:
-        fcntl.flock(fd, flags)
-    except BlockingIOError:
-        return False
-    except OSError as e:  # ENOLCK / EOPNOTSUPP: the filesystem has no flock
-        log.warning("file locks are not supported here (%s); concurrent writers are not detected", e.strerror)
-    return True
-
-
 @contextlib.contextmanager
 def dir_lock(output_dir: Path, name: str):
-    """Exclusive section among every process of every run on output_dir (claim, finish)."""
-    fd = _lock_file(output_dir, name)
-    try:
-        _flock(fd, fcntl.LOCK_EX)
+    """Exclusive section among every process of every run on output_dir (claim, plan, finish):
+    filelock's flock on `_locks/NAME.lock`. Where the filesystem has no flock, filelock falls back
+    to its own soft lock; the claim (a hard-linked run.json) stays exclusive without either."""
+    (output_dir / LOCK_DIR).mkdir(parents=True, exist_ok=True)
+    with FileLock(str(output_dir / LOCK_DIR / f"{name}.lock"), mode=0o644):
         yield
-    finally:
-        os.close(fd)
 
 
 def check_writable(output_dir: Path) -> None:

@@ -29,6 +29,7 @@ from jobs.output.mirror import LocalShards, Mirror
 from jobs.plan.build import dataset_file, file_digest, plan_dataset
 from jobs.plan.identity import plan_identity
 from jobs.plan.units import PlanManifest, read_manifest, write_manifest
+from jobs.provenance import provenance
 
 log = logging.getLogger("jobs.plan")
 
@@ -63,7 +64,7 @@ def open_plan(cfg: GenerateConfig, output_dir: Path, divisor: int) -> PlanManife
         if (plan_dir / PLAN_FILE).exists():
             existing = read_manifest(plan_dir)
             ident = plan_identity(cfg, _digest_now(cfg, existing), existing.dataset["records"])
-            open_run(output_dir, ident, cfg.job.overwrite)  # same: joins; different: refuses or wipes
+            open_run(output_dir, ident, cfg.job.overwrite, provenance=_provenance(cfg))  # same: joins; else refuses or wipes
             if (plan_dir / PLAN_FILE).exists():
                 log.info("joining the plan in %s: %d items in %d units", plan_dir, existing.n_items,
                          len(existing.units))
@@ -86,7 +87,7 @@ def _make(cfg: GenerateConfig, output_dir: Path, plan_dir: Path, divisor: int) -
         manifest = result.manifest
         manifest.identity = plan_identity(cfg, manifest.dataset["digest"], manifest.dataset["records"])
         write_manifest(work, manifest)
-        open_run(output_dir, manifest.identity, cfg.job.overwrite)
+        open_run(output_dir, manifest.identity, cfg.job.overwrite, provenance=_provenance(cfg))
         errors_file = output_dir / ERRORS_FILE
         errors_file.unlink(missing_ok=True)
         if result.errors:
@@ -103,6 +104,14 @@ def _make(cfg: GenerateConfig, output_dir: Path, plan_dir: Path, divisor: int) -
         return manifest
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _provenance(cfg: GenerateConfig) -> dict:
+    """run.json's provenance: when the run was claimed, and the software and device of that job."""
+    import torch
+
+    device = "cuda" if cfg.device != "cpu" and torch.cuda.is_available() else "cpu"
+    return provenance(cfg.bcg.fusions, cfg.bcg.compile, device)
 
 
 def _remove_stale_work(output_dir: Path) -> None:

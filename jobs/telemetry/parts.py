@@ -74,6 +74,8 @@ def merge_stats(records: list, parts: int) -> JobStats:
         merged.capture_policy += r.get("capture_policy", [])
         merged.overlap = merged.overlap or r.get("overlap", False)
         merged.batching = merged.batching or r.get("batching", {})  # one published pick per output_dir
+        merged.started = min(filter(None, (merged.started, r.get("started", ""))), default="")  # ISO: sorts as time
+        merged.ended = max(merged.ended, r.get("ended", ""))
     busy = [r["gpu_busy"] for r in records if r.get("gpu_busy") is not None]
     merged.gpu_busy = sum(busy) / len(busy) if busy else None
     merged.device = ", ".join(sorted({r["device"] for r in records if r["device"]}))

@@ -53,6 +53,8 @@ class JobStats:
     device: str = ""
     model: str = ""
     output_dir: str = ""
+    started: str = ""  # UTC ISO 8601 (jobs/provenance.py now_iso): when this job began, and ended
+    ended: str = ""
 
     def images_per_s(self) -> float:
         """Items written per second of the generate stage (images, or videos: whatever was written)."""
