@@ -59,16 +59,16 @@ def _args_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def check_command_line(argv: Sequence[str]) -> None:
-    """Raise UserError for the first problem in the config these arguments compose."""
+def check_command_line(argv: Sequence[str]) -> List[Path]:
+    """Raise UserError for the first problem in the config these arguments compose; return the
+    local output folder of each job checked (none for `--help` and the like)."""
     args, unknown = _args_parser().parse_known_args(list(argv))
     if unknown:
-        return  # a flag this check does not know: Hydra's own parser reports it
+        return []  # a flag this check does not know: Hydra's own parser reports it
     if (args.help or args.hydra_help or args.version or args.cfg or args.info or args.shell_completion
             or args.experimental_rerun or args.config_path or args.config_name or args.config_dir):
-        return
-    for overrides in _runs(args.overrides, args.multirun)[:MAX_SWEEP_CHECKED]:
-        _check_one(overrides, args.multirun)
+        return []
+    return [_check_one(overrides, args.multirun) for overrides in _runs(args.overrides, args.multirun)[:MAX_SWEEP_CHECKED]]
 
 
 def _runs(overrides: List[str], multirun: bool) -> List[List[str]]:
@@ -102,7 +102,7 @@ def _runs(overrides: List[str], multirun: bool) -> List[List[str]]:
     return [list(job) for job in itertools.product(*choices.values())]
 
 
-def _check_one(overrides: List[str], multirun: bool) -> None:
+def _check_one(overrides: List[str], multirun: bool) -> Path:
     from hydra import compose, initialize_config_dir
     from hydra.core.hydra_config import HydraConfig
     from hydra.errors import HydraException, MissingConfigException
@@ -126,8 +126,10 @@ def _check_one(overrides: List[str], multirun: bool) -> None:
         raise UserError(f"config: {_missing_config(e)}") from None
     except (HydraException, OmegaConfBaseException) as e:
         raise UserError(f"config: {_composition_message(e)}") from None
-    check_writable(resolve(typed.output_dir, typed.job.staging_dir).local)  # an object store: its staging folder
+    local = resolve(typed.output_dir, typed.job.staging_dir).local  # an object store: its staging folder
+    check_writable(local)
     _check_no_file_above(Path(log_dir), "hydra.sweep.dir" if multirun else "hydra.run.dir (Hydra's log folder)")
+    return local
 
 
 def _first_line(e: BaseException) -> str:

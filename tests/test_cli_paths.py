@@ -99,3 +99,55 @@ def test_help_and_unknown_preset_list_presets_not_schemas():
     assert bad.returncode == 2
     assert "available options in 'model'" in bad.stderr and "sana_tiny" in bad.stderr
     assert "schema" not in bad.stderr
+
+
+def test_a_bad_dataset_leaves_nothing_in_output_dir(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": 3}\n')
+    fresh, existing = tmp_path / "fresh", tmp_path / "existing"
+    existing.mkdir()
+    for out in (fresh, existing):
+        proc = _cli(f"dataset.path={bad}", f"output_dir={out}")
+        assert proc.returncode == 2 and "bad.jsonl:1: prompt must be a string" in proc.stderr + proc.stdout
+    assert not fresh.exists()  # no logs/, no _locks/, not the folder either
+    assert existing.is_dir() and not any(existing.iterdir())  # the user's folder stays, empty as it was
+
+
+def test_a_refused_job_leaves_a_claimed_run_alone(tmp_path):
+    from jobs.output.claim import remove_unclaimed
+
+    out = tmp_path / "out"
+    log_dir = out / "logs" / "2026-rank0"
+    log_dir.mkdir(parents=True)
+    (out / "_locks").mkdir()
+    (out / "_locks" / "plan.lock").write_text("")
+    (out / "run.json").write_text("{}")
+    remove_unclaimed(out, log_dir, existed=False)
+    assert not log_dir.exists()  # this job's own log folder goes
+    assert (out / "_locks" / "plan.lock").exists() and (out / "run.json").exists()
+
+
+def test_dir_lock_excludes_another_process(tmp_path):
+    import multiprocessing as mp
+
+    from jobs.output.claim import dir_lock
+
+    def try_lock(path, q):
+        from filelock import FileLock, Timeout
+
+        try:
+            with FileLock(path, timeout=0.2):
+                q.put("got it")
+        except Timeout:
+            q.put("busy")
+
+    q = mp.get_context("fork").Queue()
+    with dir_lock(tmp_path, "plan"):
+        p = mp.get_context("fork").Process(target=try_lock, args=(str(tmp_path / "_locks" / "plan.lock"), q))
+        p.start()
+        p.join(10)
+        assert q.get(timeout=5) == "busy"
+    p = mp.get_context("fork").Process(target=try_lock, args=(str(tmp_path / "_locks" / "plan.lock"), q))
+    p.start()
+    p.join(10)
+    assert q.get(timeout=5) == "got it"

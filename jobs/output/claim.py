@@ -23,7 +23,7 @@ from typing import List, Optional
 from filelock import FileLock
 
 from jobs.errors import UserError
-from jobs.output.layout import LOCK_DIR, PLAN_DIR, RUN_DIRS, RUN_FILE, RUN_FILES, SHARD_GLOB
+from jobs.output.layout import LOCK_DIR, LOG_DIR, PLAN_DIR, RUN_DIRS, RUN_FILE, RUN_FILES, SHARD_GLOB
 from jobs.output.leases import live_leases
 from sinks.atomic import fsync_dir, write_synced
 from sinks.sidecars import sidecar_globs
@@ -146,6 +146,8 @@ def dir_lock(output_dir: Path, name: str):
 
 
 def check_writable(output_dir: Path) -> None:
+    """output_dir is (or can be made) a folder this process writes. Nothing is created for it:
+    the probe goes into output_dir if it exists, else into the nearest folder above it that does."""
     for parent in [output_dir, *output_dir.parents]:
         if parent.exists() and not parent.is_dir():
             raise UserError(f"output_dir={str(output_dir)!r} cannot be a directory: {str(parent)!r} is a file; "
@@ -153,10 +155,29 @@ def check_writable(output_dir: Path) -> None:
         if parent.exists():
             break
     try:
-        output_dir.mkdir(parents=True, exist_ok=True)
-        probe = output_dir / f".write-probe-{os.getpid()}"
+        probe = parent / f".bcgen-write-probe-{os.getpid()}"
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as e:
-        raise UserError(f"output_dir={str(output_dir)!r} is not writable ({e.strerror}); "
+        raise UserError(f"output_dir={str(output_dir)!r} is not writable ({e.strerror} in {str(parent)!r}); "
                         f"choose a directory you can write to") from None
+
+
+def remove_unclaimed(output_dir: Path, log_dir: Optional[Path], existed: bool) -> None:
+    """A job refused before it claimed output_dir (bad config or dataset) leaves nothing there:
+    its own log folder (Hydra made it before the job started), and then `logs/`, `_locks/` and
+    output_dir itself where nothing else is in them. A folder that holds a run (run.json) or
+    anything this job did not make is left as it is; output_dir too, when it `existed` before."""
+    output_dir = output_dir.absolute()
+    if log_dir is not None and output_dir in Path(log_dir).absolute().parents:
+        shutil.rmtree(log_dir, ignore_errors=True)
+    if not output_dir.is_dir() or (output_dir / RUN_FILE).exists():
+        return
+    for name in (LOG_DIR, LOCK_DIR):
+        folder = output_dir / name
+        ours = name == LOCK_DIR and all(p.suffix == ".lock" for p in folder.glob("*"))
+        if folder.is_dir() and (ours or not any(folder.iterdir())):
+            if set(p.name for p in output_dir.iterdir()) <= {LOG_DIR, LOCK_DIR}:
+                shutil.rmtree(folder, ignore_errors=True)
+    if not existed and not any(output_dir.iterdir()):
+        output_dir.rmdir()
