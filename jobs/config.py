@@ -73,7 +73,8 @@ class ModelConfig:
     family: str = "sana"
     """Model family: selects the loader (jobs/models/) and the padding policy (padding/)."""
     path: Optional[str] = None
-    """Local diffusers folder (model_index.json + subfolders). None: build `tiny` from config."""
+    """Local diffusers folder (model_index.json + subfolders), or a Hub id (`org/name`) whose snapshot
+    the local Hugging Face cache holds (never downloaded). None: build `tiny` from config."""
     dtype: str = "float32"
     """Weights and activations dtype: float32 | bfloat16 | float16."""
     max_sequence_length: int = 300
@@ -89,6 +90,10 @@ class ModelConfig:
     tiny: Dict[str, Any] = field(default_factory=dict)
     """For path=None: seed and sub-configs of the tiny components (see conf/model/*_tiny.yaml);
     `tiny.weights`: trained (sana_tiny's demo weights, jobs/data/demo/) | random (seeded random)."""
+    scheduler: Optional[str] = None
+    """A diffusers scheduler class to denoise with instead of the checkpoint's, built from the
+    checkpoint's scheduler config (`Class.from_config`), e.g. DPMSolverMultistepScheduler; None:
+    the checkpoint's own. Part of the run identity."""
     loras: List[LoraConfig] = field(default_factory=list)
     """LoRAs fused into the weights in order before the graph runner wraps the transformer, e.g.
     `model.loras=[{path:/loras/style.safetensors,scale:0.8}]`. Part of the run identity."""

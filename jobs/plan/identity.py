@@ -38,7 +38,7 @@ def run_identity(cfg: GenerateConfig, digest: str, n_records: int) -> dict:
         "model": {"name": m.name, "family": m.family, "path": m.path, "dtype": m.dtype, "tiny": m.tiny,
                   "max_sequence_length": m.max_sequence_length,
                   "complex_human_instruction": m.complex_human_instruction, **lora_identity(m.loras),
-                  **demo_weights.identity(m.tiny, m.path)},
+                  **demo_weights.identity(m.tiny, m.path), **({"scheduler": m.scheduler} if m.scheduler else {})},
         "text_buckets": cfg.text_buckets,
         "sampling": sampling,
         "sink": sink,
