@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Iterable, List
 
 from jobs.dataset.formats import READERS
+from jobs.dataset.hf import is_saved_dataset
 from jobs.dataset.lines import DEFAULT_MAX_LINE_BYTES
 from jobs.dataset.paths import check_file, dataset_files
 from jobs.dataset.rules import OPTIONAL_FIELDS, DatasetError, Record, RowError, RowValidator, unknown_fields_message
@@ -27,7 +28,7 @@ from jobs.dataset.rules import OPTIONAL_FIELDS, DatasetError, Record, RowError, 
 log = logging.getLogger(__name__)
 
 BUNDLED_PROMPTS = Path(__file__).resolve().parent.parent / "data" / "prompts.jsonl"
-FORMATS = ("auto", *READERS)
+FORMATS = ("auto", *READERS, "hf")  # hf: a Hugging Face `datasets` dataset (jobs/dataset/hf.py)
 ON_ERROR = ("fail", "skip")
 ERRORS_SHOWN = 20  # a message longer than a screen gets skimmed; the total is always given
 _EXTENSIONS = {
@@ -44,7 +45,11 @@ class DatasetConfig:
     """The prompt file, a directory of them, or a brace list (`prompts-{000..099}.jsonl`), read in
     sorted order; empty means the bundled set, jobs/data/prompts.jsonl."""
     format: str = "auto"
-    """auto | jsonl | txt | csv | parquet | wds. auto picks by extension (.tar is wds)."""
+    """auto | jsonl | txt | csv | parquet | wds | hf. auto picks by extension (.tar is wds), and hf for a
+    folder `datasets.Dataset.save_to_disk` wrote; hf also reads a folder of data files or a Hub
+    dataset id from the local HF cache (jobs/dataset/hf.py)."""
+    split: str = "train"
+    """dataset.format=hf: the split of a dataset that has several."""
     on_error: str = "fail"
     """fail: any bad row stops the job before a model loads, listing the bad rows.
     skip: generate the good rows; the bad ones go to errors.jsonl in output_dir."""
@@ -115,6 +120,8 @@ def resolve_path(cfg: DatasetConfig) -> Path:
 def resolve_format(cfg: DatasetConfig, path: Path) -> str:
     if cfg.format != "auto":
         return cfg.format
+    if is_saved_dataset(path):
+        return "hf"
     name = path.name.lower()
     for ext in sorted(_EXTENSIONS, key=len, reverse=True):  # .tar.gz before .gz
         if name.endswith(ext):

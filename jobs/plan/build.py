@@ -32,6 +32,7 @@ import numpy as np
 
 from jobs.config import GenerateConfig
 from jobs.dataset import DatasetError, RowError, format_row_errors
+from jobs.dataset.hf import hf_digest, hf_rows, open_hf
 from jobs.dataset.rules import unknown_fields_message
 from jobs.plan import Signature
 from jobs.plan.chunk import ChunkResult, ChunkTask, init_process, process_chunk, ChunkContext, run_in_process
@@ -55,8 +56,22 @@ def dataset_file(cfg: GenerateConfig) -> Tuple[Path, str]:
 
     path = resolve_path(cfg.dataset)
     fmt = resolve_format(cfg.dataset, path)
-    check_readable(path, bundled=not cfg.dataset.path)
+    if fmt != "hf":  # a Hugging Face dataset is a folder or a Hub id: open_hf names what is wrong with it
+        check_readable(path, bundled=not cfg.dataset.path)
     return path, fmt
+
+
+def dataset_digest(cfg: GenerateConfig, path: Path, fmt: str) -> str:
+    """The dataset's bytes' sha256; a Hugging Face dataset's fingerprint (no pass over its rows)."""
+    return hf_digest(open_hf(str(path), cfg.dataset.split)) if fmt == "hf" else file_digest(path)
+
+
+def dataset_stat(path: Path, fmt: str) -> Tuple[int, int]:
+    """(bytes, mtime_ns) that tell a rerun whether to hash the dataset again; (0, 0) for hf (always re-read)."""
+    if fmt == "hf":
+        return 0, 0
+    st = path.stat()
+    return st.st_size, st.st_mtime_ns
 
 
 def file_digest(path: Path) -> str:
@@ -93,7 +108,11 @@ def _row_chunks(cfg: GenerateConfig, path: Path, fmt: str, rows_per_chunk: int) 
     from jobs.dataset.formats import READERS
 
     index, rows = 0, []
-    for row in READERS[fmt](path, cfg.dataset.prompt_field, cfg.dataset.key_field, cfg.dataset.max_line_bytes):
+    if fmt == "hf":
+        reader = hf_rows(open_hf(str(path), cfg.dataset.split), cfg.dataset.prompt_field, cfg.dataset.max_line_bytes)
+    else:
+        reader = READERS[fmt](path, cfg.dataset.prompt_field, cfg.dataset.key_field, cfg.dataset.max_line_bytes)
+    for row in reader:
         rows.append(row)
         if len(rows) >= rows_per_chunk:
             yield ChunkTask(index=index, rows=rows)
@@ -321,7 +340,7 @@ def plan_dataset(cfg: GenerateConfig, divisor: int, work_dir: Path) -> PlanResul
     label = str(path)
     spill = work_dir / SPILL_DIR
     spill.mkdir(parents=True)
-    size = path.stat().st_size
+    size, _ = dataset_stat(path, fmt)
     workers = cfg.plan.workers or os.cpu_count() or 1
     if size <= cfg.plan.chunk_mb * (1 << 20):
         workers = 1  # one chunk: starting processes would cost more than it saves
@@ -330,9 +349,9 @@ def plan_dataset(cfg: GenerateConfig, divisor: int, work_dir: Path) -> PlanResul
         col, digest, streamed, drop, keep_until = _check(cfg, path, fmt, label, spill, pool, t0)
         units, signatures, truncated = _write_units(col.results, drop, keep_until, cfg, work_dir, pool)
     shutil.rmtree(spill)
-    stat = path.stat()
-    dataset = {"path": label, "format": fmt, "digest": digest.hexdigest() if digest else file_digest(path),
-               "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns, "records": sum(u.count for u in units),
+    size, mtime_ns = dataset_stat(path, fmt)
+    dataset = {"path": label, "format": fmt, "digest": digest.hexdigest() if digest else dataset_digest(cfg, path, fmt),
+               "bytes": size, "mtime_ns": mtime_ns, "records": sum(u.count for u in units),
                "bad_rows": len(col.errors), "limit": cfg.dataset.limit}
     # Truncated among the planned items: rows past dataset.limit and dropped duplicates are not generated.
     manifest = PlanManifest(identity={}, dataset=dataset, unit_items=cfg.plan.unit_items, units=units,

@@ -26,7 +26,7 @@ from jobs.output.claim import dir_lock, open_run, wipe
 from jobs.output.layout import ERRORS_FILE, PLAN_DIR, PLAN_FILE, RUN_FILE, SHARD_GLOB
 from jobs.output.leases import HOST, pid_alive
 from jobs.output.mirror import LocalShards, Mirror
-from jobs.plan.build import dataset_file, file_digest, plan_dataset
+from jobs.plan.build import dataset_digest, dataset_file, dataset_stat, plan_dataset
 from jobs.plan.identity import plan_identity
 from jobs.plan.units import PlanManifest, read_manifest, write_manifest
 from jobs.provenance import provenance
@@ -36,13 +36,14 @@ log = logging.getLogger("jobs.plan")
 
 def _digest_now(cfg: GenerateConfig, existing: PlanManifest) -> str:
     """The dataset's digest: the planned one if the file looks unchanged (size, mtime), else re-read."""
-    path, _ = dataset_file(cfg)
-    st = path.stat()
+    path, fmt = dataset_file(cfg)
+    size, mtime_ns = dataset_stat(path, fmt)
     d = existing.dataset
-    if d["path"] == str(path) and d["bytes"] == st.st_size and d["mtime_ns"] == st.st_mtime_ns:
+    if fmt != "hf" and d["path"] == str(path) and d["bytes"] == size and d["mtime_ns"] == mtime_ns:
         return d["digest"]
-    log.info("dataset %s changed size or mtime since it was planned: hashing it to compare", path)
-    return file_digest(path)
+    if fmt != "hf":
+        log.info("dataset %s changed size or mtime since it was planned: hashing it to compare", path)
+    return dataset_digest(cfg, path, fmt)
 
 
 def join_or_make_plan(cfg: GenerateConfig, shards: LocalShards, divisor: int) -> PlanManifest:
