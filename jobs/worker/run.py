@@ -26,7 +26,9 @@ from jobs.config import GenerateConfig
 from jobs.output.claim import PROVENANCE_KEY, dir_lock
 from jobs.output.done import done_records
 from jobs.output.layout import ERRORS_FILE, PLAN_DIR, RUN_FILE, SUMMARY_FILE
+from jobs.plan.estimate import cost_of
 from jobs.provenance import now_iso, provenance
+from jobs.telemetry.rates import measured_rate, rate_cache, record_rate
 from jobs.telemetry.parts import merge_stats, read_part_summaries, write_part_summary
 from jobs.telemetry.summary import JobStats, StageTimer
 from jobs.worker.loop import generate_all
@@ -111,6 +113,21 @@ def finish(prep: Prepared, stats: JobStats, group: Group, met: bool) -> None:
         shards.push_end(leader=True)
     for line in merged.lines():
         log.info(line)
+    if merged.status == "complete" and stats.items_written:
+        _record_rate(prep, stats)
+
+
+def _record_rate(prep: Prepared, stats: JobStats) -> None:
+    """This output's measured rate, cached for `jobs.plan --estimate` of later plans of this model."""
+    cfg = prep.cfg
+    rate = measured_rate(prep.output_dir, cost_of(prep.manifest), source=f"{prep.output_dir}")
+    if rate is None:
+        return
+    prov = provenance(cfg.bcg.fusions, cfg.bcg.compile, str(prep.device))
+    try:
+        record_rate(cfg.model.name, prov["gpu"] or "cpu", prov["quality_tier"], rate, stats.ended)
+    except OSError as e:  # a cache: a read-only home must not fail a finished job
+        log.warning("could not cache this job's rate in %s: %s", rate_cache(), e)
 
 
 def write_index_and_summary(out: Path, topo: Topology, prov: Optional[dict] = None) -> JobStats:
