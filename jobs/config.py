@@ -224,6 +224,9 @@ class JobConfig:
     task (SLURM_ARRAY_TASK_ID/COUNT). torchrun ranks split each partition further."""
     overwrite: bool = False
     """Start over in a non-empty output_dir whose previous run had a different dataset or config."""
+    extend: bool = False
+    """Add the dataset's new rows to the run in output_dir (img2dataset's extend): its done units are
+    kept; only the dataset (rows added, a larger dataset.limit) may differ (jobs/plan/extend.py)."""
     on_nonfinite: str = "record"
     """A NaN/Inf image: record (flag it in its json and the summary) | ledger (send it to errors.jsonl)."""
     progress: bool = True

@@ -25,7 +25,7 @@ from filelock import FileLock
 from jobs.errors import UserError
 from jobs.output.layout import LOCK_DIR, LOG_DIR, PLAN_DIR, RUN_DIRS, RUN_FILE, RUN_FILES, SHARD_GLOB
 from jobs.output.leases import live_leases
-from sinks.atomic import fsync_dir, write_synced
+from sinks.atomic import atomic_write_bytes, fsync_dir, write_synced
 from sinks.sidecars import sidecar_globs
 from sinks.tar_shard import link_no_replace
 
@@ -94,6 +94,27 @@ def _claim_locked(output_dir: Path, identity: dict, overwrite: bool, shard_glob:
         wipe(output_dir, shard_glob)
     doc = dict(identity, **({PROVENANCE_KEY: provenance} if provenance else {}))
     return publish_once(run_file, (json.dumps(doc, indent=2, sort_keys=True, default=str) + "\n").encode())
+
+
+def run_differences(output_dir: Path, identity: dict) -> List[str]:
+    """What differs between the run that owns output_dir and `identity` (provenance aside); [] when
+    they are the same run or no run owns it."""
+    run_file = output_dir / RUN_FILE
+    if not run_file.exists():
+        return []
+    old = json.loads(run_file.read_text())
+    old.pop(PROVENANCE_KEY, None)
+    return _differences(old, {k: v for k, v in identity.items() if k != PROVENANCE_KEY})
+
+
+def rewrite_run(output_dir: Path, identity: dict, provenance: Optional[dict]) -> None:
+    """Replace run.json's identity (job.extend: the run now holds a larger dataset), keeping when
+    it was first claimed; under the claim lock, by the job that holds the plan lock."""
+    with dir_lock(output_dir, "claim"):
+        old = json.loads((output_dir / RUN_FILE).read_text())
+        prov = dict(old.get(PROVENANCE_KEY) or {}, extended=(provenance or {}).get("time"))
+        doc = dict(identity, **{PROVENANCE_KEY: prov})
+        atomic_write_bytes(output_dir / RUN_FILE, (json.dumps(doc, indent=2, sort_keys=True, default=str) + "\n").encode())
 
 
 def publish_once(path: Path, data: bytes) -> bool:

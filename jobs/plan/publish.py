@@ -22,10 +22,11 @@ from jobs.config import GenerateConfig
 from jobs.dataset import write_error_ledger
 from jobs.errors import UserError
 from jobs.kill_hook import kill_hook
-from jobs.output.claim import dir_lock, open_run, wipe
+from jobs.output.claim import dir_lock, open_run, rewrite_run, run_differences, wipe
 from jobs.output.layout import ERRORS_FILE, PLAN_DIR, PLAN_FILE, RUN_FILE, SHARD_GLOB
-from jobs.output.leases import HOST, pid_alive
+from jobs.output.leases import HOST, live_leases, pid_alive
 from jobs.output.mirror import LocalShards, Mirror
+from jobs.plan.extend import extend_plan, only_dataset_changed
 from jobs.plan.build import dataset_digest, dataset_file, dataset_stat, plan_dataset
 from jobs.plan.identity import plan_identity
 from jobs.plan.units import PlanManifest, read_manifest, write_manifest
@@ -65,6 +66,8 @@ def open_plan(cfg: GenerateConfig, output_dir: Path, divisor: int) -> PlanManife
         if (plan_dir / PLAN_FILE).exists():
             existing = read_manifest(plan_dir)
             ident = plan_identity(cfg, _digest_now(cfg, existing), existing.dataset["records"])
+            if cfg.job.extend and only_dataset_changed(run_differences(output_dir, ident)):
+                return _extend(cfg, output_dir, plan_dir, existing, divisor)
             open_run(output_dir, ident, cfg.job.overwrite, provenance=_provenance(cfg))  # same: joins; else refuses or wipes
             if (plan_dir / PLAN_FILE).exists():
                 log.info("joining the plan in %s: %d items in %d units", plan_dir, existing.n_items,
@@ -113,6 +116,32 @@ def _provenance(cfg: GenerateConfig) -> dict:
 
     device = "cuda" if cfg.device != "cpu" and torch.cuda.is_available() else "cpu"
     return provenance(cfg.bcg.fusions, cfg.bcg.compile, device)
+
+
+def _extend(cfg: GenerateConfig, output_dir: Path, plan_dir: Path, existing: PlanManifest, divisor: int) -> PlanManifest:
+    """job.extend=true with a grown dataset: plan it, add its new rows as new units (jobs/plan/extend.py)."""
+    live = live_leases(plan_dir)
+    if live:
+        raise UserError(f"job.extend=true refused: {len(live)} worker lease(s) in output_dir={str(output_dir)!r} are "
+                        f"live ({'; '.join(l.describe() for l in live[:3])}): they work on the plan extend would "
+                        f"change. Let them finish (or stop them), then rerun")
+    _remove_stale_work(output_dir)
+    work = output_dir / f"{PLAN_DIR}.tmp-{HOST}-{os.getpid()}"
+    try:
+        result = plan_dataset(cfg, divisor, work)
+        new = result.manifest
+        new.identity = plan_identity(cfg, new.dataset["digest"], new.dataset["records"])
+        manifest, added = extend_plan(existing, plan_dir, new, work)
+        rewrite_run(output_dir, manifest.identity, _provenance(cfg))
+        errors_file = output_dir / ERRORS_FILE
+        errors_file.unlink(missing_ok=True)
+        if result.errors:
+            write_error_ledger(errors_file, result.errors)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    log.info("job.extend: %d new item(s) in %d new unit(s) added to the %d of the run in %s (its done units are kept)",
+             added, len(manifest.units) - len(existing.units), existing.n_items, output_dir)
+    return manifest
 
 
 def _remove_stale_work(output_dir: Path) -> None:
