@@ -42,8 +42,8 @@ def test_sweep_jobs_land_beside_the_plain_run_never_inside_it():
     plain, _ = composed([])
     jobs = [composed(o)[0] for o in _runs(["sampling.steps=1,2", "sampling.guidance_scale=3"], multirun=True)]
     assert plain == "outputs/sana_tiny"
-    assert jobs == ["outputs/sana_tiny--sampling.guidance_scale=3,sampling.steps=1",
-                    "outputs/sana_tiny--sampling.guidance_scale=3,sampling.steps=2"]
+    assert jobs == ["outputs/sana_tiny--sampling.guidance_scale:3--sampling.steps:1",
+                    "outputs/sana_tiny--sampling.guidance_scale:3--sampling.steps:2"]
     for folder in [plain, *jobs]:
         others = [Path(f) for f in [plain, *jobs] if f != folder]
         assert all(Path(folder) not in o.parents for o in others), (folder, others)
@@ -53,7 +53,12 @@ def test_sweep_jobs_land_beside_the_plain_run_never_inside_it():
 
 def test_a_slash_in_a_swept_value_does_not_open_a_subfolder():
     out, _ = composed(["sampling.negative_prompt=a/b"])
-    assert out == "outputs/sana_tiny--sampling.negative_prompt=a_b"
+    assert out == "outputs/sana_tiny--sampling.negative_prompt:a_b"
+
+
+def test_a_run_folder_can_be_passed_back_as_output_dir():
+    out, _ = composed(["sampling.steps=2", "sampling.guidance_scale=3"])
+    assert composed([f"output_dir={out}"])[0] == out  # no `=` or `,` for Hydra's grammar to trip on
 
 
 def test_sweep_expansion_is_the_product_in_command_line_order():

@@ -29,7 +29,11 @@ def is_saved_dataset(path: Path) -> bool:
 
 def open_hf(path_text: str, split: str):
     """The `datasets.Dataset` that dataset.path names (see the module docstring)."""
-    import datasets
+    try:
+        import datasets
+    except ImportError:
+        raise DatasetError(f"dataset.format=hf (dataset.path={path_text!r}) needs Hugging Face's `datasets`, which is "
+                           f"not installed: pip install -e '.[hf]'") from None
 
     path = Path(path_text)
     if is_saved_dataset(path):
