@@ -141,13 +141,12 @@ def throughput_plot(entries: Sequence[BatchEntry], layout: PlotLayout = PlotLayo
     try:
         ax = fig.add_axes((0.07, 0.12, 1 - 0.07 - (layout.right + 10) / layout.width, 0.78))
         width = s.span / layout.bins
-        left = [i * width for i in range(layout.bins)]
-        base = [0.0] * layout.bins
-        # Stacked bars, signatures in order of first appearance; not antialiased: each keeps its colour.
-        for i, sig in enumerate(s.sig_order):
-            ax.bar(left, s.rates[sig], width=width, bottom=base, align="edge", color=_rgb(PALETTE[i % len(PALETTE)]),
-                   linewidth=0, antialiased=False)
-            base = [b + v for b, v in zip(base, s.rates[sig])]
+        edges = [i * width for i in range(layout.bins + 1)]
+        # Stacked steps, signatures in order of first appearance; not antialiased: each keeps its colour.
+        ax.stackplot(edges, *[s.rates[sig] + s.rates[sig][-1:] for sig in s.sig_order], step="post",
+                     colors=[_rgb(PALETTE[i % len(PALETTE)]) for i in range(len(s.sig_order))], linewidth=0,
+                     antialiased=False)
+        base = [sum(s.rates[sig][i] for sig in s.sig_order) for i in range(layout.bins)]
         for t in s.resumes:
             ax.axvline(t, color=_rgb(AXIS), linestyle="--", linewidth=1)
         for t in s.captures:
