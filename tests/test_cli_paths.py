@@ -128,8 +128,13 @@ def test_a_refused_job_leaves_a_claimed_run_alone(tmp_path):
     (out / "_locks" / "plan.lock").write_text("")
     (out / "run.json").write_text("{}")
     remove_unclaimed(out, log_dir, existed=False)
-    assert not log_dir.exists()  # this job's own log folder goes
+    assert log_dir.exists()  # the run's log of this job's error stays
     assert (out / "_locks" / "plan.lock").exists() and (out / "run.json").exists()
+    (out / "run.json").unlink()
+    (out / "stray.txt").write_text("not ours")
+    remove_unclaimed(out, log_dir, existed=False)
+    assert not log_dir.exists()  # unclaimed: this job's own log folder goes
+    assert (out / "stray.txt").exists() and (out / "_locks" / "plan.lock").exists()  # not ours: stays
 
 
 def test_dir_lock_excludes_another_process(tmp_path):

@@ -187,13 +187,14 @@ def check_writable(output_dir: Path) -> None:
 def remove_unclaimed(output_dir: Path, log_dir: Optional[Path], existed: bool) -> None:
     """A job refused before it claimed output_dir (bad config or dataset) leaves nothing there:
     its own log folder (Hydra made it before the job started), and then `logs/`, `_locks/` and
-    output_dir itself where nothing else is in them. A folder that holds a run (run.json) or
-    anything this job did not make is left as it is; output_dir too, when it `existed` before."""
+    output_dir itself where nothing else is in them. A folder that holds a run (run.json) is left
+    as it is, this job's log included, and so is anything this job did not make; output_dir too,
+    when it `existed` before."""
     output_dir = output_dir.absolute()
+    if not output_dir.is_dir() or (output_dir / RUN_FILE).exists():
+        return  # a run owns it: its logs (this job's too) are the run's
     if log_dir is not None and output_dir in Path(log_dir).absolute().parents:
         shutil.rmtree(log_dir, ignore_errors=True)
-    if not output_dir.is_dir() or (output_dir / RUN_FILE).exists():
-        return
     for name in (LOG_DIR, LOCK_DIR):
         folder = output_dir / name
         ours = name == LOCK_DIR and all(p.suffix == ".lock" for p in folder.glob("*"))
