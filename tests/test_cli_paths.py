@@ -90,9 +90,9 @@ def test_home_is_expanded_unquoted_and_quoted(tmp_path, monkeypatch):
     assert compose_cfg(["output_dir='s3://b/~x'"]).output_dir == "s3://b/~x"  # a URL is not a path
 
 
-def _cli(*args):
+def _cli(*args, module="jobs.generate"):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-m", "jobs.generate", *args], cwd=ROOT, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=120)
 
 
@@ -116,6 +116,9 @@ def test_a_bad_dataset_leaves_nothing_in_output_dir(tmp_path):
         assert proc.returncode == 2 and "bad.jsonl:1: prompt must be a string" in proc.stderr + proc.stdout
     assert not fresh.exists()  # no logs/, no _locks/, not the folder either
     assert existing.is_dir() and not any(existing.iterdir())  # the user's folder stays, empty as it was
+    planned = _cli(f"dataset.path={bad}", f"output_dir={fresh}", module="jobs.plan")
+    assert planned.returncode == 2 and "bad.jsonl:1" in planned.stderr + planned.stdout
+    assert not fresh.exists()  # the planner's front door leaves nothing either
 
 
 def test_a_refused_job_leaves_a_claimed_run_alone(tmp_path):

@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 
 from jobs.config import GenerateConfig, register_configs, to_typed
 from jobs.errors import EXIT_USAGE, UserError
+from jobs.refused import leave_nothing, note_existing
 
 log = logging.getLogger("jobs.plan")
 
@@ -67,7 +68,7 @@ def cli() -> None:
     estimate = ESTIMATE_FLAG in argv
     sys.argv[1:] = [a for a in argv if a != ESTIMATE_FLAG]  # Hydra's main reads sys.argv; the flag is ours
     try:
-        check_command_line(sys.argv[1:])
+        note_existing(check_command_line(sys.argv[1:]))
     except UserError as e:
         logging.basicConfig(format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
         log.error("%s", e)
@@ -77,10 +78,14 @@ def cli() -> None:
     def main(cfg: DictConfig) -> None:
         # As jobs.generate: only a UserError (bad config, data or environment) is one message and exit 2;
         # anything else is a crash and keeps its traceback.
+        typed = None
         try:
-            plan_typed(to_typed(cfg), estimate)
+            typed = to_typed(cfg)
+            plan_typed(typed, estimate)
         except UserError as e:
             log.error("%s", e)
+            if typed is not None:
+                leave_nothing(typed)  # a refused plan leaves nothing in an unclaimed output_dir
             raise SystemExit(EXIT_USAGE) from None
 
     main()
