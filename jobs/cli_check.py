@@ -8,12 +8,20 @@ turns each of these into a message that names the key, the value and the fix, an
 config is composed again by Hydra afterwards: composition is cheap and pure.
 
 Only plain runs and sweeps are checked; `--help`, `--cfg`, `--info` and a different config
-location are left to Hydra as they are.
+location are left to Hydra as they are. Only Hydra's public API is used (its compose API, the
+override parser of `hydra.core`); the few flags of Hydra's command line are declared here.
+
+A shell leaves `~` after `=` as it is (`output_dir=~/x`), and Hydra's override grammar has no `~`
+in a value: `expand_home` expands it as the shell would have, before anything parses the line.
 """
 
 from __future__ import annotations
 
+import argparse
+import itertools
 import logging
+import os
+import re
 from pathlib import Path
 from typing import List, Sequence
 
@@ -26,21 +34,45 @@ CONFIG_NAME = "generate"
 MAX_SWEEP_CHECKED = 256  # a sweep bigger than this is checked on its first jobs only
 
 
-def check_command_line(argv: Sequence[str]) -> None:
-    """Raise UserError for the first problem in the config these arguments compose."""
-    from hydra._internal.utils import get_args_parser
+_HOME_VALUE = re.compile(r"^([+~]{0,2}[A-Za-z_][\w.@/-]*=)(~[^,]*)$")
 
-    try:
-        args = get_args_parser().parse_args(list(argv))
-    except SystemExit:
-        return  # argparse already printed its usage error; Hydra prints it again and exits
-    if (args.help or args.hydra_help or args.cfg or args.info or args.shell_completion or args.experimental_rerun
-            or args.config_path or args.config_name or args.config_dir):
-        return
+
+def expand_home(argv: Sequence[str]) -> List[str]:
+    """`key=~/x` -> `key=/home/me/x` (and `key=~`), as a shell expands `~` at the start of a word."""
+    out = []
+    for arg in argv:
+        m = _HOME_VALUE.match(arg)
+        out.append(m.group(1) + os.path.expanduser(m.group(2)) if m else arg)
+    return out
+
+
+def _args_parser() -> argparse.ArgumentParser:
+    """The flags of Hydra's command line (`python app.py --help` lists them), and the overrides."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    for flag in ("--help", "-h"), ("--hydra-help",), ("--version",), ("--resolve",), ("--multirun", "-m"):
+        parser.add_argument(*flag, action="store_true")
+    for flag in (("--cfg", "-c"), ("--package", "-p"), ("--info", "-i"), ("--shell-completion", "-sc"),
+                 ("--config-path", "-cp"), ("--config-name", "-cn"), ("--config-dir", "-cd"),
+                 ("--experimental-rerun",)):
+        parser.add_argument(*flag, nargs="?", const=True, default=None)
+    parser.add_argument("overrides", nargs="*")
+    return parser
+
+
+def check_command_line(argv: Sequence[str]) -> List[Path]:
+    """Raise UserError for the first problem in the config these arguments compose; return the
+    local output folder of each job checked (none for `--help` and the like)."""
+    args, unknown = _args_parser().parse_known_args(list(argv))
+    if unknown:
+        return []  # a flag this check does not know: Hydra's own parser reports it
+    if (args.help or args.hydra_help or args.version or args.cfg or args.info or args.shell_completion
+            or args.experimental_rerun or args.config_path or args.config_name or args.config_dir):
+        return []
     _check_hydra_overrides(args.overrides)
-    for overrides in _runs(args.overrides, args.multirun)[:MAX_SWEEP_CHECKED]:
+    runs = _runs(args.overrides, args.multirun)[:MAX_SWEEP_CHECKED]
+    for overrides in runs:
         _check_ray_section(overrides)
-        _check_one(overrides, args.multirun)
+    return [_check_one(overrides, args.multirun) for overrides in runs]
 
 
 # Hydra keys that choose where Hydra writes, or what code it calls: a typo or a copied command line
@@ -53,8 +85,6 @@ ALLOW_HYDRA_ENV = "BCGEN_ALLOW_HYDRA_PATHS"
 
 def _check_hydra_overrides(overrides: Sequence[str]) -> None:
     """Refuse hydra.* overrides that write or call elsewhere, unless BCGEN_ALLOW_HYDRA_PATHS=1."""
-    import os
-
     if os.environ.get(ALLOW_HYDRA_ENV) == "1":
         return
     for text in overrides:
@@ -78,8 +108,8 @@ def _check_ray_section(overrides: List[str]) -> None:
 
 
 def _runs(overrides: List[str], multirun: bool) -> List[List[str]]:
-    """The override list of each job the command starts (one, or one per sweep point)."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    """The override list of each job the command starts (one, or one per sweep point), expanded as
+    Hydra's basic sweeper does: the product of every swept key's values, in command-line order."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
@@ -93,11 +123,22 @@ def _runs(overrides: List[str], multirun: bool) -> List[List[str]]:
             raise UserError(f"command line: {sweeps[0]!r} sweeps over several values; add -m (--multirun) to run "
                             f"one job per value, or give one value")
         return [list(overrides)]
-    batches = BasicSweeper.split_arguments(parsed, None)
-    return [list(job) for batch in batches for job in batch]
+    choices = {}  # key -> its `key=value` strings; a key given twice keeps its last (as the sweeper does)
+    for o in parsed:
+        key = o.get_key_element()
+        if not o.is_sweep_override():
+            choices[key] = [f"{key}={o.get_value_element_as_str()}"]
+        elif o.is_discrete_sweep():
+            try:
+                choices[key] = [f"{key}={v}" for v in o.sweep_string_iterator()]
+            except HydraException:
+                return []  # glob(): its options need Hydra's config loader; Hydra expands and checks it
+        else:
+            return []  # range/interval sweeps of other sweepers (Optuna, Ax): theirs to expand
+    return [list(job) for job in itertools.product(*choices.values())]
 
 
-def _check_one(overrides: List[str], multirun: bool) -> None:
+def _check_one(overrides: List[str], multirun: bool) -> Path:
     from hydra import compose, initialize_config_dir
     from hydra.core.hydra_config import HydraConfig
     from hydra.errors import HydraException, MissingConfigException
@@ -121,8 +162,10 @@ def _check_one(overrides: List[str], multirun: bool) -> None:
         raise UserError(f"config: {_missing_config(e)}") from None
     except (HydraException, OmegaConfBaseException) as e:
         raise UserError(f"config: {_composition_message(e)}") from None
-    check_writable(resolve(typed.output_dir, typed.job.staging_dir).local)  # an object store: its staging folder
+    local = resolve(typed.output_dir, typed.job.staging_dir).local  # an object store: its staging folder
+    check_writable(local)
     _check_no_file_above(Path(log_dir), "hydra.sweep.dir" if multirun else "hydra.run.dir (Hydra's log folder)")
+    return local
 
 
 def _first_line(e: BaseException) -> str:

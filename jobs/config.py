@@ -12,6 +12,7 @@ tuple of allowed values; the error names the key, the value and the allowed ones
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
@@ -28,6 +29,7 @@ NONFINITE = ("record", "ledger")
 CAPTURE_POLICIES = ("auto", "always")
 VERIFY = ("members", "full")
 TINY_WEIGHTS = ("trained", "random")  # jobs/models/demo_weights.py
+MAX_IMAGES_PER_PROMPT = 10000  # samples a row: more is a typo (a sweep of seeds belongs in the dataset)
 MAX_BATCH = 1024  # a short batch is padded up to a pool size: a huge one is an out-of-memory typo
 MAX_TTL_S = 7 * 86400.0  # job.lease_ttl_s: finite, or no lease ever expires (and the heartbeat cannot wait ttl/4)
 MAX_PLAN_WORKERS = 1024
@@ -36,6 +38,14 @@ MAX_PLAN_WORKERS = 1024
 def check_choice(key: str, value: Any, allowed: tuple) -> None:
     if value not in allowed:
         raise UserError(f"{key}={value!r} is not allowed; choose one of: {', '.join(map(str, allowed))}")
+
+
+def home(path: Optional[str]) -> Optional[str]:
+    """`~/x` -> `/home/me/x`: a path quoted past the shell (`'output_dir=~/x'`) or set in a yaml file
+    keeps its `~`, and a folder literally named `~` is never what was meant. URLs are left alone."""
+    if path is None or "://" in str(path):
+        return path
+    return os.path.expanduser(str(path))
 
 
 def check(key: str, ok: bool, value: Any, expected: str) -> None:
@@ -53,6 +63,7 @@ class LoraConfig:
     """Strength it is fused at (diffusers' `fuse_lora(lora_scale=...)`); 0 < |scale|, finite."""
 
     def __post_init__(self) -> None:
+        self.path = home(self.path)
         check("model.loras[].path", bool(str(self.path).strip()), self.path, "a local .safetensors file")
         check("model.loras[].scale", math.isfinite(self.scale) and self.scale != 0, self.scale,
               "a finite non-zero number (leave the LoRA out to disable it)")
@@ -102,7 +113,8 @@ class ModelConfig:
     family: str = "sana"
     """Model family: selects the loader (jobs/models/) and the padding policy (padding/)."""
     path: Optional[str] = None
-    """Local diffusers folder (model_index.json + subfolders). None: build `tiny` from config."""
+    """Local diffusers folder (model_index.json + subfolders), or a Hub id (`org/name`) whose snapshot
+    the local Hugging Face cache holds (never downloaded). None: build `tiny` from config."""
     dtype: str = "float32"
     """Weights and activations dtype: float32 | bfloat16 | float16."""
     max_sequence_length: int = 300
@@ -117,11 +129,16 @@ class ModelConfig:
     """A prompt longer than max_sequence_length: truncate (counted in the summary) | fail."""
     tiny: Optional[TinyConfig] = None
     """For path=None: the seed and configs of the tiny components (TinyConfig; conf/model/*_tiny.yaml)."""
+    scheduler: Optional[str] = None
+    """A diffusers scheduler class to denoise with instead of the checkpoint's, built from the
+    checkpoint's scheduler config (`Class.from_config`), e.g. DPMSolverMultistepScheduler; None:
+    the checkpoint's own. Part of the run identity."""
     loras: List[LoraConfig] = field(default_factory=list)
     """LoRAs fused into the weights in order before the graph runner wraps the transformer, e.g.
     `model.loras=[{path:/loras/style.safetensors,scale:0.8}]`. Part of the run identity."""
 
     def __post_init__(self) -> None:
+        self.path = home(self.path)
         check_choice("model.dtype", self.dtype, DTYPES)
         check_choice("model.on_long_prompt", self.on_long_prompt, LONG_PROMPT)
         check("model.max_sequence_length", self.max_sequence_length > 0, self.max_sequence_length, "a positive int")
@@ -155,6 +172,9 @@ class SamplingConfig:
     is 4k+1 for its VAE). A row's `num_frames` overrides it; the family refuses counts it cannot make."""
     fps: float = 16.0
     """Playback rate written into each video (KEY.mp4 and its json); a row's `fps` overrides it."""
+    images_per_prompt: int = 1
+    """Samples a row makes (diffusers' num_images_per_prompt): N > 1 gives keys `KEY-0` .. `KEY-{N-1}`,
+    each with its own seed (a row's `seed` s gives s, s+1, ...; otherwise derived from the sample's key)."""
 
     def __post_init__(self) -> None:
         # The limits dataset rows have: a value a row may not carry is no better as a default.
@@ -168,6 +188,8 @@ class SamplingConfig:
               f"an int in [1, {MAX_FRAMES}] (1: an image)")
         check("sampling.fps", math.isfinite(self.fps) and 0 < self.fps <= MAX_FPS, self.fps,
               f"a number in (0, {MAX_FPS:g}], e.g. 16 or 24")
+        check("sampling.images_per_prompt", 0 < self.images_per_prompt <= MAX_IMAGES_PER_PROMPT,
+              self.images_per_prompt, f"an int in [1, {MAX_IMAGES_PER_PROMPT}]")
 
 
 @dataclass
@@ -229,6 +251,9 @@ class JobConfig:
     task (SLURM_ARRAY_TASK_ID/COUNT). torchrun ranks split each partition further."""
     overwrite: bool = False
     """Start over in a non-empty output_dir whose previous run had a different dataset or config."""
+    extend: bool = False
+    """Add the dataset's new rows to the run in output_dir (img2dataset's extend): its done units are
+    kept; only the dataset (rows added, a larger dataset.limit) may differ (jobs/plan/extend.py)."""
     on_nonfinite: str = "record"
     """A NaN/Inf image: record (flag it in its json and the summary) | ledger (send it to errors.jsonl)."""
     progress: bool = True
@@ -259,6 +284,7 @@ class JobConfig:
     they all mount (NFS, Lustre)."""
 
     def __post_init__(self) -> None:
+        self.staging_dir, self.tensorboard = home(self.staging_dir), home(self.tensorboard)
         if self.partition != "slurm_array":
             try:
                 parse_partition(self.partition)
@@ -356,6 +382,7 @@ class GenerateConfig:
     """Run on a Ray cluster (`+cluster=ray`, conf/cluster/ray.yaml); null: a lease-based worker."""
 
     def __post_init__(self) -> None:
+        self.output_dir = home(self.output_dir)
         check_choice("device", self.device, DEVICES)
         check("output_dir", bool(str(self.output_dir).strip()), self.output_dir, "a directory path")
 
@@ -370,16 +397,16 @@ def register_configs() -> None:
 
     from omegaconf import OmegaConf
 
+    from jobs.output.layout import run_folder_name
     from jobs.output.storage import local_dir_of
 
     # hydra.run.dir (its logs) must be a local folder: an object-store output_dir logs into its staging folder.
     OmegaConf.register_new_resolver("bcgen_local", local_dir_of, replace=True)
-    cs = ConfigStore.instance()
-    cs.store(name="generate_schema", node=GenerateConfig)
-    cs.store(group="model", name="model_schema", node=ModelConfig)
-    cs.store(group="dataset", name="dataset_schema", node=DatasetConfig)
-    cs.store(group="sink", name="sink_schema", node=SinkConfig)
-    cs.store(group="bcg", name="bcg_schema", node=BcgConfig)
+    OmegaConf.register_new_resolver("bcgen_run_folder", run_folder_name, replace=True)
+    # One schema, for the whole config: it types every group's yaml merged into it. Schemas stored
+    # inside a group (model/model_schema) would be listed as presets by `--help` and by Hydra's
+    # unknown-preset errors, and are not needed for the typing.
+    ConfigStore.instance().store(name="generate_schema", node=GenerateConfig)
 
 
 def to_typed(cfg) -> GenerateConfig:

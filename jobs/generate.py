@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 
 from jobs.config import register_configs, to_typed
 from jobs.errors import EXIT_INTERRUPTED, EXIT_PREEMPTED, EXIT_TEMPFAIL, EXIT_USAGE, UserError, environment_failure
+from jobs.refused import leave_nothing, note_existing
 from sinks.errors import SinkError
 
 log = logging.getLogger("jobs.generate")
@@ -25,14 +26,8 @@ register_configs()
 
 def main_typed(cfg) -> int:
     # Imported here, not at the top: the command-line check and `--help` run before the worker's
-    # imports (torch, diffusers, the families), and Ray is an optional extra.
-    if cfg.ray is not None:
-        from jobs.cluster.connect import require_ray
-
-        require_ray()
-        from jobs.cluster.driver import run_ray_job as run_job
-    else:
-        from jobs.worker.run import run_job
+    # imports (torch, diffusers, the families).
+    from jobs.worker.run import run_job
 
     try:
         stats = run_job(cfg)
@@ -50,11 +45,15 @@ def main(cfg: DictConfig) -> None:
 
 
 def run_from_dict(cfg: DictConfig) -> int:
+    typed = None
     try:
-        return main_typed(to_typed(cfg))
+        typed = to_typed(cfg)
+        return main_typed(typed)
     except UserError as e:
         log.error("%s", e)
-        return getattr(e, "exit_code", EXIT_USAGE)
+        if typed is not None:
+            leave_nothing(typed)  # a job refused before its claim leaves nothing in output_dir
+        return getattr(e, "exit_code", EXIT_USAGE)  # EnvironmentFailure: 75
     except (SinkError, OSError) as e:
         why = environment_failure(e)
         if why is None:
@@ -65,10 +64,11 @@ def run_from_dict(cfg: DictConfig) -> int:
 
 def cli(argv=None) -> None:
     """The command: check the command line before Hydra runs (and creates folders), then run."""
-    from jobs.cli_check import check_command_line
+    from jobs.cli_check import check_command_line, expand_home
 
+    sys.argv[1:] = expand_home(sys.argv[1:] if argv is None else argv)  # Hydra's main reads sys.argv
     try:
-        check_command_line(sys.argv[1:] if argv is None else argv)
+        note_existing(check_command_line(sys.argv[1:]))
     except UserError as e:
         # Hydra has not configured logging yet: give this one message Hydra's log format.
         logging.basicConfig(format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")

@@ -11,18 +11,24 @@ The planner (`jobs.plan`) and the worker (`jobs.generate`) both start here; neit
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 from jobs.config import GenerateConfig
 from jobs.errors import UserError
+from jobs.hub import cached_snapshot, is_repo_id
 from jobs.models.base import ModelFamily
 from jobs.models.lora import check_loras
 from jobs.models.registry import get_family
+from jobs.models.scheduler import check_scheduler
 from jobs.output.claim import check_writable
+from jobs.output.schema import reserved_names
 from jobs.output.storage import resolve
 from jobs.telemetry.tensorboard import check_tensorboard
 from padding import Padder, get_padder
+
+log = logging.getLogger("jobs.preflight")
 
 
 @dataclass(frozen=True)
@@ -39,7 +45,9 @@ def check_config(cfg: GenerateConfig) -> Checked:
     family = get_family(cfg.model.family)
     padder = get_padder(cfg.model.family, buckets=cfg.text_buckets, native_length=cfg.model.max_sequence_length)
     check_loras(cfg.model.loras, family.pipeline_class)
+    check_scheduler(cfg.model.scheduler)
     check_tensorboard(cfg.job.tensorboard)
+    _check_keep_fields(cfg.dataset.keep_fields)
     _check_model_source(cfg, family)
     divisor = family.spatial_divisor(cfg.model)
     _check_sampling(cfg, family, divisor)
@@ -54,7 +62,18 @@ def check_config(cfg: GenerateConfig) -> Checked:
     return Checked(family=family, padder=padder, output_dir=output.local, divisor=divisor)
 
 
+def _check_keep_fields(names) -> None:
+    clash = sorted(set(names) & reserved_names())
+    if clash:
+        raise UserError(f"dataset.keep_fields={list(names)!r}: {clash[0]!r} is a field every sample's json already "
+                        f"has (it would be overwritten); rename that column in the dataset, or leave it out")
+
+
 def _check_model_source(cfg: GenerateConfig, family: ModelFamily) -> None:
+    if cfg.model.path is not None and is_repo_id(cfg.model.path):
+        # Settled here, once, for every later reader (the planner's tokenizer, the loader, the identity).
+        cfg.model.path = str(cached_snapshot(cfg.model.path, "model", "model.path"))
+        log.info("model.path: the Hugging Face cache's snapshot %s", cfg.model.path)
     if cfg.model.path is not None:
         family.check_path(cfg.model)
     elif cfg.model.tiny is None:

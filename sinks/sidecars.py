@@ -48,14 +48,16 @@ class MetaSpec:
     """Which fields of each sample's json become parquet columns, and which the stats tally."""
 
     columns: Tuple[Tuple[str, str], ...] = ()
-    """(json field, Arrow type name: string, int64, float64, bool) in column order; a missing
-    field is null. `key`, `shard`, `members` and `bytes` are always there and are not listed."""
+    """(json field, Arrow type name: string, int64, float64, bool, or json) in column order; a
+    missing field is null. `json`: a string column of the value as the json holds it (a string
+    as itself, any other value as its JSON text), for pass-through fields of any type. `key`, `shard`, `members` and `bytes` are always there and are not listed."""
     tally: Tuple[str, ...] = ()
     """Columns whose values the stats count (`"values": {"mode": {"replay": 90, "eager": 10}}`)."""
 
     def schema(self):
         pa = _pa()
-        types = {"string": pa.string(), "int64": pa.int64(), "float64": pa.float64(), "bool": pa.bool_()}
+        types = {"string": pa.string(), "int64": pa.int64(), "float64": pa.float64(), "bool": pa.bool_(),
+                 "json": pa.string()}
         fields = [pa.field("key", pa.string()), pa.field("shard", pa.string())]
         fields += [pa.field(name, types[kind]) for name, kind in self.columns]
         fields += [pa.field("members", pa.list_(pa.string())), pa.field("bytes", pa.int64())]
@@ -100,14 +102,20 @@ def sidecar_globs(tar_glob: str) -> Tuple[str, str]:
     return sidecar_names(tar_glob)
 
 
+def _cell(value, kind: str):
+    if kind != "json" or value is None or isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, sort_keys=True)
+
+
 def parquet_bytes(url: str, rows: List[Row], spec: MetaSpec) -> bytes:
     pa = _pa()
     import pyarrow.parquet as pq
 
     schema = spec.schema()
     data = {"key": [r.key for r in rows], "shard": [url] * len(rows)}
-    for name, _ in spec.columns:
-        data[name] = [r.meta.get(name) for r in rows]
+    for name, kind in spec.columns:
+        data[name] = [_cell(r.meta.get(name), kind) for r in rows]
     data["members"] = [r.members for r in rows]
     data["bytes"] = [r.nbytes for r in rows]
     table = pa.Table.from_pydict(data, schema=schema)

@@ -154,7 +154,7 @@ def test_throughput_plot_shows_each_signature_and_the_captures(inspected):
     plot = Image.open(view / "throughput.png").convert("RGB")
     layout = PlotLayout()
     assert plot.size == (layout.width, layout.height)
-    plot_area = plot.crop((layout.left + 1, layout.top, layout.width - layout.right, layout.height - layout.bottom))
+    plot_area = plot.crop((0, 0, layout.width - layout.right, layout.height))  # the axes, left of the legend
     colours = {c for _, c in plot_area.getcolors(1 << 20)}
     assert set(PALETTE[:3]) | {CAPTURE, RELEASE} <= colours and PALETTE[3] not in colours
 
@@ -284,3 +284,46 @@ def test_video_samples_are_shown_with_frames_size_fps_and_sound(tmp_path):
     top += (layout.thumb - thumb.height) // 2
     sheet = Image.open(report.sheet).convert("RGB")
     assert sheet.crop((left, top, left + thumb.width, top + thumb.height)).tobytes() == thumb.tobytes()
+
+
+def _page_links(path: Path) -> Links:
+    links = Links()
+    links.feed(path.read_text())
+    return links
+
+
+def test_pages_walk_every_sample_and_filters_keep_what_they_say(inspected, tmp_path):
+    from jobs.inspect import main
+
+    out, _, rows = inspected
+    every = tar_samples(out)
+    assert main([str(out), "--out", str(tmp_path / "all"), "--pages", "--page-size", "4", "--samples", "2"]) == 0
+    pages = tmp_path / "all" / "pages"
+    index = _page_links(pages / "index.html")
+    assert index.hrefs == ["page-0001.html", "page-0002.html", "page-0003.html"]  # 9 samples, 4 a page
+    seen = []
+    for i, name in enumerate(index.hrefs, 1):
+        links = _page_links(pages / name)
+        imgs = [unquote(s) for s in links.imgs]
+        seen += imgs
+        nav = [h for h in links.hrefs if h.startswith("page-") or h == "index.html"]
+        expect = ([f"page-{i - 1:04d}.html"] if i > 1 else []) + ["index.html"] + ([f"page-{i + 1:04d}.html"] if i < 3 else [])
+        assert nav == expect * 2  # above and below the figures
+        for src in imgs:  # byte for byte the shard's member
+            stem = Path(src).stem
+            assert (pages / src).read_bytes() == every[stem][0]
+    assert sorted(Path(s).stem for s in seen) == sorted(every)
+
+    steps3 = {m["key"] for _, m in every.values() if "/s3/" in m["signature"]}
+    assert 0 < len(steps3) < len(every)
+    assert main([str(out), "--out", str(tmp_path / "s3"), "--signature", "/s3/", "--samples", "1"]) == 0
+    got = {every[Path(unquote(s)).stem][1]["key"] for s in _page_links(tmp_path / "s3" / "pages" / "page-0001.html").imgs}
+    assert got == steps3
+
+    assert main([str(out), "--out", str(tmp_path / "txt"), "--text", "BOLD", "--samples", "1"]) == 0
+    got = [every[Path(unquote(s)).stem][1]["prompt"] for s in _page_links(tmp_path / "txt" / "pages" / "page-0001.html").imgs]
+    assert got == [MARKUP]
+
+    assert main([str(out), "--out", str(tmp_path / "nan"), "--flag", "nonfinite", "--samples", "1"]) == 0
+    assert "0 samples match (flag &#x27;nonfinite&#x27;)" in (tmp_path / "nan" / "pages" / "index.html").read_text()
+    assert main([str(out), "--flag", "nan"]) == 2  # names the choices

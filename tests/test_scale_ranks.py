@@ -81,8 +81,8 @@ def test_submitit_local_partitions_fill_one_output_dir(dataset, one_rank):
     proc = cli("-m", "hydra/launcher=submitit_local", "job.partition=0/2,1/2",
                f"dataset.path={data}", *FAST, cwd=work, timeout=400)
     assert proc.returncode == 0, log_of(proc)
-    folders = [p.parent for p in (work / "outputs" / "sana_tiny").glob("*/run.json")]
-    assert len(folders) == 1, folders
+    folders = [p.parent for p in (work / "outputs").glob("*/run.json")]
+    assert len(folders) == 1 and folders[0].name.startswith("sana_tiny--"), folders  # beside a plain run, not in it
     out = folders[0]
     assert images_by_key(out) == images_by_key(one_rank)
     summary = json.loads((out / "summary.json").read_text())

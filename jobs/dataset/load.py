@@ -17,17 +17,18 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, List
 
 from jobs.dataset.formats import READERS
+from jobs.dataset.hf import is_saved_dataset
 from jobs.dataset.lines import DEFAULT_MAX_LINE_BYTES
 from jobs.dataset.paths import check_file, dataset_files
-from jobs.dataset.rules import OPTIONAL_FIELDS, DatasetError, Record, RowError, RowValidator
+from jobs.dataset.rules import OPTIONAL_FIELDS, DatasetError, Record, RowError, RowValidator, unknown_fields_message
 
 log = logging.getLogger(__name__)
 
 BUNDLED_PROMPTS = Path(__file__).resolve().parent.parent / "data" / "prompts.jsonl"
-FORMATS = ("auto", *READERS)
+FORMATS = ("auto", *READERS, "hf")  # hf: a Hugging Face `datasets` dataset (jobs/dataset/hf.py)
 ON_ERROR = ("fail", "skip")
 ERRORS_SHOWN = 20  # a message longer than a screen gets skimmed; the total is always given
 _EXTENSIONS = {
@@ -44,7 +45,11 @@ class DatasetConfig:
     """The prompt file, a directory of them, or a brace list (`prompts-{000..099}.jsonl`), read in
     sorted order; empty means the bundled set, jobs/data/prompts.jsonl."""
     format: str = "auto"
-    """auto | jsonl | txt | csv | parquet | wds. auto picks by extension (.tar is wds)."""
+    """auto | jsonl | txt | csv | parquet | wds | hf. auto picks by extension (.tar is wds), and hf for a
+    folder `datasets.Dataset.save_to_disk` wrote; hf also reads a folder of data files or a Hub
+    dataset id from the local HF cache (jobs/dataset/hf.py)."""
+    split: str = "train"
+    """dataset.format=hf: the split of a dataset that has several."""
     on_error: str = "fail"
     """fail: any bad row stops the job before a model loads, listing the bad rows.
     skip: generate the good rows; the bad ones go to errors.jsonl in output_dir."""
@@ -56,8 +61,13 @@ class DatasetConfig:
     """The field or column holding the key; rows without one get `<file stem>-<line:06d>`."""
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
     """A longer line (JSONL, TXT, CSV) or caption (tar, Parquet) is a bad row; memory stays bounded."""
+    keep_fields: List[str] = field(default_factory=list)
+    """Row fields passed through to each sample's json and parquet (img2dataset's
+    save_additional_columns), e.g. [url, style]: any JSON value, kept as the row gives it."""
 
     def __post_init__(self) -> None:
+        # `~` expanded: a quoted `'dataset.path=~/p.jsonl'` or a yaml value is no shell's to expand.
+        self.path = os.path.expanduser(self.path) if self.path else self.path
         if self.format not in FORMATS:
             raise DatasetError(f"dataset.format={self.format!r} is not a dataset format; "
                              f"allowed: {', '.join(FORMATS)}")
@@ -80,6 +90,14 @@ class DatasetConfig:
             raise DatasetError(f"dataset.format={self.format} but dataset.path is empty: pass "
                                f"dataset.path=/your/prompts.{self.format}, or leave dataset.format=auto "
                                f"(dataset=bundled, the default) for the bundled prompts")
+        self.keep_fields = [str(f) for f in self.keep_fields]
+        used = {self.prompt_field, self.key_field, *OPTIONAL_FIELDS}
+        for name in self.keep_fields:
+            if not name or name in used or self.keep_fields.count(name) > 1:
+                raise DatasetError(f"dataset.keep_fields={self.keep_fields!r}: {name!r} is "
+                                   + ("empty" if not name else "given twice" if name not in used else
+                                      "a field bcgen reads already (it is in every sample's json)")
+                                   + "; list each other field once")
         if self.prompt_field == self.key_field:
             raise DatasetError(f"dataset.prompt_field and dataset.key_field are both "
                              f"{self.key_field!r}; they must name different fields")
@@ -102,6 +120,8 @@ def resolve_path(cfg: DatasetConfig) -> Path:
 def resolve_format(cfg: DatasetConfig, path: Path) -> str:
     if cfg.format != "auto":
         return cfg.format
+    if is_saved_dataset(path):
+        return "hf"
     name = path.name.lower()
     for ext in sorted(_EXTENSIONS, key=len, reverse=True):  # .tar.gz before .gz
         if name.endswith(ext):
@@ -144,7 +164,8 @@ def load_dataset(cfg: DatasetConfig) -> LoadResult:
     gc.disable()
     try:
         for path, fmt in zip(paths, formats):
-            validator = RowValidator(str(path), path.stem, cfg.prompt_field, cfg.key_field, seen=keys)
+            validator = RowValidator(str(path), path.stem, cfg.prompt_field, cfg.key_field, seen=keys,
+                                     keep=cfg.keep_fields)
             check = validator.check
             try:
                 for line, value in READERS[fmt](path, cfg.prompt_field, cfg.key_field, cfg.max_line_bytes):
@@ -158,8 +179,7 @@ def load_dataset(cfg: DatasetConfig) -> LoadResult:
         if gc_was_enabled:
             gc.enable()
     if unknown:
-        log.warning("%s: ignoring fields %s (known: %s, %s, %s)", label, ", ".join(sorted(map(repr, unknown))),
-                    cfg.prompt_field, cfg.key_field, ", ".join(OPTIONAL_FIELDS))
+        log.warning("%s: %s", label, unknown_fields_message(unknown, cfg.prompt_field, cfg.key_field))
     fmt = formats[0] if len(set(formats)) == 1 else "+".join(sorted(set(formats)))
     _apply_policy(cfg, label, records, errors)
     if cfg.limit:

@@ -11,10 +11,12 @@ row over files of millions of rows, so the accepted path allocates nothing but t
 
 from __future__ import annotations
 
+import difflib
+import json
 import math
 import re
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Iterable, Optional, Sequence, Union
 
 from jobs.errors import UserError
 
@@ -52,6 +54,8 @@ class Record:
     """Frames of a video (1: an image); the family decides which counts it can make."""
     fps: Optional[float] = None
     """Frames per second the video plays at (written into KEY.mp4 and its json)."""
+    extra: Optional[str] = None
+    """The row's dataset.keep_fields it has, as JSON text of an object (None: none kept)."""
     source: str = ""
     """Where the row came from, "path:line", for messages; empty for records built in code."""
 
@@ -190,17 +194,30 @@ _OPTIONAL_CHECKS = (
 assert tuple(name for name, _ in _OPTIONAL_CHECKS) == OPTIONAL_FIELDS
 
 
+def unknown_fields_message(unknown: Iterable[str], prompt_field: str, key_field: str) -> str:
+    """`ignoring field 'guidance' (did you mean 'guidance_scale'?)`, and how to keep such fields."""
+    known = (prompt_field, key_field, *OPTIONAL_FIELDS)
+    parts = []
+    for name in sorted(map(str, unknown)):
+        near = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+        parts.append(f"{name!r}" + (f" (did you mean {near[0]!r}?)" if near else ""))
+    names = sorted(map(str, unknown))
+    return (f"ignoring field{'s' if len(parts) > 1 else ''} {', '.join(parts)}: bcgen reads {', '.join(known)}. "
+            f"To keep them in each sample's json and parquet, set dataset.keep_fields=[{','.join(names)}]")
+
+
 class RowValidator:
     """Checks rows of one file in order and keeps keys unique across the whole file, or across
     every file that shares one `seen` registry."""
 
     def __init__(self, file: str, stem: str, prompt_field: str, key_field: str,
-                 seen: Optional[dict] = None):
+                 seen: Optional[dict] = None, keep: Sequence[str] = ()):
         self.file = file
         self._stem = stem
         self._prompt_field = prompt_field
         self._key_field = key_field
-        self._known = frozenset((prompt_field, key_field, *OPTIONAL_FIELDS))
+        self._keep = tuple(keep)
+        self._known = frozenset((prompt_field, key_field, *OPTIONAL_FIELDS, *self._keep))
         # key -> ("file:line", derived?): enough to name the first holder in a duplicate message.
         self._seen: dict[str, tuple[str, bool]] = {} if seen is None else seen
         self.unknown_fields: set[str] = set()
@@ -235,6 +252,10 @@ class RowValidator:
         if len(row) == 1 + (self._key_field in row):
             return Record(key, prompt, source=source)
         options = {}
+        if self._keep:
+            kept = {name: row[name] for name in self._keep if name in row}
+            # sort_keys=False: the row's order of the kept fields is the config's, given above
+            options["extra"] = json.dumps(kept, ensure_ascii=False) if kept else None
         for name, check in _OPTIONAL_CHECKS:
             value = row.get(name)
             if value is not None:

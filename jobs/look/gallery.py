@@ -45,13 +45,24 @@ def _e(v) -> str:
     return html.escape(str(v), quote=True)
 
 
-def gallery_html(title: str, figures: Sequence[Figure], extras: Sequence[str] = (), note: str = "") -> str:
-    """The page: a header naming the output folder, links to `extras` (sheet, plot), the figures."""
+def nav_html(prev: Optional[str], up: Optional[str], next: Optional[str]) -> str:
+    """Links between pages (names of pages in the same folder); a missing one is left out."""
+    links = [f'<a href="{_e(quote(href))}">{label}</a>' for label, href in
+             (("&larr; previous", prev), ("all pages", up), ("next &rarr;", next)) if href]
+    return f'<p class="nav">{" · ".join(links)}</p>'
+
+
+def gallery_html(title: str, figures: Sequence[Figure], extras: Sequence[str] = (), note: str = "",
+                 nav: str = "") -> str:
+    """The page: a header naming the output folder, links to `extras` (sheet, plot), the figures;
+    `nav` (trusted HTML this package made, nav_html) above and below them."""
     parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
              f"<title>{_e(title)}</title><style>{STYLE}</style></head><body>",
              f"<h1>{_e(title)}</h1>"]
     if note:
         parts.append(f"<p>{_e(note)}</p>")
+    if nav:
+        parts.append(nav)
     for src in extras:
         parts.append(f'<p><a href="{_e(quote(src))}"><img src="{_e(quote(src))}" alt="{_e(src)}" '
                      f'style="max-width:100%"></a></p>')
@@ -70,5 +81,5 @@ def gallery_html(title: str, figures: Sequence[Figure], extras: Sequence[str] = 
             f'<figcaption><div class="key">{_e(f.key)}</div><div>{_e(f.prompt)}</div>{info}'
             f'<div class="meta">{_e(f.signature)} · {_e(f.mode)} · seed {_e(f.seed)} · {_e(f.shard)}</div>'
             f"</figcaption></figure>")
-    parts += ["</div>", "</body></html>", ""]
+    parts += ["</div>", nav if figures else "", "</body></html>", ""]
     return "\n".join(parts)

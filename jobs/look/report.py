@@ -5,7 +5,8 @@ Samples come from the committed shards that index.wids.json lists (every `shard-
 the job has written its index), read with webdataset. They are chosen round-robin over signatures
 in the order the shards hold them, so a sheet of N shows every signature when there are at most N,
 and the same output always gives the same sheet. Memory stays bounded: N images and the metadata of
-at most N² samples, however large the output. Only PIL is needed to draw.
+at most N² samples, however large the output. PIL draws the sheet, matplotlib the plot. With
+`--pages`, every sample (or those a filter keeps) is laid out page by page (pages.py).
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from jobs.errors import UserError
 from jobs.look.contact_sheet import Tile, contact_sheet
 from jobs.look.gallery import Figure, gallery_html
 from jobs.look.media_info import video_info, wav_seconds
+from jobs.look.pages import Filter, write_pages
 from jobs.look.throughput_plot import throughput_plot
 from jobs.output.layout import INDEX_FILE, TIMELINE_DIR
 from jobs.telemetry.timeline import read_timeline
@@ -32,6 +34,7 @@ log = logging.getLogger("jobs.inspect")
 IMAGE_EXTS = ("jpg", "png", "webp")
 MEDIA_EXTS = ("mp4",) + IMAGE_EXTS  # a sample's main member; a video sample's frames (f0000.png) are not
 DEFAULT_OUT = "_inspect"
+PAGES_DIR = "pages"
 
 
 class InspectError(UserError):
@@ -151,6 +154,14 @@ def select(paths: Sequence[Path], n: int) -> List[Sample]:
                               audio=raw.get("wav"))
     assert len(found) == len(chosen), "a shard changed between the two passes"
     return [found[i] for i in range(len(chosen))]
+
+
+def inspect_pages(output_dir: Path, out: Optional[Path], flt: Filter, page_size: int) -> Tuple[Path, int]:
+    """Every matching sample of the run, page by page (jobs/look/pages.py): (the pages' folder, matches)."""
+    output_dir = Path(output_dir)
+    folder = (Path(out) if out is not None else output_dir / DEFAULT_OUT) / PAGES_DIR
+    matched = write_pages(_media_samples(shard_paths(output_dir)), folder, flt, page_size, f"bcgen output: {output_dir}")
+    return folder, matched
 
 
 def inspect_output(output_dir: Path, out: Optional[Path] = None, samples: int = 36) -> Report:

@@ -1,4 +1,4 @@
-"""The throughput plot: images/s over time from the job's timeline (jobs/telemetry/timeline.py), drawn with PIL.
+"""The throughput plot: images/s over time from the job's timeline (jobs/telemetry/timeline.py), drawn with matplotlib.
 
 Each batch's items are spread evenly over the interval since the previous batch of its part (the
 first batch: since the generate stage started), then summed over parts into time bins and stacked
@@ -10,7 +10,6 @@ marked with a dashed line, so a resumed job still reads as one plot.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Sequence, Tuple
 
@@ -24,17 +23,13 @@ PALETTE = [(31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 1
 CAPTURE = (0, 150, 60)
 RELEASE = (200, 30, 30)
 AXIS = (40, 40, 40)
-GRID = (225, 225, 225)
 
 
 @dataclass(frozen=True)
 class PlotLayout:
-    width: int = 1000
+    width: int = 1000  # pixels of the PNG
     height: int = 420
-    left: int = 64
-    right: int = 300  # the legend's column
-    top: int = 36
-    bottom: int = 44
+    right: int = 300  # the legend's column, in pixels
     bins: int = 120
     legend_rows: int = 16
     """Signatures listed in the legend at most; the rest are summed up in one line."""
@@ -126,86 +121,62 @@ def _spread(row: List[float], a: float, b: float, amount_per_bin: float, width: 
             row[i] += amount_per_bin * width * overlap / (b - a) / width
 
 
-def nice_ticks(top: float, count: int = 6) -> List[float]:
-    """0, step, 2*step, ... up to at least `top`, with step 1, 2 or 5 times a power of ten."""
-    raw = max(top, 1e-9) / count
-    mag = 10 ** math.floor(math.log10(raw))
-    step = next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
-    return [i * step for i in range(int(math.ceil(top / step - 1e-9)) + 1)]
-
-
-def _label(v: float) -> str:
-    return f"{v:g}" if abs(v) >= 0.01 or v == 0 else f"{v:.1e}"
+def _rgb(c) -> tuple:
+    return tuple(v / 255 for v in c)
 
 
 def throughput_plot(entries: Sequence[BatchEntry], layout: PlotLayout = PlotLayout()):
-    """The plot as a PIL image; `entries` must not be empty."""
-    from PIL import Image, ImageDraw
+    """The plot as a PIL image of layout.width x layout.height; `entries` must not be empty."""
+    import matplotlib
 
-    from jobs.look.contact_sheet import clip, font
+    matplotlib.use("Agg")  # no display: a file is drawn
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+    from PIL import Image
 
     assert entries, "a throughput plot needs timeline entries"
     s = series(entries, layout.bins)
-    img = Image.new("RGB", (layout.width, layout.height), (255, 255, 255))
-    d = ImageDraw.Draw(img)
-    fnt, small = font(13), font(11)
-    x0, y0 = layout.left, layout.height - layout.bottom  # the origin, bottom-left of the plot area
-    x1, y1 = layout.width - layout.right, layout.top
-    totals = [sum(r[i] for r in s.rates.values()) for i in range(layout.bins)]
-    yticks = nice_ticks(max(totals) * 1.05)
-    xticks = nice_ticks(s.span, 8)
-    sx = lambda t: x0 + (x1 - x0) * t / s.span  # noqa: E731
-    sy = lambda v: y0 - (y0 - y1) * v / yticks[-1]  # noqa: E731
-
-    for v in yticks:
-        d.line([(x0, sy(v)), (x1, sy(v))], fill=GRID)
-        d.text((x0 - 6, sy(v)), _label(v), font=small, fill=AXIS, anchor="rm")
-    for t in xticks:
-        if t <= s.span * 1.0001:
-            d.line([(sx(t), y0), (sx(t), y0 + 4)], fill=AXIS)
-            d.text((sx(t), y0 + 6), _label(t), font=small, fill=AXIS, anchor="mt")
-    bw = (x1 - x0) / layout.bins
-    for i in range(layout.bins):  # stacked bars, signatures in order of first appearance
-        base = 0.0
-        for sig in s.sig_order:
-            v = s.rates[sig][i]
-            if v > 0:
-                d.rectangle([x0 + i * bw, sy(base + v), x0 + (i + 1) * bw, sy(base)],
-                            fill=PALETTE[s.sig_order.index(sig) % len(PALETTE)])
-                base += v
-    for t in s.resumes:
-        for y in range(int(y1), int(y0), 8):
-            d.line([(sx(t), y), (sx(t), min(y + 4, y0))], fill=AXIS)
-    for t in s.captures:
-        d.line([(sx(t), y1), (sx(t), y0)], fill=CAPTURE)
-        d.polygon([(sx(t) - 5, y1 - 8), (sx(t) + 5, y1 - 8), (sx(t), y1)], fill=CAPTURE)
-    for t in s.releases:
-        d.line([(sx(t), y1), (sx(t), y0)], fill=RELEASE)
-        d.polygon([(sx(t) - 5, y0 + 8), (sx(t) + 5, y0 + 8), (sx(t), y0)], fill=RELEASE)
-    d.line([(x0, y1), (x0, y0), (x1, y0)], fill=AXIS, width=1)
-
-    mean = s.images / s.span
-    d.text((x0, 10), f"images/s over time: {s.images} images in {s.span:.1f} s, mean {mean:.3g} images/s",
-           font=fnt, fill=AXIS)
-    d.text(((x0 + x1) / 2, layout.height - 16), "seconds of generation (idle gaps between runs cut out)",
-           font=small, fill=AXIS, anchor="mm")
-    label = Image.new("RGB", (80, 16), (255, 255, 255))
-    ImageDraw.Draw(label).text((40, 8), "images/s", font=small, fill=AXIS, anchor="mm")
-    img.paste(label.rotate(90, expand=True), (4, int((y0 + y1) / 2) - 40))
-
-    lx, ly = x1 + 16, y1
-    keys = [(PALETTE[i % len(PALETTE)], sig, "box") for i, sig in enumerate(s.sig_order[:layout.legend_rows])]
-    if len(s.sig_order) > layout.legend_rows:
-        keys.append((None, f"+{len(s.sig_order) - layout.legend_rows} more signatures", "none"))
-    keys += [(CAPTURE, f"capture ({len(s.captures)})", "line"),
-             (RELEASE, f"release / eviction ({len(s.releases)})", "line")]
-    if s.resumes:
-        keys.append((AXIS, f"resumed ({len(s.resumes)})", "line"))
-    for colour, text, kind in keys:
-        if kind == "box":
-            d.rectangle([lx, ly + 2, lx + 12, ly + 12], fill=colour)
-        elif kind == "line":
-            d.line([(lx, ly + 7), (lx + 12, ly + 7)], fill=colour, width=2)
-        d.text((lx + 18, ly), clip(text, small, layout.right - 40), font=small, fill=AXIS)
-        ly += 17
-    return img
+    fig = plt.figure(figsize=(layout.width / 100, layout.height / 100), dpi=100)
+    try:
+        ax = fig.add_axes((0.07, 0.12, 1 - 0.07 - (layout.right + 10) / layout.width, 0.78))
+        width = s.span / layout.bins
+        edges = [i * width for i in range(layout.bins + 1)]
+        # Stacked steps, signatures in order of first appearance; not antialiased: each keeps its colour.
+        ax.stackplot(edges, *[s.rates[sig] + s.rates[sig][-1:] for sig in s.sig_order], step="post",
+                     colors=[_rgb(PALETTE[i % len(PALETTE)]) for i in range(len(s.sig_order))], linewidth=0,
+                     antialiased=False)
+        base = [sum(s.rates[sig][i] for sig in s.sig_order) for i in range(layout.bins)]
+        for t in s.resumes:
+            ax.axvline(t, color=_rgb(AXIS), linestyle="--", linewidth=1)
+        for t in s.captures:
+            ax.axvline(t, color=_rgb(CAPTURE), linewidth=1.5, antialiased=False)
+        for t in s.releases:
+            ax.axvline(t, color=_rgb(RELEASE), linewidth=1.5, antialiased=False)
+        if s.captures:
+            ax.plot(s.captures, [1.0] * len(s.captures), "v", color=_rgb(CAPTURE), transform=ax.get_xaxis_transform(),
+                    clip_on=False)
+        if s.releases:
+            ax.plot(s.releases, [0.0] * len(s.releases), "^", color=_rgb(RELEASE), transform=ax.get_xaxis_transform(),
+                    clip_on=False)
+        ax.set_xlim(0, s.span)
+        ax.set_ylim(0, max(max(base) * 1.05, 1e-9))
+        ax.grid(axis="y", color="0.88")
+        ax.set_axisbelow(True)
+        ax.set_xlabel("seconds of generation (idle gaps between runs cut out)")
+        ax.set_ylabel("images/s")
+        ax.set_title(f"images/s over time: {s.images} images in {s.span:.1f} s, mean {s.images / s.span:.3g} images/s",
+                     loc="left", fontsize=10)
+        handles = [Patch(color=_rgb(PALETTE[i % len(PALETTE)]), label=sig)
+                   for i, sig in enumerate(s.sig_order[:layout.legend_rows])]
+        if len(s.sig_order) > layout.legend_rows:
+            handles.append(Patch(color="white", label=f"+{len(s.sig_order) - layout.legend_rows} more signatures"))
+        handles += [Line2D([], [], color=_rgb(CAPTURE), label=f"capture ({len(s.captures)})"),
+                    Line2D([], [], color=_rgb(RELEASE), label=f"release / eviction ({len(s.releases)})")]
+        if s.resumes:
+            handles.append(Line2D([], [], color=_rgb(AXIS), linestyle="--", label=f"resumed ({len(s.resumes)})"))
+        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+        fig.canvas.draw()
+        return Image.frombuffer("RGBA", fig.canvas.get_width_height(), fig.canvas.buffer_rgba()).convert("RGB")
+    finally:
+        plt.close(fig)

@@ -19,6 +19,7 @@ import torch
 from jobs.config import ModelConfig
 from jobs.errors import UserError
 from jobs.models.lora import apply_loras, check_loras
+from jobs.models.scheduler import apply_scheduler
 from jobs.models.weights import eval_mode, own_weights
 from padding import TextEmbeds
 
@@ -126,13 +127,14 @@ class ModelFamily:
         import diffusers
 
         cls = getattr(diffusers, self.pipeline_class)
-        return cls.from_pretrained(cfg.path, torch_dtype=dtype, local_files_only=True, use_safetensors=True,
+        return cls.from_pretrained(cfg.path, dtype=dtype, local_files_only=True, use_safetensors=True,
                                    **components)
 
     def prepare(self, pipe, cfg: ModelConfig):
         """What every pipeline, tiny or loaded, goes through before the job runs it (and before
         the bcg runner wraps its transformer)."""
         apply_loras(pipe, cfg.loras, self.pipeline_class)
+        apply_scheduler(pipe, cfg.scheduler)
         eval_mode(pipe)
         self.patch(pipe)
         return pipe

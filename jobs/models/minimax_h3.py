@@ -154,10 +154,10 @@ class MiniMaxH3Family(ModelFamily):
 
         opts = dict(local_files_only=True, use_safetensors=True)
         return self._assemble(
-            transformer=diffusers.MiniMaxH3Transformer3DModel.from_pretrained(sub("transformer"), torch_dtype=dtype,
+            transformer=diffusers.MiniMaxH3Transformer3DModel.from_pretrained(sub("transformer"), dtype=dtype,
                                                                               **opts),
-            vae=diffusers.AutoencoderKLMiniMaxH3.from_pretrained(sub("vae"), torch_dtype=dtype, **opts),
-            audio_vae=diffusers.AutoencoderKLMiniMaxH3Audio.from_pretrained(sub("audio_vae"), torch_dtype=dtype, **opts),
+            vae=diffusers.AutoencoderKLMiniMaxH3.from_pretrained(sub("vae"), dtype=dtype, **opts),
+            audio_vae=diffusers.AutoencoderKLMiniMaxH3Audio.from_pretrained(sub("audio_vae"), dtype=dtype, **opts),
             text_encoder=transformers.Qwen3VLForConditionalGeneration.from_pretrained(sub("text_encoder"), dtype=dtype,
                                                                                       **opts).eval(),
             tokenizer=AutoTokenizer.from_pretrained(sub("tokenizer"), local_files_only=True),

@@ -13,13 +13,14 @@ lock, and holds a lock on its shard names while it writes (`_locks/`).
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import logging
 import os
 import shutil
 from pathlib import Path
-from typing import List
+from typing import List, Optional
+
+from filelock import FileLock
 
 from jobs.errors import UserError
 from jobs.output.layout import LOCK_DIR, LOG_DIR, PLAN_DIR, PLAN_FILE, RUN_DIRS, RUN_FILE, RUN_FILES, SHARD_GLOB
@@ -47,8 +48,16 @@ def _short(v) -> str:
     return s if len(s) <= 80 else s[:77] + "..."
 
 
-def open_run(output_dir: Path, identity: dict, overwrite: bool, shard_glob: str = SHARD_GLOB) -> None:
+PROVENANCE_KEY = "provenance"  # run.json's volatile part (jobs/provenance.py): never compared
+
+
+def open_run(output_dir: Path, identity: dict, overwrite: bool, shard_glob: str = SHARD_GLOB,
+             provenance: Optional[dict] = None) -> None:
     """Claim output_dir for this run, or refuse with what differs from the run that owns it.
+
+    `provenance` (when, which versions, which GPU) is written beside the identity under its own
+    key when this job publishes run.json, and is left out of every comparison: a resume with a
+    newer torch, on another host or another day, is the same run.
 
     Array tasks start at once and all claim: the claim lock serializes them, and run.json is
     published with a hard link (fails if the name exists), so even without working locks
@@ -56,20 +65,22 @@ def open_run(output_dir: Path, identity: dict, overwrite: bool, shard_glob: str 
     """
     with dir_lock(output_dir, "claim"):
         for _ in range(2):
-            if _claim_locked(output_dir, identity, overwrite, shard_glob):
+            if _claim_locked(output_dir, identity, overwrite, shard_glob, provenance):
                 return
         raise AssertionError("run.json appeared and vanished twice while claiming")  # a racing wipe
 
 
-def _claim_locked(output_dir: Path, identity: dict, overwrite: bool, shard_glob: str) -> bool:
+def _claim_locked(output_dir: Path, identity: dict, overwrite: bool, shard_glob: str,
+                  provenance: Optional[dict]) -> bool:
     run_file = output_dir / RUN_FILE
     shards = sorted(output_dir.glob(shard_glob))
+    identity = {k: v for k, v in identity.items() if k != PROVENANCE_KEY}
     if (run_file.exists() and _unreadable(run_file)) or (not run_file.exists() and shards):
         if _planned_identity(output_dir) == identity:
             # run.json says what the plan says (plan.json carries the identity too): restore it from there
             log.warning("%s is %s, but _plan/%s holds this job's identity: restoring it", run_file,
                         "missing" if not run_file.exists() else "unreadable", PLAN_FILE)
-            atomic_write_bytes(run_file, identity_bytes(identity))
+            atomic_write_bytes(run_file, run_bytes(identity, provenance))
             return True
         if run_file.exists():
             raise UserError(f"{run_file} is unreadable (damaged), and _plan/{PLAN_FILE} does not hold this job's "
@@ -77,6 +88,7 @@ def _claim_locked(output_dir: Path, identity: dict, overwrite: bool, shard_glob:
                             f"restore run.json from a backup; else use another output_dir")
     if run_file.exists():
         old = json.loads(run_file.read_text())
+        old.pop(PROVENANCE_KEY, None)
         diff = _differences(old, identity)
         if not diff:
             return True
@@ -91,11 +103,13 @@ def _claim_locked(output_dir: Path, identity: dict, overwrite: bool, shard_glob:
                          f"not written by this tool's run. Use another output_dir, or job.overwrite=true to delete them.")
     elif shards:
         wipe(output_dir, shard_glob)
-    return publish_once(run_file, identity_bytes(identity))
+    return publish_once(run_file, run_bytes(identity, provenance))
 
 
-def identity_bytes(identity: dict) -> bytes:
-    return (json.dumps(identity, indent=2, sort_keys=True, default=str) + "\n").encode()
+def run_bytes(identity: dict, provenance: Optional[dict] = None) -> bytes:
+    """run.json's bytes: the identity, and provenance under its own key (never compared)."""
+    doc = dict(identity, **({PROVENANCE_KEY: provenance} if provenance else {}))
+    return (json.dumps(doc, indent=2, sort_keys=True, default=str) + "\n").encode()
 
 
 def _unreadable(path: Path) -> bool:
@@ -115,11 +129,34 @@ def _planned_identity(output_dir: Path):
 
 
 def run_id(output_dir: Path) -> str:
-    """The run's id: a digest of its run.json, which every manifest it commits carries
-    (sinks/owned_scan.py adopts only its own run's shards)."""
+    """The run's id, which every manifest it commits carries (sinks/owned_scan.py adopts only its
+    own run's shards): a digest of run.json's identity. Provenance is left out, as from every
+    comparison: a resume on another host, or with a newer torch, is the same run."""
     import hashlib
 
-    return hashlib.sha256((output_dir / RUN_FILE).read_bytes()).hexdigest()[:16]
+    doc = json.loads((output_dir / RUN_FILE).read_bytes())
+    doc.pop(PROVENANCE_KEY, None)
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def run_differences(output_dir: Path, identity: dict) -> List[str]:
+    """What differs between the run that owns output_dir and `identity` (provenance aside); [] when
+    they are the same run or no run owns it."""
+    run_file = output_dir / RUN_FILE
+    if not run_file.exists():
+        return []
+    old = json.loads(run_file.read_text())
+    old.pop(PROVENANCE_KEY, None)
+    return _differences(old, {k: v for k, v in identity.items() if k != PROVENANCE_KEY})
+
+
+def rewrite_run(output_dir: Path, identity: dict, provenance: Optional[dict]) -> None:
+    """Replace run.json's identity (job.extend: the run now holds a larger dataset), keeping when
+    it was first claimed; under the claim lock, by the job that holds the plan lock."""
+    with dir_lock(output_dir, "claim"):
+        old = json.loads((output_dir / RUN_FILE).read_text())
+        prov = dict(old.get(PROVENANCE_KEY) or {}, extended=(provenance or {}).get("time"))
+        atomic_write_bytes(output_dir / RUN_FILE, run_bytes(identity, prov))
 
 
 def publish_once(path: Path, data: bytes) -> bool:
@@ -161,30 +198,14 @@ def wipe(output_dir: Path, shard_glob: str) -> None:
                 removed, output_dir)
 
 
-def _lock_file(output_dir: Path, name: str) -> int:
-    (output_dir / LOCK_DIR).mkdir(parents=True, exist_ok=True)
-    return os.open(output_dir / LOCK_DIR / f"{name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
-
-
-def _flock(fd: int, flags: int) -> bool:
-    try:
-        fcntl.flock(fd, flags)
-    except BlockingIOError:
-        return False
-    except OSError as e:  # ENOLCK / EOPNOTSUPP: the filesystem has no flock
-        log.warning("file locks are not supported here (%s); concurrent writers are not detected", e.strerror)
-    return True
-
-
 @contextlib.contextmanager
 def dir_lock(output_dir: Path, name: str):
-    """Exclusive section among every process of every run on output_dir (claim, finish)."""
-    fd = _lock_file(output_dir, name)
-    try:
-        _flock(fd, fcntl.LOCK_EX)
+    """Exclusive section among every process of every run on output_dir (claim, plan, finish):
+    filelock's flock on `_locks/NAME.lock`. Where the filesystem has no flock, filelock falls back
+    to its own soft lock; the claim (a hard-linked run.json) stays exclusive without either."""
+    (output_dir / LOCK_DIR).mkdir(parents=True, exist_ok=True)
+    with FileLock(str(output_dir / LOCK_DIR / f"{name}.lock"), mode=0o644):
         yield
-    finally:
-        os.close(fd)
 
 
 def check_not_inside_a_run(output_dir: Path) -> None:
@@ -200,6 +221,9 @@ def check_not_inside_a_run(output_dir: Path) -> None:
 
 
 def check_writable(output_dir: Path) -> None:
+    """output_dir is (or can be made) a folder this process writes, outside another run's
+    bookkeeping. Nothing is created for it: the probe goes into output_dir if it exists, else into
+    the nearest folder above it that does."""
     check_not_inside_a_run(output_dir)
     for parent in [output_dir, *output_dir.parents]:
         if parent.exists() and not parent.is_dir():
@@ -208,10 +232,30 @@ def check_writable(output_dir: Path) -> None:
         if parent.exists():
             break
     try:
-        output_dir.mkdir(parents=True, exist_ok=True)
-        probe = output_dir / f".write-probe-{os.getpid()}"
+        probe = parent / f".bcgen-write-probe-{os.getpid()}"
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as e:
-        raise UserError(f"output_dir={str(output_dir)!r} is not writable ({e.strerror}); "
+        raise UserError(f"output_dir={str(output_dir)!r} is not writable ({e.strerror} in {str(parent)!r}); "
                         f"choose a directory you can write to") from None
+
+
+def remove_unclaimed(output_dir: Path, log_dir: Optional[Path], existed: bool) -> None:
+    """A job refused before it claimed output_dir (bad config or dataset) leaves nothing there:
+    its own log folder (Hydra made it before the job started), and then `logs/`, `_locks/` and
+    output_dir itself where nothing else is in them. A folder that holds a run (run.json) is left
+    as it is, this job's log included, and so is anything this job did not make; output_dir too,
+    when it `existed` before."""
+    output_dir = output_dir.absolute()
+    if not output_dir.is_dir() or (output_dir / RUN_FILE).exists():
+        return  # a run owns it: its logs (this job's too) are the run's
+    if log_dir is not None and output_dir in Path(log_dir).absolute().parents:
+        shutil.rmtree(log_dir, ignore_errors=True)
+    for name in (LOG_DIR, LOCK_DIR):
+        folder = output_dir / name
+        ours = name == LOCK_DIR and all(p.suffix == ".lock" for p in folder.glob("*"))
+        if folder.is_dir() and (ours or not any(folder.iterdir())):
+            if set(p.name for p in output_dir.iterdir()) <= {LOG_DIR, LOCK_DIR}:
+                shutil.rmtree(folder, ignore_errors=True)
+    if not existed and not any(output_dir.iterdir()):
+        output_dir.rmdir()

@@ -48,6 +48,16 @@ RUN_DIRS = (MANIFEST_DIR, PLAN_DIR, SUMMARY_DIR, QUARANTINE_DIR, TIMELINE_DIR, P
 SHARD_GLOB = "shard-*.tar"
 
 
+def run_folder_name(model: str, overrides: str) -> str:
+    """The default output_dir's folder under outputs/ (Hydra's resolver `bcgen_run_folder`):
+    `sana_tiny` for a plain run, `sana_tiny--sampling.steps:2` for one with overrides (each job of
+    a sweep; conf/generate.yaml sets Hydra's `k:v--k:v` form). Side by side, so no run's folder lies inside another's: a reader of one run's
+    folder (pyarrow's folder discovery, a glob of its shards) sees that run alone."""
+    if not overrides:
+        return model
+    return f"{model}--{overrides.replace('/', '_')}"  # a `/` in a value must not open a subfolder
+
+
 def unit_name(unit: int) -> str:
     """`unit-0000042`: a work unit's file stem (its parquet, done marker and lease)."""
     return f"unit-{unit:07d}"
@@ -65,6 +75,6 @@ def unit_shard_glob(unit: int) -> str:
 __all__ = [
     "BATCHING_FILE", "DONE_DIR", "ERRORS_FILE", "INDEX_FILE", "LEASE_DIR", "LOCK_DIR", "LOG_DIR", "MANIFEST_DIR",
     "PLAN_DIR", "PLAN_FILE", "PROGRESS_DIR", "QUARANTINE_DIR", "QUARANTINE_LOG", "RUN_DIRS", "RUN_FILE",
-    "RUN_FILES", "SHARD_GLOB", "SUMMARY_DIR", "SUMMARY_FILE", "TIMELINE_DIR", "unit_name", "unit_shard_glob",
+    "RUN_FILES", "SHARD_GLOB", "run_folder_name", "SUMMARY_DIR", "SUMMARY_FILE", "TIMELINE_DIR", "unit_name", "unit_shard_glob",
     "unit_shard_pattern",
 ]

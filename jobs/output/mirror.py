@@ -35,7 +35,7 @@ from jobs.kill_hook import KILL_AT_ENV, kill_hook
 from jobs.output.layout import (BATCHING_FILE, DONE_DIR, ERRORS_FILE, INDEX_FILE, PLAN_DIR, PLAN_FILE,
                                 QUARANTINE_DIR, QUARANTINE_LOG, RUN_DIRS, RUN_FILE, RUN_FILES, SHARD_GLOB,
                                 SUMMARY_DIR, SUMMARY_FILE, TIMELINE_DIR)
-from jobs.output.schema import ITEM_SPEC
+from jobs.output.schema import item_spec
 from jobs.output.storage import Output, check_shared_staging, resolve
 from sinks.atomic import atomic_write_bytes
 from sinks.manifest import ShardRecord, scan_output
@@ -309,14 +309,16 @@ def clear_run(folder: Path) -> None:
         p.unlink(missing_ok=True)
 
 
-def open_shards(output_dir: str, staging_dir: Optional[str], task_count: int = 1) -> LocalShards:
+def open_shards(output_dir: str, staging_dir: Optional[str], task_count: int = 1, keep_fields=()) -> LocalShards:
     """Where committed shards live: output_dir itself, or an object store mirrored from a staging
-    folder, checked to be writable with this environment's credentials."""
+    folder, checked to be writable with this environment's credentials. `keep_fields`: the
+    dataset fields passed through to every sample (parquet columns after ITEM_SPEC's)."""
     output = resolve(output_dir, staging_dir)
+    spec = item_spec(tuple(keep_fields))
     if output.remote is None:
-        return LocalShards(output.local, ITEM_SPEC)
+        return LocalShards(output.local, spec)
     check_shared_staging(output, staging_dir, task_count)
-    mirror = Mirror(output, ITEM_SPEC)
+    mirror = Mirror(output, spec)
     mirror.check()
     log.info("output_dir %s is an object store: staging in %s, each shard uploaded once committed",
              output.remote, output.local)

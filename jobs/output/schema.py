@@ -25,3 +25,19 @@ ITEM_SPEC = MetaSpec(
     ),
     tally=("mode", "nonfinite", "signature"),
 )
+
+# Fields a sample's json has besides ITEM_SPEC's columns: a kept dataset field may not take these names.
+JSON_ONLY = ("key", "shard", "members", "bytes", "audio_sample_rate", "audio_samples", "audio_channels")
+
+
+def item_spec(keep_fields=()) -> MetaSpec:
+    """ITEM_SPEC plus a `json` column per kept dataset field (dataset.keep_fields), in the given order:
+    a string column with the value as the row gave it (a string as itself, anything else as JSON)."""
+    if not keep_fields:
+        return ITEM_SPEC
+    return MetaSpec(columns=ITEM_SPEC.columns + tuple((name, "json") for name in keep_fields), tally=ITEM_SPEC.tally)
+
+
+def reserved_names() -> set:
+    """Names a sample's json already uses."""
+    return {name for name, _ in ITEM_SPEC.columns} | set(JSON_ONLY)

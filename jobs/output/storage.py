@@ -51,8 +51,9 @@ def protocol_of(output_dir: str) -> Optional[str]:
 
 
 def local_path(output_dir: str) -> str:
+    """The folder a local output_dir names, `~` expanded (Hydra's log folder is resolved from it too)."""
     m = re.match(r"^(?:file|local)://", str(output_dir))
-    return str(output_dir)[m.end():] if m else str(output_dir)
+    return os.path.expanduser(str(output_dir)[m.end():] if m else str(output_dir))
 
 
 def default_staging(url: str, environ: Mapping[str, str] = os.environ) -> Path:

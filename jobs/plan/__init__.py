@@ -52,6 +52,7 @@ class Item:
     truncated: bool
     source: str
     fps: Optional[float] = None  # a video's playback rate (not the signature's: the denoiser never sees it)
+    extra: Optional[str] = None  # JSON object of the row's dataset.keep_fields, passed through to its json
 
 
 @dataclass

@@ -32,6 +32,8 @@ import numpy as np
 
 from jobs.config import GenerateConfig
 from jobs.dataset import DatasetError, RowError, format_row_errors
+from jobs.dataset.hf import hf_digest, hf_rows, open_hf
+from jobs.dataset.rules import unknown_fields_message
 from jobs.plan import Signature
 from jobs.plan.chunk import ChunkResult, ChunkTask, init_process, process_chunk, ChunkContext, run_in_process
 from jobs.plan.units import SIGNATURE_COLUMNS, PlanManifest, UnitInfo, item_cost
@@ -54,8 +56,22 @@ def dataset_file(cfg: GenerateConfig) -> Tuple[Path, str]:
 
     path = resolve_path(cfg.dataset)
     fmt = resolve_format(cfg.dataset, path)
-    check_readable(path, bundled=not cfg.dataset.path)
+    if fmt != "hf":  # a Hugging Face dataset is a folder or a Hub id: open_hf names what is wrong with it
+        check_readable(path, bundled=not cfg.dataset.path)
     return path, fmt
+
+
+def dataset_digest(cfg: GenerateConfig, path: Path, fmt: str) -> str:
+    """The dataset's bytes' sha256; a Hugging Face dataset's fingerprint (no pass over its rows)."""
+    return hf_digest(open_hf(str(path), cfg.dataset.split)) if fmt == "hf" else file_digest(path)
+
+
+def dataset_stat(path: Path, fmt: str) -> Tuple[int, int]:
+    """(bytes, mtime_ns) that tell a rerun whether to hash the dataset again; (0, 0) for hf (always re-read)."""
+    if fmt == "hf":
+        return 0, 0
+    st = path.stat()
+    return st.st_size, st.st_mtime_ns
 
 
 def file_digest(path: Path) -> str:
@@ -92,7 +108,11 @@ def _row_chunks(cfg: GenerateConfig, path: Path, fmt: str, rows_per_chunk: int) 
     from jobs.dataset.formats import READERS
 
     index, rows = 0, []
-    for row in READERS[fmt](path, cfg.dataset.prompt_field, cfg.dataset.key_field, cfg.dataset.max_line_bytes):
+    if fmt == "hf":
+        reader = hf_rows(open_hf(str(path), cfg.dataset.split), cfg.dataset.prompt_field, cfg.dataset.max_line_bytes)
+    else:
+        reader = READERS[fmt](path, cfg.dataset.prompt_field, cfg.dataset.key_field, cfg.dataset.max_line_bytes)
+    for row in reader:
         rows.append(row)
         if len(rows) >= rows_per_chunk:
             yield ChunkTask(index=index, rows=rows)
@@ -244,12 +264,14 @@ def _duplicates(col: _Collected, label: str) -> Dict[int, set]:
                     for k, ln in zip(keys, lines):
                         seen.setdefault(k, []).append((int(ln), res.index))
     drop: Dict[int, set] = {}
-    for key, where in seen.items():
+    for key, where in sorted(seen.items()):
         if len(where) < 2:
             continue  # a hash collision of distinct keys
         where.sort()
         first = where[0][0]
         for ln, chunk in where[1:]:
+            if ln in drop.get(chunk, ()):
+                continue  # the row's other samples (sampling.images_per_prompt): one error a row
             drop.setdefault(chunk, set()).add(ln)
             col.errors.append(RowError(label, ln, key, f"duplicate key {key!r} (first at {label}:{first})"))
     return drop
@@ -292,7 +314,8 @@ def _check(cfg: GenerateConfig, path: Path, fmt: str, label: str, spill: Path, w
         col = _stream(_row_chunks(cfg, path, fmt, rows_per_chunk=20000), workers, t0)
     n_rows = col.rows
     if col.unknown:
-        log.warning("%s: ignoring fields %s", label, ", ".join(sorted(map(repr, col.unknown))))
+        log.warning("%s: %s", label, unknown_fields_message(col.unknown, cfg.dataset.prompt_field,
+                                                            cfg.dataset.key_field))
     streamed = time.perf_counter() - t0
     drop = _duplicates(col, label)
     col.errors.sort(key=lambda e: e.line)
@@ -317,7 +340,7 @@ def plan_dataset(cfg: GenerateConfig, divisor: int, work_dir: Path) -> PlanResul
     label = str(path)
     spill = work_dir / SPILL_DIR
     spill.mkdir(parents=True)
-    size = path.stat().st_size
+    size, _ = dataset_stat(path, fmt)
     workers = cfg.plan.workers or os.cpu_count() or 1
     chunk_bytes = cfg.plan.chunk_mb * (1 << 20)
     if size <= chunk_bytes:
@@ -327,21 +350,29 @@ def plan_dataset(cfg: GenerateConfig, divisor: int, work_dir: Path) -> PlanResul
     initargs = (cfg, label, path.stem, fmt, str(spill), divisor)
     with _Workers(workers, initargs) as pool:
         col, digest, streamed, drop, keep_until = _check(cfg, path, fmt, label, spill, pool, t0)
-        units, signatures = _write_units(col.results, drop, keep_until, cfg, work_dir, pool)
+        units, signatures, truncated = _write_units(col.results, drop, keep_until, cfg, work_dir, pool)
     shutil.rmtree(spill)
-    stat = path.stat()
-    dataset = {"path": label, "format": fmt, "digest": digest.hexdigest() if digest else file_digest(path),
-               "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns, "records": sum(u.count for u in units),
+    size, mtime_ns = dataset_stat(path, fmt)
+    dataset = {"path": label, "format": fmt, "digest": digest.hexdigest() if digest else dataset_digest(cfg, path, fmt),
+               "bytes": size, "mtime_ns": mtime_ns, "records": sum(u.count for u in units),
                "bad_rows": len(col.errors), "limit": cfg.dataset.limit}
+    # Truncated among the planned items: rows past dataset.limit and dropped duplicates are not generated.
     manifest = PlanManifest(identity={}, dataset=dataset, unit_items=cfg.plan.unit_items, units=units,
-                            truncated=col.truncated, signatures=signatures)
+                            truncated=truncated, signatures=signatures)
     seconds = time.perf_counter() - t0
-    n_rows = col.rows
+    n_rows = dataset_rows(col, drop, cfg.sampling.images_per_prompt)
     log.info("plan: %d rows -> %d items in %d units of %d signatures, %d bad rows, %.1fs (%.0f rows/s, %d processes; "
-             "streaming %.1fs, key check + units %.1fs)", n_rows + len(col.errors), manifest.n_items, len(units),
-             len(signatures), len(col.errors), seconds, (n_rows + len(col.errors)) / max(seconds, 1e-9), workers,
+             "streaming %.1fs, key check + units %.1fs)", n_rows, manifest.n_items, len(units),
+             len(signatures), len(col.errors), seconds, n_rows / max(seconds, 1e-9), workers,
              streamed, seconds - streamed)
     return PlanResult(manifest=manifest, errors=col.errors, seconds=seconds)
+
+
+def dataset_rows(col: _Collected, drop: Dict[int, set], images_per_prompt: int) -> int:
+    """Rows read: the valid ones (a chunk counts each row's samples) and the bad ones, where a
+    duplicate key is both a chunk's valid row and a bad row of the whole file: counted once."""
+    duplicates = sum(len(lines) for lines in drop.values())
+    return col.rows // images_per_prompt + len(col.errors) - duplicates
 
 
 def _limit_line(col: _Collected, drop: Dict[int, set], limit: int) -> Optional[int]:
@@ -350,7 +381,8 @@ def _limit_line(col: _Collected, drop: Dict[int, set], limit: int) -> Optional[i
         return None
     seen = 0
     for res in col.results:
-        lines = np.sort(_spill_column(res, "line")) if res.groups else []  # file order
+        # File order; np.unique: a row's samples (sampling.images_per_prompt) share its line
+        lines = np.unique(_spill_column(res, "line")) if res.groups else []
         dropped = drop.get(res.index, ())
         for ln in lines:
             if ln in dropped:
@@ -411,18 +443,23 @@ def write_unit(job: _UnitJob) -> None:
 
 
 def _write_units(results: List[ChunkResult], drop: Dict[int, set], keep_until: Optional[int],
-                 cfg: GenerateConfig, out: Path, workers: "_Workers") -> Tuple[List[UnitInfo], Dict[str, int]]:
+                 cfg: GenerateConfig, out: Path, workers: "_Workers") -> Tuple[List[UnitInfo], Dict[str, int], int]:
     """Cut each signature's run (in signature order) into equal units, numbered in that order; the
-    files are written by all the processes."""
+    files are written by all the processes. Also returns how many planned items were truncated."""
     drops = {results[ci].path: sorted(lines) for ci, lines in
              ((ci, drop.get(res.index)) for ci, res in enumerate(results)) if lines}
     affected = bool(drop) or keep_until is not None
 
+    truncated = 0
+
     def rows(ci: int, b: int) -> int:
+        nonlocal truncated
         res = results[ci]
         if not affected:
             return res.groups[b][1]
-        return _filtered_batch(res.path, b, drops.get(res.path, []), keep_until).num_rows
+        batch = _filtered_batch(res.path, b, drops.get(res.path, []), keep_until)
+        truncated += batch.column("truncated").to_numpy(zero_copy_only=False).sum()
+        return batch.num_rows
 
     units: List[UnitInfo] = []
     jobs: List[_UnitJob] = []
@@ -455,4 +492,6 @@ def _write_units(results: List[ChunkResult], drop: Dict[int, set], keep_until: O
                     sizes.pop(0)
     for _ in workers.map_ordered(write_unit, write_unit, iter(jobs)):
         pass
-    return units, signatures
+    if not affected:
+        truncated = sum(res.truncated for res in results)
+    return units, signatures, int(truncated)

@@ -63,6 +63,7 @@ class ChunkContext:
     max_line_bytes: int
     prompt_field: str
     key_field: str
+    keep_fields: tuple
     defaults: ItemDefaults
     spill_dir: str
     family: object
@@ -87,10 +88,12 @@ class ChunkContext:
                                 frames_error=functools.partial(family.frames_error, cfg.model),
                                 fps_model=family.pipeline_class if family.fps_conditions else "",
                                 distilled_model="" if family.guidance else cfg.model.name,
-                                min_steps=family.min_steps, model_name=cfg.model.name)
+                                min_steps=family.min_steps, model_name=cfg.model.name,
+                                images_per_prompt=cfg.sampling.images_per_prompt)
         return cls(label=label, stem=stem, fmt=fmt, max_line_bytes=cfg.dataset.max_line_bytes, prompt_field=cfg.dataset.prompt_field,
-                   key_field=cfg.dataset.key_field, defaults=defaults, spill_dir=spill_dir, family=family,
-                   model_cfg=cfg.model, tokenizer=planning_tokenizer(family, cfg.model),
+                   key_field=cfg.dataset.key_field, keep_fields=tuple(cfg.dataset.keep_fields), defaults=defaults,
+                   spill_dir=spill_dir, family=family, model_cfg=cfg.model,
+                   tokenizer=planning_tokenizer(family, cfg.model),
                    bucket_for=padder.bucket_for)
 
 
@@ -101,9 +104,10 @@ def validate(ctx: ChunkContext, task: ChunkTask) -> Tuple[Optional[Rows], List[R
     if task.rows is None:
         from jobs.plan.fast_jsonl import arrow_rows
 
+        # Kept fields are not in the fast lane's known set: a row holding one sends the file row by row.
         rows = arrow_rows(task.data, task.first_line, ctx.stem, ctx.prompt_field, ctx.key_field, ctx.max_line_bytes)
         return rows, [], set()
-    validator = _ChunkValidator(ctx.label, ctx.stem, ctx.prompt_field, ctx.key_field)
+    validator = _ChunkValidator(ctx.label, ctx.stem, ctx.prompt_field, ctx.key_field, keep=ctx.keep_fields)
     records, errors = [], []
     for line, value in task.rows:
         out = validator.check(line, value)
@@ -148,6 +152,9 @@ def process_chunk(ctx: ChunkContext, task: ChunkTask) -> ChunkResult:
         "fps": pa.array(res.fps[order], pa.float64()),
         "key_hash": pa.array(res.key_hash[order], pa.uint64()),
     })
+    if ctx.keep_fields:  # only then: the unit files of every other plan keep their columns
+        extra = res.extra if res.extra is not None else pa.nulls(n, pa.string())
+        table = table.append_column("extra", extra.take(take))
     path = str(Path(ctx.spill_dir) / f"chunk-{task.index:07d}.arrow")
     groups: List[Tuple[tuple, int]] = []
     with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:

@@ -31,12 +31,14 @@ def run_identity(cfg: GenerateConfig, digest: str, n_records: int) -> dict:
         # An image family makes one frame and writes no video: these change none of its bytes, and
         # leaving them out keeps the identity of runs made before videos existed (they still resume).
         del sampling["num_frames"], sampling["fps"]
+    if sampling["images_per_prompt"] == 1:
+        del sampling["images_per_prompt"]  # one sample a row, as every run before it made: still resumes
     return {
         "dataset": {"digest": digest, "records": n_records},
         "model": {"name": m.name, "family": m.family, "path": m.path, "dtype": m.dtype, "tiny": m.tiny.identity() if m.tiny is not None else {},
                   "max_sequence_length": m.max_sequence_length,
                   "complex_human_instruction": m.complex_human_instruction, **lora_identity(m.loras),
-                  **demo_weights.identity(m.tiny, m.path)},
+                  **demo_weights.identity(m.tiny, m.path), **({"scheduler": m.scheduler} if m.scheduler else {})},
         "text_buckets": cfg.text_buckets,
         "sampling": sampling,
         "sink": sink,
@@ -56,6 +58,8 @@ def plan_identity(cfg: GenerateConfig, digest: str, records: int) -> dict:
     ident = run_identity(cfg, digest, records)
     ident["plan"] = {"unit_items": cfg.plan.unit_items, "dataset_limit": cfg.dataset.limit,
                      "dataset_on_error": cfg.dataset.on_error}
+    if cfg.dataset.keep_fields:  # they are in every json: another list is another output
+        ident["plan"]["dataset_keep_fields"] = list(cfg.dataset.keep_fields)
     return ident
 
 

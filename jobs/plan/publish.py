@@ -23,26 +23,29 @@ from jobs.config import GenerateConfig
 from jobs.dataset import write_error_ledger
 from jobs.errors import UserError
 from jobs.kill_hook import kill_hook
-from jobs.output.claim import dir_lock, open_run, wipe
+from jobs.output.claim import PROVENANCE_KEY, dir_lock, open_run, rewrite_run, run_differences, wipe
 from jobs.output.layout import ERRORS_FILE, PLAN_DIR, PLAN_FILE, RUN_FILE, SHARD_GLOB, unit_name
-from jobs.output.leases import HOST, pid_alive
+from jobs.output.leases import HOST, live_leases, pid_alive
 from jobs.output.mirror import LocalShards, Mirror
-from jobs.plan.build import dataset_file, file_digest, plan_dataset
+from jobs.plan.extend import extend_plan, only_dataset_changed
+from jobs.plan.build import dataset_digest, dataset_file, dataset_stat, plan_dataset
 from jobs.plan.identity import plan_identity
 from jobs.plan.units import DamagedPlan, PlanManifest, check_unit_file, read_manifest, unit_digest, write_manifest
+from jobs.provenance import provenance
 
 log = logging.getLogger("jobs.plan")
 
 
 def _digest_now(cfg: GenerateConfig, existing: PlanManifest) -> str:
     """The dataset's digest: the planned one if the file looks unchanged (size, mtime), else re-read."""
-    path, _ = dataset_file(cfg)
-    st = path.stat()
+    path, fmt = dataset_file(cfg)
+    size, mtime_ns = dataset_stat(path, fmt)
     d = existing.dataset
-    if d["path"] == str(path) and d["bytes"] == st.st_size and d["mtime_ns"] == st.st_mtime_ns:
+    if fmt != "hf" and d["path"] == str(path) and d["bytes"] == size and d["mtime_ns"] == mtime_ns:
         return d["digest"]
-    log.info("dataset %s changed size or mtime since it was planned: hashing it to compare", path)
-    return file_digest(path)
+    if fmt != "hf":
+        log.info("dataset %s changed size or mtime since it was planned: hashing it to compare", path)
+    return dataset_digest(cfg, path, fmt)
 
 
 def join_or_make_plan(cfg: GenerateConfig, shards: LocalShards, divisor: int) -> PlanManifest:
@@ -72,7 +75,9 @@ def open_plan(cfg: GenerateConfig, output_dir: Path, divisor: int) -> PlanManife
                     raise
                 return _repair(cfg, output_dir, plan_dir, divisor, err)
             ident = plan_identity(cfg, _digest_now(cfg, existing), existing.dataset["records"])
-            open_run(output_dir, ident, cfg.job.overwrite)  # same: joins; different: refuses or wipes
+            if cfg.job.extend and only_dataset_changed(run_differences(output_dir, ident)):
+                return _extend(cfg, output_dir, plan_dir, existing, divisor)
+            open_run(output_dir, ident, cfg.job.overwrite, provenance=_provenance(cfg))  # same: joins; else refuses or wipes
             if (plan_dir / PLAN_FILE).exists():
                 log.info("joining the plan in %s: %d items in %d units", plan_dir, existing.n_items,
                          len(existing.units))
@@ -94,7 +99,8 @@ def _repair(cfg: GenerateConfig, output_dir: Path, plan_dir: Path, divisor: int,
         manifest = _plan_into(cfg, work, divisor)
         try:
             claimed = json.loads((output_dir / RUN_FILE).read_bytes())
-        except (OSError, ValueError):
+            claimed.pop(PROVENANCE_KEY, None)  # when, on which host: never part of the comparison
+        except (OSError, ValueError, AttributeError):
             claimed = None
         if claimed != json.loads(json.dumps(manifest.identity, default=str)):
             raise UserError(f"{why.args[0].split(';')[0]}, and this job's dataset or config is not the run's "
@@ -128,7 +134,7 @@ def _make(cfg: GenerateConfig, output_dir: Path, plan_dir: Path, divisor: int) -
         manifest.identity = plan_identity(cfg, manifest.dataset["digest"], manifest.dataset["records"])
         manifest.unit_digests = {str(u.id): unit_digest(work / f"{unit_name(u.id)}.parquet") for u in manifest.units}
         write_manifest(work, manifest)
-        open_run(output_dir, manifest.identity, cfg.job.overwrite)
+        open_run(output_dir, manifest.identity, cfg.job.overwrite, provenance=_provenance(cfg))
         errors_file = output_dir / ERRORS_FILE
         errors_file.unlink(missing_ok=True)
         if result.errors:
@@ -145,6 +151,40 @@ def _make(cfg: GenerateConfig, output_dir: Path, plan_dir: Path, divisor: int) -
         return manifest
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _provenance(cfg: GenerateConfig) -> dict:
+    """run.json's provenance: when the run was claimed, and the software and device of that job."""
+    import torch
+
+    device = "cuda" if cfg.device != "cpu" and torch.cuda.is_available() else "cpu"
+    return provenance(cfg.bcg.fusions, cfg.bcg.compile, device)
+
+
+def _extend(cfg: GenerateConfig, output_dir: Path, plan_dir: Path, existing: PlanManifest, divisor: int) -> PlanManifest:
+    """job.extend=true with a grown dataset: plan it, add its new rows as new units (jobs/plan/extend.py)."""
+    live = live_leases(plan_dir)
+    if live:
+        raise UserError(f"job.extend=true refused: {len(live)} worker lease(s) in output_dir={str(output_dir)!r} are "
+                        f"live ({'; '.join(l.describe() for l in live[:3])}): they work on the plan extend would "
+                        f"change. Let them finish (or stop them), then rerun")
+    _remove_stale_work(output_dir)
+    work = output_dir / f"{PLAN_DIR}.tmp-{HOST}-{os.getpid()}"
+    try:
+        result = plan_dataset(cfg, divisor, work)
+        new = result.manifest
+        new.identity = plan_identity(cfg, new.dataset["digest"], new.dataset["records"])
+        manifest, added = extend_plan(existing, plan_dir, new, work)
+        rewrite_run(output_dir, manifest.identity, _provenance(cfg))
+        errors_file = output_dir / ERRORS_FILE
+        errors_file.unlink(missing_ok=True)
+        if result.errors:
+            write_error_ledger(errors_file, result.errors)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    log.info("job.extend: %d new item(s) in %d new unit(s) added to the %d of the run in %s (its done units are kept)",
+             added, len(manifest.units) - len(existing.units), existing.n_items, output_dir)
+    return manifest
 
 
 def _remove_stale_work(output_dir: Path) -> None:

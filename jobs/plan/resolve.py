@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from jobs.dataset.rules import Record, RowError
+from jobs.dataset.rules import SEED_END, Record, RowError
 from jobs.plan import derive_seeds
 
 if TYPE_CHECKING:
@@ -46,6 +46,8 @@ class ItemDefaults:
     min_steps: int = 1
     """The fewest steps the family's scheduler takes: a row asking for fewer is refused."""
     model_name: str = ""
+    images_per_prompt: int = 1
+    """Samples a valid row makes (sampling.images_per_prompt): keys KEY-0 .. KEY-{n-1}."""
 
 
 @dataclass
@@ -64,6 +66,7 @@ class Rows:
     guidance: "pa.Array"  # float64
     frames: "pa.Array"  # int64
     fps: "pa.Array"  # float64
+    extra: Optional["pa.Array"] = None  # string: JSON of the row's dataset.keep_fields (None: none kept)
 
     def __len__(self) -> int:
         return len(self.lines)
@@ -83,7 +86,8 @@ class Rows:
                    negatives=col("negative_prompt", pa.string()), seeds=col("seed", pa.int64()),
                    widths=col("width", pa.int64()), heights=col("height", pa.int64()),
                    steps=col("steps", pa.int64()), guidance=col("guidance_scale", pa.float64(), float),
-                   frames=col("num_frames", pa.int64()), fps=col("fps", pa.float64(), float))
+                   frames=col("num_frames", pa.int64()), fps=col("fps", pa.float64(), float),
+                   extra=col("extra", pa.string()))
 
 
 # The signature's fields, as resolved columns (dtype is the job's): the order of SIGNATURE_COLUMNS.
@@ -107,6 +111,7 @@ class Resolved:
     fps: np.ndarray
     key_hash: np.ndarray
     sig: Tuple[np.ndarray, ...]
+    extra: Optional["pa.Array"] = None
 
     def __len__(self) -> int:
         return len(self.lines)
@@ -180,14 +185,29 @@ def resolve(rows: Rows, defaults: ItemDefaults, measure: Measure, bucket_for, la
     tokens = np.where(cfg_ok, np.maximum(pos_used[ok], neg_used[ok]), pos_used[ok])
     distinct, inverse = np.unique(tokens, return_inverse=True)
     bucket = np.array([bucket_for(int(t)) for t in distinct.tolist()], np.int64)[inverse.reshape(-1)]
-    derived, key_hash = derive_seeds(defaults.job_seed, keys)
     given = rows.seeds.filter(keep)
-    seeds = np.where(_valid(given), pc.fill_null(given, 0).to_numpy(zero_copy_only=False), derived)
-    out = Resolved(keys=keys, prompts=rows.prompts.filter(keep),
-                   negatives=pc.if_else(pa.array(cfg_ok), negatives.filter(keep), ""),
-                   seeds=seeds.astype(np.int64), lines=rows.lines[ok], tokens=tokens, truncated=truncated[ok],
-                   fps=fps[ok], key_hash=key_hash,
-                   sig=(h[ok], w[ok], bucket, steps[ok], np.where(cfg_ok, guidance[ok], 1.0), cfg_ok, frames[ok]))
+    given_seed = pc.fill_null(given, 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    has_seed = _valid(given)
+    prompts, negatives = rows.prompts.filter(keep), pc.if_else(pa.array(cfg_ok), negatives.filter(keep), "")
+    lines, truncated, fps = rows.lines[ok], truncated[ok], fps[ok]
+    extra = None if rows.extra is None else rows.extra.filter(keep)
+    sig = (h[ok], w[ok], bucket, steps[ok], np.where(cfg_ok, guidance[ok], 1.0), cfg_ok, frames[ok])
+    n = defaults.images_per_prompt
+    if n > 1:
+        # Every column repeated per sample; a sample's key and seed are its own (seed s, s+1, ...).
+        row = np.repeat(np.arange(len(lines)), n)
+        sample = np.tile(np.arange(n, dtype=np.int64), len(lines))
+        take = pa.array(row)
+        keys = pc.binary_join_element_wise(keys.take(take), pa.array([f"-{i}" for i in range(n)] * len(lines)), "")
+        prompts, negatives = prompts.take(take), negatives.take(take)
+        extra = None if extra is None else extra.take(take)
+        given_seed = ((given_seed[row].astype(np.uint64) + sample.astype(np.uint64)) % np.uint64(SEED_END)).astype(np.int64)
+        has_seed, lines, tokens, truncated, fps = has_seed[row], lines[row], tokens[row], truncated[row], fps[row]
+        sig = tuple(c[row] for c in sig)
+    derived, key_hash = derive_seeds(defaults.job_seed, keys)
+    seeds = np.where(has_seed, given_seed, derived)
+    out = Resolved(keys=keys, prompts=prompts, negatives=negatives, seeds=seeds.astype(np.int64), lines=lines,
+                   tokens=tokens, truncated=truncated, fps=fps, key_hash=key_hash, sig=sig, extra=extra)
     return out, errors
 
 

@@ -24,6 +24,7 @@ PLAN_VERSION = 1
 # The columns of a unit file (and of the planner's spill files, which add `key_hash`).
 SIGNATURE_COLUMNS = ("height", "width", "text_bucket", "steps", "guidance_scale", "cfg", "frames")
 ITEM_COLUMNS = ("key", "prompt", "negative_prompt", "seed", "line", "text_tokens", "truncated", "cost", "fps")
+# and `extra` (JSON of the row's dataset.keep_fields) in plans that keep fields
 
 
 def item_cost(sig: Signature) -> float:
@@ -137,7 +138,8 @@ def read_unit(plan_dir: Path, info: UnitInfo, source_label: str, dtype: str) -> 
     sig = Signature(**asdict(info.signature))
     assert sig.dtype == dtype, f"unit {info.id} was planned for {sig.dtype}, the job runs {dtype}"
     fps = cols.get("fps") or [None] * len(cols["key"])  # units planned before videos have no fps
+    extra = cols.get("extra") or [None] * len(cols["key"])  # only plans with dataset.keep_fields
     return [Item(key=k, prompt=p, negative_prompt=n, seed=s, signature=sig, text_tokens=t, truncated=tr,
-                 source=f"{source_label}:{line}", fps=f)
-            for k, p, n, s, t, tr, line, f in zip(cols["key"], cols["prompt"], cols["negative_prompt"], cols["seed"],
-                                                   cols["text_tokens"], cols["truncated"], cols["line"], fps)]
+                 source=f"{source_label}:{line}", fps=f, extra=x)
+            for k, p, n, s, t, tr, line, f, x in zip(cols["key"], cols["prompt"], cols["negative_prompt"], cols["seed"],
+                                                      cols["text_tokens"], cols["truncated"], cols["line"], fps, extra)]

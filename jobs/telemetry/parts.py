@@ -18,9 +18,6 @@ from sinks.atomic import atomic_write_bytes
 STATUS_ORDER = ("failed", "interrupted", "preempted", "running", "complete")  # worst first
 
 
-STATUS_ORDER = ("failed", "interrupted", "preempted", "running", "complete")  # worst first
-
-
 def part_summary_path(output_dir, part: int, parts: int) -> Path:
     return Path(output_dir) / SUMMARY_DIR / f"part-{part:04d}-of-{parts:04d}.json"
 
@@ -76,6 +73,7 @@ def merge_stats(records: list, parts: int) -> JobStats:
                      "shards"):
             setattr(merged, name, getattr(merged, name) + r[name])
         merged.bad_rows = max(merged.bad_rows, r["bad_rows"])  # every part read the same dataset
+        merged.plan_items = max(merged.plan_items, r.get("plan_items", 0))  # and joined the same plan
         merged.nonfinite_keys += r["nonfinite_keys"]
         merged.modes.update(r["modes"])
         merged.kinds.update(r.get("kinds", {}))
@@ -89,6 +87,8 @@ def merge_stats(records: list, parts: int) -> JobStats:
         merged.capture_policy += r.get("capture_policy", [])
         merged.overlap = merged.overlap or r.get("overlap", False)
         merged.batching = merged.batching or r.get("batching", {})  # one published pick per output_dir
+        merged.started = min(filter(None, (merged.started, r.get("started", ""))), default="")  # ISO: sorts as time
+        merged.ended = max(merged.ended, r.get("ended", ""))
     merged.flops = _merged_flops([r.get("flops", {}) for r in records])
     busy = [r["gpu_busy"] for r in records if r.get("gpu_busy") is not None]
     merged.gpu_busy = sum(busy) / len(busy) if busy else None

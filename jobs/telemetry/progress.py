@@ -17,8 +17,12 @@ finish are counted when the unit's next holder marks it done.
 
 The bar (`Progress`): the counts of the other workers come through output_dir, so it shows the
 job, not this process: with 8 ranks and 4 array tasks, each node's bar (local rank 0) shows the
-same done/total and ETA. tqdm draws it on a terminal; a plain log line every `log_every_s` keeps
-non-interactive logs (Slurm, CI) informative. With `job.tensorboard`, the same numbers and the
+same done/total and ETA. tqdm draws it on a terminal, with one count, one rate and one ETA, all
+in items and all the job's (tqdm's own rate and remaining time would be this process's, from
+the bar's jumps); while it is up, log lines are routed around it (tqdm.contrib.logging), so none
+prints into the bar. Between two views of the job it moves with this worker's own items, and it
+closes on the final count. A plain log line every `log_every_s` keeps non-interactive logs
+(Slurm, CI) informative. With `job.tensorboard`, the same numbers and the
 graph runner's counters go to TensorBoard.
 """
 
@@ -171,22 +175,32 @@ def _safe(name: str) -> str:
 VIEW_EVERY_S = 5.0  # the job's view costs a listing of _plan/done/ and _progress/: not every batch
 
 
+UNIT = "items"  # the one unit of the bar and the log lines: an item is an image or a video
+BAR_FORMAT = "{l_bar}{bar}| {n_fmt}/{total_fmt} " + UNIT + "{postfix}"  # no tqdm rate, no tqdm ETA
+
+
 class Progress:
     def __init__(self, shared: SharedProgress, bar: bool, log_every_s: float, job_view: bool = True,
-                 tensorboard=None):
+                 tensorboard=None, stream=None):
         self.shared, self.log_every_s, self.job_view = shared, log_every_s, job_view
         self.tensorboard = tensorboard
         self.done = 0  # by this worker
         self.t0 = self._last_log = time.perf_counter()
         self._last_view = 0.0
         self.view: Optional[JobView] = shared.view() if job_view else None
+        self._done_at_view = 0  # this worker's count when `view` was taken
         self._bar = None
-        if bar and job_view and sys.stderr.isatty():
+        self._redirect = None
+        stream = sys.stderr if stream is None else stream
+        if bar and job_view and stream.isatty():
             from tqdm import tqdm
+            from tqdm.contrib.logging import logging_redirect_tqdm
 
-            # The job's counts, so tqdm's own rate and remaining time are the job's.
-            self._bar = tqdm(total=self.view.total, initial=self.view.done, unit="img", dynamic_ncols=True,
-                             smoothing=0.1)
+            self._bar = tqdm(total=self.view.total, initial=self.view.done, dynamic_ncols=True, file=stream,
+                             bar_format=BAR_FORMAT)
+            # Console log handlers write through tqdm while the bar is up: a line, then the bar again.
+            self._redirect = logging_redirect_tqdm()
+            self._redirect.__enter__()
 
     def rate(self) -> float:
         return self.done / max(time.perf_counter() - self.t0, 1e-9)
@@ -198,13 +212,10 @@ class Progress:
         log_now = now - self._last_log >= self.log_every_s
         if self.job_view and (log_now or now - self._last_view >= VIEW_EVERY_S):
             self.view = self.shared.view()
-            self._last_view = now
+            self._last_view, self._done_at_view = now, self.done
         status = f"{signature} hits {graph.get('hits', 0)} misses {graph.get('misses', 0)}"
         if self._bar is not None:
-            self._bar.n = self.view.done
-            self._bar.set_postfix_str(f"{self.view.workers} worker(s), ETA {format_eta(self.view.eta_s)}, {status}",
-                                      refresh=False)
-            self._bar.refresh()
+            self._draw(f"{self.view.workers} worker(s), {status}")
         if self.tensorboard is not None:
             self.tensorboard.add(self.shared.meter.count, self.shared.meter.rate(), graph, self.view)
         if log_now:
@@ -212,9 +223,23 @@ class Progress:
             job = f"; {self.view.line()}" if self.view is not None else ""
             log.info("progress: this worker %d items, %.2f items/s, %s%s", self.done, self.rate(), status, job)
 
+    def _draw(self, status: str) -> None:
+        v = self.view
+        # The job's count as last seen, plus what this worker did since (the view is read every few s).
+        self._bar.n = min(v.total, v.done + self.done - self._done_at_view)
+        self._bar.set_postfix_str(f"{v.rate:.2f} {UNIT}/s, ETA {format_eta(v.eta_s)}, {status}", refresh=False)
+        self._bar.refresh()
+
     def close(self) -> None:
-        self.shared.close()
-        if self.tensorboard is not None:
-            self.tensorboard.close()
-        if self._bar is not None:
-            self._bar.close()
+        try:
+            if self._bar is not None:
+                # The final count: the units this worker finished last are marked done by now.
+                self.view, self._done_at_view = self.shared.view(), self.done
+                self._draw(f"{self.view.workers} worker(s)")
+                self._bar.close()
+        finally:
+            if self._redirect is not None:
+                self._redirect.__exit__(None, None, None)
+            self.shared.close()
+            if self.tensorboard is not None:
+                self.tensorboard.close()

@@ -30,7 +30,8 @@ class StageTimer:
 @dataclass
 class JobStats:
     status: str = "running"  # running | complete | interrupted | preempted | failed
-    items_planned: int = 0
+    items_planned: int = 0  # this part's: the items of the units it leased, less their committed keys
+    plan_items: int = 0  # the whole plan's items (every unit, done or not): the same for every part
     items_written: int = 0
     items_skipped_done: int = 0  # already committed by an earlier run
     bad_rows: int = 0
@@ -53,6 +54,8 @@ class JobStats:
     device: str = ""
     model: str = ""
     output_dir: str = ""
+    started: str = ""  # UTC ISO 8601 (jobs/provenance.py now_iso): when this job began, and ended
+    ended: str = ""
 
     def images_per_s(self) -> float:
         """Items written per second of the generate stage (images, or videos: whatever was written)."""
@@ -92,10 +95,15 @@ class JobStats:
         order = {k: i for i, k in enumerate(STAGE_ORDER)}
         ranked = sorted(self.stage_seconds.items(), key=lambda kv: (order.get(kv[0], len(order)), kv[0]))
         stages = ", ".join(f"{k} {v:.1f}s" for k, v in ranked)
+        # Of the plan's items, not of the leased units': a stopped job has not leased them all.
+        planned = self.plan_items or self.items_planned
+        generated = self.stage_seconds.get("generate", 0.0) > 0
+        rate = (f"{self.images_per_s():.2f} {self.noun()}/s while generating" if generated
+                else "nothing generated in this run")
         out = [
-            f"bcgen {self.status}: {self.written()} of {self.items_planned} planned "
+            f"bcgen {self.status}: {self.written()} of {planned} planned "
             f"({self.items_skipped_done} already done) -> {self.output_dir}",
-            f"  model {self.model} on {self.device}; {self.images_per_s():.2f} {self.noun()}/s while generating",
+            f"  model {self.model} on {self.device or '-'}; {rate}",
             f"  stages: {stages}",
             f"  signatures: {len(self.signatures)}; items by mode: "
             + ", ".join(f"{k} {v}" for k, v in sorted(self.modes.items())),

@@ -61,7 +61,7 @@ def prepare(cfg: GenerateConfig, timer: StageTimer, group: Group, device: torch.
             stop: Optional[StopFlag] = None) -> Prepared:
     checked = check_config(cfg)
     topo, output_dir = group.topo, checked.output_dir
-    shards = open_shards(cfg.output_dir, cfg.job.staging_dir, topo.task_count)
+    shards = open_shards(cfg.output_dir, cfg.job.staging_dir, topo.task_count, cfg.dataset.keep_fields)
     held = {}
     with timer("plan"):
         # Rank 0 joins or makes the plan (other jobs on output_dir wait on its lock); the other

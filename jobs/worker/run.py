@@ -18,14 +18,18 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import Optional
 
 import torch
 
 from jobs.config import GenerateConfig
 from jobs.models.flops import dense_bf16_peak, flops_summary_mix, known_families
-from jobs.output.claim import dir_lock
+from jobs.output.claim import PROVENANCE_KEY, dir_lock
 from jobs.output.done import done_records
-from jobs.output.layout import ERRORS_FILE, PLAN_DIR, SUMMARY_FILE
+from jobs.output.layout import ERRORS_FILE, PLAN_DIR, RUN_FILE, SUMMARY_FILE
+from jobs.plan.estimate import cost_of
+from jobs.provenance import now_iso, provenance
+from jobs.telemetry.rates import measured_rate, rate_cache, record_rate
 from jobs.telemetry.parts import merge_stats, read_part_summaries, write_part_summary
 from jobs.telemetry.summary import JobStats, StageTimer
 from jobs.worker.loop import generate_all
@@ -51,10 +55,12 @@ def run_job(cfg: GenerateConfig) -> JobStats:
 
 
 def _run(cfg: GenerateConfig, timer: StageTimer, group: Group, device: torch.device) -> JobStats:
+    started = now_iso()
     stop = StopFlag()
     prep = prepare(cfg, timer, group, device, stop)
     plan, manifest = prep.plan, prep.manifest
-    stats = JobStats(model=cfg.model.name, output_dir=prep.sink.shards.shown, bad_rows=manifest.dataset["bad_rows"])
+    stats = JobStats(model=cfg.model.name, output_dir=prep.sink.shards.shown, bad_rows=manifest.dataset["bad_rows"],
+                     plan_items=manifest.n_items, device=str(device), started=started)
     if stats.bad_rows and prep.topo.part == 0:
         log.warning("%d bad row(s) skipped (dataset.on_error=skip); see %s", stats.bad_rows,
                     prep.output_dir / ERRORS_FILE)
@@ -72,6 +78,7 @@ def _run(cfg: GenerateConfig, timer: StageTimer, group: Group, device: torch.dev
         prep.sink.source.release_all()  # a unit left unfinished is free for a rerun at once
         # Done units count once, on part 0, so the parts' summaries add up to the dataset.
         record_plan(stats, prep, timer, count_done_at_start=prep.topo.part == 0)
+        stats.ended = now_iso()
         finish(prep, stats, group, met=ended)
     stop.forward()
     return stats
@@ -123,19 +130,40 @@ def finish(prep: Prepared, stats: JobStats, group: Group, met: bool) -> None:
         return
     # Workers finish one after another: each leader writes the index of the units done so far,
     # under a lock, and the last one's covers everything.
+    cfg = prep.cfg
     with dir_lock(out, "finish"):
-        merged = write_index_and_summary(out, topo)
+        merged = write_index_and_summary(out, topo, provenance(cfg.bcg.fusions, cfg.bcg.compile, str(prep.device)))
         shards.push_end(leader=True)
     for line in merged.lines():
         log.info(line)
+    if merged.status == "complete" and stats.items_written:
+        _record_rate(prep, stats)
 
 
-def write_index_and_summary(out: Path, topo: Topology) -> JobStats:
+def _record_rate(prep: Prepared, stats: JobStats) -> None:
+    """This output's measured rate, cached for `jobs.plan --estimate` of later plans of this model."""
+    cfg = prep.cfg
+    rate = measured_rate(prep.output_dir, cost_of(prep.manifest), source=f"{prep.output_dir}")
+    if rate is None:
+        return
+    prov = provenance(cfg.bcg.fusions, cfg.bcg.compile, str(prep.device))
+    try:
+        record_rate(cfg.model.name, prov["gpu"] or "cpu", prov["quality_tier"], rate, stats.ended)
+    except OSError as e:  # a cache: a read-only home must not fail a finished job
+        log.warning("could not cache this job's rate in %s: %s", rate_cache(), e)
+
+
+def write_index_and_summary(out: Path, topo: Topology, prov: Optional[dict] = None) -> JobStats:
     # From the done markers alone: no scan of shards, and no temp file of a live worker touched.
     write_wids_index(out, done_records(out / PLAN_DIR))
     parts = read_part_summaries(out, topo.parts)
     merged = merge_stats(parts, topo.parts)
     data = merged.to_json()
+    if prov is not None:
+        # This job's software and device, its start and end (the parts'), and when the run was claimed.
+        run_file = out / RUN_FILE
+        claimed = json.loads(run_file.read_text()).get(PROVENANCE_KEY, {}).get("time") if run_file.exists() else None
+        data["provenance"] = dict(prov, started=merged.started, ended=merged.ended, run_claimed=claimed)
     data["quarantined"] = quarantine_log(out)  # every shard moved aside in this output_dir, and why
     if topo.parts > 1:
         data["parts"] = [{"part": p["part"], "status": p["status"], "items_written": p["items_written"],

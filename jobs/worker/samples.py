@@ -9,6 +9,7 @@ beside the mp4, and its json the rate, sample count and channels.
 
 from __future__ import annotations
 
+import json
 from typing import Optional
 
 import numpy as np
@@ -30,6 +31,8 @@ def item_meta(it: Item, model: str, mode: str, batch_size: int, finite: bool) ->
     }
     if s.frames > 1:
         meta.update(num_frames=s.frames, fps=item_fps(it))
+    if it.extra:
+        meta.update(json.loads(it.extra))  # dataset.keep_fields: names the json does not use (checked at start)
     return meta
 
 

@@ -1,0 +1,100 @@
+"""`job.extend=true`: add a dataset's new rows to a run already in output_dir, keeping its units.
+
+img2dataset's `extend` mode. The run's dataset grew (rows appended, a larger dataset.limit): the
+new dataset is planned as a whole, the rows the run already planned are taken out, and what is
+left becomes new units numbered after the run's last one. The run's units, their shards and done
+markers stay as they are, so done units are not generated again, and a rerun of the same command
+joins the extended run.
+
+Only the dataset may differ (its digest, its row count, dataset.limit); anything else that changes
+output bytes is another run (refused, as without extend). A row the run planned must come back
+unchanged (prompt, negative prompt, seed, signature): an edited row is refused, naming its key.
+Memory: one entry per planned key.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import replace
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+from jobs.errors import UserError
+from jobs.output.layout import unit_name
+from jobs.plan.units import SIGNATURE_COLUMNS, PlanManifest, UnitInfo, item_cost, unit_digest, write_manifest
+
+EXTENDABLE = ("dataset.", "plan.dataset_limit")  # the identity keys job.extend may see change
+
+
+def only_dataset_changed(differences: List[str]) -> bool:
+    return bool(differences) and all(d.startswith(EXTENDABLE) for d in differences)
+
+
+def _row_key(row: dict) -> tuple:
+    return (row["prompt"], row["negative_prompt"], row["seed"], *(row[c] for c in SIGNATURE_COLUMNS))
+
+
+def _planned(plan_dir: Path, manifest: PlanManifest) -> Dict[str, tuple]:
+    import pyarrow.parquet as pq
+
+    cols = ["key", "prompt", "negative_prompt", "seed", *SIGNATURE_COLUMNS]
+    out: Dict[str, tuple] = {}
+    for u in manifest.units:
+        for row in pq.read_table(plan_dir / f"{unit_name(u.id)}.parquet", columns=cols).to_pylist():
+            out[row["key"]] = _row_key(row)
+    return out
+
+
+def extend_plan(old: PlanManifest, plan_dir: Path, new: PlanManifest, work: Path) -> Tuple[PlanManifest, int]:
+    """Move the new rows' units from `work` into `plan_dir` and return (the extended manifest, rows added).
+    The caller holds the plan lock and has checked that no worker holds a lease."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    planned = _planned(plan_dir, old)
+    seen = set()
+    next_id = max((u.id for u in old.units), default=-1) + 1
+    added: List[Tuple[UnitInfo, object]] = []
+    truncated = 0
+    for u in new.units:
+        table = pq.read_table(work / f"{unit_name(u.id)}.parquet")
+        keys = table.column("key").to_pylist()
+        is_old = [k in planned for k in keys]
+        for row in table.filter(is_old).to_pylist():
+            if planned[row["key"]] != _row_key(row):
+                raise UserError(f"job.extend=true: the row with key {row['key']!r} (dataset line {row['line']}) was "
+                                f"planned with other values (prompt, negative prompt, seed or size/steps/guidance); "
+                                f"extend adds rows and changes none. Restore it, or use another output_dir "
+                                f"(job.overwrite=true starts over)")
+            seen.add(row["key"])
+        fresh = table.filter(pc.invert(is_old)) if any(is_old) else table
+        if fresh.num_rows:
+            info = UnitInfo(id=next_id, signature=u.signature, count=fresh.num_rows,
+                            cost=fresh.num_rows * item_cost(u.signature))
+            added.append((info, fresh))
+            truncated += sum(fresh.column("truncated").to_pylist())
+            next_id += 1
+    gone = len(planned) - len(seen)
+    if gone:
+        missing = sorted(set(planned) - seen)[:5]
+        raise UserError(f"job.extend=true: {gone} row(s) the run planned are not in the dataset any more (keys "
+                        f"{', '.join(map(repr, missing))}{' ...' if gone > 5 else ''}); extend adds rows and removes "
+                        f"none. Use the dataset the run was planned from plus the new rows, or another output_dir")
+    for info, table in added:  # unit files first, plan.json last: a crash leaves the old plan readable
+        tmp = plan_dir / f".{unit_name(info.id)}.parquet.tmp-{os.getpid()}"
+        pq.write_table(table, tmp)
+        os.replace(tmp, plan_dir / f"{unit_name(info.id)}.parquet")
+    units = old.units + [info for info, _ in added]
+    signatures: Dict[str, int] = {}
+    for u in units:
+        signatures[str(u.signature)] = signatures.get(str(u.signature), 0) + u.count
+    n_added = sum(info.count for info, _ in added)
+    dataset = dict(new.dataset, records=old.n_items + n_added)
+    digests = dict(old.unit_digests, **{str(info.id): unit_digest(plan_dir / f"{unit_name(info.id)}.parquet")
+                                        for info, _ in added})  # the new units are checked on lease as the old
+    manifest = replace(old, identity=new.identity, dataset=dataset, units=units, truncated=old.truncated + truncated,
+                       signatures=signatures, unit_digests=digests)
+    write_manifest(plan_dir, manifest)
+    shutil.rmtree(work, ignore_errors=True)
+    return manifest, n_added

@@ -1,0 +1,88 @@
+"""How fast this kind of job ran: work (the plan's cost, megapixel-steps) per second of generation.
+
+    measured_rate(output_dir, cost_of)   from the run's timeline: every batch's items x their cost per item,
+                                         over the generate seconds of each part's runs
+    record_rate(key, rate) / cached_rates(model, tier)
+                                         ~/.cache/bcgen/rates.json (BCGEN_RATE_CACHE, or XDG_CACHE_HOME): the
+                                         last measured rate per (model, device, quality tier), written by
+                                         every job that finishes, read by `jobs.plan --estimate`
+
+A rate is per worker (one process, one GPU): the time of W workers is the time of one over W.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Dict, List, Mapping, Optional
+
+from jobs.telemetry.timeline import read_timeline
+from sinks.atomic import atomic_write_bytes
+
+RATE_CACHE_ENV = "BCGEN_RATE_CACHE"
+
+
+@dataclass(frozen=True)
+class Rate:
+    cost_per_s: float  # megapixel-steps a second, one worker
+    items: int  # what it was measured on
+    seconds: float
+    source: str  # where it was measured, for a person
+    device: str = ""
+
+
+def measured_rate(output_dir: Path, cost_of: Mapping[str, float], source: str = "") -> Optional[Rate]:
+    """The rate of the batches in output_dir's timeline whose signature has a cost; None without any."""
+    entries = read_timeline(output_dir)
+    cost, items, seconds = 0.0, 0, 0.0
+    runs: Dict[tuple, float] = {}
+    for e in entries:
+        if e.signature in cost_of:
+            cost += e.items * cost_of[e.signature]
+            items += e.items
+            runs[(e.part, e.start)] = max(runs.get((e.part, e.start), 0.0), e.t)
+    seconds = sum(runs.values())
+    if not items or seconds <= 0:
+        return None
+    return Rate(cost_per_s=cost / seconds, items=items, seconds=seconds,
+                source=source or f"measured on {items} items in {output_dir}")
+
+
+def rate_cache(environ: Mapping[str, str] = os.environ) -> Path:
+    if environ.get(RATE_CACHE_ENV):
+        return Path(environ[RATE_CACHE_ENV])
+    root = environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return Path(root) / "bcgen" / "rates.json"
+
+
+def rate_key(model: str, device: str, tier: str) -> str:
+    return f"{model}|{device}|{tier}"
+
+
+def _read(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}  # none yet, or torn by a crash: a cache, not a record
+
+
+def record_rate(model: str, device: str, tier: str, rate: Rate, when: str) -> None:
+    path = rate_cache()
+    data = _read(path)
+    data[rate_key(model, device, tier)] = dict(asdict(rate), device=device, measured=when)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(path, (json.dumps(data, indent=1, sort_keys=True) + "\n").encode())
+
+
+def cached_rates(model: str, tier: str) -> List[Rate]:
+    """Every device's cached rate of this model at this tier, fastest first."""
+    out = []
+    for key, d in _read(rate_cache()).items():
+        m, device, t = (key.split("|") + ["", ""])[:3]
+        if m == model and t == tier and d.get("cost_per_s", 0) > 0:
+            out.append(Rate(cost_per_s=d["cost_per_s"], items=d["items"], seconds=d["seconds"], device=device,
+                            source=f"cached: {d['items']} items on {device} at {d.get('measured', '?')} "
+                                   f"({rate_cache()})"))
+    return sorted(out, key=lambda r: -r.cost_per_s)

@@ -1,0 +1,166 @@
+"""The command line a new user types: where runs land, `~` in paths, what `--help` lists.
+
+Real Hydra composes (the compose API, with Hydra's own config set as `@hydra.main` sets it) and
+the real CLI in a subprocess where what is checked is what a terminal shows.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jobs.cli_check import _runs, check_command_line, expand_home
+from jobs.errors import UserError
+from tests.helpers import CONF_DIR
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def composed(overrides):
+    """(output_dir, hydra.run.dir) of one job, resolved as Hydra resolves them inside @hydra.main."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
+
+    from jobs.config import register_configs, to_typed
+
+    register_configs()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose("generate", overrides=list(overrides), return_hydra_config=True)
+        HydraConfig.instance().set_config(cfg)
+        run_dir = str(cfg.hydra.run.dir)
+        with open_dict(cfg):
+            del cfg["hydra"]
+        return to_typed(cfg).output_dir, run_dir
+
+
+def test_sweep_jobs_land_beside_the_plain_run_never_inside_it():
+    plain, _ = composed([])
+    jobs = [composed(o)[0] for o in _runs(["sampling.steps=1,2", "sampling.guidance_scale=3"], multirun=True)]
+    assert plain == "outputs/sana_tiny"
+    assert jobs == ["outputs/sana_tiny--sampling.guidance_scale:3--sampling.steps:1",
+                    "outputs/sana_tiny--sampling.guidance_scale:3--sampling.steps:2"]
+    for folder in [plain, *jobs]:
+        others = [Path(f) for f in [plain, *jobs] if f != folder]
+        assert all(Path(folder) not in o.parents for o in others), (folder, others)
+    # where-to-run keys stay out of the name: the same run, resumed with another partition, is one folder
+    assert composed(["job.partition=0/1", "device=cpu"])[0] == plain
+
+
+def test_a_slash_in_a_swept_value_does_not_open_a_subfolder():
+    out, _ = composed(["sampling.negative_prompt=a/b"])
+    assert out == "outputs/sana_tiny--sampling.negative_prompt:a_b"
+
+
+def test_a_run_folder_can_be_passed_back_as_output_dir():
+    out, _ = composed(["sampling.steps=2", "sampling.guidance_scale=3"])
+    assert composed([f"output_dir={out}"])[0] == out  # no `=` or `,` for Hydra's grammar to trip on
+
+
+def test_sweep_expansion_is_the_product_in_command_line_order():
+    assert _runs(["a=1,2", "b=x", "c=range(0,2)"], multirun=True) == [
+        ["a=1", "b=x", "c=0"], ["a=1", "b=x", "c=1"], ["a=2", "b=x", "c=0"], ["a=2", "b=x", "c=1"]]
+    with pytest.raises(UserError, match="add -m"):
+        _runs(["sampling.steps=1,2"], multirun=False)
+
+
+def test_a_swept_typo_is_refused_before_hydra_runs():
+    with pytest.raises(UserError, match="stpes"):
+        check_command_line(["-m", "sampling.stpes=1,2"])
+
+
+def test_home_is_expanded_unquoted_and_quoted(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    argv = expand_home(["output_dir=~/x", "dataset.path=~", "sampling.negative_prompt=a~b", "+x=~/y"])
+    assert argv == [f"output_dir={tmp_path}/x", f"dataset.path={tmp_path}", "sampling.negative_prompt=a~b",
+                    f"+x={tmp_path}/y"]
+    check_command_line(expand_home(["output_dir=~/x"]))  # no lexer error any more
+    out, run_dir = composed(["output_dir='~/quoted'", "job.staging_dir='~/stage'"])
+    assert out == f"{tmp_path}/quoted"
+    assert run_dir.startswith(f"{tmp_path}/quoted/logs/")  # Hydra's log folder too: no folder named `~`
+    from tests.helpers import compose_cfg
+
+    cfg = compose_cfg(["dataset.path='~/p.jsonl'", "model.path='~/ckpt'", "job.tensorboard='~/tb'"])
+    assert (cfg.dataset.path, cfg.model.path, cfg.job.tensorboard) == (
+        f"{tmp_path}/p.jsonl", f"{tmp_path}/ckpt", f"{tmp_path}/tb")
+    assert compose_cfg(["output_dir='s3://b/~x'"]).output_dir == "s3://b/~x"  # a URL is not a path
+
+
+def _cli(*args, module="jobs.generate"):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_help_and_unknown_preset_list_presets_not_schemas():
+    help_text = _cli("--help").stdout
+    assert "model: flux, flux_tiny," in help_text and "sana_tiny" in help_text
+    assert "schema" not in help_text.split("== Config ==")[0]
+    bad = _cli("model=nope")
+    assert bad.returncode == 2
+    assert "available options in 'model'" in bad.stderr and "sana_tiny" in bad.stderr
+    assert "schema" not in bad.stderr
+
+
+def test_a_bad_dataset_leaves_nothing_in_output_dir(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": 3}\n')
+    fresh, existing = tmp_path / "fresh", tmp_path / "existing"
+    existing.mkdir()
+    for out in (fresh, existing):
+        proc = _cli(f"dataset.path={bad}", f"output_dir={out}")
+        assert proc.returncode == 2 and "bad.jsonl:1: prompt must be a string" in proc.stderr + proc.stdout
+    assert not fresh.exists()  # no logs/, no _locks/, not the folder either
+    assert existing.is_dir() and not any(existing.iterdir())  # the user's folder stays, empty as it was
+    planned = _cli(f"dataset.path={bad}", f"output_dir={fresh}", module="jobs.plan")
+    assert planned.returncode == 2 and "bad.jsonl:1" in planned.stderr + planned.stdout
+    assert not fresh.exists()  # the planner's front door leaves nothing either
+
+
+def test_a_refused_job_leaves_a_claimed_run_alone(tmp_path):
+    from jobs.output.claim import remove_unclaimed
+
+    out = tmp_path / "out"
+    log_dir = out / "logs" / "2026-rank0"
+    log_dir.mkdir(parents=True)
+    (out / "_locks").mkdir()
+    (out / "_locks" / "plan.lock").write_text("")
+    (out / "run.json").write_text("{}")
+    remove_unclaimed(out, log_dir, existed=False)
+    assert log_dir.exists()  # the run's log of this job's error stays
+    assert (out / "_locks" / "plan.lock").exists() and (out / "run.json").exists()
+    (out / "run.json").unlink()
+    (out / "stray.txt").write_text("not ours")
+    remove_unclaimed(out, log_dir, existed=False)
+    assert not log_dir.exists()  # unclaimed: this job's own log folder goes
+    assert (out / "stray.txt").exists() and (out / "_locks" / "plan.lock").exists()  # not ours: stays
+
+
+def test_dir_lock_excludes_another_process(tmp_path):
+    import multiprocessing as mp
+
+    from jobs.output.claim import dir_lock
+
+    def try_lock(path, q):
+        from filelock import FileLock, Timeout
+
+        try:
+            with FileLock(path, timeout=0.2):
+                q.put("got it")
+        except Timeout:
+            q.put("busy")
+
+    q = mp.get_context("fork").Queue()
+    with dir_lock(tmp_path, "plan"):
+        p = mp.get_context("fork").Process(target=try_lock, args=(str(tmp_path / "_locks" / "plan.lock"), q))
+        p.start()
+        p.join(10)
+        assert q.get(timeout=5) == "busy"
+    p = mp.get_context("fork").Process(target=try_lock, args=(str(tmp_path / "_locks" / "plan.lock"), q))
+    p.start()
+    p.join(10)
+    assert q.get(timeout=5) == "got it"
