@@ -36,10 +36,13 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Ownership:
-    """What a scanning writer owns: its run id, and the keys its pattern's shards may hold."""
+    """What a scanning writer owns: its run id, and the keys its pattern's shards may hold.
+    `earlier`: ids the same run had before (an extended run's manifests keep the id they were
+    committed under): shards carrying one are the run's too."""
 
     run: str
     keys: AbstractSet[str]
+    earlier: AbstractSet[str] = frozenset()
 
 
 def ownership_problems(record: ShardRecord, owner: Ownership, taken: Set[str]) -> List[str]:
@@ -65,7 +68,7 @@ def ownership_problems(record: ShardRecord, owner: Ownership, taken: Set[str]) -
 
 def is_foreign(record: ShardRecord, owner: Ownership) -> bool:
     """A manifest of another run: not the owner's to adopt, nor to move."""
-    return bool(owner.run and record.run and record.run != owner.run)
+    return bool(owner.run and record.run and record.run != owner.run and record.run not in owner.earlier)
 
 
 def scan_owned(output_dir: Path, pattern_glob: str, verify: str, spec: Optional[MetaSpec], owner: Ownership,

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Dict, List
 
 from jobs.errors import UserError
+from jobs.output.claim import run_id, run_lineage
 from jobs.output.layout import DONE_DIR, INDEX_FILE, LOG_DIR, MANIFEST_DIR, PLAN_DIR, RUN_FILE
 from sinks.manifest import load_manifest, verify_shard
 from sinks.sidecars import PARQUET_SUFFIX, STATS_SUFFIX, check_sidecars, sidecar_names
@@ -41,6 +42,7 @@ def verify_output(output_dir: Path) -> Report:
         raise UserError(f"OUTPUT_DIR={str(output_dir)!r} is not a directory; give the output_dir of a job")
     report = Report()
     run = _run_id(output_dir, report)
+    lineage = run_lineage(output_dir)  # an extended run's earlier ids
     fix = RepairAdvice(output_dir)
     manifests = {}
     for path in sorted((output_dir / MANIFEST_DIR).glob("*.tar.json")):
@@ -48,7 +50,7 @@ def verify_output(output_dir: Path) -> Report:
         record = load_manifest(output_dir, url)
         if record is None:
             report.problems.append(f"{path}: unreadable manifest ({fix.plain})")
-        elif run and record.run and record.run != run:
+        elif run and record.run and record.run != run and record.run not in lineage:
             report.foreign.append(f"{url}: its manifest is another run's (run {record.run}, this run is {run})")
         elif not (output_dir / url).is_file():
             report.problems.append(f"{url}: listed by {path.name} but the shard is missing ({fix.plain}: it "
@@ -85,18 +87,15 @@ def verify_output(output_dir: Path) -> Report:
 
 
 def _run_id(output_dir: Path, report: Report) -> str:
-    import hashlib
-
+    """The run id its manifests carry (jobs/output/claim.py run_id), or "" with the problem noted."""
     try:
-        data = (output_dir / RUN_FILE).read_bytes()
-        json.loads(data)
+        return run_id(output_dir)
     except FileNotFoundError:
         return ""
-    except (OSError, ValueError):
+    except (OSError, ValueError, AttributeError):
         report.problems.append(f"{RUN_FILE} is unreadable: rerun the job: it restores it from _plan/plan.json "
                                f"when the plan's identity is the job's")
         return ""
-    return hashlib.sha256(data).hexdigest()[:16]
 
 
 class RepairAdvice:

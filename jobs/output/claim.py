@@ -13,6 +13,7 @@ lock, and holds a lock on its shard names while it writes (`_locks/`).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -132,11 +133,19 @@ def run_id(output_dir: Path) -> str:
     """The run's id, which every manifest it commits carries (sinks/owned_scan.py adopts only its
     own run's shards): a digest of run.json's identity. Provenance is left out, as from every
     comparison: a resume on another host, or with a newer torch, is the same run."""
-    import hashlib
-
     doc = json.loads((output_dir / RUN_FILE).read_bytes())
     doc.pop(PROVENANCE_KEY, None)
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def run_lineage(output_dir: Path) -> frozenset:
+    """The ids this run had before its current one: `job.extend` changes the identity (a larger
+    dataset), and the shards committed before keep the id they were committed under."""
+    try:
+        doc = json.loads((output_dir / RUN_FILE).read_bytes())
+    except (OSError, ValueError):
+        return frozenset()
+    return frozenset((doc.get(PROVENANCE_KEY) or {}).get("lineage", []))
 
 
 def run_differences(output_dir: Path, identity: dict) -> List[str]:
@@ -154,8 +163,10 @@ def rewrite_run(output_dir: Path, identity: dict, provenance: Optional[dict]) ->
     """Replace run.json's identity (job.extend: the run now holds a larger dataset), keeping when
     it was first claimed; under the claim lock, by the job that holds the plan lock."""
     with dir_lock(output_dir, "claim"):
+        before = run_id(output_dir)
         old = json.loads((output_dir / RUN_FILE).read_text())
         prov = dict(old.get(PROVENANCE_KEY) or {}, extended=(provenance or {}).get("time"))
+        prov["lineage"] = sorted(set(prov.get("lineage", [])) | {before})  # the ids its shards may carry
         atomic_write_bytes(output_dir / RUN_FILE, run_bytes(identity, prov))
 
 

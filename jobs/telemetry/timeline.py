@@ -16,7 +16,6 @@ so a SIGKILL may lose the last few seconds of lines, and a torn last line is ski
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import time
@@ -24,6 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import List, Optional
 
+from jobs.output.claim import run_id
 from jobs.output.layout import RUN_FILE, TIMELINE_DIR
 
 log = logging.getLogger(__name__)
@@ -51,8 +51,8 @@ class BatchEntry:
 
 
 def run_digest(output_dir: Path) -> str:
-    path = Path(output_dir) / RUN_FILE
-    return hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.is_file() else ""
+    """The run id of jobs/output/claim.py (what the run's manifests carry), "" without a run.json."""
+    return run_id(Path(output_dir)) if (Path(output_dir) / RUN_FILE).is_file() else ""
 
 
 class Timeline:

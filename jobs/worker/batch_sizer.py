@@ -211,8 +211,9 @@ def _sealed(pick: BatchPick, run: str) -> bytes:
     return (json.dumps(body, indent=2, sort_keys=True) + "\n").encode()
 
 
-def read_published(plan_dir: Path, run: str) -> Optional[BatchPick]:
-    """The pick published for run `run`, or None; refused if it was edited or is another run's."""
+def read_published(plan_dir: Path, run: str, lineage: frozenset = frozenset()) -> Optional[BatchPick]:
+    """The pick published for run `run` (or one of its earlier ids, `lineage`: job.extend), or None;
+    refused if it was edited or is another run's."""
     path = plan_dir / BATCHING_FILE
     if not path.exists():
         return None
@@ -222,7 +223,7 @@ def read_published(plan_dir: Path, run: str) -> Optional[BatchPick]:
         ok = sealed == hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
     except (ValueError, KeyError, TypeError):
         ok = False
-    if not ok or body.get("run") != run:
+    if not ok or (body.get("run") != run and body.get("run") not in lineage):
         why = "is not the file this run published (edited, or damaged)" if not ok else \
             f"was published for run {body.get('run')!r}, not this one ({run})"
         raise UserError(f"{path} {why}: the run's batches are cut with it, so following it could write batches the "
@@ -284,10 +285,10 @@ def save_cached(key: str, pick: BatchPick) -> None:
 
 # -- the worker's entry: published pick, configured pool, or a measurement ------------------------
 def choose(cfg, manifest, plan_dir: Path, pipeline, run: str,
-           on_published: Callable[[Path], None] = lambda path: None) -> BatchPick:
+           on_published: Callable[[Path], None] = lambda path: None, lineage: frozenset = frozenset()) -> BatchPick:
     """The batch sizes this worker cuts units with (see the module docstring); `run` is the run's
-    id (batching.json carries it); `on_published` as for `publish`."""
-    published = read_published(plan_dir, run)
+    id (batching.json carries it; `lineage` its earlier ids); `on_published` as for `publish`."""
+    published = read_published(plan_dir, run, lineage)
     if published is not None:
         return published
     pool, mode = sorted({int(b) for b in cfg.bcg.batch_sizes}), cfg.bcg.batch_grow

@@ -68,7 +68,8 @@ class LeasedPlan:
         items = read_unit(self.plan_dir, info, self.manifest.dataset["path"], self.settings.dtype)
         # Ours to check and clean: we hold its lease. A shard that no longer matches its manifest is
         # quarantined by the scan, and its samples are generated again.
-        owner = Ownership(self.sink.run, frozenset(it.key for it in items))  # adopt only this run's, of these keys
+        # adopt only this run's (its current id, or one it had before an extend), of these keys
+        owner = Ownership(self.sink.run, frozenset(it.key for it in items), self.sink.lineage)
         prior, _ = self.sink.shards.scan(unit_shard_glob(info.id), self.settings.verify, owner)
         committed = {k for r in prior for k in r.keys}
         todo = [it for it in items if it.key not in committed]

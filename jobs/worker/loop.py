@@ -96,7 +96,7 @@ def _load(prep: Prepared, stats: JobStats, timer: StageTimer) -> Loaded:
     pipeline = Pipeline(cfg, prep.family, pipe, prep.padder, runner, prep.device, gpu_lock=dispatcher.lock)
     with timer("batch_sizing"):
         pick = choose_batch_sizes(cfg, prep.manifest, prep.output_dir / PLAN_DIR, pipeline, run_id(prep.output_dir),
-                                  on_published=prep.sink.shards.on_plan_file)
+                                  on_published=prep.sink.shards.on_plan_file, lineage=prep.sink.lineage)
     prep.plan.settings.batch_sizes = pick.sizes
     dispatcher.set_pool(pick.sizes)
     stats.batching = pick.to_json()

@@ -22,7 +22,7 @@ import torch
 
 from jobs.config import GenerateConfig
 from jobs.models.base import ModelFamily
-from jobs.output.claim import run_id
+from jobs.output.claim import run_id, run_lineage
 from jobs.output.layout import PLAN_DIR
 from jobs.output.leases import HOST
 from jobs.output.mirror import LocalShards, open_shards
@@ -84,7 +84,8 @@ def assemble(cfg: GenerateConfig, checked: Checked, shards: LocalShards, manifes
              source: UnitSource, owner: str, topo: Topology, device: torch.device) -> Prepared:
     """The sink and the plan of a worker whose units come from `source`."""
     plan_dir = checked.output_dir / PLAN_DIR
-    sink = UnitSink(checked.output_dir, cfg.sink, plan_dir, source, owner, shards, run=run_id(checked.output_dir))
+    sink = UnitSink(checked.output_dir, cfg.sink, plan_dir, source, owner, shards, run=run_id(checked.output_dir),
+                    lineage=run_lineage(checked.output_dir))
     order = PlanSettings(batch_sizes=list(cfg.bcg.batch_sizes), pad_short=cfg.bcg.pad_short_batches,
                          dtype=cfg.model.dtype, verify=cfg.job.verify)
     plan = LeasedPlan(manifest, plan_dir, source, sink, order)

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, List, Set, Tuple
 
+from jobs.output.claim import run_lineage
 from jobs.output.done import done_path, done_units, mark_done
 from jobs.output.layout import unit_name, unit_shard_glob
 from jobs.output.mirror import LocalShards
@@ -132,7 +133,8 @@ def _reopen_if_damaged(unit: int, records, why: str, level: str, manifest: PlanM
     try:
         shards.fetch_unit(plan_dir / f"{unit_name(unit)}.parquet")  # an object store: fetched when needed
         keys = read_unit_keys(plan_dir, next(u for u in manifest.units if u.id == unit))
-        kept, moved = shards.scan(unit_shard_glob(unit), level, Ownership(run, frozenset(keys)))
+        kept, moved = shards.scan(unit_shard_glob(unit), level,
+                                  Ownership(run, frozenset(keys), run_lineage(plan_dir.parent)))
         out.quarantined += moved
         listed = {r.url for r in records} if records is not None else None
         marker = done_path(plan_dir, unit)

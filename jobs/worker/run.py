@@ -98,8 +98,10 @@ def record_plan(stats: JobStats, prep: Prepared, timer: StageTimer, count_done_a
 def _flops(prep: Prepared, images: dict, seconds: float) -> dict:
     """Model FLOPs per image (counted from the family's config), achieved TFLOP/s over the generate
     stage, and the fraction of the GPU's dense bf16 peak where it is known (jobs/models/flops.py)."""
-    if not images or prep.family.name not in known_families():
+    if prep.family.name not in known_families():
         return {"counted": False, "reason": f"no FLOPs rule for family {prep.family.name!r}"}
+    if not images:
+        return {"counted": False, "reason": "nothing generated in this run"}
     model = prep.cfg.model
     out = flops_summary_mix(prep.family.name, images, seconds,
                             transformer_config=prep.family.component_config(model, "transformer"),

@@ -47,12 +47,13 @@ class _Open:
 
 class UnitSink:
     def __init__(self, output_dir: Path, config: SinkConfig, plan_dir: Path, source: UnitSource, owner: str,
-                 shards: Optional[LocalShards] = None, run: str = ""):
+                 shards: Optional[LocalShards] = None, run: str = "", lineage: frozenset = frozenset()):
         self.output_dir, self.config, self.plan_dir = Path(output_dir), config, plan_dir
         # Where committed shards are found and what follows a commit (an upload, jobs/output/mirror.py).
         self.shards = shards or LocalShards(self.output_dir, MetaSpec())
         # source: who owns which unit (leases, or a Ray driver); run: the id every manifest carries
         self.source, self.owner, self.run = source, owner, run
+        self.lineage = lineage  # the run's earlier ids (job.extend): its shards committed under them are its own
         self._open: Dict[int, _Open] = {}
         self._open_closing: Optional[tuple] = None  # (unit, _Open) while its last shards commit
         self._unit_of: Dict[str, int] = {}
