@@ -27,7 +27,6 @@ import logging
 from typing import Any, Callable, TypeVar
 
 import torch
-
 import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode

@@ -34,12 +34,11 @@ import numpy as np
 import torch
 import triton
 import triton.language as tl
-
 from triton.language.extra import libdevice
 
+from . import kernels_rms
 from .applicable import check as _check
 from .kernels import OPTS, _r
-from . import kernels_rms
 from .kernels_rms import _rstd, fused_rms_rstd, mean_sq_rows
 
 CMUL_MODES = ("fma_ac_ad", "fma_bd_bc", "fma_ac_bc", "fma_bd_ad", "plain")

@@ -28,20 +28,29 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-import torch.nn.functional as F
-
 from ..memo import version as _version  # None for inference tensors (the job's torch.inference_mode)
-from .ops import (CONV_BIAS_GLU, CONV_BIAS_SILU, DWCONV_GLU_COLS, DWCONV_GLU_ROWS, GATED_RESIDUAL,
-                  GATED_RESIDUAL_LINEAR, GLU, LINEAR_ATTENTION, MODULATION, RESCALE_RESIDUAL, SILU_DWCONV_GLU)
-from .ops_norm import gated_res_ln_adaln, ln_adaln, res_ln_adaln
 from .guard import guarded
 from .inline import inlinable, kernel_breaks
 from .modulation import TableStack
+from .ops import (
+    CONV_BIAS_GLU,
+    CONV_BIAS_SILU,
+    DWCONV_GLU_COLS,
+    DWCONV_GLU_ROWS,
+    GATED_RESIDUAL,
+    GATED_RESIDUAL_LINEAR,
+    GLU,
+    LINEAR_ATTENTION,
+    MODULATION,
+    RESCALE_RESIDUAL,
+    SILU_DWCONV_GLU,
+)
+from .ops_norm import gated_res_ln_adaln, ln_adaln, res_ln_adaln
 from .sana_prompt import PromptState, caption_forwards, check_model
 from .verify import Verifier
-
 
 # The one-pass depthwise conv + bias + GLU kernel (ops.DWCONV_GLU_ROWS) is bit-exact with cuDNN
 # on the H200 in bf16 and fp16 (cuDNN sums the 9 taps row-major). Timed inside CUDA graphs (no

@@ -31,10 +31,10 @@ from typing import Callable
 import torch
 from torch import nn
 
-from .ops_act import SWIGLU
-from .ops_rms import NORM_ROPE, NORM_ROPE_IN, RMS_RESIDUAL, RMS_SCALE, RMS_VARIANCE
 from .guard import guarded
 from .inline import inlinable, kernel_breaks
+from .ops_act import SWIGLU
+from .ops_rms import NORM_ROPE, NORM_ROPE_IN, RMS_RESIDUAL, RMS_SCALE, RMS_VARIANCE
 from .verify import Verifier, chain
 
 
