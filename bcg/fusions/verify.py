@@ -185,7 +185,8 @@ def chain(call: Callable, ops: tuple, last: Callable | None = None) -> Callable:
     contractions, norms run by aten)."""
     fb = last
     for op in reversed(ops):
-        fb = (lambda op, nxt: lambda *a: call(op, *a, fallback=nxt))(op, fb)
+        # the outer lambda binds this op and the next fallback now; the inner one reads its parameters
+        fb = (lambda op, nxt: lambda *a: call(op, *a, fallback=nxt))(op, fb)  # noqa: B023 (op is bound)
     return fb
 
 

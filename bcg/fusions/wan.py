@@ -121,7 +121,8 @@ def block_forward(block: nn.Module, fx: Verifier) -> Callable:
     def forward(hidden_states, encoder_hidden_states, temb, rotary_emb):
         if temb.ndim != 3 or not (inlinable(attn1) and inlinable(attn2)):
             return class_forward(block, hidden_states, encoder_hidden_states, temb, rotary_emb)
-        shift_msa, scale_msa, gate_msa, c_shift_msa, c_scale_msa, c_gate_msa = stack.get(call, block, temb).chunk(6, dim=1)
+        shift_msa, scale_msa, gate_msa, c_shift_msa, c_scale_msa, c_gate_msa = (
+            stack.get(call, block, temb).chunk(6, dim=1))
 
         # 1. Self-attention
         norm_hidden_states = call(LN_ADALN_F32, hidden_states, block.norm1, scale_msa, shift_msa)
