@@ -88,7 +88,7 @@ def memo_inputs(sources: InputSources | None, fn: Callable, args: tuple, kwargs:
     tensors = tensor_leaves((args, kwargs))
     found = [sources.index_of(t) for t in tensors] if sources is not None else [None]
     if tensors and None not in found:
-        return tuple(found)
+        return tuple(i for i in found if i is not None)  # all of them (the test above)
     name = getattr(fn, "__qualname__", repr(fn))
     if name not in _logged:
         _logged.add(name)
