@@ -1,4 +1,4 @@
-"""diffusers' modules as the fused code reads them (attentions, RMSNorm), for the type checker.
+"""diffusers' modules as the fused code reads them (attentions, GLUMBConv, RMSNorm), for the type checker.
 
 `nn.Module` types every attribute it does not declare as `Tensor | Module` (its `__getattr__`):
 read through an `nn.Module`, an attention's `heads` is a tensor or a module, and so is its `to_q`.
@@ -46,3 +46,11 @@ class RMSNorm(Protocol):
     eps: float
     weight: torch.Tensor | None
     bias: torch.Tensor | None
+
+
+class GLUMBConv(Protocol):
+    """SANA's (and SANA-Video's) GLUMBConv as the inlined feed-forward reads it."""
+
+    conv_inverted: nn.Conv2d
+    conv_depth: nn.Conv2d
+    conv_point: nn.Conv2d
