@@ -73,4 +73,5 @@ def resolve_backend(config: RunnerConfig, device: torch.device | None) -> tuple[
         return None, f"no CUDA device for a module on {device}"
     from .cuda_backend import CudaBackend
 
+    assert device is not None  # cuda_ok
     return CudaBackend(device, watch_inputs=not config.compile), f"CUDA graphs on {device}"

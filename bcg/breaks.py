@@ -27,7 +27,6 @@ import logging
 from typing import Any, Callable, TypeVar
 
 import torch
-
 import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
@@ -157,9 +156,12 @@ def install_breaks(module: nn.Module, policy: BreakPolicy) -> int:
     remove_breaks(module)
     if isinstance(policy, str) and policy == "none":
         return 0
+    targets: list[nn.Module]
+    make: Callable[[Callable], Callable]
     if isinstance(policy, str):  # "attention"
         classes = _attention_classes()
-        targets = [m for _, m in module.named_modules() if classes and isinstance(m, classes)]
+        # modules(): named_modules() without names, and typed (torch leaves named_modules unannotated)
+        targets = [m for m in module.modules() if classes and isinstance(m, classes)]
         make = _attention_forward
         if not targets:
             log.warning("bcg: break_policy=attention found no diffusers attention module in %s",

@@ -23,13 +23,13 @@ import torch
 from .backend import Backend
 from .graph import CapturedForward, MemoStep, capture_forward
 from .memo import InputSources
-from .signature import Key, rebuild, summarize
+from .signature import CallKey, rebuild, summarize
 from .tree import clone_tree, tensor_leaves
 
 
 @dataclass
 class GraphEntry:
-    key: Key
+    key: CallKey
     static_inputs: list[torch.Tensor]
     graph: CapturedForward
     output: Any
@@ -132,7 +132,7 @@ def _warmup_like(t: torch.Tensor) -> torch.Tensor:
 
 
 def capture_entry(
-    fn: Callable, args: tuple, kwargs: dict, key: Key, leaves: list[torch.Tensor],
+    fn: Callable, args: tuple, kwargs: dict, key: CallKey, leaves: list[torch.Tensor],
     backend: Backend, warmup_iters: int, counters: Any = None, scope: int | None = None,
 ) -> tuple[GraphEntry, Any]:
     """Warm up, capture `fn(*args, **kwargs)` with static buffers; returns the entry and this

@@ -134,6 +134,7 @@ class _Capture:
         inputs = memo_inputs(self.sources, fn, args, kwargs)
         if inputs is None:
             return self.run_break(fn, args, kwargs)
+        assert self.sources is not None  # memo_inputs gives None without sources
         out = self._eager(fn, args, kwargs)
         for i in inputs:
             self.sources.watch(i)

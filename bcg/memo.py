@@ -5,11 +5,11 @@ computes from them alone is the same at every step (SANA: the caption projection
 cross-attention K and V, 42 GEMMs a forward). `memo_on_graph(fn, params)` marks such a function:
 
 - outside a capture it is `fn` (an eager forward computes it every call);
-- during a capture it is a break (bcg.graph; the decorator lives with `eager_on_graph` in bcg.breaks): `fn` runs eagerly once and its outputs become
-  bridges; on replay its step (`bcg.graph.MemoStep`) re-runs `fn` only when the live tensor behind
-  one of its inputs changed since its last run, or one of `params` was edited in place. Otherwise
-  the bridges keep the last results, which are the bits `fn` would make again (same calls, same
-  inputs).
+- during a capture it is a break (bcg.graph; the decorator lives with `eager_on_graph` in
+  bcg.breaks): `fn` runs eagerly once and its outputs become bridges; on replay its step
+  (`bcg.graph.MemoStep`) re-runs `fn` only when the live tensor behind one of its inputs changed
+  since its last run, or one of `params` was edited in place. Otherwise the bridges keep the last
+  results, which are the bits `fn` would make again (same calls, same inputs).
 
 Which live inputs changed is the entry's `InputSources`. Every live input is still copied into its
 static buffer on every replay (so nothing else about replay changes); for the static inputs a memo
@@ -88,7 +88,7 @@ def memo_inputs(sources: InputSources | None, fn: Callable, args: tuple, kwargs:
     tensors = tensor_leaves((args, kwargs))
     found = [sources.index_of(t) for t in tensors] if sources is not None else [None]
     if tensors and None not in found:
-        return tuple(found)
+        return tuple(i for i in found if i is not None)  # all of them (the test above)
     name = getattr(fn, "__qualname__", repr(fn))
     if name not in _logged:
         _logged.add(name)

@@ -39,7 +39,7 @@ from .counters import Counters
 from .entry import GraphEntry, capture_entry
 from .hooks import Chain
 from .rewrites import Rewrite, rewrite_for
-from .signature import Key, describe_difference, flatten, summarize
+from .signature import CallKey, describe_difference, flatten, summarize
 
 log = logging.getLogger(__name__)
 
@@ -77,9 +77,9 @@ class GraphRunner:
         self.counters = Counters()
         self.breaks_installed = 0
         self.fusions: Rewrite | None = None  # the tier's rewrites (bcg/rewrites.py), when installed
-        self._entries: OrderedDict[Key, GraphEntry] = OrderedDict()  # LRU order: oldest first
-        self._eager_keys: set[Key] = set()  # failed or over the memory bound: eager for good
-        self._logged: set[Key] = set()
+        self._entries: OrderedDict[CallKey, GraphEntry] = OrderedDict()  # LRU order: oldest first
+        self._eager_keys: set[CallKey] = set()  # failed or over the memory bound: eager for good
+        self._logged: set[CallKey] = set()
         self._scope: int | None = None  # the open call_scope's number (bcg.memo)
         self._scopes = 0
         self._scope_dispatch: Dispatch | None = None
@@ -131,7 +131,7 @@ class GraphRunner:
                 return out
         return self.fn(*args, **kwargs)
 
-    def _capture(self, key: Key, args: tuple, kwargs: dict, leaves: list) -> Any:
+    def _capture(self, key: CallKey, args: tuple, kwargs: dict, leaves: list) -> Any:
         assert self.backend is not None
         while len(self._entries) >= self.config.max_graphs:
             self._evict_oldest()
@@ -161,7 +161,7 @@ class GraphRunner:
         c.peak_graph_bytes = max(c.peak_graph_bytes, c.graph_bytes)
         return out
 
-    def _enforce_bytes(self, newest: Key) -> None:
+    def _enforce_bytes(self, newest: CallKey) -> None:
         cap = self.config.max_graph_bytes
         if cap <= 0:
             return
@@ -182,7 +182,7 @@ class GraphRunner:
         self.counters.graph_bytes -= entry.nbytes
         self.counters.evictions += 1
 
-    def _miss(self, key: Key, why: str) -> None:
+    def _miss(self, key: CallKey, why: str) -> None:
         self.counters.misses += 1
         if key in self._logged:
             return

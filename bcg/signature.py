@@ -28,7 +28,7 @@ giving a compact key such as `(list, "<None*>", 72000)` instead of one entry per
 
 from __future__ import annotations
 
-from typing import Any, Hashable, Iterator
+from typing import Any, Hashable, Iterator, TypeGuard
 
 import torch
 
@@ -43,15 +43,17 @@ _SCALARS = (bool, int, float)
 _SCALAR_SET = frozenset(_SCALARS) | {str}
 _VALUE_TYPES = (torch.dtype, torch.device)
 
-Key = Hashable
+Key = Hashable  # one node of a call key (the table above)
+# A call's key: (positional keys, (name, key) pairs sorted by name).
+CallKey = tuple[tuple[Key, ...], tuple[tuple[str, Key], ...]]
 
 
-def signature(args: tuple, kwargs: dict) -> Key:
+def signature(args: tuple, kwargs: dict) -> CallKey:
     """The graph key of a call `f(*args, **kwargs)`."""
     return flatten(args, kwargs)[0]
 
 
-def flatten(args: tuple, kwargs: dict) -> tuple[Key, list[torch.Tensor]]:
+def flatten(args: tuple, kwargs: dict) -> tuple[CallKey, list[torch.Tensor]]:
     """One pass: the call's key and its tensor leaves, in `rebuild`'s order."""
     leaves: list[torch.Tensor] = []
     arg_keys = tuple([_key(a, leaves) for a in args])
@@ -157,7 +159,7 @@ def _put(obj: Any, it: Iterator[torch.Tensor]) -> Any:
     return obj
 
 
-def describe_difference(a: Key, b: Key, limit: int = 8) -> list[str]:
+def describe_difference(a: CallKey, b: CallKey, limit: int = 8) -> list[str]:
     """Human lines naming the fields where call keys `a` and `b` differ, e.g.
     "encoder_hidden_states: shape (2, 64, 384) vs (2, 128, 384)"."""
     out: list[str] = []
@@ -179,11 +181,11 @@ def describe_difference(a: Key, b: Key, limit: int = 8) -> list[str]:
     return out
 
 
-def _is_tensor_key(k: Key) -> bool:
+def _is_tensor_key(k: Key) -> TypeGuard[tuple[Any, ...]]:
     return type(k) is tuple and len(k) == 5 and k[0] == _TENSOR
 
 
-def _is_container_key(k: Key) -> bool:
+def _is_container_key(k: Key) -> TypeGuard[tuple[Any, ...]]:
     return type(k) is tuple and len(k) == 2 and type(k[1]) is tuple and isinstance(k[0], type) \
         and issubclass(k[0], (list, tuple, dict))
 
@@ -233,7 +235,7 @@ def _fmt(k: Key) -> str:
     return repr(k)
 
 
-def summarize(key: Key, limit: int = 240) -> str:
+def summarize(key: CallKey, limit: int = 240) -> str:
     """One short line for logs and stats: tensor shapes and host values by argument name."""
     args, kw = key
     parts = [f"args[{i}]={_brief(k)}" for i, k in enumerate(args)]

@@ -91,7 +91,7 @@ class Fusions:
     def install(self, rules: list[Rule] | None = None) -> "Fusions":
         rules = list(RULES.values()) if rules is None else rules
         by_target = {r.target: r for r in rules}
-        for qname, sub in self.model.named_modules():
+        for _qname, sub in self.model.named_modules():
             rule = by_target.get(type(sub).__name__)
             if rule is None:
                 continue

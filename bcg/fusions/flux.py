@@ -30,7 +30,7 @@ against the block's own forward on first sight of its input key (guard.py).
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -43,9 +43,22 @@ from .ops import GATED_RESIDUAL
 from .ops_act import GELU_CAT
 from .ops_norm import gated_res_ln_adaln, ln_adaln
 from .ops_rope import QK_PAIRS
+from .protocols import Attention
 from .verify import Verifier, chain
 
 FAMILIES = ("Flux", "LongCatImage")  # class-name prefixes: <prefix>TransformerBlock, <prefix>SingleTransformerBlock
+
+
+class _FluxAttention(Attention, Protocol):
+    """FluxAttention / LongCatImageAttention as their processors read them (torch.nn.RMSNorm q/k
+    norms, always there; the text stream's in the double-stream blocks)."""
+
+    head_dim: int
+    norm_q: nn.Module
+    norm_k: nn.Module
+    norm_added_q: nn.Module
+    norm_added_k: nn.Module
+    to_add_out: nn.Module
 
 
 def _module(prefix: str):
@@ -63,7 +76,7 @@ def _prefix(block: nn.Module) -> str:
     return next(p for p in FAMILIES if name.startswith(p))
 
 
-def _plain_ln(norm: nn.Module) -> bool:
+def _plain_ln(norm: object) -> bool:
     return isinstance(norm, nn.LayerNorm) and norm.weight is None and norm.bias is None
 
 
@@ -82,8 +95,8 @@ def _check_common(block: nn.Module, norms: tuple[str, ...]) -> str | None:
         return f"attn does not use {processor.__name__} (an IP adapter or another processor)"
     for name in norms:
         ada = getattr(block, name, None)
-        if type(ada).__name__ not in ("AdaLayerNormZero", "AdaLayerNormZeroSingle") or getattr(ada, "emb", None) \
-                is not None or not _plain_ln(ada.norm) or "forward" in ada.__dict__:
+        if ada is None or type(ada).__name__ not in ("AdaLayerNormZero", "AdaLayerNormZeroSingle") \
+                or getattr(ada, "emb", None) is not None or not _plain_ln(ada.norm) or "forward" in ada.__dict__:
             return f"{name} is not a plain AdaLayerNormZero(Single) over an affine-free LayerNorm"
     return None
 
@@ -107,11 +120,11 @@ def _silu(fx: Verifier) -> SameInput:
     return fx.shared.setdefault("flux_silu", SameInput(F.silu))
 
 
-def _heads(x: torch.Tensor, attn: nn.Module) -> torch.Tensor:
+def _heads(x: torch.Tensor, attn: _FluxAttention) -> torch.Tensor:
     return x.unflatten(-1, (-1, attn.head_dim))
 
 
-def _attention(attn: nn.Module, q, k, v):
+def _attention(attn: _FluxAttention, q, k, v):
     from diffusers.models.attention_dispatch import dispatch_attention_fn
 
     proc = attn.processor
@@ -121,7 +134,7 @@ def _attention(attn: nn.Module, q, k, v):
     return out.flatten(2, 3).to(q.dtype)
 
 
-def _joint_attention(call: Callable, attn: nn.Module, hidden, context, rotary, contiguous: bool, qkv: Callable):
+def _joint_attention(call: Callable, attn: _FluxAttention, hidden, context, rotary, contiguous: bool, qkv: Callable):
     """FluxAttnProcessor with encoder_hidden_states, op for op, its q/k norms, RoPE and
     concatenation fused (ops_rope.QK_PAIRS)."""
     query, key, value, eq, ek, ev = qkv(attn, hidden, context)

@@ -4,9 +4,10 @@ The verifier checks each fused chain against its transcription of diffusers' ops
 transcription itself: on first sight of an input key (keys.call_key: shapes, strides, dtypes,
 alignment, plain values) the module's own forward and the rewritten one run on the same live
 inputs, and their outputs must be equal bit for bit (torch.equal, same strides). Equal: the
-rewritten forward serves that key from then on (this call returns its outputs: the same bits). Different (or raising): the module's own forward
-serves it, for good, and the rejection is counted and logged. A key first seen inside a graph
-capture runs the module's own forward (the runner's eager warm-ups see keys first).
+rewritten forward serves that key from then on (this call returns its outputs: the same bits).
+Different (or raising): the module's own forward serves it, for good, and the rejection is counted
+and logged. A key first seen inside a graph capture runs the module's own forward (the runner's
+eager warm-ups see keys first).
 
     fwd = guarded("flux_block", block, fused_forward, fx, variant=lambda *a, **kw: ...)
 

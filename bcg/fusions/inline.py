@@ -14,16 +14,17 @@ from torch import nn
 
 from ..breaks import _AttentionKernelBreaks
 from ..graph import active_capture
+from .protocols import Attention
 
 
-def inlinable(attn: nn.Module) -> bool:
+def inlinable(attn: nn.Module | Attention) -> bool:
     """An attention module's processor may be inlined: its forward is the class's, or bcg's
     attention-kernel wrapper (whose breaks `kernel_breaks` keeps)."""
     fwd = attn.__dict__.get("forward")
     return fwd is None or getattr(fwd, "__bcg_attention_break__", False)
 
 
-def kernel_breaks(attn: nn.Module):
+def kernel_breaks(attn: nn.Module | Attention) -> contextlib.AbstractContextManager[object]:
     """The context the inlined attention kernel runs in: bcg's breaks where its wrapper is installed
     and a capture runs, else nothing."""
     if "forward" in attn.__dict__ and active_capture() is not None:

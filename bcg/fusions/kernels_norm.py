@@ -220,11 +220,14 @@ def ln_adaln(x: torch.Tensor, eps: float, scale: torch.Tensor | None, shift: tor
     _check(mod == (shift is not None) and (weight is None) == (bias is None) and (mod or weight is not None),
            "scale with shift, or the norm's weight with its bias")
     mdt = (torch.float32, x.dtype) if f32 else (x.dtype,)
-    _check(not mod or (scale.dtype in mdt and shift.dtype in mdt), "scale / shift must have x's dtype (or fp32: f32)")
+    if mod:
+        assert scale is not None and shift is not None  # mod, and the check above: shift comes with scale
+        _check(scale.dtype in mdt and shift.dtype in mdt, "scale / shift must have x's dtype (or fp32: f32)")
     B, N, D = x.shape
     align = x.element_size() * _VEC
     _check(D % _VEC == 0 and D < (1 << 24), "aten's vectorized LayerNorm path needs D % 4 == 0")
     if weight is not None:
+        assert bias is not None  # the check above: bias comes with weight
         _check(weight.shape == bias.shape == (D,) and weight.is_contiguous() and bias.is_contiguous(),
                "weight and bias must be contiguous [D]")
     if residual is not None:
@@ -234,7 +237,8 @@ def ln_adaln(x: torch.Tensor, eps: float, scale: torch.Tensor | None, shift: tor
     g = gate.expand(B, N, D) if gate is not None else None
     _check(g is None or (g.dtype in mdt and (N == 1 or g.stride(1) == 0)),
            "gate must have x's dtype (or fp32: f32) and broadcast over tokens")
-    s, t = (scale.expand(B, N, D), shift.expand(B, N, D)) if mod else (x, x)
+    # scale and shift are both set exactly when mod (the check above)
+    s, t = (scale.expand(B, N, D), shift.expand(B, N, D)) if scale is not None and shift is not None else (x, x)
     _check(not mod or N == 1 or (s.stride(1) == 0 and t.stride(1) == 0), "scale/shift must broadcast over tokens")
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
     res = torch.empty_like(x, memory_format=torch.contiguous_format) if residual is not None else out

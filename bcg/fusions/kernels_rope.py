@@ -34,12 +34,11 @@ import numpy as np
 import torch
 import triton
 import triton.language as tl
-
 from triton.language.extra import libdevice
 
+from . import kernels_rms
 from .applicable import check as _check
 from .kernels import OPTS, _r
-from . import kernels_rms
 from .kernels_rms import _rstd, fused_rms_rstd, mean_sq_rows
 
 CMUL_MODES = ("fma_ac_ad", "fma_bd_bc", "fma_ac_bc", "fma_bd_ad", "plain")
@@ -223,19 +222,21 @@ def rope(x: torch.Tensor, freqs, rope_: Rope, out: torch.Tensor | None = None, t
         _rope_fused_rms_kernel[(M,)](x, weight if weight is not None else x, f, g, o, RPT, S, o.stride(0),
                                      o.stride(1), f_sb, f_ss, eps, L, LP=triton.next_power_of_2(L // 2), D=D,
                                      ROUNDS=triton.cdiv(L // 4, 128), HAS_W=weight is not None, SQ_FMA=sq_fma,
-                                     EXPLICIT=EXPLICIT_TREE, STYLE=style, MODE=mode, CE=ce, SE=se, CO=co, SO=so, LOW=low,
+                                     EXPLICIT=EXPLICIT_TREE, STYLE=style, MODE=mode, CE=ce, SE=se, CO=co, SO=so,
+                                     LOW=low,
                                      num_warps=4, **OPTS)
         return out
     var_in = norm == "mean" and var is None
     if var_in:
         # aten's mean reduces one warp a row for these sizes (kernels_rms.row_variance)
-        _check(L % 128 == 0 and L < 8192 and M >= 16, "the in-kernel variance is aten's order for rows of 128k, 16+ rows")
+        _check(L % 128 == 0 and L < 8192 and M >= 16,
+               "the in-kernel variance is aten's order for rows of 128k, 16+ rows")
     if var is not None:
         _check(var.is_contiguous() and var.numel() == M and var.dtype == torch.float32, "var must be fp32 [rows]")
     rows = max(1, 2048 // L)
     factor = float(np.float32(M) / np.float32(M * L))  # aten: static_cast<float>(outputs) / numel
-    _rope_kernel[(triton.cdiv(M, rows),)](x, var if var is not None else x, weight if weight is not None else x, f, g, o,
-                                          M, RPT, S, o.stride(0), o.stride(1), f_sb, f_ss, eps, factor, L=L,
+    _rope_kernel[(triton.cdiv(M, rows),)](x, var if var is not None else x, weight if weight is not None else x,
+                                          f, g, o, M, RPT, S, o.stride(0), o.stride(1), f_sb, f_ss, eps, factor, L=L,
                                           LP=triton.next_power_of_2(L // 2), D=D,
                                           ROWS=rows, NORM=0 if norm == "none" else 1, HAS_W=weight is not None,
                                           VAR_IN=var_in, RSTD=not kernels_rms.RSTD_IN_KERNEL, STYLE=style, MODE=mode,

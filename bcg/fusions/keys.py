@@ -64,5 +64,5 @@ def value_key(obj: Any) -> Key:
     return ("O", f"{type(obj).__module__}.{type(obj).__qualname__}")
 
 
-def call_key(args: tuple, kwargs: dict) -> Key:
+def call_key(args: tuple, kwargs: dict) -> tuple[Key, Key]:
     return (value_key(args), value_key(kwargs))

@@ -45,6 +45,7 @@ class TableStack:
     def get(self, call: Callable, block: nn.Module, t: torch.Tensor, *args: Any) -> torch.Tensor:
         if self._stale(block, t, args):
             self.entry = (t, (version(t), args), *self._make(call, block, t, args))
+        assert self.entry is not None  # _stale is True while there is none
         index, out = self.entry[2], self.entry[3]
         if id(block) not in index:
             return self.one(getattr(block, self.table), t, *args)

@@ -157,6 +157,7 @@ def _cbs_eager(x, conv: nn.Conv2d):
 
 
 def _cbs_reference(x, conv: nn.Conv2d):
+    assert conv.bias is not None  # the rule's check (sana.check_block) takes convs with a bias only
     y = _conv_nobias(x, conv)
     dt = y.dtype
     y = _r(y.float() + conv.bias.float().view(1, -1, 1, 1), dt)

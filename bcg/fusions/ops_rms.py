@@ -61,9 +61,11 @@ def _rms_applicable(x: torch.Tensor, norm: nn.Module, eps: float) -> None:
 def _rms_plan(x: torch.Tensor, var: torch.Tensor, norm: nn.Module, eps: float) -> torch.Tensor:
     """RMSNorm(x) given its variance, in fp32 holding storage-dtype values (every kernel's plan)."""
     _rms_applicable(x, norm, eps)
+    weight = norm.weight
+    assert isinstance(weight, torch.Tensor)  # _rms_applicable: a norm with a weight
     dt = x.dtype
     r = torch.rsqrt(var + eps)
-    return _r(_r(x.float() * r, dt) * norm.weight.float(), dt)
+    return _r(_r(x.float() * r, dt) * weight.float(), dt)
 
 
 def _mul_r(a: torch.Tensor, b: torch.Tensor | None, dt: torch.dtype) -> torch.Tensor:

@@ -19,11 +19,14 @@ has a contraction mode (kernels_rope.CMUL_MODES): `fma_ac_ad` is the H200's; `pl
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import nn
 
 from .applicable import check
 from .ops import Op, _r, register
+from .protocols import RMSNorm
 
 
 def _kr():
@@ -36,6 +39,7 @@ def _torch_rms(norm: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor | None, f
     """(weight, eps) of a torch.nn.RMSNorm over x's last dim as F.rms_norm runs it."""
     check(isinstance(norm, nn.RMSNorm) and len(norm.normalized_shape) == 1, "not a torch.nn.RMSNorm over one dim")
     check(norm.weight is None or norm.weight.dtype == x.dtype, "the norm's weight dtype differs from its input's")
+    assert isinstance(norm, nn.RMSNorm)  # the first check
     return norm.weight, (norm.eps if norm.eps is not None else torch.finfo(x.dtype).eps)
 
 
@@ -43,7 +47,8 @@ def _diffusers_rms(norm: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor | Non
     check(type(norm).__name__ == "RMSNorm" and not isinstance(norm, nn.RMSNorm) and norm.bias is None,
           "not a diffusers RMSNorm without bias")
     check(norm.weight is None or norm.weight.dtype == x.dtype, "the norm's weight dtype differs from its input's")
-    return norm.weight, norm.eps
+    rms = cast(RMSNorm, norm)  # the first check (nn.Module types its attributes Tensor | Module)
+    return rms.weight, rms.eps
 
 
 def _joint_out(xs: tuple) -> torch.Tensor:
@@ -73,7 +78,8 @@ def _pairs_eager(xs: tuple, norms: tuple, freqs: tuple) -> torch.Tensor:
     from diffusers.models.embeddings import apply_rotary_emb
 
     q = torch.cat([n(x) for x, n in zip(xs, norms)], dim=1) if len(xs) > 1 else norms[0](xs[0])
-    return apply_rotary_emb(q, freqs, sequence_dim=1)
+    # the ignore: diffusers annotates apply_rotary_emb -> tuple; with use_real (the default) it returns one tensor
+    return apply_rotary_emb(q, freqs, sequence_dim=1)  # type: ignore[return-value]
 
 
 def _pairs_reference(norm: str):
@@ -116,7 +122,9 @@ QK_PAIRS = tuple(register(Op(f"qk_pairs_{n}", _pairs_eager, _pairs_reference(n),
 def _complex_eager(xs: tuple, norms: tuple, freqs: tuple) -> torch.Tensor:
     from diffusers.models.transformers.transformer_qwenimage import apply_rotary_emb_qwen
 
-    return torch.cat([apply_rotary_emb_qwen(n(x), f, use_real=False) for x, n, f in zip(xs, norms, freqs)], dim=1)
+    # the ignore: diffusers annotates apply_rotary_emb_qwen -> tuple; with use_real=False it returns one tensor
+    return torch.cat([apply_rotary_emb_qwen(n(x), f, use_real=False)  # type: ignore[misc]
+                      for x, n, f in zip(xs, norms, freqs)], dim=1)
 
 
 def _complex_reference(norm: str, mode: str):

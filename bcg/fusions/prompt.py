@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from ..memo import version
+from .protocols import Attention
 
 
 class PromptState:
@@ -54,13 +55,13 @@ class PromptState:
         self.normed = (n, version(n))
         return n
 
-    def has_kv(self, attn: nn.Module, encoder_hidden_states: torch.Tensor) -> bool:
+    def has_kv(self, attn: nn.Module | Attention, encoder_hidden_states: torch.Tensor) -> bool:
         """Whether `take_kv` would hand this attention its K/V (without taking them)."""
         e = self.normed
         return (e is not None and e[0] is encoder_hidden_states and e[1] == version(encoder_hidden_states)
                 and id(attn) in self.kv)
 
-    def take_kv(self, attn: nn.Module, encoder_hidden_states: torch.Tensor) -> tuple | None:
+    def take_kv(self, attn: nn.Module | Attention, encoder_hidden_states: torch.Tensor) -> tuple | None:
         """(K, V) for this attention if it is called with that very N, unedited."""
         e = self.normed
         if e is None or e[0] is not encoder_hidden_states or e[1] != version(encoder_hidden_states):

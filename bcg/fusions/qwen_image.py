@@ -20,7 +20,7 @@ so there is no prompt memo here (unlike SANA's, Wan's).
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Protocol, cast
 
 import torch
 import torch.nn.functional as F
@@ -32,7 +32,21 @@ from .modulation import SameInput
 from .ops import GATED_RESIDUAL
 from .ops_norm import gated_res_ln_adaln, ln_adaln
 from .ops_rope import QK_COMPLEX
+from .protocols import Attention
 from .verify import Verifier, chain
+
+
+class _QwenAttention(Attention, Protocol):
+    """The joint attention as QwenDoubleStreamAttnProcessor2_0 reads it: the image stream's
+    projections and norms (Attention's) and the text stream's."""
+
+    inner_dim: int
+    add_q_proj: nn.Module
+    add_k_proj: nn.Module
+    add_v_proj: nn.Module
+    norm_added_q: nn.Module | None
+    norm_added_k: nn.Module | None
+    to_add_out: nn.Module
 
 
 def _plain_ln(norm: nn.Module) -> bool:
@@ -48,7 +62,7 @@ def check_block(block: nn.Module) -> str | None:
         return "it already has an instance forward (another wrapper or hook)"
     if block.training:
         return "it is in training mode"
-    if type(block.attn.processor) is not QwenDoubleStreamAttnProcessor2_0:
+    if type(cast(Attention, block.attn).processor) is not QwenDoubleStreamAttnProcessor2_0:
         return "attn does not use QwenDoubleStreamAttnProcessor2_0"
     for name in ("img_mod", "txt_mod"):
         mod = getattr(block, name)
@@ -60,7 +74,7 @@ def check_block(block: nn.Module) -> str | None:
     return None
 
 
-def _joint_attention(call: Callable, attn: nn.Module, hidden, context, context_mask, rotary):
+def _joint_attention(call: Callable, attn: _QwenAttention, hidden, context, context_mask, rotary):
     """QwenDoubleStreamAttnProcessor2_0, op for op, with the q/k norms, RoPE and concatenation fused."""
     from diffusers.models.attention_dispatch import dispatch_attention_fn
 

@@ -25,23 +25,33 @@ sana_prompt.py, installed on the model by the `sana_prompt` rule).
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Protocol, cast
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-import torch.nn.functional as F
-
 from ..memo import version as _version  # None for inference tensors (the job's torch.inference_mode)
-from .ops import (CONV_BIAS_GLU, CONV_BIAS_SILU, DWCONV_GLU_COLS, DWCONV_GLU_ROWS, GATED_RESIDUAL,
-                  GATED_RESIDUAL_LINEAR, GLU, LINEAR_ATTENTION, MODULATION, RESCALE_RESIDUAL, SILU_DWCONV_GLU)
-from .ops_norm import gated_res_ln_adaln, ln_adaln, res_ln_adaln
 from .guard import guarded
 from .inline import inlinable, kernel_breaks
 from .modulation import TableStack
+from .ops import (
+    CONV_BIAS_GLU,
+    CONV_BIAS_SILU,
+    DWCONV_GLU_COLS,
+    DWCONV_GLU_ROWS,
+    GATED_RESIDUAL,
+    GATED_RESIDUAL_LINEAR,
+    GLU,
+    LINEAR_ATTENTION,
+    MODULATION,
+    RESCALE_RESIDUAL,
+    SILU_DWCONV_GLU,
+)
+from .ops_norm import gated_res_ln_adaln, ln_adaln, res_ln_adaln
+from .protocols import Attention, GLUMBConv
 from .sana_prompt import PromptState, caption_forwards, check_model
 from .verify import Verifier
-
 
 # The one-pass depthwise conv + bias + GLU kernel (ops.DWCONV_GLU_ROWS) is bit-exact with cuDNN
 # on the H200 in bf16 and fp16 (cuDNN sums the 9 taps row-major). Timed inside CUDA graphs (no
@@ -59,6 +69,26 @@ ONE_PASS_DWCONV_MAX_PIXELS = 0
 # SiLU per loaded tap row and shifting columns costs more than the memory it saves. It runs for
 # calls in this pixel range (inclusive): none by default; the verifier still guards it if enabled.
 SILU_DWCONV_PIXELS = (1, 0)
+
+
+class _CrossAttention(Attention, Protocol):
+    """attn2 as SanaAttnProcessor2_0 reads it."""
+
+    rescale_output_factor: float
+
+    def prepare_attention_mask(self, attention_mask: torch.Tensor, target_length: int,
+                               batch_size: int) -> torch.Tensor: ...
+
+
+class _Block(Protocol):
+    """SanaTransformerBlock as its fused forward reads it: check_block pins attn1's processor and
+    the feed-forward's class; the forward checks attn2's processor."""
+
+    norm1: nn.Module
+    norm2: nn.Module
+    attn1: Attention
+    attn2: _CrossAttention | None
+    ff: GLUMBConv
 
 
 def check_block(block: nn.Module) -> str | None:
@@ -107,7 +137,7 @@ class MaskCache:
     def __init__(self) -> None:
         self.entry: tuple | None = None
 
-    def get(self, attn: nn.Module, mask: torch.Tensor, target_length: int, batch_size: int) -> torch.Tensor:
+    def get(self, attn: _CrossAttention, mask: torch.Tensor, target_length: int, batch_size: int) -> torch.Tensor:
         # Inference tensors (the job runs under torch.inference_mode) carry no version counter:
         # for them the key is the tensor's identity alone. diffusers builds the mask anew in every
         # transformer forward and never edits it in place, so identity is enough there.
@@ -151,7 +181,10 @@ class NormHandoff:
 
     def take(self, block: nn.Module, hidden: torch.Tensor, timestep: torch.Tensor) -> torch.Tensor | None:
         ready, e, self.entry = self.ready(block, hidden, timestep), self.entry, None
-        return e[4] if ready else None
+        if not ready:
+            return None
+        assert e is not None  # ready: there was an entry
+        return e[4]
 
 
 def _cross_attention(attn, hidden_states, encoder_hidden_states, attention_mask, masks: MaskCache,
@@ -194,13 +227,15 @@ def _cross_attention(attn, hidden_states, encoder_hidden_states, attention_mask,
 
 
 def block_forward(block: nn.Module, fx: Verifier) -> Callable:
-    attn1, attn2, ff = block.attn1, block.attn2, block.ff
+    sana = cast(_Block, block)  # the children check_block pinned (nn.Module types them Tensor | Module)
+    attn1, attn2, ff = sana.attn1, sana.attn2, sana.ff
     call = fx.call
     masks = fx.shared.setdefault("sana_masks", MaskCache())  # one per installation: all blocks
     modulation = fx.shared.setdefault("sana_modulation", ModulationCache())
     modulation.add(block)
     handoff = fx.shared.setdefault("sana_norm_handoff", NormHandoff())
     prompt = fx.shared.setdefault("sana_prompt", PromptState())
+    SanaAttnProcessor2_0: type | None
     try:
         from diffusers.models.transformers.sana_transformer import SanaAttnProcessor2_0
     except ImportError:  # pragma: no cover - check_block refused such a diffusers already
@@ -236,8 +271,8 @@ def block_forward(block: nn.Module, fx: Verifier) -> Callable:
         encoder_hidden_states: torch.Tensor | None = None,
         encoder_attention_mask: torch.Tensor | None = None,
         timestep: torch.LongTensor | None = None,
-        height: int = None,
-        width: int = None,
+        height: int | None = None,
+        width: int | None = None,
     ) -> torch.Tensor:
         batch_size = hidden_states.shape[0]
 
@@ -249,7 +284,7 @@ def block_forward(block: nn.Module, fx: Verifier) -> Callable:
         # last kernel where it could
         norm_hidden_states = handoff.take(block, hidden_states, timestep)
         if norm_hidden_states is None:
-            norm_hidden_states = ln_adaln(call, hidden_states, block.norm1, scale_msa, shift_msa)
+            norm_hidden_states = ln_adaln(call, hidden_states, sana.norm1, scale_msa, shift_msa)
         norm_hidden_states = norm_hidden_states.to(hidden_states.dtype)
         if inlinable(attn1):
             query = attn1.to_q(norm_hidden_states)
@@ -277,7 +312,7 @@ def block_forward(block: nn.Module, fx: Verifier) -> Callable:
             # the residual add, norm2 and its modulation: one kernel
             hidden_states, norm_hidden_states = res_ln_adaln(
                 call, RESCALE_RESIDUAL, attn_output, attn2.rescale_output_factor, hidden_states,
-                block.norm2, scale_mlp, shift_mlp)
+                sana.norm2, scale_mlp, shift_mlp)
         else:
             if attn2 is not None:
                 attn_output = attn2(
@@ -286,7 +321,7 @@ def block_forward(block: nn.Module, fx: Verifier) -> Callable:
                     attention_mask=encoder_attention_mask,
                 )
                 hidden_states = attn_output + hidden_states
-            norm_hidden_states = ln_adaln(call, hidden_states, block.norm2, scale_mlp, shift_mlp)
+            norm_hidden_states = ln_adaln(call, hidden_states, sana.norm2, scale_mlp, shift_mlp)
 
         # 4. Feed-forward (GLUMBConv inlined)
         norm_hidden_states = norm_hidden_states.unflatten(1, (height, width)).permute(0, 3, 1, 2)

@@ -18,16 +18,24 @@ Anything else (a caption path that differs, a block that is not fused) computes 
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Protocol, cast
 
 import torch
 from torch import nn
 
 from ..breaks import memo_on_graph
 from .prompt import PromptState
+from .protocols import Attention
 
 
-def cross_attentions(model: nn.Module, check_block: Callable) -> list[nn.Module]:
+class _CaptionPath(Protocol):
+    """SanaTransformer2DModel's caption path (check_model pins both modules)."""
+
+    caption_projection: nn.Module
+    caption_norm: nn.Module
+
+
+def cross_attentions(model: nn.Module, check_block: Callable) -> list[Attention]:
     """The attn2 of each block the sana_block rule fuses (the ones that ask for K/V)."""
     try:
         from diffusers.models.transformers.sana_transformer import SanaAttnProcessor2_0
@@ -54,7 +62,8 @@ def check_model(model: nn.Module, check_block: Callable) -> str | None:
 
 def caption_forwards(model: nn.Module, state: PromptState, check_block: Callable) -> dict[str, Callable]:
     """Instance forwards for `caption_projection` and `caption_norm` (the rule's installation)."""
-    proj, norm = model.caption_projection, model.caption_norm
+    path = cast(_CaptionPath, model)  # nn.Module types its children Tensor | Module
+    proj, norm = path.caption_projection, path.caption_norm
     attns = cross_attentions(model, check_block)
     proj_forward, norm_forward = type(proj).forward, type(norm).forward
 

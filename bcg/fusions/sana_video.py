@@ -17,7 +17,7 @@ K/V are step-invariant: a prompt memo like SANA's would apply, not bound yet). P
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Protocol
 
 from torch import nn
 
@@ -25,7 +25,14 @@ from .guard import guarded
 from .modulation import TableStack
 from .ops import CONV_BIAS_GLU, CONV_BIAS_SILU, GATED_RESIDUAL, GLU, MODULATION_VIDEO, RESCALE_RESIDUAL
 from .ops_norm import ln_adaln, res_ln_adaln
+from .protocols import GLUMBConv
 from .verify import Verifier
+
+
+class _GLUMBTempConv(GLUMBConv, Protocol):
+    """GLUMBConv and its temporal conv (check_block pins the class)."""
+
+    conv_temp: nn.Conv2d
 
 
 def check_block(block: nn.Module) -> str | None:
@@ -47,7 +54,7 @@ def check_block(block: nn.Module) -> str | None:
     return None
 
 
-def _glumb_temp_conv(call: Callable, ff: nn.Module, x):
+def _glumb_temp_conv(call: Callable, ff: _GLUMBTempConv, x):
     """GLUMBTempConv.forward (no residual, no norm), op for op, its two bias chains fused."""
     batch_size, num_frames, height, width, num_channels = x.shape
     x = x.view(batch_size * num_frames, height, width, num_channels).permute(0, 3, 1, 2)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Hashable
 
 import torch
 
@@ -71,7 +71,8 @@ class Verifier:
         self.counters = FusionCounters()
         self.state: dict[tuple, bool] = {}
         self._module_keys: dict[int, tuple] = {}
-        self.shared: dict[str, Any] = {}  # per-installation state of rules (sana: the mask cache)
+        # per-installation state of rules (sana: the mask cache); guard keys its ordinals ("ordinal", rule)
+        self.shared: dict[Hashable, Any] = {}
         # The GPU's verdicts persist; the reference backend (CPU tests) verifies every run unless
         # a test hands it a cache.
         self.cache: VerdictCache | None = (VerdictCache.default() if backend == "triton" else None) \
@@ -129,6 +130,7 @@ class Verifier:
         return out
 
     def _cached(self, key: tuple) -> bool | None:
+        assert self.cache is not None  # the caller asks only when there is a cache
         ok = self.cache.get(key)
         if ok is not None:
             self.counters.cached += 1
@@ -183,9 +185,11 @@ def chain(call: Callable, ops: tuple, last: Callable | None = None) -> Callable:
     """call(ops[0], ...), falling back to ops[1], ... and finally `last` (default: the last op's
     eager): the first variant the verifier found equal to eager runs (candidate orders,
     contractions, norms run by aten)."""
-    fb = last
+    fb: Callable | None = last
     for op in reversed(ops):
-        fb = (lambda op, nxt: lambda *a: call(op, *a, fallback=nxt))(op, fb)
+        # the outer lambda binds this op and the next fallback now; the inner one reads its parameters
+        fb = (lambda op, nxt: lambda *a: call(op, *a, fallback=nxt))(op, fb)  # noqa: B023 (op is bound)
+    assert fb is not None, "chain needs at least one op"
     return fb
 
 

@@ -22,7 +22,7 @@ GEMMs, the attention kernels and the feed-forward stay aten's. Blocks with per-t
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Protocol, cast
 
 import torch
 from torch import nn
@@ -35,7 +35,29 @@ from .ops import GATED_RESIDUAL_F32, MODULATION_F32
 from .ops_norm import LN_ADALN_F32, LN_AFFINE_F32, RES_LN_ADALN_F32
 from .ops_rope import QK_WAN
 from .prompt import PromptState
+from .protocols import Attention
 from .verify import Verifier, chain
+
+
+class _WanAttention(Attention, Protocol):
+    """WanAttention as WanAttnProcessor reads it (its q/k RMSNorms are always there)."""
+
+    norm_q: nn.Module
+    norm_k: nn.Module
+    fused_projections: bool
+    to_kv: nn.Module
+    add_k_proj: nn.Module | None
+
+
+class _ConditionEmbedder(Protocol):
+    text_embedder: nn.Module
+
+
+class _WanModel(Protocol):
+    """WanTransformer3DModel as the prompt memo reads it (check_model pins the text projection)."""
+
+    condition_embedder: _ConditionEmbedder
+    blocks: nn.ModuleList
 
 
 def check_block(block: nn.Module) -> str | None:
@@ -51,7 +73,7 @@ def check_block(block: nn.Module) -> str | None:
     for name in ("attn1", "attn2"):
         if type(getattr(block, name).processor) is not WanAttnProcessor:
             return f"{name} does not use WanAttnProcessor"
-    if block.attn2.add_k_proj is not None:
+    if cast(_WanAttention, block.attn2).add_k_proj is not None:  # a WanAttention (its processor)
         return "attn2 has image context (I2V): its forward stays the class's"
     for name in ("norm1", "norm3"):
         norm = getattr(block, name)
@@ -62,11 +84,11 @@ def check_block(block: nn.Module) -> str | None:
     return None
 
 
-def _heads(x: torch.Tensor, attn: nn.Module) -> torch.Tensor:
+def _heads(x: torch.Tensor, attn: _WanAttention) -> torch.Tensor:
     return x.unflatten(2, (attn.heads, -1))
 
 
-def _attend(attn: nn.Module, q, k, v, parallel: bool) -> torch.Tensor:
+def _attend(attn: _WanAttention, q, k, v, parallel: bool) -> torch.Tensor:
     from diffusers.models.attention_dispatch import dispatch_attention_fn
 
     proc = attn.processor
@@ -78,11 +100,12 @@ def _attend(attn: nn.Module, q, k, v, parallel: bool) -> torch.Tensor:
     return attn.to_out[1](attn.to_out[0](out))
 
 
-def _self_attention(call: Callable, attn: nn.Module, hidden: torch.Tensor, rotary) -> torch.Tensor:
+def _self_attention(call: Callable, attn: _WanAttention, hidden: torch.Tensor, rotary) -> torch.Tensor:
     """WanAttnProcessor without encoder_hidden_states, op for op, q/k norm + RoPE fused (QK_WAN)."""
     from diffusers.models.transformers.transformer_wan import _get_qkv_projections
 
-    query, key, value = _get_qkv_projections(attn, hidden, None)
+    # diffusers annotates (attn: WanAttention, encoder_hidden_states: Tensor); it takes this view and None
+    query, key, value = _get_qkv_projections(attn, hidden, None)  # type: ignore[arg-type]
     if rotary is not None:
         qk = chain(call, QK_WAN)
         query, key = qk(query, attn.norm_q, attn.heads, rotary), qk(key, attn.norm_k, attn.heads, rotary)
@@ -91,7 +114,7 @@ def _self_attention(call: Callable, attn: nn.Module, hidden: torch.Tensor, rotar
     return _attend(attn, query, key, _heads(value, attn), parallel=True)
 
 
-def text_kv(attn: nn.Module, text: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def text_kv(attn: _WanAttention, text: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """A cross-attention's K (normalised) and V of the text, as WanAttnProcessor makes them."""
     if attn.fused_projections:
         key, value = attn.to_kv(text).chunk(2, dim=-1)
@@ -100,7 +123,8 @@ def text_kv(attn: nn.Module, text: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     return attn.norm_k(key), value
 
 
-def _cross_attention(attn: nn.Module, hidden: torch.Tensor, text: torch.Tensor, prompt: PromptState) -> torch.Tensor:
+def _cross_attention(attn: _WanAttention, hidden: torch.Tensor, text: torch.Tensor,
+                     prompt: PromptState) -> torch.Tensor:
     query = attn.norm_q(attn.to_q(hidden))
     kv = prompt.take_kv(attn, text)
     key, value = text_kv(attn, text) if kv is None else kv
@@ -121,7 +145,8 @@ def block_forward(block: nn.Module, fx: Verifier) -> Callable:
     def forward(hidden_states, encoder_hidden_states, temb, rotary_emb):
         if temb.ndim != 3 or not (inlinable(attn1) and inlinable(attn2)):
             return class_forward(block, hidden_states, encoder_hidden_states, temb, rotary_emb)
-        shift_msa, scale_msa, gate_msa, c_shift_msa, c_scale_msa, c_gate_msa = stack.get(call, block, temb).chunk(6, dim=1)
+        shift_msa, scale_msa, gate_msa, c_shift_msa, c_scale_msa, c_gate_msa = (
+            stack.get(call, block, temb).chunk(6, dim=1))
 
         # 1. Self-attention
         norm_hidden_states = call(LN_ADALN_F32, hidden_states, block.norm1, scale_msa, shift_msa)
@@ -165,8 +190,9 @@ def prompt_forwards(model: nn.Module, fx: Verifier) -> dict[str, Callable]:
     """An instance forward for `condition_embedder.text_embedder`: the projection P of the prompt
     embeddings and every fused block's attn2 K/V from P, in one memo break (bcg.memo); the blocks
     take their K/V when called with that very P."""
-    proj = model.condition_embedder.text_embedder
-    attns = [b.attn2 for b in model.blocks if check_block(b) is None]
+    wan = cast(_WanModel, model)  # check_model pinned these (nn.Module types them Tensor | Module)
+    proj = wan.condition_embedder.text_embedder
+    attns = [cast(_WanAttention, b.attn2) for b in wan.blocks if check_block(b) is None]
     state = fx.shared.setdefault("wan_prompt", PromptState())
     proj_forward = type(proj).forward
 

@@ -26,16 +26,37 @@ Installation sets an instance `forward` on each block; removal deletes it. Model
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Protocol, cast
 
 import torch
 from torch import nn
 
-from .ops_act import SWIGLU
-from .ops_rms import NORM_ROPE, NORM_ROPE_IN, RMS_RESIDUAL, RMS_SCALE, RMS_VARIANCE
 from .guard import guarded
 from .inline import inlinable, kernel_breaks
+from .ops_act import SWIGLU
+from .ops_rms import NORM_ROPE, NORM_ROPE_IN, RMS_RESIDUAL, RMS_SCALE, RMS_VARIANCE
+from .protocols import Attention
 from .verify import Verifier, chain
+
+
+class _FeedForward(Protocol):
+    w1: nn.Module
+    w2: nn.Module
+    w3: nn.Module
+
+
+class _Block(Protocol):
+    """ZImageTransformerBlock (the rule matches its class name) as its fused forward reads it;
+    check_block pins the processor, the feed-forward's class and the four RMSNorms."""
+
+    modulation: bool
+    adaLN_modulation: nn.Module
+    attention: Attention
+    feed_forward: _FeedForward
+    attention_norm1: nn.Module
+    attention_norm2: nn.Module
+    ffn_norm1: nn.Module
+    ffn_norm2: nn.Module
 
 
 def check_block(block: nn.Module) -> str | None:
@@ -63,7 +84,7 @@ def check_block(block: nn.Module) -> str | None:
     return None
 
 
-def _attention(attn: nn.Module, hidden_states, attention_mask, freqs_cis, norm_rope: Callable):
+def _attention(attn: Attention, hidden_states, attention_mask, freqs_cis, norm_rope: Callable):
     """ZSingleStreamAttnProcessor, op for op, with norm + RoPE of q and k fused."""
     from diffusers.models.attention_dispatch import dispatch_attention_fn
     from diffusers.models.transformers.transformer_z_image import ZSingleStreamAttnProcessor
@@ -113,8 +134,9 @@ def _rope(x_in: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
 
 def block_forward(block: nn.Module, fx: Verifier) -> Callable:
     call = fx.call
-    attn, ff = block.attention, block.feed_forward
-    n1, n2, f1, f2 = block.attention_norm1, block.attention_norm2, block.ffn_norm1, block.ffn_norm2
+    z = cast(_Block, block)  # the children check_block pinned (nn.Module types them Tensor | Module)
+    attn, ff = z.attention, z.feed_forward
+    n1, n2, f1, f2 = z.attention_norm1, z.attention_norm2, z.ffn_norm1, z.ffn_norm2
     variance = chain(call, RMS_VARIANCE)
     with_variance = chain(call, NORM_ROPE)
     # the variance in the RoPE kernel first; else its own kernel (or aten's mean) and the chains above
@@ -130,12 +152,12 @@ def block_forward(block: nn.Module, fx: Verifier) -> Callable:
         adaln_noisy: torch.Tensor | None = None,
         adaln_clean: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        if noise_mask is not None or (block.modulation and adaln_input is None):
+        if noise_mask is not None or (z.modulation and adaln_input is None):
             # per-token modulation (omni): the class's forward, unfused
             return class_forward(block, x, attn_mask, freqs_cis, adaln_input, noise_mask, adaln_noisy, adaln_clean)
         scale_msa = gate_msa = scale_mlp = gate_mlp = None
-        if block.modulation:
-            mod = block.adaLN_modulation(adaln_input)
+        if z.modulation:
+            mod = z.adaLN_modulation(adaln_input)
             scale_msa, gate_msa, scale_mlp, gate_mlp = mod.unsqueeze(1).chunk(4, dim=2)
             gate_msa, gate_mlp = gate_msa.tanh(), gate_mlp.tanh()
             scale_msa, scale_mlp = 1.0 + scale_msa, 1.0 + scale_mlp

@@ -87,7 +87,8 @@ class BatchInvariance:
                     from . import cuda_ops
                 except ImportError as exc:
                     raise RuntimeError(f"bcg.invariant: the CUDA kernels need Triton ({exc}); "
-                                       "pip install triton, or set cuda='off' (then CUDA runs stay batch-variant)")
+                                       "pip install triton, or set cuda='off' (then CUDA runs stay batch-variant)"
+                                       ) from exc
             lib = torch.library.Library("aten", "IMPL")
             try:
                 with warnings.catch_warnings():  # "Overriding a previously registered kernel": the point
