@@ -24,15 +24,34 @@ seam where a tier's forward rewrites plug in), counters, config, compiled.
 
 fusions/ is the "lossless" tier: bit-exact fused Triton kernels, verified against eager on first
 sight, registered as that tier's rewrite (bcg/rewrites.py) and installed by `apply_graph_runner` on
-the CUDA backend. The core never imports it; this package face does, so `import bcg` registers it.
+the CUDA backend. The core never imports it: `rewrites.rewrite_for("lossless")` imports it by name
+the first time the tier is asked for.
+
+This face is lazy (PEP 562): `import bcg.config` (the planner and the config check read
+`RunnerConfig`) costs no torch or Triton import; the names below load their module on first use.
 """
 
-from . import fusions as _lossless_tier  # noqa: F401  (registers the "lossless" rewrite)
-from .breaks import count_breaks, eager_on_graph, install_breaks, memo_on_graph, remove_breaks
-from .config import RunnerConfig
-from .counters import Counters
-from .runner import Dispatch, GraphRunner, apply_graph_runner
-from .signature import describe_difference, flatten, signature
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# name -> the module of this package that defines it
+_EXPORTS = {
+    "Counters": "counters",
+    "Dispatch": "runner",
+    "GraphRunner": "runner",
+    "RunnerConfig": "config",
+    "apply_graph_runner": "runner",
+    "count_breaks": "breaks",
+    "describe_difference": "signature",
+    "eager_on_graph": "breaks",
+    "flatten": "signature",
+    "install_breaks": "breaks",
+    "memo_on_graph": "breaks",
+    "remove_breaks": "breaks",
+    "signature": "signature",
+}
 
 __all__ = [
     "Counters",
@@ -49,3 +68,24 @@ __all__ = [
     "remove_breaks",
     "signature",
 ]
+assert sorted(__all__) == sorted(_EXPORTS)
+
+if TYPE_CHECKING:
+    from .breaks import count_breaks, eager_on_graph, install_breaks, memo_on_graph, remove_breaks
+    from .config import RunnerConfig
+    from .counters import Counters
+    from .runner import Dispatch, GraphRunner, apply_graph_runner
+    from .signature import describe_difference, flatten, signature
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'bcg' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -261,7 +261,7 @@ def _module_device(module: nn.Module) -> torch.device | None:
 def _install_rewrite(module: nn.Module, tier: str) -> Rewrite | None:
     install = rewrite_for(tier)
     if install is None:
-        log.warning("bcg: no rewrite is registered for tier %r (import bcg.fusions); the model keeps its own "
+        log.warning("bcg: no rewrite is registered for tier %r; the model keeps its own "
                     "forward", tier)
         return None
     return install(module)

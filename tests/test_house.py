@@ -19,3 +19,21 @@ def test_import_contracts_hold():
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert " 0 broken" in proc.stdout and " BROKEN" not in proc.stdout, proc.stdout[-2000:]
+
+
+def test_config_check_imports_no_torch():
+    # The config (jobs/config.py, bcg.config) is validated before anything heavy loads: a typo costs
+    # no torch import. `import bcg` is lazy for the same reason (bcg/__init__.py).
+    code = ("import sys; import jobs.config, bcg, bcg.config; bcg.RunnerConfig; "
+            "heavy = sorted(m for m in ('torch', 'triton', 'diffusers', 'transformers') if m in sys.modules); "
+            "print(heavy); sys.exit(1 if heavy else 0)")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
+
+
+def test_lossless_tier_registers_on_first_lookup():
+    code = ("import sys; from bcg.rewrites import rewrite_for; assert 'bcg.fusions' not in sys.modules; "
+            "install = rewrite_for('lossless'); assert install is not None and 'bcg.fusions' in sys.modules; "
+            "assert rewrite_for('no-such-tier') is None")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]

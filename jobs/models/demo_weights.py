@@ -16,12 +16,13 @@ import hashlib
 import json
 from functools import lru_cache
 from pathlib import Path
-from typing import Optional
-
-import torch
+from typing import TYPE_CHECKING, Optional
 
 from jobs.config import TinyConfig
 from jobs.errors import UserError
+
+if TYPE_CHECKING:  # torch loads with the model, not with the planner that reads identity()
+    import torch
 
 DEMO_DIR = Path(__file__).resolve().parents[1] / "data" / "demo"
 CONFIG = "config.json"
@@ -77,6 +78,7 @@ def check_sana_tiny(tiny: TinyConfig) -> None:
 
 def load(component: str, module: torch.nn.Module) -> None:
     """Copy the shipped weights into `module` (strict: every key, every shape)."""
+    import torch
     from safetensors.torch import load_file
 
     state = load_file(str(DEMO_DIR / FILES[component]))
