@@ -20,11 +20,12 @@ def test_defaults_are_valid():
         ("format", "PNG", "one of jpg, png, webp"),
         ("quality", 0, "1..100"),
         ("quality", 101, "1..100"),
-        ("maxcount", 0, "> 0"),
-        ("maxcount", True, "> 0"),
-        ("maxsize", -1, "> 0"),
-        ("encode_threads", 0, ">= 1"),
-        ("queue_size", 0, ">= 1"),
+        ("maxcount", 0, "1..10000000"),
+        ("maxcount", True, "1..10000000"),
+        ("maxcount", 10_000_001, "1..10000000"),
+        ("maxsize", -1, "1..2**40"),
+        ("encode_threads", 0, "1..256"),
+        ("queue_size", 0, "1..100000"),
     ],
 )
 def test_bad_value_names_key_value_and_allowed(field, value, expected):
