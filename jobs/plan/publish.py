@@ -27,7 +27,8 @@ from jobs.output.claim import dir_lock, open_run, wipe
 from jobs.output.layout import ERRORS_FILE, PLAN_DIR, PLAN_FILE, RUN_FILE, SHARD_GLOB, unit_name
 from jobs.output.leases import HOST, pid_alive
 from jobs.output.mirror import LocalShards, Mirror
-from jobs.plan.build import dataset_file, file_digest, plan_dataset
+from jobs.plan.build import dataset_digest, dataset_files, plan_dataset
+from jobs.plan.digests import digest_if_changed
 from jobs.plan.identity import plan_identity
 from jobs.plan.units import DamagedPlan, PlanManifest, check_unit_file, read_manifest, unit_digest, write_manifest
 
@@ -35,14 +36,13 @@ log = logging.getLogger("jobs.plan")
 
 
 def _digest_now(cfg: GenerateConfig, existing: PlanManifest) -> str:
-    """The dataset's digest: the planned one if the file looks unchanged (size, mtime), else re-read."""
-    path, _ = dataset_file(cfg)
-    st = path.stat()
+    """The dataset's digest now: each file's planned sha256 while its size and mtime are unchanged,
+    else the file is read again (a folder that gained a file hashes that file only)."""
+    files = dataset_files(cfg)
     d = existing.dataset
-    if d["path"] == str(path) and d["bytes"] == st.st_size and d["mtime_ns"] == st.st_mtime_ns:
-        return d["digest"]
-    log.info("dataset %s changed size or mtime since it was planned: hashing it to compare", path)
-    return file_digest(path)
+    planned = {r["path"]: r for r in d.get("files") or [d]}  # one file: the dataset record is its record
+    digests = [digest_if_changed(f.path, planned.get(str(f.path)), "dataset file") for f in files]
+    return dataset_digest(files, digests)
 
 
 def join_or_make_plan(cfg: GenerateConfig, shards: LocalShards, divisor: int) -> PlanManifest:

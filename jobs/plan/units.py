@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Sequence, Union
 
 from jobs.errors import UserError
 from jobs.output.layout import PLAN_FILE, unit_name
@@ -24,6 +24,9 @@ PLAN_VERSION = 1
 # The columns of a unit file (and of the planner's spill files, which add `key_hash`).
 SIGNATURE_COLUMNS = ("height", "width", "text_bucket", "steps", "guidance_scale", "cfg", "frames")
 ITEM_COLUMNS = ("key", "prompt", "negative_prompt", "seed", "line", "text_tokens", "truncated", "cost", "fps")
+# A dataset of several files: each row's file, an index into plan.json's dataset.files (`line` is that
+# file's). Absent for one file, whose units are what they always were.
+FILE_COLUMN = "file"
 
 
 def item_cost(sig: Signature) -> float:
@@ -64,6 +67,12 @@ class PlanManifest:
     @property
     def n_items(self) -> int:
         return sum(u.count for u in self.units)
+
+    @property
+    def source_files(self) -> List[str]:
+        """The dataset's files, by the index unit files record (one file: its path)."""
+        files = self.dataset.get("files")
+        return [f["path"] for f in files] if files else [self.dataset["path"]]
 
     def to_json(self) -> dict:
         return {"plan_version": PLAN_VERSION, "identity": self.identity, "dataset": self.dataset,
@@ -129,15 +138,20 @@ def read_unit_keys(plan_dir: Path, info: UnitInfo) -> List[str]:
     return pq.read_table(plan_dir / f"{unit_name(info.id)}.parquet", columns=["key"]).column("key").to_pylist()
 
 
-def read_unit(plan_dir: Path, info: UnitInfo, source_label: str, dtype: str) -> List[Item]:
-    """A unit's items, in plan order. Memory: one unit."""
+def read_unit(plan_dir: Path, info: UnitInfo, sources: Union[str, Sequence[str]], dtype: str) -> List[Item]:
+    """A unit's items, in plan order, each with its `source` (`file:line`; `sources` are the dataset's
+    files, PlanManifest.source_files, or one file's name). Memory: one unit."""
     import pyarrow.parquet as pq
 
     cols = pq.read_table(plan_dir / f"{unit_name(info.id)}.parquet").to_pydict()
     sig = Signature(**asdict(info.signature))
     assert sig.dtype == dtype, f"unit {info.id} was planned for {sig.dtype}, the job runs {dtype}"
-    fps = cols.get("fps") or [None] * len(cols["key"])  # units planned before videos have no fps
-    return [Item(key=k, prompt=p, negative_prompt=n, seed=s, signature=sig, text_tokens=t, truncated=tr,
-                 source=f"{source_label}:{line}", fps=f)
-            for k, p, n, s, t, tr, line, f in zip(cols["key"], cols["prompt"], cols["negative_prompt"], cols["seed"],
-                                                   cols["text_tokens"], cols["truncated"], cols["line"], fps)]
+    n = len(cols["key"])
+    fps = cols.get("fps") or [None] * n  # units planned before videos have no fps
+    names = [sources] if isinstance(sources, str) else list(sources)
+    files = cols.get(FILE_COLUMN) or [0] * n
+    return [Item(key=k, prompt=p, negative_prompt=ng, seed=s, signature=sig, text_tokens=t, truncated=tr,
+                 source=f"{names[fi]}:{line}", fps=f)
+            for k, p, ng, s, t, tr, line, f, fi in zip(cols["key"], cols["prompt"], cols["negative_prompt"],
+                                                        cols["seed"], cols["text_tokens"], cols["truncated"],
+                                                        cols["line"], fps, files)]
