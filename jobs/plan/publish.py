@@ -31,6 +31,7 @@ from jobs.plan.build import dataset_digest, dataset_files, plan_dataset
 from jobs.plan.digests import digest_if_changed
 from jobs.plan.identity import plan_identity
 from jobs.plan.units import DamagedPlan, PlanManifest, check_unit_file, read_manifest, unit_digest, write_manifest
+from jobs.plan.weights_digest import weights_now, weights_record
 
 log = logging.getLogger("jobs.plan")
 
@@ -71,7 +72,8 @@ def open_plan(cfg: GenerateConfig, output_dir: Path, divisor: int) -> PlanManife
                 if cfg.job.verify != "full":
                     raise
                 return _repair(cfg, output_dir, plan_dir, divisor, err)
-            ident = plan_identity(cfg, _digest_now(cfg, existing), existing.dataset["records"])
+            weights = weights_now(cfg, existing.weights)  # weights changed in place: refused here, naming them
+            ident = plan_identity(cfg, _digest_now(cfg, existing), existing.dataset["records"], weights)
             open_run(output_dir, ident, cfg.job.overwrite)  # same: joins; different: refuses or wipes
             if (plan_dir / PLAN_FILE).exists():
                 log.info("joining the plan in %s: %d items in %d units", plan_dir, existing.n_items,
@@ -111,11 +113,17 @@ def _repair(cfg: GenerateConfig, output_dir: Path, plan_dir: Path, divisor: int,
 
 def _plan_into(cfg: GenerateConfig, work: Path, divisor: int) -> PlanManifest:
     result = plan_dataset(cfg, divisor, work)
-    manifest = result.manifest
-    manifest.identity = plan_identity(cfg, manifest.dataset["digest"], manifest.dataset["records"])
+    _seal(cfg, result.manifest, work)
+    return result.manifest
+
+
+def _seal(cfg: GenerateConfig, manifest: PlanManifest, work: Path) -> None:
+    """The plan's identity (dataset, config, weights) and its files' digests, then plan.json."""
+    manifest.weights = weights_record(cfg)
+    manifest.identity = plan_identity(cfg, manifest.dataset["digest"], manifest.dataset["records"],
+                                      manifest.weights.get("digest"))
     manifest.unit_digests = {str(u.id): unit_digest(work / f"{unit_name(u.id)}.parquet") for u in manifest.units}
     write_manifest(work, manifest)
-    return manifest
 
 
 def _make(cfg: GenerateConfig, output_dir: Path, plan_dir: Path, divisor: int) -> PlanManifest:
@@ -125,9 +133,7 @@ def _make(cfg: GenerateConfig, output_dir: Path, plan_dir: Path, divisor: int) -
         result = plan_dataset(cfg, divisor, work)
         kill_hook("plan")
         manifest = result.manifest
-        manifest.identity = plan_identity(cfg, manifest.dataset["digest"], manifest.dataset["records"])
-        manifest.unit_digests = {str(u.id): unit_digest(work / f"{unit_name(u.id)}.parquet") for u in manifest.units}
-        write_manifest(work, manifest)
+        _seal(cfg, manifest, work)
         open_run(output_dir, manifest.identity, cfg.job.overwrite)
         errors_file = output_dir / ERRORS_FILE
         errors_file.unlink(missing_ok=True)

@@ -63,6 +63,10 @@ class PlanManifest:
     unit_digests: Dict[str, str] = field(default_factory=dict)
     """{unit id: sha256 of its file}, checked whenever a unit is read (a damaged unit file would give
     other seeds or prompts); empty in plans made before digests."""
+    weights: dict = field(default_factory=dict)
+    """The files under model.path: size, mtime and sha256 each, and their digest, which the run
+    identity carries (jobs/plan/weights_digest.py); empty without a model.path, and in plans made
+    before weight digests."""
 
     @property
     def n_items(self) -> int:
@@ -78,7 +82,8 @@ class PlanManifest:
         return {"plan_version": PLAN_VERSION, "identity": self.identity, "dataset": self.dataset,
                 "unit_items": self.unit_items, "items": self.n_items, "truncated": self.truncated,
                 "signatures": self.signatures, "units": [u.to_json() for u in self.units],
-                **({"unit_digests": self.unit_digests} if self.unit_digests else {})}
+                **({"unit_digests": self.unit_digests} if self.unit_digests else {}),
+                **({"weights": self.weights} if self.weights else {})}
 
     @classmethod
     def from_json(cls, d: dict) -> "PlanManifest":
@@ -87,7 +92,7 @@ class PlanManifest:
                              f"{PLAN_VERSION}; plan again into a new output_dir (or job.overwrite=true)")
         return cls(identity=d["identity"], dataset=d["dataset"], unit_items=d["unit_items"],
                    units=[UnitInfo.from_json(u) for u in d["units"]], truncated=d["truncated"],
-                   signatures=d["signatures"], unit_digests=d.get("unit_digests", {}))
+                   signatures=d["signatures"], unit_digests=d.get("unit_digests", {}), weights=d.get("weights", {}))
 
 
 class DamagedPlan(UserError):
