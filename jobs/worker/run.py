@@ -77,7 +77,10 @@ def _run(cfg: GenerateConfig, timer: StageTimer, group: Group, device: torch.dev
         stats.truncated_prompts = plan.truncated
         stats.signatures = {str(s): n for s, n in plan.signature_counts.items()}
         stats.flops = _flops(prep, plan.signature_counts, stats.stage_seconds.get("generate", 0.0))
-        finish(prep, stats, group, met=ended)
+        try:
+            finish(prep, stats, group, met=ended)
+        finally:
+            prep.release_staging()  # last: a job on another staging folder may start once this one has ended
     stop.forward()
     return stats
 
