@@ -89,7 +89,8 @@ def _byte_chunks(path: Path, file: int, chunk_bytes: int, digest, index: Iterato
         while True:
             block = f.read(chunk_bytes)
             digest.update(block)
-            if file in declined:
+            if file in declined:  # read row by row later; only its digest is made here
+                rest = b""
                 if not block:
                     return
                 continue
