@@ -36,7 +36,9 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-# name -> the module of this package that defines it
+# name -> the module of this package that defines it. No name may also be a submodule's name:
+# importing that submodule sets the package attribute to the module, which then shadows the
+# lazy name (so `signature` the function is `bcg.signature.signature`, not on this face).
 _EXPORTS = {
     "Counters": "counters",
     "Dispatch": "runner",
@@ -50,7 +52,6 @@ _EXPORTS = {
     "install_breaks": "breaks",
     "memo_on_graph": "breaks",
     "remove_breaks": "breaks",
-    "signature": "signature",
 }
 
 __all__ = [
@@ -66,7 +67,6 @@ __all__ = [
     "install_breaks",
     "memo_on_graph",
     "remove_breaks",
-    "signature",
 ]
 assert sorted(__all__) == sorted(_EXPORTS)
 
@@ -75,7 +75,7 @@ if TYPE_CHECKING:
     from .config import RunnerConfig
     from .counters import Counters
     from .runner import Dispatch, GraphRunner, apply_graph_runner
-    from .signature import describe_difference, flatten, signature
+    from .signature import describe_difference, flatten
 
 
 def __getattr__(name: str) -> Any:

@@ -116,7 +116,8 @@ def _runs(overrides: List[str], multirun: bool) -> List[List[str]]:
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
     except HydraException as e:
-        raise UserError(f"command line: {_first_line(e)}; write overrides as key=value") from None
+        message = _brace_hint(overrides) or f"command line: {_first_line(e)}; write overrides as key=value"
+        raise UserError(message) from None
     if not multirun:
         sweeps = [o.input_line for o in parsed if o.is_sweep_override()]
         if sweeps:
@@ -136,6 +137,28 @@ def _runs(overrides: List[str], multirun: bool) -> List[List[str]]:
         else:
             return []  # range/interval sweeps of other sweepers (Optuna, Ax): theirs to expand
     return [list(job) for job in itertools.product(*choices.values())]
+
+
+def _brace_hint(overrides: Sequence[str]) -> str:
+    """The message for an unquoted `{` in a value: Hydra's grammar reads it as the start of a
+    dictionary, so a brace list (`dataset.path=prompts-{000..099}.jsonl`) fails to parse with a
+    message about `{` alone. Empty unless an override that fails to parse holds an unquoted brace
+    (a valid dict override, `model.tiny.vae={...}`, is not one)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    parser = OverridesParser.create()
+    for text in overrides:
+        key, eq, value = text.partition("=")
+        if not eq or "{" not in value or value.startswith(("'", '"')):
+            continue
+        try:
+            parser.parse_override(text)
+        except HydraException:
+            return (f"command line: {text!r}: Hydra reads an unquoted '{{' as the start of a dictionary. Quote the "
+                    f"value for Hydra, inside quotes for the shell: '{key}=\"{value}\"' (a brace list such as "
+                    f"dataset.path=\"prompts-{{000..099}}.jsonl\" names every file of the range)")
+    return ""
 
 
 def _check_one(overrides: List[str], multirun: bool) -> Path:

@@ -26,8 +26,14 @@ register_configs()
 
 def main_typed(cfg) -> int:
     # Imported here, not at the top: the command-line check and `--help` run before the worker's
-    # imports (torch, diffusers, the families).
-    from jobs.worker.run import run_job
+    # imports (torch, diffusers, the families), and Ray is an optional extra.
+    if cfg.ray is not None:
+        from jobs.cluster.connect import require_ray
+
+        require_ray()
+        from jobs.cluster.driver import run_ray_job as run_job
+    else:
+        from jobs.worker.run import run_job
 
     try:
         stats = run_job(cfg)

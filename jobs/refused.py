@@ -30,9 +30,13 @@ def note_existing(folders: Iterable[Path]) -> None:
 def leave_nothing(cfg) -> None:
     """Bad config or dataset: nothing stays in an output_dir no run has claimed (the message is on the terminal)."""
     from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
 
     local = resolve(cfg.output_dir, cfg.job.staging_dir).local
-    log_dir = Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else None
+    # Only a Hydra run has a log folder; a composed config (the API, tests) leaves it unset ("???").
+    hydra_cfg = HydraConfig.get() if HydraConfig.initialized() else None
+    found = OmegaConf.select(hydra_cfg, "runtime.output_dir", default=None) if hydra_cfg is not None else None
+    log_dir = Path(found) if found else None
     if log_dir is not None:
         close_file_logs(log_dir)
     remove_unclaimed(local, log_dir, existed=EXISTED_BEFORE.get(local.absolute(), True))

@@ -90,6 +90,14 @@ class Remote:
         """{name relative to the root: (size, stamp)} of the objects directly under `prefix` matching `pattern`.
         The pattern's literal head is sent as the listing's prefix where the store filters by it
         (s3fs, gcsfs): one unit's shards are listed without listing every shard of the run."""
+        return {n: (int(e["size"]), entry_stamp(e)) for n, e in self._entries(prefix, pattern).items()}
+
+    def modified(self, prefix: str = "", pattern: str = "*") -> Dict[str, float]:
+        """{name: last-modified time (epoch seconds, the store's own clock)} of the objects `listing`
+        lists: times of writers on other hosts compare without trusting their clocks."""
+        return {n: entry_modified(e) for n, e in self._entries(prefix, pattern).items()}
+
+    def _entries(self, prefix: str, pattern: str) -> Dict[str, dict]:
         base = self.path(prefix).rstrip("/") if prefix else self.root
         self.fs.invalidate_cache(base)  # other processes write here: never trust a cached listing
         head = re.split(r"[*?\[]", pattern, maxsplit=1)[0]
@@ -106,7 +114,7 @@ class Remote:
         for e in found.values():
             name = e["name"].rstrip("/").rsplit("/", 1)[-1]
             if e.get("type") == "file" and fnmatch.fnmatchcase(name, pattern):
-                out[f"{prefix.rstrip('/')}/{name}" if prefix else name] = (int(e["size"]), entry_stamp(e))
+                out[f"{prefix.rstrip('/')}/{name}" if prefix else name] = e
         return out
 
     def rm(self, names: List[str]) -> None:
@@ -246,6 +254,25 @@ def entry_stamp(entry: dict) -> str:
         if entry.get(name) is not None:
             return str(entry[name]).strip('"')
     return ""
+
+
+def entry_modified(entry: dict) -> float:
+    """An object's last-modified time from its listing entry, in epoch seconds: S3's LastModified (a
+    datetime, whole seconds), GCS's `updated`, a local filesystem's mtime; 0.0 where none is given."""
+    from datetime import datetime
+
+    for name in ("LastModified", "updated", "mtime", "last_modified"):
+        value = entry.get(name)
+        if isinstance(value, datetime):
+            return value.timestamp()
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+            except ValueError:
+                continue
+    return 0.0
 
 
 def drop_payload(local_dir: Path, record: ShardRecord) -> None:

@@ -328,8 +328,9 @@ def test_pool_replaces_a_dead_actor_and_every_unit_is_done_once(cluster, tmp_pat
     marker = tmp_path / "died"
     pool, queue = _pool(tmp_path, 6, 2, lambda part: {"die_once_on": 2, "marker": str(marker)}, max_restarts=1)
     result = pool.run(StopFlag())
-    done = [u for r in result.records for u in r["done"]]
-    assert sorted(done) == list(range(6)) and marker.exists()
+    done = [u for r in result.records for u in r["done"]]  # the two that returned; the dead one may have
+    assert marker.exists() and 2 in done and len(set(done)) == len(done)  # finished units before it died
+    assert sum(a["units_done"] for a in result.actors) == 6  # each unit done once, across incarnations
     assert 2 in result.redone and [a["status"] for a in result.actors].count("died") == 1
     assert len(result.records) == 2 and len(queue) == 0  # the survivor and the dead one's replacement
 

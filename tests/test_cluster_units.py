@@ -116,4 +116,4 @@ def test_ray_keys_need_the_cluster_preset_and_stay_out_of_output_dir():
             cfg = compose("generate", overrides=overrides, return_hydra_config=True)
             HydraConfig.instance().set_config(cfg)
             dirs.append(cfg.output_dir)
-    assert dirs[0] == dirs[1] == "outputs/sana_tiny/sampling.steps=3"  # a Ray run resumes a plain one's folder
+    assert dirs[0] == dirs[1] == "outputs/sana_tiny--sampling.steps:3"  # a Ray run resumes a plain one's folder

@@ -11,7 +11,7 @@ import pytest
 from jobs.dataset import DatasetError
 from jobs.errors import UserError
 from jobs.models.registry import get_family
-from jobs.plan.build import dataset_file, plan_dataset
+from jobs.plan.build import dataset_files, plan_dataset
 from tests.helpers import compose_cfg
 from tests.test_plan_counts import unit_rows
 
@@ -30,7 +30,7 @@ def test_a_saved_dataset_is_planned_row_by_row(tmp_path):
     folder = tmp_path / "ds"
     datasets.Dataset.from_dict(ROWS).save_to_disk(str(folder))
     result, work, cfg = plan(tmp_path, f"dataset.path={folder}", "dataset.keep_fields=[source_url]")
-    assert dataset_file(cfg)[1] == "hf"  # format=auto knows a save_to_disk folder
+    assert [f.fmt for f in dataset_files(cfg)] == ["hf"]  # format=auto knows a save_to_disk folder
     got = {r["key"]: r for r in unit_rows(work, result)}
     assert [got[k]["prompt"] for k in "abc"] == ROWS["prompt"]
     assert got["a"]["seed"] == 1 and got["c"]["seed"] == 3 and got["b"]["line"] == 2

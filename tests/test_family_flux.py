@@ -13,7 +13,7 @@ import inspect
 import pytest
 import torch
 
-from bcg import signature
+from bcg.signature import signature
 from jobs.models.base import DenoiseRequest
 from jobs.preflight import check_config
 from padding import PaddingRefused, TextEmbeds, get_padder

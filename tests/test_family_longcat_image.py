@@ -14,7 +14,7 @@ import inspect
 import pytest
 import torch
 
-from bcg import signature
+from bcg.signature import signature
 from jobs.models.base import DenoiseRequest
 from jobs.models.longcat_image import TEXT_LENGTH
 from jobs.models.registry import get_family

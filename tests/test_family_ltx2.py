@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from bcg import signature
+from bcg.signature import signature
 from jobs.dataset import DatasetError
 from jobs.errors import UserError
 from jobs.worker.outputs import on_device

@@ -15,7 +15,7 @@ import inspect
 import pytest
 import torch
 
-from bcg import signature
+from bcg.signature import signature
 from jobs.models.base import DenoiseRequest
 from jobs.models.qwen_image import PROMPT_TEMPLATE, TEMPLATE_DROP, TOKENIZER_MAX
 from jobs.preflight import check_config

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from bcg import signature
+from bcg.signature import signature
 from jobs.errors import UserError
 from jobs.models.base import DenoiseRequest
 from jobs.worker.pixels import to_uint8, to_uint8_torch

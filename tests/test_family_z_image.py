@@ -14,7 +14,7 @@ import inspect
 import pytest
 import torch
 
-from bcg import signature
+from bcg.signature import signature
 from jobs.models.base import DenoiseRequest
 from jobs.models.z_image import captions
 from jobs.preflight import check_config

@@ -37,3 +37,15 @@ def test_lossless_tier_registers_on_first_lookup():
             "assert rewrite_for('no-such-tier') is None")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_bcg_face_names_stay_themselves_after_every_submodule_loads():
+    # A face name that is also a submodule's name turns into the module once that submodule is
+    # imported (the import system sets the package attribute): `from bcg import signature` gave a
+    # module in a suite whose earlier tests had loaded bcg.signature.
+    code = ("import importlib, pkgutil, types, bcg; "
+            "[importlib.import_module(f'bcg.{m.name}') for m in pkgutil.iter_modules(bcg.__path__) if not m.ispkg]; "
+            "bad = [n for n in bcg.__all__ if isinstance(getattr(bcg, n), types.ModuleType)]; "
+            "print(bad); raise SystemExit(1 if bad else 0)")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]

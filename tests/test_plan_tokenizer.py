@@ -138,7 +138,7 @@ def test_the_planner_cli_imports_no_transformers(tmp_path):
     probe = ("import runpy, sys; sys.argv = ['jobs.plan'] + sys.argv[1:]\n"
              "try:\n    runpy.run_module('jobs.plan', run_name='__main__')\n"
              "finally:\n    print('TRANSFORMERS', 'transformers' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", probe, f"dataset.path={data}", f"output_dir={tmp_path / 'out'}", f"hydra.run.dir={tmp_path / 'h'}"],
+    out = subprocess.run([sys.executable, "-c", probe, f"dataset.path={data}", f"output_dir={tmp_path / 'out'}"],
                          capture_output=True, text=True, cwd=str(Path(__file__).parents[1]))
     assert (tmp_path / "out" / "_plan" / "plan.json").exists(), (out.stdout + out.stderr)[-3000:]
     assert "TRANSFORMERS False" in out.stdout

@@ -32,10 +32,10 @@ from jobs.errors import UserError
 from jobs.output.done import done_units
 from jobs.output.layout import BATCHING_FILE, ERRORS_FILE, PLAN_DIR
 from jobs.output.leases import HOST
-from jobs.output.mirror import open_shards
+from jobs.output.mirror import LocalShards, open_shards
 from jobs.plan.publish import join_or_make_plan
 from jobs.plan.units import PlanManifest, UnitInfo
-from jobs.preflight import check_config
+from jobs.preflight import Checked, check_config
 from jobs.telemetry.summary import JobStats, StageTimer
 from jobs.worker.prepare import check_done_units
 from jobs.worker.stop import StopFlag
@@ -50,8 +50,21 @@ def run_ray_job(cfg: GenerateConfig) -> JobStats:
     checked = check_config(cfg)
     address = connect(cfg.ray)
     workers = worker_count(cfg.ray, ray.cluster_resources(), ray.nodes())
-    timer = StageTimer()
     shards = open_shards(cfg.output_dir, cfg.job.staging_dir)
+    # The driver's staging folder is the run's on an object store: a job staging elsewhere (another
+    # machine's plain run) is refused while this one is live. Actors stage per node, unclaimed: their
+    # units come from this driver, never from lease files another folder could also grant.
+    staging = shards.claim_staging(cfg.job.lease_ttl_s)
+    try:
+        return _run_claimed(cfg, checked, shards, address, workers)
+    finally:
+        if staging is not None:
+            staging.release()
+
+
+def _run_claimed(cfg: GenerateConfig, checked: Checked, shards: LocalShards, address: str,
+                 workers: int) -> JobStats:
+    timer = StageTimer()
     with timer("plan"):
         manifest = join_or_make_plan(cfg, shards, checked.divisor)
         check_done_units(cfg, manifest, shards, checked.output_dir, f"{HOST}:{os.getpid()}:ray-driver")

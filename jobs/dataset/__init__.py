@@ -6,11 +6,13 @@ format), lines (bounded line reading), paths (a file, a folder or a brace list),
 a Record or a RowError).
 """
 
-from jobs.dataset.load import (BUNDLED_PROMPTS, DatasetConfig, LoadResult, check_readable, format_row_errors,
-                               load_dataset, resolve_format, resolve_path, write_error_ledger)
+from jobs.dataset.load import (BUNDLED_PROMPTS, DatasetConfig, LoadResult, check_readable, dataset_label,
+                               dataset_sources, format_row_errors, load_dataset, resolve_format, resolve_path,
+                               write_error_ledger)
 from jobs.dataset.rules import DatasetError, Record, RowError
 
 __all__ = [
     "BUNDLED_PROMPTS", "DatasetConfig", "DatasetError", "LoadResult", "Record", "RowError", "check_readable",
-    "format_row_errors", "load_dataset", "resolve_format", "resolve_path", "write_error_ledger",
+    "dataset_label", "dataset_sources", "format_row_errors", "load_dataset", "resolve_format", "resolve_path",
+    "write_error_ledger",
 ]

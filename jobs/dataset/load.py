@@ -17,7 +17,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, List
+from typing import Iterable, List, Sequence
 
 from jobs.dataset.formats import READERS
 from jobs.dataset.hf import is_saved_dataset
@@ -143,17 +143,33 @@ def check_readable(path: Path, bundled: bool) -> None:
     check_file(path, str(path))
 
 
-def load_dataset(cfg: DatasetConfig) -> LoadResult:
-    """Read and validate every file. Raises DatasetError for a file that cannot be read, no
-    prompts at all, or (under on_error=fail) any bad row."""
+def dataset_sources(cfg: DatasetConfig) -> list[tuple[Path, str]]:
+    """Every file `dataset.path` names (one file, a folder, a brace list), in sorted order, each with
+    its format and checked readable before a byte of any is read: the files the planner and
+    load_dataset read, in the order that decides keys and the plan."""
+    if cfg.path and (cfg.format == "hf" or is_saved_dataset(Path(cfg.path))):
+        return [(Path(cfg.path), "hf")]  # one dataset (a folder, a Hub id): open_hf names what is wrong with it
     if cfg.path:
         paths = dataset_files(cfg.path, _EXTENSIONS, any_extension=cfg.format != "auto")
     else:
         paths = [BUNDLED_PROMPTS]
-    label = str(paths[0]) if len(paths) == 1 else f"{cfg.path} ({len(paths)} files)"
-    formats = [resolve_format(cfg, path) for path in paths]
-    for path in paths:
+    sources = [(path, resolve_format(cfg, path)) for path in paths]
+    for path, _ in sources:
         check_readable(path, bundled=not cfg.path)
+    return sources
+
+
+def dataset_label(cfg: DatasetConfig, paths: Sequence[Path]) -> str:
+    """How messages name the dataset: its one file, or `dataset.path (N files)`."""
+    return str(paths[0]) if len(paths) == 1 else f"{cfg.path} ({len(paths)} files)"
+
+
+def load_dataset(cfg: DatasetConfig) -> LoadResult:
+    """Read and validate every file. Raises DatasetError for a file that cannot be read, no
+    prompts at all, or (under on_error=fail) any bad row."""
+    sources = dataset_sources(cfg)
+    paths, formats = [p for p, _ in sources], [f for _, f in sources]
+    label = dataset_label(cfg, paths)
     records: list[Record] = []
     errors: list[RowError] = []
     keys: dict = {}  # shared by every file's validator: keys are unique across the whole list

@@ -59,3 +59,22 @@ def refuse_pickle_only(folder: str) -> None:
 
 def component_config(path: str, component: str) -> dict:
     return read_json(os.path.join(path, component, "config.json"))
+
+
+# What a load never reads: documentation and pictures beside the weights (a model card edited in
+# place changes no image). Pickle weights are never loaded either (safetensors only, above).
+_NOT_LOADED = (".md", ".png", ".jpg", ".jpeg", ".gif", ".webp", ".pdf", *PICKLE_SUFFIXES)
+
+
+def weight_files(path: str) -> list:
+    """The files under `path` a load can read, as sorted relative POSIX paths: weights, configs,
+    tokenizer files. Hidden files and folders are left out (`.cache/huggingface/` of a download,
+    `.gitattributes`), and so is what `_NOT_LOADED` names. The run identity digests these."""
+    found = []
+    for root, dirs, files in os.walk(path):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        rel = os.path.relpath(root, path)
+        for name in files:
+            if not name.startswith(".") and not name.lower().endswith(_NOT_LOADED):
+                found.append(name if rel == "." else f"{rel}/{name}".replace(os.sep, "/"))
+    return sorted(found)

@@ -12,6 +12,11 @@
       _summary/ _progress/ _timeline/    per-part summaries, live progress, per-batch timelines
       _locks/                      flock files (claim, plan, finish, mirror)
       logs/                        Hydra's run logs, one folder per process
+      _staging/                    an object store's only: one marker per live worker process, naming
+                                   its staging folder (jobs/output/staging_claim.py)
+
+    staging folder (an object-store output_dir's local side): the layout above, plus
+      staging-id.json              the folder's id, made once: every worker that mounts it shares it
 
 Readers and writers import names from here, never spell them: a wipe, a mirror and a resume then
 agree on what a run owns. Names sinks/ gives its files come from sinks/names.py.
@@ -34,6 +39,8 @@ PROGRESS_DIR = "_progress"
 TIMELINE_DIR = "_timeline"
 LOCK_DIR = "_locks"
 LOG_DIR = "logs"
+STAGING_MARKER_DIR = "_staging"  # on the object store only: never wiped, never mirrored
+STAGING_ID_FILE = "staging-id.json"  # in the staging folder only: never uploaded
 
 # -- inside _plan/ -------------------------------------------------------------------------------
 PLAN_FILE = "plan.json"
@@ -75,6 +82,6 @@ def unit_shard_glob(unit: int) -> str:
 __all__ = [
     "BATCHING_FILE", "DONE_DIR", "ERRORS_FILE", "INDEX_FILE", "LEASE_DIR", "LOCK_DIR", "LOG_DIR", "MANIFEST_DIR",
     "PLAN_DIR", "PLAN_FILE", "PROGRESS_DIR", "QUARANTINE_DIR", "QUARANTINE_LOG", "RUN_DIRS", "RUN_FILE",
-    "RUN_FILES", "SHARD_GLOB", "run_folder_name", "SUMMARY_DIR", "SUMMARY_FILE", "TIMELINE_DIR", "unit_name", "unit_shard_glob",
-    "unit_shard_pattern",
+    "RUN_FILES", "SHARD_GLOB", "STAGING_ID_FILE", "STAGING_MARKER_DIR", "SUMMARY_DIR", "SUMMARY_FILE",
+    "TIMELINE_DIR", "run_folder_name", "unit_name", "unit_shard_glob", "unit_shard_pattern",
 ]

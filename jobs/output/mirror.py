@@ -36,6 +36,7 @@ from jobs.output.layout import (BATCHING_FILE, DONE_DIR, ERRORS_FILE, INDEX_FILE
                                 QUARANTINE_DIR, QUARANTINE_LOG, RUN_DIRS, RUN_FILE, RUN_FILES, SHARD_GLOB,
                                 SUMMARY_DIR, SUMMARY_FILE, TIMELINE_DIR)
 from jobs.output.schema import item_spec
+from jobs.output.staging_claim import StagingClaim
 from jobs.output.storage import Output, check_shared_staging, resolve
 from sinks.atomic import atomic_write_bytes
 from sinks.manifest import ShardRecord, scan_output
@@ -95,6 +96,10 @@ class LocalShards:
             out.append(replace(r, stamps={**r.stamps, name: file_stamp(st)}))
         return out
 
+    def claim_staging(self, ttl_s: float) -> Optional[StagingClaim]:
+        """A local output_dir holds its own leases: no staging folder to claim."""
+        return None
+
     def on_commit(self, record: ShardRecord) -> None:
         pass
 
@@ -135,6 +140,11 @@ class Mirror(LocalShards):
             self.remote.check_writable()
         except Exception as e:  # noqa: BLE001 - any failure of the store here is the environment's
             raise UserError(describe_error(self.output.remote, e)) from None
+
+    def claim_staging(self, ttl_s: float) -> Optional[StagingClaim]:
+        """This worker's marker in the bucket (jobs/output/staging_claim.py): refused while workers of
+        another staging folder are live, since both would generate every unit."""
+        return StagingClaim(self.remote, self.output_dir, self.output.remote, ttl_s).join()
 
     def hydrate(self, overwrite: bool) -> Optional[bytes]:
         """Bring the remote run's bookkeeping into the staging folder; returns the remote run.json."""

@@ -1,7 +1,8 @@
 """The planner: stream a dataset once -> signature-pure work units + plan.json, in bounded memory.
 
-    file ──▶ chunks (bytes cut at line ends) ──▶ N processes: parse, validate, count tokens,
-         sha256          bounded in flight          sign, spill sorted by signature (chunk.py)
+    files ──▶ chunks (bytes cut at line ends) ──▶ N processes: parse, validate, count tokens,
+    in order, sha256     bounded in flight          sign, spill sorted by signature (chunk.py)
+    each
     ──▶ key-uniqueness check over 64-bit key hashes ──▶ per signature, in signature order:
         concatenate its batches chunk by chunk (dataset order) and cut equal units ──▶ _plan/
                                                       (unit files written by the N processes)
@@ -12,11 +13,19 @@ queued. Memory: the chunks in flight, the units being written, and for the uniqu
 bytes per row up to 64M rows (then several passes over hash ranges). Deterministic: units depend
 on the dataset and config only, not on the number of processes, the chunk size or which process
 took what (a signature's run is in dataset order); tests/test_plan_golden.py freezes them.
+
+A dataset of several files (a folder, a brace list: jobs/dataset/paths.py) is read file after file
+in sorted order, as one stream: a chunk never spans two files, so it knows its file (an index into
+plan.json's `dataset.files`) and its first line there. Dataset order is (file, line); each file
+keeps its own line numbers and derived keys (`<file stem>-<line>`), and a file the JSONL fast lane
+declines is read again row by row on its own. One file plans exactly as it always did: no file
+column in the units, no file list in plan.json.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
 import math
 import os
@@ -26,18 +35,19 @@ from collections import deque
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Set, Tuple
 
 import numpy as np
 
 from jobs.config import GenerateConfig
-from jobs.dataset import DatasetError, RowError, format_row_errors
+from jobs.dataset import DatasetError, RowError, dataset_label, dataset_sources, format_row_errors
 from jobs.dataset.hf import hf_digest, hf_rows, open_hf
 from jobs.dataset.rules import unknown_fields_message
-from jobs.plan import Signature
-from jobs.plan.chunk import ChunkResult, ChunkTask, init_process, process_chunk, ChunkContext, run_in_process
-from jobs.plan.units import SIGNATURE_COLUMNS, PlanManifest, UnitInfo, item_cost
 from jobs.output.layout import unit_name
+from jobs.plan import Signature
+from jobs.plan.chunk import ChunkContext, ChunkResult, ChunkTask, init_process, process_chunk, run_in_process
+from jobs.plan.digests import combined_digest, file_digest, file_record
+from jobs.plan.units import FILE_COLUMN, SIGNATURE_COLUMNS, PlanManifest, UnitInfo, item_cost
 
 log = logging.getLogger("jobs.plan")
 
@@ -51,63 +61,74 @@ class PlanResult:
     seconds: float = 0.0
 
 
-def dataset_file(cfg: GenerateConfig) -> Tuple[Path, str]:
-    from jobs.dataset import check_readable, resolve_format, resolve_path
+@dataclass(frozen=True)
+class DatasetFile:
+    """One file of the dataset; its place in dataset_files() is the index unit files record."""
 
-    path = resolve_path(cfg.dataset)
-    fmt = resolve_format(cfg.dataset, path)
-    if fmt != "hf":  # a Hugging Face dataset is a folder or a Hub id: open_hf names what is wrong with it
-        check_readable(path, bundled=not cfg.dataset.path)
-    return path, fmt
+    path: Path
+    fmt: str
 
 
-def dataset_digest(cfg: GenerateConfig, path: Path, fmt: str) -> str:
-    """The dataset's bytes' sha256; a Hugging Face dataset's fingerprint (no pass over its rows)."""
-    return hf_digest(open_hf(str(path), cfg.dataset.split)) if fmt == "hf" else file_digest(path)
+def dataset_files(cfg: GenerateConfig) -> List[DatasetFile]:
+    """The files `dataset.path` names, in the order they are planned, each checked readable."""
+    return [DatasetFile(path, fmt) for path, fmt in dataset_sources(cfg.dataset)]
 
 
-def dataset_stat(path: Path, fmt: str) -> Tuple[int, int]:
-    """(bytes, mtime_ns) that tell a rerun whether to hash the dataset again; (0, 0) for hf (always re-read)."""
-    if fmt == "hf":
+def file_stat(f: DatasetFile) -> Tuple[int, int]:
+    """(bytes, mtime_ns) that tell a rerun whether to hash a file again; (0, 0) for a Hugging Face
+    dataset (a folder or a Hub id: its fingerprint is read again instead, without a pass over its rows)."""
+    if f.fmt == "hf":
         return 0, 0
-    st = path.stat()
+    st = f.path.stat()
     return st.st_size, st.st_mtime_ns
 
 
-def file_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
+def source_digest(cfg: GenerateConfig, f: DatasetFile) -> str:
+    """One source's digest: a file's bytes' sha256, a Hugging Face dataset's fingerprint."""
+    return hf_digest(open_hf(str(f.path), cfg.dataset.split)) if f.fmt == "hf" else file_digest(f.path)
 
 
-def _byte_chunks(path: Path, chunk_bytes: int, digest) -> Iterator[ChunkTask]:
-    """JSONL/TXT cut at line ends; lines are counted here so every chunk knows its first line."""
-    index, line, rest = 0, 1, b""
+def dataset_digest(files: List[DatasetFile], digests: List[str]) -> str:
+    """The dataset's digest in the run identity: one file's sha256 (as it always was), or one digest
+    over every file's name and sha256, in order (names decide derived keys)."""
+    if len(files) == 1:
+        return digests[0]
+    return combined_digest((f.path.name, d) for f, d in zip(files, digests))
+
+
+def _byte_chunks(path: Path, file: int, chunk_bytes: int, digest, index: Iterator[int],
+                 declined: Set[int]) -> Iterator[ChunkTask]:
+    """JSONL/TXT cut at line ends; lines are counted here so every chunk knows its first line. Once a
+    chunk of this file is declined (`declined`), the rest is still read for its digest but not parsed."""
+    line, rest = 1, b""
     with open(path, "rb") as f:
         while True:
             block = f.read(chunk_bytes)
             digest.update(block)
+            if file in declined:  # read row by row later; only its digest is made here
+                rest = b""
+                if not block:
+                    return
+                continue
             data = rest + block
             if not block:
                 if data:
-                    yield ChunkTask(index=index, first_line=line, data=data)
+                    yield ChunkTask(index=next(index), first_line=line, data=data, file=file)
                 return
             cut = data.rfind(b"\n") + 1
             if cut == 0:  # one line longer than a chunk: keep reading
                 rest = data
                 continue
             body, rest = data[:cut], data[cut:]
-            yield ChunkTask(index=index, first_line=line, data=body)
-            index += 1
+            yield ChunkTask(index=next(index), first_line=line, data=body, file=file)
             line += body.count(b"\n")
 
 
-def _row_chunks(cfg: GenerateConfig, path: Path, fmt: str, rows_per_chunk: int) -> Iterator[ChunkTask]:
+def _row_chunks(cfg: GenerateConfig, path: Path, file: int, fmt: str, rows_per_chunk: int,
+                index: Iterator[int]) -> Iterator[ChunkTask]:
     from jobs.dataset.formats import READERS
 
-    index, rows = 0, []
+    rows = []
     if fmt == "hf":
         reader = hf_rows(open_hf(str(path), cfg.dataset.split), cfg.dataset.prompt_field, cfg.dataset.max_line_bytes)
     else:
@@ -115,10 +136,10 @@ def _row_chunks(cfg: GenerateConfig, path: Path, fmt: str, rows_per_chunk: int) 
     for row in reader:
         rows.append(row)
         if len(rows) >= rows_per_chunk:
-            yield ChunkTask(index=index, rows=rows)
-            index, rows = index + 1, []
+            yield ChunkTask(index=next(index), rows=rows, file=file)
+            rows = []
     if rows:
-        yield ChunkTask(index=index, rows=rows)
+        yield ChunkTask(index=next(index), rows=rows, file=file)
 
 
 class _Workers:
@@ -210,11 +231,25 @@ def _start_method() -> str:
 
 @dataclass
 class _Collected:
+    """Every chunk's result, in dataset order (file, then line), and what they add up to."""
+
     results: List[ChunkResult] = field(default_factory=list)
     errors: List[RowError] = field(default_factory=list)
     rows: int = 0
     truncated: int = 0
     unknown: set = field(default_factory=set)
+
+    @classmethod
+    def of(cls, results: List[ChunkResult]) -> "_Collected":
+        # Sorted by (file, chunk): a file read again row by row gets chunk indices after every
+        # other file's, and this puts its rows back in their place in dataset order.
+        col = cls(results=sorted(results, key=lambda r: (r.file, r.index)))
+        for res in col.results:
+            col.errors += res.errors
+            col.truncated += res.truncated
+            col.unknown |= res.unknown_fields
+            col.rows += res.n_rows
+        return col
 
 
 def _spill_column(res: ChunkResult, name: str) -> np.ndarray:
@@ -229,11 +264,11 @@ def _spill_column(res: ChunkResult, name: str) -> np.ndarray:
 HASHES_PER_PASS = 64 << 20  # 512 MB of key hashes in memory at most
 
 
-def _duplicates(col: _Collected, label: str) -> Dict[int, set]:
+def _duplicates(col: _Collected, labels: List[str]) -> Dict[int, set]:
     """Rows whose key was already used by an earlier row: {chunk index: {line, ...}} to drop, with
-    a RowError each (first occurrence wins, as in load_dataset). The 64-bit key hashes are read
-    back from the spill files, in passes over disjoint hash ranges, so memory stays bounded at any
-    dataset size (one pass up to 64M rows). Cheap when there are none: one sort per pass."""
+    a RowError each (first occurrence in dataset order wins, as in load_dataset). The 64-bit key
+    hashes are read back from the spill files, in passes over disjoint hash ranges, so memory stays
+    bounded at any dataset size (one pass up to 64M rows). Cheap when there are none: one sort per pass."""
     import pyarrow as pa
 
     passes = max(1, -(-col.rows // HASHES_PER_PASS))
@@ -249,8 +284,8 @@ def _duplicates(col: _Collected, label: str) -> Dict[int, set]:
     candidates = np.concatenate(found)
     if not len(candidates):
         return {}
-    seen: Dict[str, List[Tuple[int, int]]] = {}
-    for res in col.results:
+    seen: Dict[str, List[Tuple[int, int, ChunkResult]]] = {}  # key -> [(rank in dataset order, line, chunk)]
+    for rank, res in enumerate(col.results):
         if not res.groups:
             continue
         with pa.memory_map(res.path) as src:
@@ -262,63 +297,81 @@ def _duplicates(col: _Collected, label: str) -> Dict[int, set]:
                     keys = batch.column("key").to_numpy(zero_copy_only=False)[mask]
                     lines = batch.column("line").to_numpy()[mask]
                     for k, ln in zip(keys, lines):
-                        seen.setdefault(k, []).append((int(ln), res.index))
+                        seen.setdefault(k, []).append((rank, int(ln), res))
     drop: Dict[int, set] = {}
     for key, where in sorted(seen.items()):
         if len(where) < 2:
             continue  # a hash collision of distinct keys
-        where.sort()
-        first = where[0][0]
-        for ln, chunk in where[1:]:
-            if ln in drop.get(chunk, ()):
+        where.sort(key=lambda w: w[:2])
+        _, first, first_res = where[0]
+        for _, ln, res in where[1:]:
+            if ln in drop.get(res.index, ()):
                 continue  # the row's other samples (sampling.images_per_prompt): one error a row
-            drop.setdefault(chunk, set()).add(ln)
-            col.errors.append(RowError(label, ln, key, f"duplicate key {key!r} (first at {label}:{first})"))
+            drop.setdefault(res.index, set()).add(ln)
+            col.errors.append(RowError(labels[res.file], ln, key,
+                                       f"duplicate key {key!r} (first at {labels[first_res.file]}:{first})"))
     return drop
 
 
-def _stream(tasks: Iterator[ChunkTask], workers: _Workers, t0: float) -> Optional[_Collected]:
-    """Every chunk through the processes, in order; None as soon as one is declined."""
-    # Closed on return: the pool's chunks still in flight are waited for (a declined chunk).
+def _stream(tasks: Iterator[ChunkTask], workers: _Workers, t0: float, declined: Set[int]) -> List[ChunkResult]:
+    """Every chunk through the processes, in order. A declined chunk adds its file to `declined`
+    (the task stream then stops parsing that file); every result of a declined file is dropped."""
+    out: List[ChunkResult] = []
+    rows = 0
+    # Closed on return: the pool's chunks still in flight are waited for.
     with closing(workers.map_ordered(lambda task: process_chunk(workers.ctx, task), run_in_process, tasks)) as results:
-        return _collect(results, t0)
+        for res in results:
+            if res.declined:
+                declined.add(res.file)
+                continue
+            out.append(res)
+            rows += res.n_rows
+            if res.index % 50 == 49:
+                log.info("planned %d rows (%.0f rows/s)", rows, rows / (time.perf_counter() - t0))
+    kept = [r for r in out if r.file not in declined]
+    for res in out:
+        if res.file in declined and res.path:
+            os.unlink(res.path)
+    return kept
 
 
-def _collect(results: Iterator[ChunkResult], t0: float) -> Optional[_Collected]:
-    col = _Collected()
-    for res in results:
-        if res.declined:
-            return None
-        col.results.append(res)
-        col.errors += res.errors
-        col.truncated += res.truncated
-        col.unknown |= res.unknown_fields
-        col.rows += res.n_rows
-        if res.index % 50 == 49:
-            log.info("planned %d rows (%.0f rows/s)", col.rows, col.rows / (time.perf_counter() - t0))
-    return col
+def _read_all(cfg: GenerateConfig, files: List[DatasetFile], workers: _Workers,
+              t0: float) -> Tuple[_Collected, List[str]]:
+    """Every file's chunks, in dataset order, and every file's sha256. JSONL goes through Arrow's fast
+    lane in byte chunks (hashed as read); a file it declines, and every other format, row by row."""
+    chunk_bytes = int(cfg.plan.chunk_mb * (1 << 20))
+    index = itertools.count()  # chunk indices (spill file names), unique across files and passes
+    hashes = {i: hashlib.sha256() for i, f in enumerate(files) if f.fmt == "jsonl"}
+    declined: Set[int] = set()
+
+    def fast_tasks() -> Iterator[ChunkTask]:
+        for i, f in enumerate(files):
+            if f.fmt == "jsonl":
+                yield from _byte_chunks(f.path, i, chunk_bytes, hashes[i], index, declined)
+            else:
+                yield from _row_chunks(cfg, f.path, i, f.fmt, 20000, index)
+
+    results = _stream(fast_tasks(), workers, t0, declined)
+    for i in sorted(declined):  # the readers' rules decide
+        log.info("%s: not plain LF-separated JSON objects throughout; reading it row by row", files[i].path)
+    slow = (task for i in sorted(declined) for task in _row_chunks(cfg, files[i].path, i, "jsonl", 20000, index))
+    results += _stream(slow, workers, t0, set())
+    digests = [hashes[i].hexdigest() if i in hashes else source_digest(cfg, f) for i, f in enumerate(files)]
+    return _Collected.of(results), digests
 
 
-def _check(cfg: GenerateConfig, path: Path, fmt: str, label: str, spill: Path, workers: _Workers, t0: float):
-    """Stream every chunk, then the whole-file checks: (collected, digest, seconds, drop, keep_until)."""
-    digest = hashlib.sha256()
-    col = None
-    if fmt == "jsonl":
-        col = _stream(_byte_chunks(path, int(cfg.plan.chunk_mb * (1 << 20)), digest), workers, t0)
-        if col is None:  # a chunk the fast lane would not vouch for: the readers' rules decide
-            log.info("%s: not plain LF-separated JSON objects throughout; reading it row by row", label)
-            shutil.rmtree(spill)
-            spill.mkdir()
-    if col is None:
-        digest = None
-        col = _stream(_row_chunks(cfg, path, fmt, rows_per_chunk=20000), workers, t0)
+def _check(cfg: GenerateConfig, files: List[DatasetFile], label: str, workers: _Workers, t0: float):
+    """Stream every chunk, then the whole-dataset checks: (collected, digests, seconds, drop, keep_until)."""
+    col, digests = _read_all(cfg, files, workers, t0)
+    labels = [str(f.path) for f in files]
     n_rows = col.rows
     if col.unknown:
         log.warning("%s: %s", label, unknown_fields_message(col.unknown, cfg.dataset.prompt_field,
                                                             cfg.dataset.key_field))
     streamed = time.perf_counter() - t0
-    drop = _duplicates(col, label)
-    col.errors.sort(key=lambda e: e.line)
+    drop = _duplicates(col, labels)
+    rank = {name: i for i, name in enumerate(labels)}
+    col.errors.sort(key=lambda e: (rank.get(e.file, 0), e.line))  # dataset order: file, then line
     keep_until = _limit_line(col, drop, cfg.dataset.limit)
     n_valid = n_rows - sum(len(v) for v in drop.values())
     if not n_valid and not col.errors:
@@ -330,32 +383,36 @@ def _check(cfg: GenerateConfig, path: Path, fmt: str, label: str, spill: Path, w
     if not n_valid:
         raise DatasetError(format_row_errors(label, col.errors) + "\nEvery row is bad, so there is nothing to generate.",
                            col.errors)
-    return col, digest, streamed, drop, keep_until
+    return col, digests, streamed, drop, keep_until
+
+
+def _n_workers(cfg: GenerateConfig, files: List[DatasetFile]) -> int:
+    sizes = [file_stat(f)[0] for f in files]
+    workers = cfg.plan.workers or os.cpu_count() or 1
+    chunk_bytes = cfg.plan.chunk_mb * (1 << 20)
+    if sum(sizes) <= chunk_bytes:
+        return 1  # one chunk: starting processes would cost more than it saves
+    if all(f.fmt == "jsonl" for f in files):  # byte chunks: a process per chunk at most (more would wait for nothing)
+        return min(workers, sum(max(1, math.ceil(s / chunk_bytes)) for s in sizes))
+    return workers
 
 
 def plan_dataset(cfg: GenerateConfig, divisor: int, work_dir: Path) -> PlanResult:
     """Stream the dataset into `work_dir` (unit files); the caller publishes it as _plan/."""
     t0 = time.perf_counter()
-    path, fmt = dataset_file(cfg)
-    label = str(path)
+    files = dataset_files(cfg)
+    label = dataset_label(cfg.dataset, [f.path for f in files])
     spill = work_dir / SPILL_DIR
     spill.mkdir(parents=True)
-    size, _ = dataset_stat(path, fmt)
-    workers = cfg.plan.workers or os.cpu_count() or 1
-    chunk_bytes = cfg.plan.chunk_mb * (1 << 20)
-    if size <= chunk_bytes:
-        workers = 1  # one chunk: starting processes would cost more than it saves
-    elif fmt == "jsonl":  # byte chunks: a process per chunk at most (more would start and wait for nothing)
-        workers = min(workers, math.ceil(size / chunk_bytes))
-    initargs = (cfg, label, path.stem, fmt, str(spill), divisor)
+    workers = _n_workers(cfg, files)
+    initargs = (cfg, tuple((str(f.path), f.path.stem) for f in files), str(spill), divisor)
     with _Workers(workers, initargs) as pool:
-        col, digest, streamed, drop, keep_until = _check(cfg, path, fmt, label, spill, pool, t0)
-        units, signatures, truncated = _write_units(col.results, drop, keep_until, cfg, work_dir, pool)
+        col, digests, streamed, drop, keep_until = _check(cfg, files, label, pool, t0)
+        units, signatures, truncated = _write_units(col.results, drop, keep_until, cfg, work_dir, pool,
+                                                    len(files) > 1)
     shutil.rmtree(spill)
-    size, mtime_ns = dataset_stat(path, fmt)
-    dataset = {"path": label, "format": fmt, "digest": digest.hexdigest() if digest else dataset_digest(cfg, path, fmt),
-               "bytes": size, "mtime_ns": mtime_ns, "records": sum(u.count for u in units),
-               "bad_rows": len(col.errors), "limit": cfg.dataset.limit}
+    dataset = _dataset_record(cfg, files, digests, label)
+    dataset.update(records=sum(u.count for u in units), bad_rows=len(col.errors), limit=cfg.dataset.limit)
     # Truncated among the planned items: rows past dataset.limit and dropped duplicates are not generated.
     manifest = PlanManifest(identity={}, dataset=dataset, unit_items=cfg.plan.unit_items, units=units,
                             truncated=truncated, signatures=signatures)
@@ -370,13 +427,25 @@ def plan_dataset(cfg: GenerateConfig, divisor: int, work_dir: Path) -> PlanResul
 
 def dataset_rows(col: _Collected, drop: Dict[int, set], images_per_prompt: int) -> int:
     """Rows read: the valid ones (a chunk counts each row's samples) and the bad ones, where a
-    duplicate key is both a chunk's valid row and a bad row of the whole file: counted once."""
+    duplicate key is both a chunk's valid row and a bad row of the whole dataset: counted once."""
     duplicates = sum(len(lines) for lines in drop.values())
     return col.rows // images_per_prompt + len(col.errors) - duplicates
 
 
-def _limit_line(col: _Collected, drop: Dict[int, set], limit: int) -> Optional[int]:
-    """dataset.limit = N: the line of the N-th valid row (rows after it are validated, not planned)."""
+def _dataset_record(cfg: GenerateConfig, files: List[DatasetFile], digests: List[str], label: str) -> dict:
+    """plan.json's `dataset`: one file as it always was (path, size, mtime, sha256), or the digest
+    over every file and `files`, each file's record (its index there is what unit files hold)."""
+    if len(files) == 1:
+        f = files[0]
+        size, mtime_ns = file_stat(f)
+        return {"path": label, "format": f.fmt, "digest": digests[0], "bytes": size, "mtime_ns": mtime_ns}
+    records = [file_record(f.path, d) for f, d in zip(files, digests)]
+    return {"path": cfg.dataset.path, "format": "+".join(sorted({f.fmt for f in files})),
+            "digest": dataset_digest(files, digests), "bytes": sum(r["bytes"] for r in records), "files": records}
+
+
+def _limit_line(col: _Collected, drop: Dict[int, set], limit: int) -> Optional[Tuple[int, int]]:
+    """dataset.limit = N: (file, line) of the N-th valid row (rows after it are validated, not planned)."""
     if not limit:
         return None
     seen = 0
@@ -389,7 +458,7 @@ def _limit_line(col: _Collected, drop: Dict[int, set], limit: int) -> Optional[i
                 continue
             seen += 1
             if seen == limit:
-                return int(ln)
+                return res.file, int(ln)
     return None
 
 
@@ -408,12 +477,13 @@ class _UnitJob:
 
     path: str
     sig_fields: tuple
-    slices: List[Tuple[str, int, int, int]]  # (spill file, record batch, start, rows) after filtering
+    slices: List[Tuple[str, int, int, int, int]]  # (spill file, record batch, start, rows, file) after filtering
     drop: Dict[str, List[int]]  # spill file -> lines to leave out
-    keep_until: Optional[int]
+    keep_until: Optional[Tuple[int, int]]
+    file_column: bool = False  # several dataset files: each row records its file's index
 
 
-def _filtered_batch(path: str, b: int, drop: List[int], keep_until: Optional[int]):
+def _filtered_batch(path: str, b: int, drop: List[int], keep_until: Optional[Tuple[int, int]], file: int):
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -422,8 +492,9 @@ def _filtered_batch(path: str, b: int, drop: List[int], keep_until: Optional[int
     mask = None
     if drop:
         mask = pc.invert(pc.is_in(batch.column("line"), pa.array(sorted(drop), pa.int64())))
-    if keep_until is not None:
-        m = pc.less_equal(batch.column("line"), keep_until)
+    if keep_until is not None and file >= keep_until[0]:  # files before the limit's are kept whole
+        last = keep_until[1] if file == keep_until[0] else 0  # lines are >= 1: a later file keeps none
+        m = pc.less_equal(batch.column("line"), last)
         mask = m if mask is None else pc.and_(mask, m)
     if mask is not None:
         batch = batch.filter(mask)
@@ -434,22 +505,26 @@ def write_unit(job: _UnitJob) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    table = pa.Table.from_batches([_filtered_batch(path, b, job.drop.get(path, []), job.keep_until).slice(start, n)
-                                   for path, b, start, n in job.slices])
+    batches = [_filtered_batch(path, b, job.drop.get(path, []), job.keep_until, file).slice(start, n)
+               for path, b, start, n, file in job.slices]
+    table = pa.Table.from_batches(batches)
     for name, value in zip(SIGNATURE_COLUMNS, job.sig_fields):
         # pa.scalar infers the type a list of the value would get: int64, double, bool
         table = table.append_column(name, pa.repeat(pa.scalar(value), table.num_rows))
+    if job.file_column:
+        files = np.repeat([s[4] for s in job.slices], [len(b) for b in batches]).astype(np.int32)
+        table = table.append_column(FILE_COLUMN, pa.array(files, pa.int32()))
     pq.write_table(table, job.path)
 
 
-def _write_units(results: List[ChunkResult], drop: Dict[int, set], keep_until: Optional[int],
-                 cfg: GenerateConfig, out: Path, workers: "_Workers") -> Tuple[List[UnitInfo], Dict[str, int], int]:
+def _write_units(results: List[ChunkResult], drop: Dict[int, set], keep_until: Optional[Tuple[int, int]],
+                 cfg: GenerateConfig, out: Path, workers: "_Workers",
+                 file_column: bool) -> Tuple[List[UnitInfo], Dict[str, int], int]:
     """Cut each signature's run (in signature order) into equal units, numbered in that order; the
     files are written by all the processes. Also returns how many planned items were truncated."""
     drops = {results[ci].path: sorted(lines) for ci, lines in
              ((ci, drop.get(res.index)) for ci, res in enumerate(results)) if lines}
     affected = bool(drop) or keep_until is not None
-
     truncated = 0
 
     def rows(ci: int, b: int) -> int:
@@ -457,7 +532,7 @@ def _write_units(results: List[ChunkResult], drop: Dict[int, set], keep_until: O
         res = results[ci]
         if not affected:
             return res.groups[b][1]
-        batch = _filtered_batch(res.path, b, drops.get(res.path, []), keep_until)
+        batch = _filtered_batch(res.path, b, drops.get(res.path, []), keep_until, res.file)
         truncated += batch.column("truncated").to_numpy(zero_copy_only=False).sum()
         return batch.num_rows
 
@@ -466,27 +541,27 @@ def _write_units(results: List[ChunkResult], drop: Dict[int, set], keep_until: O
     signatures: Dict[str, int] = {}
     by_sig = _pieces(results)
     for sig_fields in sorted(by_sig):
-        pieces = [(results[ci].path, b, rows(ci, b)) for ci, b in by_sig[sig_fields]]
+        pieces = [(results[ci].path, b, rows(ci, b), results[ci].file) for ci, b in by_sig[sig_fields]]
         sig = Signature(**dict(zip(SIGNATURE_COLUMNS, sig_fields)), dtype=cfg.model.dtype)
-        n = sum(r for _, _, r in pieces)
+        n = sum(r for _, _, r, _ in pieces)
         if not n:
             continue
         signatures[str(sig)] = n
         k = math.ceil(n / cfg.plan.unit_items)
         sizes = [n // k + (1 if i < n % k else 0) for i in range(k)]  # equal units, no stub tail
         slices, have = [], 0
-        for path, b, r in pieces:
+        for path, b, r, file in pieces:
             start = 0
             while start < r:
                 take = min(r - start, sizes[0] - have)
-                slices.append((path, b, start, take))
+                slices.append((path, b, start, take, file))
                 start += take
                 have += take
                 if have == sizes[0]:
                     uid = len(units)
                     jobs.append(_UnitJob(path=str(out / f"{unit_name(uid)}.parquet"), sig_fields=sig_fields,
                                          slices=slices, drop={p: drops[p] for p, *_ in slices if p in drops},
-                                         keep_until=keep_until))
+                                         keep_until=keep_until, file_column=file_column))
                     units.append(UnitInfo(id=uid, signature=sig, count=have, cost=have * item_cost(sig)))
                     slices, have = [], 0
                     sizes.pop(0)

@@ -7,7 +7,7 @@ declined). The spill file is Arrow IPC with one record
 batch per signature, rows in file order within each: concatenating a signature's batches over
 the chunks in order gives that signature's run in dataset order, with no global sort.
 
-Key uniqueness across the whole file cannot be checked inside a chunk: each row's 64-bit key
+Key uniqueness across the whole dataset cannot be checked inside a chunk: each row's 64-bit key
 hash (from the digest that derives its seed, jobs.plan.derive_seeds) goes back to the planner, which checks them all at the end (plan/build.py).
 """
 
@@ -32,6 +32,7 @@ class ChunkTask:
     first_line: int = 1
     data: bytes = b""  # JSONL/TXT bytes, cut at a line end
     rows: Optional[list] = None  # or (line, value) pairs from a sequential reader
+    file: int = 0  # which of the dataset's files (a chunk never spans two); lines are that file's
 
 
 @dataclass
@@ -40,6 +41,7 @@ class ChunkResult:
     path: str
     groups: List[Tuple[tuple, int]]  # (signature fields, rows) per record batch, in batch order
     n_rows: int
+    file: int = 0
     errors: List[RowError] = field(default_factory=list)
     truncated: int = 0
     unknown_fields: set = field(default_factory=set)
@@ -57,9 +59,7 @@ class _ChunkValidator(RowValidator):
 class ChunkContext:
     """What every chunk needs, built once per process."""
 
-    label: str
-    stem: str
-    fmt: str
+    files: Tuple[Tuple[str, str], ...]  # (label, stem) a dataset file: errors name the label, keys derive from the stem
     max_line_bytes: int
     prompt_field: str
     key_field: str
@@ -72,7 +72,7 @@ class ChunkContext:
     bucket_for: object
 
     @classmethod
-    def build(cls, cfg, label: str, stem: str, fmt: str, spill_dir: str, divisor: int) -> "ChunkContext":
+    def build(cls, cfg, files: Tuple[Tuple[str, str], ...], spill_dir: str, divisor: int) -> "ChunkContext":
         from jobs.models.registry import get_family
         from jobs.plan.lengths import planning_tokenizer
         from padding import get_padder
@@ -90,24 +90,25 @@ class ChunkContext:
                                 distilled_model="" if family.guidance else cfg.model.name,
                                 min_steps=family.min_steps, model_name=cfg.model.name,
                                 images_per_prompt=cfg.sampling.images_per_prompt)
-        return cls(label=label, stem=stem, fmt=fmt, max_line_bytes=cfg.dataset.max_line_bytes, prompt_field=cfg.dataset.prompt_field,
-                   key_field=cfg.dataset.key_field, keep_fields=tuple(cfg.dataset.keep_fields), defaults=defaults,
+        return cls(files=tuple(files), max_line_bytes=cfg.dataset.max_line_bytes,
+                   prompt_field=cfg.dataset.prompt_field, key_field=cfg.dataset.key_field,
+                   keep_fields=tuple(cfg.dataset.keep_fields), defaults=defaults,
                    spill_dir=spill_dir, family=family, model_cfg=cfg.model,
-                   tokenizer=planning_tokenizer(family, cfg.model),
-                   bucket_for=padder.bucket_for)
+                   tokenizer=planning_tokenizer(family, cfg.model), bucket_for=padder.bucket_for)
 
 
 def validate(ctx: ChunkContext, task: ChunkTask) -> Tuple[Optional[Rows], List[RowError], set]:
     """The chunk's valid rows as columns, and its bad rows. A byte chunk (JSONL) is taken by Arrow's
     fast lane or not at all (None: the planner then reads the whole file row by row, with the
     dataset readers' exact rules for line endings, encodings and line lengths)."""
+    label, stem = ctx.files[task.file]
     if task.rows is None:
         from jobs.plan.fast_jsonl import arrow_rows
 
         # Kept fields are not in the fast lane's known set: a row holding one sends the file row by row.
-        rows = arrow_rows(task.data, task.first_line, ctx.stem, ctx.prompt_field, ctx.key_field, ctx.max_line_bytes)
+        rows = arrow_rows(task.data, task.first_line, stem, ctx.prompt_field, ctx.key_field, ctx.max_line_bytes)
         return rows, [], set()
-    validator = _ChunkValidator(ctx.label, ctx.stem, ctx.prompt_field, ctx.key_field, keep=ctx.keep_fields)
+    validator = _ChunkValidator(label, stem, ctx.prompt_field, ctx.key_field, keep=ctx.keep_fields)
     records, errors = [], []
     for line, value in task.rows:
         out = validator.check(line, value)
@@ -120,9 +121,9 @@ def process_chunk(ctx: ChunkContext, task: ChunkTask) -> ChunkResult:
 
     rows, errors, unknown = validate(ctx, task)
     if rows is None:
-        return ChunkResult(index=task.index, path="", groups=[], n_rows=0, declined=True)
+        return ChunkResult(index=task.index, path="", groups=[], n_rows=0, declined=True, file=task.file)
     measure = lambda texts, instruction: ctx.family.text_length_arrays(ctx.tokenizer, texts, ctx.model_cfg, instruction)  # noqa: E731
-    res, row_errors = resolve(rows, ctx.defaults, measure, ctx.bucket_for, ctx.label)
+    res, row_errors = resolve(rows, ctx.defaults, measure, ctx.bucket_for, ctx.files[task.file][0])
     errors += row_errors
     n = len(res)
     # Stable (lexsort is): within a signature, rows keep file order; signatures in tuple order.
@@ -163,7 +164,7 @@ def process_chunk(ctx: ChunkContext, task: ChunkTask) -> ChunkResult:
             writer.write_batch(table.slice(start, end - start).combine_chunks().to_batches()[0])
             groups.append((s, end - start))
     return ChunkResult(index=task.index, path=path, groups=groups, n_rows=n, errors=errors,
-                       truncated=int(res.truncated.sum()), unknown_fields=unknown)
+                       truncated=int(res.truncated.sum()), unknown_fields=unknown, file=task.file)
 
 
 # -- the per-process context of a multiprocessing pool --------------------------------------
@@ -177,13 +178,13 @@ def inherit_context(ctx: Optional[ChunkContext]) -> None:
     _CTX = ctx
 
 
-def init_process(cfg, label: str, stem: str, fmt: str, spill_dir: str, divisor: int) -> None:
+def init_process(cfg, files: Tuple[Tuple[str, str], ...], spill_dir: str, divisor: int) -> None:
     import os
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the processes are the parallelism
     global _CTX
     if _CTX is None:  # spawned (a forked child inherits its parent's, built from the same arguments)
-        _CTX = ChunkContext.build(cfg, label, stem, fmt, spill_dir, divisor)
+        _CTX = ChunkContext.build(cfg, files, spill_dir, divisor)
 
 
 def run_in_process(task: ChunkTask) -> ChunkResult:

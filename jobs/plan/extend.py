@@ -31,6 +31,23 @@ def only_dataset_changed(differences: List[str]) -> bool:
     return bool(differences) and all(d.startswith(EXTENDABLE) for d in differences)
 
 
+def check_files_appended(old: PlanManifest, new: PlanManifest) -> None:
+    """A dataset of several files may grow by files sorted after its last one: the run's units record
+    each row's file by its index in the file list, which an earlier new file would shift. (One file's
+    units record none: it may be moved or renamed, as before datasets of several files.)"""
+    if "files" not in old.dataset:
+        return
+    before = [r["path"] for r in old.dataset["files"]]
+    after = [r["path"] for r in new.dataset.get("files") or [new.dataset]]
+    if after[:len(before)] != before:
+        changed = next((i for i, p in enumerate(before) if i >= len(after) or after[i] != p), len(before))
+        raise UserError(f"job.extend=true: the dataset's files are not the run's files plus new ones after them "
+                        f"(file {changed + 1} was {before[changed]!r}, now "
+                        f"{after[changed] if changed < len(after) else 'none'!r}); extend adds files sorted after "
+                        f"the last planned one ({before[-1]!r}). Name the new files so they sort last, or use "
+                        f"another output_dir")
+
+
 def _row_key(row: dict) -> tuple:
     return (row["prompt"], row["negative_prompt"], row["seed"], *(row[c] for c in SIGNATURE_COLUMNS))
 

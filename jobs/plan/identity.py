@@ -14,6 +14,7 @@ with any number of cores.
 from __future__ import annotations
 
 from dataclasses import asdict
+from typing import Optional
 
 from jobs.config import GenerateConfig
 from jobs.models import demo_weights
@@ -21,7 +22,9 @@ from jobs.models.lora import lora_identity
 from jobs.models.registry import get_family
 
 
-def run_identity(cfg: GenerateConfig, digest: str, n_records: int) -> dict:
+def run_identity(cfg: GenerateConfig, digest: str, n_records: int, weights: Optional[str] = None) -> dict:
+    """`weights`: the digest of the files under model.path (jobs/plan/weights_digest.py), None where
+    there is none to record (a tiny preset; a plan made before weight digests, whose run.json has none)."""
     m = cfg.model
     sampling, sink = asdict(cfg.sampling), {"format": cfg.sink.format, "quality": cfg.sink.quality}
     if get_family(m.family).video:
@@ -38,7 +41,8 @@ def run_identity(cfg: GenerateConfig, digest: str, n_records: int) -> dict:
         "model": {"name": m.name, "family": m.family, "path": m.path, "dtype": m.dtype, "tiny": m.tiny.identity() if m.tiny is not None else {},
                   "max_sequence_length": m.max_sequence_length,
                   "complex_human_instruction": m.complex_human_instruction, **lora_identity(m.loras),
-                  **demo_weights.identity(m.tiny, m.path), **({"scheduler": m.scheduler} if m.scheduler else {})},
+                  **demo_weights.identity(m.tiny, m.path), **({"scheduler": m.scheduler} if m.scheduler else {}),
+                  **({"weights": weights} if weights else {})},
         "text_buckets": cfg.text_buckets,
         "sampling": sampling,
         "sink": sink,
@@ -54,8 +58,8 @@ def run_identity(cfg: GenerateConfig, digest: str, n_records: int) -> dict:
     }
 
 
-def plan_identity(cfg: GenerateConfig, digest: str, records: int) -> dict:
-    ident = run_identity(cfg, digest, records)
+def plan_identity(cfg: GenerateConfig, digest: str, records: int, weights: Optional[str] = None) -> dict:
+    ident = run_identity(cfg, digest, records, weights)
     ident["plan"] = {"unit_items": cfg.plan.unit_items, "dataset_limit": cfg.dataset.limit,
                      "dataset_on_error": cfg.dataset.on_error}
     if cfg.dataset.keep_fields:  # they are in every json: another list is another output

@@ -18,6 +18,7 @@ import logging
 import os
 import shutil
 from pathlib import Path
+from typing import Optional
 
 from jobs.config import GenerateConfig
 from jobs.dataset import write_error_ledger
@@ -27,25 +28,27 @@ from jobs.output.claim import PROVENANCE_KEY, dir_lock, open_run, rewrite_run, r
 from jobs.output.layout import ERRORS_FILE, PLAN_DIR, PLAN_FILE, RUN_FILE, SHARD_GLOB, unit_name
 from jobs.output.leases import HOST, live_leases, pid_alive
 from jobs.output.mirror import LocalShards, Mirror
-from jobs.plan.extend import extend_plan, only_dataset_changed
-from jobs.plan.build import dataset_digest, dataset_file, dataset_stat, plan_dataset
+from jobs.plan.build import dataset_digest, dataset_files, plan_dataset, source_digest
+from jobs.plan.digests import digest_if_changed
+from jobs.plan.extend import check_files_appended, extend_plan, only_dataset_changed
 from jobs.plan.identity import plan_identity
 from jobs.plan.units import DamagedPlan, PlanManifest, check_unit_file, read_manifest, unit_digest, write_manifest
+from jobs.plan.weights_digest import weights_now, weights_record
 from jobs.provenance import provenance
 
 log = logging.getLogger("jobs.plan")
 
 
 def _digest_now(cfg: GenerateConfig, existing: PlanManifest) -> str:
-    """The dataset's digest: the planned one if the file looks unchanged (size, mtime), else re-read."""
-    path, fmt = dataset_file(cfg)
-    size, mtime_ns = dataset_stat(path, fmt)
+    """The dataset's digest now: each file's planned sha256 while its size and mtime are unchanged,
+    else the file is read again (a folder that gained a file hashes that file only); a Hugging Face
+    dataset's fingerprint, read again (no pass over its rows)."""
+    files = dataset_files(cfg)
     d = existing.dataset
-    if fmt != "hf" and d["path"] == str(path) and d["bytes"] == size and d["mtime_ns"] == mtime_ns:
-        return d["digest"]
-    if fmt != "hf":
-        log.info("dataset %s changed size or mtime since it was planned: hashing it to compare", path)
-    return dataset_digest(cfg, path, fmt)
+    planned = {r["path"]: r for r in d.get("files") or [d]}  # one file: the dataset record is its record
+    digests = [source_digest(cfg, f) if f.fmt == "hf" else
+               digest_if_changed(f.path, planned.get(str(f.path)), "dataset file") for f in files]
+    return dataset_digest(files, digests)
 
 
 def join_or_make_plan(cfg: GenerateConfig, shards: LocalShards, divisor: int) -> PlanManifest:
@@ -74,9 +77,10 @@ def open_plan(cfg: GenerateConfig, output_dir: Path, divisor: int) -> PlanManife
                 if cfg.job.verify != "full":
                     raise
                 return _repair(cfg, output_dir, plan_dir, divisor, err)
-            ident = plan_identity(cfg, _digest_now(cfg, existing), existing.dataset["records"])
+            weights = weights_now(cfg, existing.weights)  # weights changed in place: refused here, naming them
+            ident = plan_identity(cfg, _digest_now(cfg, existing), existing.dataset["records"], weights)
             if cfg.job.extend and only_dataset_changed(run_differences(output_dir, ident)):
-                return _extend(cfg, output_dir, plan_dir, existing, divisor)
+                return _extend(cfg, output_dir, plan_dir, existing, divisor, weights)
             open_run(output_dir, ident, cfg.job.overwrite, provenance=_provenance(cfg))  # same: joins; else refuses or wipes
             if (plan_dir / PLAN_FILE).exists():
                 log.info("joining the plan in %s: %d items in %d units", plan_dir, existing.n_items,
@@ -117,11 +121,17 @@ def _repair(cfg: GenerateConfig, output_dir: Path, plan_dir: Path, divisor: int,
 
 def _plan_into(cfg: GenerateConfig, work: Path, divisor: int) -> PlanManifest:
     result = plan_dataset(cfg, divisor, work)
-    manifest = result.manifest
-    manifest.identity = plan_identity(cfg, manifest.dataset["digest"], manifest.dataset["records"])
+    _seal(cfg, result.manifest, work)
+    return result.manifest
+
+
+def _seal(cfg: GenerateConfig, manifest: PlanManifest, work: Path) -> None:
+    """The plan's identity (dataset, config, weights) and its files' digests, then plan.json."""
+    manifest.weights = weights_record(cfg)
+    manifest.identity = plan_identity(cfg, manifest.dataset["digest"], manifest.dataset["records"],
+                                      manifest.weights.get("digest"))
     manifest.unit_digests = {str(u.id): unit_digest(work / f"{unit_name(u.id)}.parquet") for u in manifest.units}
     write_manifest(work, manifest)
-    return manifest
 
 
 def _make(cfg: GenerateConfig, output_dir: Path, plan_dir: Path, divisor: int) -> PlanManifest:
@@ -131,9 +141,7 @@ def _make(cfg: GenerateConfig, output_dir: Path, plan_dir: Path, divisor: int) -
         result = plan_dataset(cfg, divisor, work)
         kill_hook("plan")
         manifest = result.manifest
-        manifest.identity = plan_identity(cfg, manifest.dataset["digest"], manifest.dataset["records"])
-        manifest.unit_digests = {str(u.id): unit_digest(work / f"{unit_name(u.id)}.parquet") for u in manifest.units}
-        write_manifest(work, manifest)
+        _seal(cfg, manifest, work)
         open_run(output_dir, manifest.identity, cfg.job.overwrite, provenance=_provenance(cfg))
         errors_file = output_dir / ERRORS_FILE
         errors_file.unlink(missing_ok=True)
@@ -161,8 +169,10 @@ def _provenance(cfg: GenerateConfig) -> dict:
     return provenance(cfg.bcg.fusions, cfg.bcg.compile, device)
 
 
-def _extend(cfg: GenerateConfig, output_dir: Path, plan_dir: Path, existing: PlanManifest, divisor: int) -> PlanManifest:
-    """job.extend=true with a grown dataset: plan it, add its new rows as new units (jobs/plan/extend.py)."""
+def _extend(cfg: GenerateConfig, output_dir: Path, plan_dir: Path, existing: PlanManifest, divisor: int,
+            weights: Optional[str]) -> PlanManifest:
+    """job.extend=true with a grown dataset: plan it, add its new rows as new units (jobs/plan/extend.py).
+    `weights`: their digest as the join checked it (unchanged, or extend would not be asked)."""
     live = live_leases(plan_dir)
     if live:
         raise UserError(f"job.extend=true refused: {len(live)} worker lease(s) in output_dir={str(output_dir)!r} are "
@@ -173,7 +183,8 @@ def _extend(cfg: GenerateConfig, output_dir: Path, plan_dir: Path, existing: Pla
     try:
         result = plan_dataset(cfg, divisor, work)
         new = result.manifest
-        new.identity = plan_identity(cfg, new.dataset["digest"], new.dataset["records"])
+        new.identity = plan_identity(cfg, new.dataset["digest"], new.dataset["records"], weights)
+        check_files_appended(existing, new)
         manifest, added = extend_plan(existing, plan_dir, new, work)
         rewrite_run(output_dir, manifest.identity, _provenance(cfg))
         errors_file = output_dir / ERRORS_FILE

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Sequence, Union
 
 from jobs.errors import UserError
 from jobs.output.layout import PLAN_FILE, unit_name
@@ -24,7 +24,10 @@ PLAN_VERSION = 1
 # The columns of a unit file (and of the planner's spill files, which add `key_hash`).
 SIGNATURE_COLUMNS = ("height", "width", "text_bucket", "steps", "guidance_scale", "cfg", "frames")
 ITEM_COLUMNS = ("key", "prompt", "negative_prompt", "seed", "line", "text_tokens", "truncated", "cost", "fps")
-# and `extra` (JSON of the row's dataset.keep_fields) in plans that keep fields
+# and `extra` (JSON of the row's dataset.keep_fields) in plans that keep fields.
+# A dataset of several files: each row's file, an index into plan.json's dataset.files (`line` is that
+# file's). Absent for one file, whose units are what they always were.
+FILE_COLUMN = "file"
 
 
 def item_cost(sig: Signature) -> float:
@@ -61,16 +64,27 @@ class PlanManifest:
     unit_digests: Dict[str, str] = field(default_factory=dict)
     """{unit id: sha256 of its file}, checked whenever a unit is read (a damaged unit file would give
     other seeds or prompts); empty in plans made before digests."""
+    weights: dict = field(default_factory=dict)
+    """The files under model.path: size, mtime and sha256 each, and their digest, which the run
+    identity carries (jobs/plan/weights_digest.py); empty without a model.path, and in plans made
+    before weight digests."""
 
     @property
     def n_items(self) -> int:
         return sum(u.count for u in self.units)
 
+    @property
+    def source_files(self) -> List[str]:
+        """The dataset's files, by the index unit files record (one file: its path)."""
+        files = self.dataset.get("files")
+        return [f["path"] for f in files] if files else [self.dataset["path"]]
+
     def to_json(self) -> dict:
         return {"plan_version": PLAN_VERSION, "identity": self.identity, "dataset": self.dataset,
                 "unit_items": self.unit_items, "items": self.n_items, "truncated": self.truncated,
                 "signatures": self.signatures, "units": [u.to_json() for u in self.units],
-                **({"unit_digests": self.unit_digests} if self.unit_digests else {})}
+                **({"unit_digests": self.unit_digests} if self.unit_digests else {}),
+                **({"weights": self.weights} if self.weights else {})}
 
     @classmethod
     def from_json(cls, d: dict) -> "PlanManifest":
@@ -79,7 +93,7 @@ class PlanManifest:
                              f"{PLAN_VERSION}; plan again into a new output_dir (or job.overwrite=true)")
         return cls(identity=d["identity"], dataset=d["dataset"], unit_items=d["unit_items"],
                    units=[UnitInfo.from_json(u) for u in d["units"]], truncated=d["truncated"],
-                   signatures=d["signatures"], unit_digests=d.get("unit_digests", {}))
+                   signatures=d["signatures"], unit_digests=d.get("unit_digests", {}), weights=d.get("weights", {}))
 
 
 class DamagedPlan(UserError):
@@ -130,16 +144,21 @@ def read_unit_keys(plan_dir: Path, info: UnitInfo) -> List[str]:
     return pq.read_table(plan_dir / f"{unit_name(info.id)}.parquet", columns=["key"]).column("key").to_pylist()
 
 
-def read_unit(plan_dir: Path, info: UnitInfo, source_label: str, dtype: str) -> List[Item]:
-    """A unit's items, in plan order. Memory: one unit."""
+def read_unit(plan_dir: Path, info: UnitInfo, sources: Union[str, Sequence[str]], dtype: str) -> List[Item]:
+    """A unit's items, in plan order, each with its `source` (`file:line`; `sources` are the dataset's
+    files, PlanManifest.source_files, or one file's name). Memory: one unit."""
     import pyarrow.parquet as pq
 
     cols = pq.read_table(plan_dir / f"{unit_name(info.id)}.parquet").to_pydict()
     sig = Signature(**asdict(info.signature))
     assert sig.dtype == dtype, f"unit {info.id} was planned for {sig.dtype}, the job runs {dtype}"
-    fps = cols.get("fps") or [None] * len(cols["key"])  # units planned before videos have no fps
-    extra = cols.get("extra") or [None] * len(cols["key"])  # only plans with dataset.keep_fields
-    return [Item(key=k, prompt=p, negative_prompt=n, seed=s, signature=sig, text_tokens=t, truncated=tr,
-                 source=f"{source_label}:{line}", fps=f, extra=x)
-            for k, p, n, s, t, tr, line, f, x in zip(cols["key"], cols["prompt"], cols["negative_prompt"], cols["seed"],
-                                                      cols["text_tokens"], cols["truncated"], cols["line"], fps, extra)]
+    n = len(cols["key"])
+    fps = cols.get("fps") or [None] * n  # units planned before videos have no fps
+    extra = cols.get("extra") or [None] * n  # only plans with dataset.keep_fields
+    names = [sources] if isinstance(sources, str) else list(sources)
+    files = cols.get(FILE_COLUMN) or [0] * n
+    return [Item(key=k, prompt=p, negative_prompt=ng, seed=s, signature=sig, text_tokens=t, truncated=tr,
+                 source=f"{names[fi]}:{line}", fps=f, extra=x)
+            for k, p, ng, s, t, tr, line, f, fi, x in zip(cols["key"], cols["prompt"], cols["negative_prompt"],
+                                                            cols["seed"], cols["text_tokens"], cols["truncated"],
+                                                            cols["line"], fps, files, extra)]

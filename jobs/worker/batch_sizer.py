@@ -318,7 +318,7 @@ def choose(cfg, manifest, plan_dir: Path, pipeline, run: str,
 def _measure(cfg, manifest, plan_dir: Path, pipeline, sig: Signature, counts: dict, pool: List[int],
              limit: int) -> BatchPick:
     info = max((u for u in manifest.units if u.signature == sig), key=lambda u: (u.count, -u.id))
-    items = read_unit(plan_dir, info, manifest.dataset["path"], cfg.model.dtype)
+    items = read_unit(plan_dir, info, manifest.source_files, cfg.model.dtype)
     pixels = lambda s: s.height * s.width * s.frames  # noqa: E731
     scale = max(pixels(s) for s in counts) / pixels(sig)
     t0 = time.perf_counter()

@@ -79,8 +79,11 @@ class Lease:
 class Leaser:
     """Takes leases for this worker and keeps them alive with a heartbeat thread."""
 
-    def __init__(self, plan_dir: Path, owner: str, ttl_s: float):
+    def __init__(self, plan_dir: Path, owner: str, ttl_s: float, staging=None):
         self.plan_dir, self.owner, self.ttl_s = plan_dir, owner, ttl_s
+        # An object store's claim of this staging folder (jobs/output/staging_claim.py), or None: once
+        # another folder took the run over, this worker's leases are worth nothing either.
+        self.staging = staging
         (plan_dir / LEASE_DIR).mkdir(exist_ok=True)
         self.held: Dict[int, Lease] = {}
         self.lost: set = set()
@@ -162,6 +165,9 @@ class Leaser:
 
     def check(self, unit: int) -> None:
         """Raise LeaseLost unless this worker still holds the unit (a guard before each commit)."""
+        if self.staging is not None and self.staging.lost:
+            self.lost.add(unit)
+            raise LeaseLost(self.staging.lost)
         if self.still_held(unit):
             return
         self.lost.add(unit)

@@ -65,7 +65,7 @@ class LeasedPlan:
     def _unit_batches(self, info: UnitInfo) -> List[Batch]:
         self.sink.shards.fetch_unit(self.plan_dir / f"{unit_name(info.id)}.parquet")  # an object store: on lease
         check_unit_file(self.plan_dir, self.manifest, info.id)  # a damaged unit would give other seeds
-        items = read_unit(self.plan_dir, info, self.manifest.dataset["path"], self.settings.dtype)
+        items = read_unit(self.plan_dir, info, self.manifest.source_files, self.settings.dtype)
         # Ours to check and clean: we hold its lease. A shard that no longer matches its manifest is
         # quarantined by the scan, and its samples are generated again.
         # adopt only this run's (its current id, or one it had before an extend), of these keys

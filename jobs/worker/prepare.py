@@ -26,6 +26,7 @@ from jobs.output.claim import run_id, run_lineage
 from jobs.output.layout import PLAN_DIR
 from jobs.output.leases import HOST
 from jobs.output.mirror import LocalShards, open_shards
+from jobs.output.staging_claim import StagingClaim
 from jobs.plan.publish import join_or_make_plan
 from jobs.plan.units import PlanManifest, read_manifest
 from jobs.preflight import Checked, check_config
@@ -55,13 +56,31 @@ class Prepared:
     sink: UnitSink
     topo: Topology
     device: torch.device
+    staging: Optional[StagingClaim] = None  # an object store's: released when the worker ends
+
+    def release_staging(self) -> None:
+        if self.staging is not None:
+            self.staging.release()
 
 
 def prepare(cfg: GenerateConfig, timer: StageTimer, group: Group, device: torch.device,
             stop: Optional[StopFlag] = None) -> Prepared:
     checked = check_config(cfg)
-    topo, output_dir = group.topo, checked.output_dir
+    topo = group.topo
     shards = open_shards(cfg.output_dir, cfg.job.staging_dir, topo.task_count, cfg.dataset.keep_fields)
+    # Before the plan is joined or made (job.overwrite may wipe the bucket): no second staging folder.
+    staging = shards.claim_staging(cfg.job.lease_ttl_s)
+    try:
+        return _prepare(cfg, checked, shards, staging, timer, group, device, stop)
+    except BaseException:
+        if staging is not None:
+            staging.release()
+        raise
+
+
+def _prepare(cfg: GenerateConfig, checked: Checked, shards: LocalShards, staging: Optional[StagingClaim],
+             timer: StageTimer, group: Group, device: torch.device, stop: Optional[StopFlag]) -> Prepared:
+    topo, output_dir = group.topo, checked.output_dir
     held = {}
     with timer("plan"):
         # Rank 0 joins or makes the plan (other jobs on output_dir wait on its lock); the other
@@ -75,13 +94,14 @@ def prepare(cfg: GenerateConfig, timer: StageTimer, group: Group, device: torch.
         group.agree(join_or_make, leader_only=True)
     plan_dir = output_dir / PLAN_DIR
     manifest = held.get("manifest") or read_manifest(plan_dir)
-    leaser = Leaser(plan_dir, owner, cfg.job.lease_ttl_s)
+    leaser = Leaser(plan_dir, owner, cfg.job.lease_ttl_s, staging)
     source = LeaseSource(manifest, plan_dir, leaser, topo.part, cfg.job.wait_for_leases, stop)
-    return assemble(cfg, checked, shards, manifest, source, owner, topo, device)
+    return assemble(cfg, checked, shards, manifest, source, owner, topo, device, staging)
 
 
 def assemble(cfg: GenerateConfig, checked: Checked, shards: LocalShards, manifest: PlanManifest,
-             source: UnitSource, owner: str, topo: Topology, device: torch.device) -> Prepared:
+             source: UnitSource, owner: str, topo: Topology, device: torch.device,
+             staging: Optional[StagingClaim] = None) -> Prepared:
     """The sink and the plan of a worker whose units come from `source`."""
     plan_dir = checked.output_dir / PLAN_DIR
     sink = UnitSink(checked.output_dir, cfg.sink, plan_dir, source, owner, shards, run=run_id(checked.output_dir),
@@ -90,7 +110,7 @@ def assemble(cfg: GenerateConfig, checked: Checked, shards: LocalShards, manifes
                          dtype=cfg.model.dtype, verify=cfg.job.verify)
     plan = LeasedPlan(manifest, plan_dir, source, sink, order)
     return Prepared(cfg=cfg, family=checked.family, padder=checked.padder, output_dir=checked.output_dir, plan=plan,
-                    manifest=manifest, sink=sink, topo=topo, device=device)
+                    manifest=manifest, sink=sink, topo=topo, device=device, staging=staging)
 
 
 def check_done_units(cfg: GenerateConfig, manifest: PlanManifest, shards: LocalShards, output_dir: Path,

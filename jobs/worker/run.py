@@ -79,7 +79,10 @@ def _run(cfg: GenerateConfig, timer: StageTimer, group: Group, device: torch.dev
         # Done units count once, on part 0, so the parts' summaries add up to the dataset.
         record_plan(stats, prep, timer, count_done_at_start=prep.topo.part == 0)
         stats.ended = now_iso()
-        finish(prep, stats, group, met=ended)
+        try:
+            finish(prep, stats, group, met=ended)
+        finally:
+            prep.release_staging()  # last: a job on another staging folder may start once this one has ended
     stop.forward()
     return stats
 

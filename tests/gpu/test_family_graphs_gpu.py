@@ -17,7 +17,8 @@ import torch
 
 from pathlib import Path
 
-from bcg import RunnerConfig, apply_graph_runner, signature
+from bcg import RunnerConfig, apply_graph_runner
+from bcg.signature import signature
 from jobs.models.base import DenoiseRequest
 from jobs.models.registry import get_family
 from padding import get_padder
