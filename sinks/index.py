@@ -15,7 +15,6 @@ from sinks.manifest import ShardRecord
 from sinks.names import INDEX_NAME
 
 
-
 def wids_index(records: Iterable[ShardRecord], name: str | None = None) -> dict:
     """The index document; shards sorted by url so every rank/merge order gives the same file."""
     records = sorted(records, key=lambda r: r.url)

@@ -25,8 +25,18 @@ from pathlib import Path
 from typing import AbstractSet, List, Optional, Set
 
 from sinks.keys import member_stem
-from sinks.manifest import (ScanResult, ShardRecord, _quarantine_orphans, _settle_sidecars, current_stamps,
-                            is_shard_name, load_manifest, remove_temps, verify_shard, write_manifest)
+from sinks.manifest import (
+    ScanResult,
+    ShardRecord,
+    _quarantine_orphans,
+    _settle_sidecars,
+    current_stamps,
+    is_shard_name,
+    load_manifest,
+    remove_temps,
+    verify_shard,
+    write_manifest,
+)
 from sinks.names import MANIFEST_DIR
 from sinks.quarantine import quarantine, quarantine_file
 from sinks.sidecars import MetaSpec

@@ -22,9 +22,9 @@ Knows nothing of plans or units: names are relative to the output folder, globs 
 from __future__ import annotations
 
 import fnmatch
-import re
 import logging
 import os
+import re
 import time
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple

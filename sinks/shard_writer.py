@@ -24,8 +24,8 @@ then refuses further writes.
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Optional
 
 from sinks.config import SinkConfig

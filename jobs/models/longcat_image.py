@@ -25,8 +25,8 @@ import torch
 from jobs.config import ModelConfig
 from jobs.errors import UserError
 from jobs.models.base import DenoiseRequest, ModelFamily, TextLength, cpu_generators
-from jobs.models.tiny import build_scheduler, tiny_text_encoder, tiny_tokenizer
 from jobs.models.registry import register_family
+from jobs.models.tiny import build_scheduler, tiny_text_encoder, tiny_tokenizer
 from padding import TextEmbeds
 
 # text_processor is left out on purpose: only the prompt rewriter uses it (see module docstring).

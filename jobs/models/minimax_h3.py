@@ -110,8 +110,12 @@ class MiniMaxH3Family(ModelFamily):
         return pipe
 
     def build_tiny(self, cfg: ModelConfig, dtype: torch.dtype):
-        from diffusers import (AutoencoderKLMiniMaxH3, AutoencoderKLMiniMaxH3Audio, MiniMaxH3Scheduler,
-                               MiniMaxH3Transformer3DModel)
+        from diffusers import (
+            AutoencoderKLMiniMaxH3,
+            AutoencoderKLMiniMaxH3Audio,
+            MiniMaxH3Scheduler,
+            MiniMaxH3Transformer3DModel,
+        )
 
         tiny = cfg.tiny
         torch.manual_seed(int(tiny.seed))
@@ -215,8 +219,10 @@ class MiniMaxH3Family(ModelFamily):
     denoise_output = "latent"
 
     def geometry(self, pipe, request: DenoiseRequest) -> dict:
-        from diffusers.modular_pipelines.minimax_h3.modular_pipeline import (audio_latent_num_frames,
-                                                                               video_latent_num_frames)
+        from diffusers.modular_pipelines.minimax_h3.modular_pipeline import (
+            audio_latent_num_frames,
+            video_latent_num_frames,
+        )
 
         ratio = pipe.vae_spatial_compression_ratio
         return dict(num_latent_frames=video_latent_num_frames(request.num_frames, pipe.vae_frames_per_chunk,

@@ -26,9 +26,9 @@ from typing import List, Sequence
 import torch
 
 from jobs.config import ModelConfig
-from jobs.models.tiny import build_scheduler, tiny_text_encoder, tiny_tokenizer
 from jobs.models.base import DenoiseRequest, ModelFamily, TextLength, cpu_generators
 from jobs.models.registry import register_family
+from jobs.models.tiny import build_scheduler, tiny_text_encoder, tiny_tokenizer
 from padding import TextEmbeds
 
 # QwenImagePipeline.__init__ sets these per instance; the plan needs them before any pipeline

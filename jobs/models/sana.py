@@ -9,7 +9,6 @@ embeddings to the text bucket.
 from __future__ import annotations
 
 import math
-
 from typing import List, Sequence
 
 import torch
