@@ -37,7 +37,8 @@ log = logging.getLogger(__name__)
 MANIFEST_VERSION = 4  # 2 added `members`, 3 `sidecars`, 4 `run` and `stamps`; versions 1 to 3 are still read
 # The names this package's writers give shards (DEFAULT_NAME_PATTERN, or one per rank, shard-rPPPP-NNNNNN):
 # a file matching a shard glob but not this (`shard-000001 (copy).tar`) is a stray, never adopted.
-SHARD_NAME = re.compile(r"shard-(?:(?:r[0-9]{4}-)?[0-9]{6,}|u[0-9]{7}-[0-9]{4,})\.tar")  # u: a work unit's (jobs/worker/)
+# u: a work unit's (jobs/worker/).
+SHARD_NAME = re.compile(r"shard-(?:(?:r[0-9]{4}-)?[0-9]{6,}|u[0-9]{7}-[0-9]{4,})\.tar")
 
 
 @dataclass

@@ -95,7 +95,8 @@ def scan_owned(output_dir: Path, pattern_glob: str, verify: str, spec: Optional[
     for url in sorted(manifests):
         if url not in tars:
             if not staged:
-                entry = quarantine_file(output_dir, f"{MANIFEST_DIR}/{url}.json", f"its shard {url} is not in output_dir")
+                entry = quarantine_file(output_dir, f"{MANIFEST_DIR}/{url}.json",
+                                        f"its shard {url} is not in output_dir")
                 if entry is not None:
                     result.quarantined.append(entry)
             continue

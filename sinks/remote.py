@@ -188,7 +188,8 @@ class Remote:
             keep.update([url] + [s[0] for s in record.sidecars])
         orphans = sorted(set(objects) - keep)
         if orphans:
-            log.info("removing %d object(s) of uploads cut short (no manifest): %s", len(orphans), ", ".join(orphans[:5]))
+            log.info("removing %d object(s) of uploads cut short (no manifest): %s", len(orphans),
+                     ", ".join(orphans[:5]))
             self.rm(orphans)
         committed = {r.url for r in records}
         for path in sorted((Path(local_dir) / MANIFEST_DIR).glob(f"{tar_glob}.json")):
@@ -197,7 +198,9 @@ class Remote:
                 path.unlink()  # uploaded by nobody (the remote lost it, or quarantined it just now)
         return records, quarantined
 
-    def _differences(self, record: ShardRecord, url: str, objects: Dict[str, Tuple[int, str]], verify: str) -> List[str]:
+    def _differences(
+        self, record: ShardRecord, url: str, objects: Dict[str, Tuple[int, str]], verify: str
+    ) -> List[str]:
         """Sizes from the listing; sha256 of every object with `full`, and of an object whose ETag moved
         since its upload (rewritten in place, at the same size) with `members`."""
         problems, rewritten = [], []

@@ -50,7 +50,8 @@ class MetaSpec:
     columns: Tuple[Tuple[str, str], ...] = ()
     """(json field, Arrow type name: string, int64, float64, bool, or json) in column order; a
     missing field is null. `json`: a string column of the value as the json holds it (a string
-    as itself, any other value as its JSON text), for pass-through fields of any type. `key`, `shard`, `members` and `bytes` are always there and are not listed."""
+    as itself, any other value as its JSON text), for pass-through fields of any type. `key`,
+    `shard`, `members` and `bytes` are always there and are not listed."""
     tally: Tuple[str, ...] = ()
     """Columns whose values the stats count (`"values": {"mode": {"replay": 90, "eager": 10}}`)."""
 

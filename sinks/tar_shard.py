@@ -90,7 +90,8 @@ class TarShard:
     def add(self, sample: EncodedSample) -> None:
         if sample.stem in self._stems:
             # Same stem twice in one tar: readers would merge or drop samples.
-            raise ValueError(f"sample key {sample.key!r} was written twice to {self.final_path.name}; keys must be unique.")
+            raise ValueError(f"sample key {sample.key!r} was written twice to {self.final_path.name}; "
+                             f"keys must be unique.")
         members = sample.members()
         for name, data in members:
             info = tarfile.TarInfo(name)

@@ -93,9 +93,9 @@ class WanFamily(ModelFamily):
         index = read_json(os.path.join(cfg.path, "model_index.json"))
         second = index.get("transformer_2")
         if isinstance(second, list) and any(second):
-            raise UserError(f"model.path={cfg.path!r} is a two-expert Wan 2.2 checkpoint (transformer_2, boundary_ratio "
-                             f"{index.get('boundary_ratio')}): bcgen graphs one transformer per pipeline and does not "
-                             f"run A14B's second expert yet; use Wan 2.1 or Wan 2.2 TI2V-5B")
+            raise UserError(f"model.path={cfg.path!r} is a two-expert Wan 2.2 checkpoint (transformer_2, "
+                             f"boundary_ratio {index.get('boundary_ratio')}): bcgen graphs one transformer per "
+                             f"pipeline and does not run A14B's second expert yet; use Wan 2.1 or Wan 2.2 TI2V-5B")
 
     def spatial_divisor(self, cfg: ModelConfig) -> int:
         vae, tr = self.component_config(cfg, "vae"), self.component_config(cfg, "transformer")

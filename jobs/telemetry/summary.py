@@ -70,7 +70,8 @@ class JobStats:
         """"3 videos written", "5 samples written (4 images, 1 video)"."""
         text = f"{self.items_written} {self.noun()} written"
         if len([n for n in self.kinds.values() if n]) > 1:
-            text += " (" + ", ".join(f"{n} {k}{'s' if n != 1 else ''}" for k, n in sorted(self.kinds.items()) if n) + ")"
+            counts = (f"{n} {k}{'s' if n != 1 else ''}" for k, n in sorted(self.kinds.items()) if n)
+            text += " (" + ", ".join(counts) + ")"
         return text
 
     def to_json(self) -> dict:
