@@ -144,6 +144,7 @@ def record_from_tar(output_dir: Path, url: str) -> ShardRecord:
             f"{Path(output_dir) / url} cannot be read as a shard ({'; '.join(problems)}). Interrupted runs never leave "
             f"a partial file under a final name, so it was damaged afterwards: move it aside and rerun to regenerate "
             f"its samples.")
+    assert record is not None  # _read_tar_record gives a record whenever it finds no problem
     return record
 
 
@@ -162,7 +163,9 @@ def _read_tar_record(path: Path) -> tuple[Optional[ShardRecord], list[str]]:
                     if not stems or stems[-1] != stem:
                         stems.append(stem)
                     if member.name == f"{stem}.json":
-                        keys[stem] = json.loads(tar.extractfile(member).read())["key"]
+                        f = tar.extractfile(member)
+                        assert f is not None, member.name  # check_layout passed: a json member is a file
+                        keys[stem] = json.loads(f.read())["key"]
     except (OSError, tarfile.TarError, ValueError, KeyError, TypeError) as err:
         problems.append(f"{type(err).__name__}: {err}")
     if problems:
@@ -178,7 +181,7 @@ def read_record(output_dir: Path, url: str) -> ShardRecord:
 
 
 def checked_record(output_dir: Path, url: str, level: str, quarantined: list, rebuilt: Optional[list] = None,
-                   spec: Optional[MetaSpec] = None):
+                   spec: Optional[MetaSpec] = None) -> Optional[ShardRecord]:
     """The record of a shard that still matches its manifest (or, without one, has a shard's layout);
     None after moving a shard that does not to _quarantine/ (its entry appended to `quarantined`).
     `rebuilt` given: a missing or unreadable manifest is rewritten from the tar and the url appended,
@@ -188,7 +191,7 @@ def checked_record(output_dir: Path, url: str, level: str, quarantined: list, re
 
     record = load_manifest(output_dir, url)
     has_manifest = record is not None
-    if has_manifest:
+    if record is not None:
         problems = verify_shard(output_dir, record, level)
     else:
         record, problems = _read_tar_record(Path(output_dir) / url)
@@ -197,6 +200,7 @@ def checked_record(output_dir: Path, url: str, level: str, quarantined: list, re
         if entry is not None:
             quarantined.append(entry)
         return None
+    assert record is not None  # _read_tar_record gives a record whenever it finds no problem
     if rebuilt is None:
         return record
     changed = _settle_sidecars(output_dir, record, level, has_manifest, spec) or not has_manifest

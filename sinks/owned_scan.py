@@ -133,6 +133,7 @@ def _adopt(output_dir: Path, url: str, verify: str, spec: Optional[MetaSpec], ow
         if entry is not None:
             result.quarantined.append(entry)
         return None
+    assert record is not None  # an unreadable manifest is a problem above
     if _settle_sidecars(output_dir, record, verify, True, spec):
         record.stamps = current_stamps(output_dir, record)
         write_manifest(output_dir, record)

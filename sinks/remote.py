@@ -27,7 +27,7 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 from sinks.manifest import ShardRecord, manifest_path, write_manifest
 from sinks.names import MANIFEST_DIR, QUARANTINE_DIR
@@ -158,7 +158,10 @@ class Remote:
         for pattern in (tar_glob, *sidecar_globs(tar_glob)):
             objects.update(self.listing("", pattern))
         manifests = self.sizes(MANIFEST_DIR, f"{tar_glob}.json")
-        records, quarantined, keep, taken = [], [], set(), set()
+        records: List[ShardRecord] = []
+        quarantined: List[dict] = []
+        keep: Set[str] = set()
+        taken: Set[str] = set()
         for mname in sorted(manifests):
             url = mname.rsplit("/", 1)[-1][: -len(".json")]
             local = manifest_path(local_dir, url)
@@ -176,13 +179,17 @@ class Remote:
                 local.unlink(missing_ok=True)
                 keep.update([url] + [s[0] for s in record.sidecars])
                 continue
-            problems = self._differences(record, url, objects, verify) if record else ["unreadable manifest"]
-            if not problems and owner is not None:
-                problems = ownership_problems(record, owner, taken)
+            if record is None:
+                problems = ["unreadable manifest"]
+            else:
+                problems = self._differences(record, url, objects, verify)
+                if not problems and owner is not None:
+                    problems = ownership_problems(record, owner, taken)
             if problems:
                 quarantined.append(self._quarantine(url, "; ".join(problems), record))
                 local.unlink(missing_ok=True)
                 continue
+            assert record is not None  # an unreadable manifest is a problem above
             records.append(record)
             taken.update(record.keys)
             keep.update([url] + [s[0] for s in record.sidecars])

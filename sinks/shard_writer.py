@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, NoReturn, Optional
 
 from sinks.config import SinkConfig
 from sinks.errors import SinkError
@@ -220,7 +220,7 @@ class ShardWriter:
         staged.publish()
         return record
 
-    def _fail(self, err: OSError) -> None:
+    def _fail(self, err: OSError) -> NoReturn:
         self.abort()
         last = f", the last is {self.records[-1].url}" if self.records else ""
         self._failed = SinkError(

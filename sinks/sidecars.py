@@ -114,7 +114,7 @@ def parquet_bytes(url: str, rows: List[Row], spec: MetaSpec) -> bytes:
     import pyarrow.parquet as pq
 
     schema = spec.schema()
-    data = {"key": [r.key for r in rows], "shard": [url] * len(rows)}
+    data: Dict[str, list] = {"key": [r.key for r in rows], "shard": [url] * len(rows)}
     for name, kind in spec.columns:
         data[name] = [_cell(r.meta.get(name), kind) for r in rows]
     data["members"] = [r.members for r in rows]
@@ -213,7 +213,9 @@ def rows_from_tar(path: Path) -> List[Row]:
             row.members.append(member.name)
             row.nbytes += member.size
             if member.name == f"{stem}.json":
-                row.meta = json.loads(tar.extractfile(member).read())
+                f = tar.extractfile(member)
+                assert f is not None, member.name  # a shard's json members are regular files
+                row.meta = json.loads(f.read())
                 row.key = row.meta["key"]
     return [rows[s] for s in order]
 

@@ -76,7 +76,9 @@ class TarShard:
         # "wb", not "xb": a leftover temp of the same name is a dead run's partial shard.
         self._file = open(self.temp_path, "wb")
         self._hashing = _HashingFile(self._file)
-        self._tar = tarfile.open(fileobj=self._hashing, mode="w", format=tarfile.USTAR_FORMAT)
+        # typeshed's _Fileobj also asks for read/seek/close, which tarfile's "w" mode never calls.
+        self._tar = tarfile.open(fileobj=self._hashing, mode="w",  # type: ignore[call-overload]
+                                 format=tarfile.USTAR_FORMAT)
 
     @property
     def nsamples(self) -> int:
