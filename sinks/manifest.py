@@ -164,7 +164,7 @@ def _read_tar_record(path: Path) -> tuple[Optional[ShardRecord], list[str]]:
                         stems.append(stem)
                     if member.name == f"{stem}.json":
                         f = tar.extractfile(member)
-                        assert f is not None, member.name  # check_layout passed: a json member is a file
+                        assert f is not None, member.name  # a shard's json members are regular files (TarShard writes no other kind)
                         keys[stem] = json.loads(f.read())["key"]
     except (OSError, tarfile.TarError, ValueError, KeyError, TypeError) as err:
         problems.append(f"{type(err).__name__}: {err}")
