@@ -164,7 +164,8 @@ def _read_tar_record(path: Path) -> tuple[Optional[ShardRecord], list[str]]:
                         stems.append(stem)
                     if member.name == f"{stem}.json":
                         f = tar.extractfile(member)
-                        assert f is not None, member.name  # a shard's json members are regular files (TarShard writes no other kind)
+                        # A shard's json members are regular files (TarShard writes no other kind).
+                        assert f is not None, member.name
                         keys[stem] = json.loads(f.read())["key"]
     except (OSError, tarfile.TarError, ValueError, KeyError, TypeError) as err:
         problems.append(f"{type(err).__name__}: {err}")

@@ -214,7 +214,8 @@ def rows_from_tar(path: Path) -> List[Row]:
             row.nbytes += member.size
             if member.name == f"{stem}.json":
                 f = tar.extractfile(member)
-                assert f is not None, member.name  # a shard's json members are regular files (TarShard writes no other kind)
+                # A shard's json members are regular files (TarShard writes no other kind).
+                assert f is not None, member.name
                 row.meta = json.loads(f.read())
                 row.key = row.meta["key"]
     return [rows[s] for s in order]
