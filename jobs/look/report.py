@@ -140,7 +140,8 @@ def select(paths: Sequence[Path], n: int) -> List[Sample]:
         group = groups.setdefault(sig, [])
         if len(group) < n:
             group.append((raw["__url__"], stem, meta))
-    chosen, depth = [], 0
+    chosen: List[tuple] = []
+    depth = 0
     while len(chosen) < n and any(depth < len(g) for g in groups.values()):
         chosen += [g[depth] for g in groups.values() if depth < len(g)][: n - len(chosen)]
         depth += 1
