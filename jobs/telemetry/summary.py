@@ -8,17 +8,17 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, Iterator, List, Optional
 
 STAGE_ORDER = ("dataset", "plan", "load", "batch_sizing", "generate", "sink_wait", "sink_close")
 
 
 class StageTimer:
-    def __init__(self):
+    def __init__(self) -> None:
         self.seconds: Dict[str, float] = {}
 
     @contextlib.contextmanager
-    def __call__(self, stage: str):
+    def __call__(self, stage: str) -> Iterator[None]:
         t0 = time.perf_counter()
         try:
             yield
