@@ -103,8 +103,9 @@ def flops_summary_mix(family: str, images_by_signature: dict, seconds: float, *,
                       vae_config: Optional[dict] = None, peak_tflops: float = H200_BF16_DENSE_TFLOPS) -> dict:
     """flops_summary of a run of several signatures ({Signature: images}) in `seconds` (a job's
     generation stage): FLOPs per image is the run's mean."""
-    counts = {sig: transformer_flops(family, transformer_config, vae_config, sig) for sig in images_by_signature}
-    if not counts or any(c is None for c in counts.values()):
+    found = {sig: transformer_flops(family, transformer_config, vae_config, sig) for sig in images_by_signature}
+    counts = {sig: c for sig, c in found.items() if c is not None}
+    if not found or len(counts) < len(found):
         return {"counted": False, "reason": f"not counted: no FLOPs rule for family {family!r} "
                                             f"(known: {', '.join(known_families())})"}
     images = sum(images_by_signature.values())
