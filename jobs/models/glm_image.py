@@ -106,7 +106,7 @@ class _GraphFriendlyCalls:
     """A forward pre-hook on the DiT (it runs before the bcg runner's wrapper): idle KV caches -> None,
     the rotary table built once per grid on the device (see the module docstring)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._rope: Dict[tuple, Tuple[torch.Tensor, torch.Tensor]] = {}
 
     def __call__(self, module, args, kwargs):

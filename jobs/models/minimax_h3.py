@@ -95,7 +95,7 @@ class MiniMaxH3Family(ModelFamily):
     fps_conditions = True  # fixed 24 fps: the audio length follows the clip's duration at that rate
     fixed_fps = float(FPS)
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._prepared: dict = {}
     guidance = False  # guidance-distilled: one transformer call a step, no negative prompt
     min_steps = 2  # MiniMaxH3Scheduler.set_timesteps refuses fewer than 2 inference steps
