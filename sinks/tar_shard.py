@@ -77,7 +77,7 @@ class TarShard:
         self._file = open(self.temp_path, "wb")
         self._hashing = _HashingFile(self._file)
         # typeshed's _Fileobj also asks for read/seek/close, which tarfile's "w" mode never calls.
-        self._tar = tarfile.open(fileobj=self._hashing, mode="w",  # type: ignore[call-overload]
+        self._tar = tarfile.open(fileobj=self._hashing, mode="w",  # type: ignore[call-overload]  # typeshed _Fileobj
                                  format=tarfile.USTAR_FORMAT)
 
     @property
