@@ -13,8 +13,8 @@ from sinks.errors import CorruptShardError, SinkError
 from sinks.index import wids_index, write_wids_index
 from sinks.keys import MAX_STEM_LEN, key_from_stem, member_stem
 from sinks.kinds import KINDS, Encoder, encoder_for, known_extensions, register_encoder
-from sinks.names import INDEX_NAME
 from sinks.manifest import ScanResult, ShardRecord, read_record, record_from_tar, scan_output
+from sinks.names import INDEX_NAME
 from sinks.sample import EncodedSample, Sample
 from sinks.shard_writer import DEFAULT_NAME_PATTERN, ShardWriter
 from sinks.sidecars import MetaSpec

@@ -68,8 +68,8 @@ class AsyncSink:
         name_pattern: str = DEFAULT_NAME_PATTERN,
         start_index: int = 0,
         on_commit: Optional[Callable[[ShardRecord], None]] = None,
-        spec: MetaSpec = MetaSpec(),
-        owner: Owner = Owner(),
+        spec: MetaSpec = MetaSpec(),  # noqa: B008 (frozen dataclass: one shared default is safe)
+        owner: Owner = Owner(),  # noqa: B008 (frozen dataclass: one shared default is safe)
     ) -> None:
         self.config = config
         self._writer = ShardWriter(output_dir, config, name_pattern, start_index, on_commit, spec, owner)

@@ -67,8 +67,10 @@ class SinkConfig:
                  "an integer in 1..100000")
         _require(_is_int(self.video_crf) and 0 <= self.video_crf <= 51, "video_crf", self.video_crf,
                  "an integer in 0..51 (18: visually lossless)")
-        _require(self.video_preset in VIDEO_PRESETS, "video_preset", self.video_preset, f"one of {', '.join(VIDEO_PRESETS)}")
-        _require(self.video_frames in VIDEO_FRAMES, "video_frames", self.video_frames, f"one of {', '.join(VIDEO_FRAMES)}")
+        _require(self.video_preset in VIDEO_PRESETS, "video_preset", self.video_preset,
+                 f"one of {', '.join(VIDEO_PRESETS)}")
+        _require(self.video_frames in VIDEO_FRAMES, "video_frames", self.video_frames,
+                 f"one of {', '.join(VIDEO_FRAMES)}")
 
 
 def _is_int(value: object) -> bool:

@@ -21,10 +21,12 @@ if TYPE_CHECKING:
 def check_image(image: object, where: str) -> np.ndarray:
     """The image as a C-contiguous uint8 HxWx3 array, or ValueError naming what is wrong."""
     if not isinstance(image, np.ndarray):
-        raise ValueError(f"{where}: image must be a numpy array, got {type(image).__name__}; convert tensors with .cpu().numpy().")
+        raise ValueError(f"{where}: image must be a numpy array, got {type(image).__name__}; "
+                         f"convert tensors with .cpu().numpy().")
     if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3 or image.shape[0] == 0 or image.shape[1] == 0:
         raise ValueError(
-            f"{where}: image has dtype {image.dtype} and shape {image.shape}; expected uint8 HxWx3 (RGB) with H, W > 0. "
+            f"{where}: image has dtype {image.dtype} and shape {image.shape}; "
+            f"expected uint8 HxWx3 (RGB) with H, W > 0. "
             f"Scale floats with (x * 255).round().clip(0, 255).astype(np.uint8)."
         )
     return np.ascontiguousarray(image)

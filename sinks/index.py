@@ -15,7 +15,6 @@ from sinks.manifest import ShardRecord
 from sinks.names import INDEX_NAME
 
 
-
 def wids_index(records: Iterable[ShardRecord], name: str | None = None) -> dict:
     """The index document; shards sorted by url so every rank/merge order gives the same file."""
     records = sorted(records, key=lambda r: r.url)
@@ -26,7 +25,9 @@ def wids_index(records: Iterable[ShardRecord], name: str | None = None) -> dict:
     doc: dict = {"__kind__": "wids-shard-index-v1", "wids_version": 1}
     if name is not None:
         doc["name"] = name
-    doc["shardlist"] = [{"url": r.url, "nsamples": r.nsamples, "filesize": r.filesize, "sha256": r.sha256} for r in records]
+    doc["shardlist"] = [
+        {"url": r.url, "nsamples": r.nsamples, "filesize": r.filesize, "sha256": r.sha256} for r in records
+    ]
     return doc
 
 

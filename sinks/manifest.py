@@ -37,7 +37,8 @@ log = logging.getLogger(__name__)
 MANIFEST_VERSION = 4  # 2 added `members`, 3 `sidecars`, 4 `run` and `stamps`; versions 1 to 3 are still read
 # The names this package's writers give shards (DEFAULT_NAME_PATTERN, or one per rank, shard-rPPPP-NNNNNN):
 # a file matching a shard glob but not this (`shard-000001 (copy).tar`) is a stray, never adopted.
-SHARD_NAME = re.compile(r"shard-(?:(?:r[0-9]{4}-)?[0-9]{6,}|u[0-9]{7}-[0-9]{4,})\.tar")  # u: a work unit's (jobs/worker/)
+# u: a work unit's (jobs/worker/).
+SHARD_NAME = re.compile(r"shard-(?:(?:r[0-9]{4}-)?[0-9]{6,}|u[0-9]{7}-[0-9]{4,})\.tar")
 
 
 @dataclass
@@ -143,6 +144,7 @@ def record_from_tar(output_dir: Path, url: str) -> ShardRecord:
             f"{Path(output_dir) / url} cannot be read as a shard ({'; '.join(problems)}). Interrupted runs never leave "
             f"a partial file under a final name, so it was damaged afterwards: move it aside and rerun to regenerate "
             f"its samples.")
+    assert record is not None  # _read_tar_record gives a record whenever it finds no problem
     return record
 
 
@@ -161,7 +163,10 @@ def _read_tar_record(path: Path) -> tuple[Optional[ShardRecord], list[str]]:
                     if not stems or stems[-1] != stem:
                         stems.append(stem)
                     if member.name == f"{stem}.json":
-                        keys[stem] = json.loads(tar.extractfile(member).read())["key"]
+                        f = tar.extractfile(member)
+                        # A shard's json members are regular files (TarShard writes no other kind).
+                        assert f is not None, member.name
+                        keys[stem] = json.loads(f.read())["key"]
     except (OSError, tarfile.TarError, ValueError, KeyError, TypeError) as err:
         problems.append(f"{type(err).__name__}: {err}")
     if problems:
@@ -177,7 +182,7 @@ def read_record(output_dir: Path, url: str) -> ShardRecord:
 
 
 def checked_record(output_dir: Path, url: str, level: str, quarantined: list, rebuilt: Optional[list] = None,
-                   spec: Optional[MetaSpec] = None):
+                   spec: Optional[MetaSpec] = None) -> Optional[ShardRecord]:
     """The record of a shard that still matches its manifest (or, without one, has a shard's layout);
     None after moving a shard that does not to _quarantine/ (its entry appended to `quarantined`).
     `rebuilt` given: a missing or unreadable manifest is rewritten from the tar and the url appended,
@@ -187,7 +192,7 @@ def checked_record(output_dir: Path, url: str, level: str, quarantined: list, re
 
     record = load_manifest(output_dir, url)
     has_manifest = record is not None
-    if has_manifest:
+    if record is not None:
         problems = verify_shard(output_dir, record, level)
     else:
         record, problems = _read_tar_record(Path(output_dir) / url)
@@ -196,6 +201,7 @@ def checked_record(output_dir: Path, url: str, level: str, quarantined: list, re
         if entry is not None:
             quarantined.append(entry)
         return None
+    assert record is not None  # _read_tar_record gives a record whenever it finds no problem
     if rebuilt is None:
         return record
     changed = _settle_sidecars(output_dir, record, level, has_manifest, spec) or not has_manifest

@@ -25,8 +25,18 @@ from pathlib import Path
 from typing import AbstractSet, List, Optional, Set
 
 from sinks.keys import member_stem
-from sinks.manifest import (ScanResult, ShardRecord, _quarantine_orphans, _settle_sidecars, current_stamps,
-                            is_shard_name, load_manifest, remove_temps, verify_shard, write_manifest)
+from sinks.manifest import (
+    ScanResult,
+    ShardRecord,
+    _quarantine_orphans,
+    _settle_sidecars,
+    current_stamps,
+    is_shard_name,
+    load_manifest,
+    remove_temps,
+    verify_shard,
+    write_manifest,
+)
 from sinks.names import MANIFEST_DIR
 from sinks.quarantine import quarantine, quarantine_file
 from sinks.sidecars import MetaSpec
@@ -85,7 +95,8 @@ def scan_owned(output_dir: Path, pattern_glob: str, verify: str, spec: Optional[
     for url in sorted(manifests):
         if url not in tars:
             if not staged:
-                entry = quarantine_file(output_dir, f"{MANIFEST_DIR}/{url}.json", f"its shard {url} is not in output_dir")
+                entry = quarantine_file(output_dir, f"{MANIFEST_DIR}/{url}.json",
+                                        f"its shard {url} is not in output_dir")
                 if entry is not None:
                     result.quarantined.append(entry)
             continue
@@ -122,6 +133,7 @@ def _adopt(output_dir: Path, url: str, verify: str, spec: Optional[MetaSpec], ow
         if entry is not None:
             result.quarantined.append(entry)
         return None
+    assert record is not None  # an unreadable manifest is a problem above
     if _settle_sidecars(output_dir, record, verify, True, spec):
         record.stamps = current_stamps(output_dir, record)
         write_manifest(output_dir, record)

@@ -41,7 +41,8 @@ def quarantine(output_dir: Path, url: str, reason: str, nsamples: Optional[int])
     if not (output_dir / url).exists():
         return None  # a rank or array task checking the same shard moved it already
     target = _free_name(target_dir, url)
-    for name in sidecar_names(url):  # shard-X.parquet -> shard-X.tar.parquet, shard-X_stats.json -> shard-X.tar.stats.json
+    # shard-X.parquet -> shard-X.tar.parquet, shard-X_stats.json -> shard-X.tar.stats.json
+    for name in sidecar_names(url):
         try:
             os.replace(output_dir / name, target.with_name(target.name + "." + name[len(url) - 4:].lstrip("._")))
         except FileNotFoundError:
@@ -84,7 +85,8 @@ def _log(output_dir: Path, url: str, target: Path, reason: str, nsamples: Option
 def append_log(output_dir: Path, entry: dict) -> None:
     """Add one entry to _quarantine/log.jsonl (also for shards moved aside on an object store)."""
     (Path(output_dir) / QUARANTINE_DIR).mkdir(exist_ok=True)
-    with open(Path(output_dir) / QUARANTINE_DIR / QUARANTINE_LOG, "a", encoding="utf-8") as f:  # one short line: an atomic append
+    # One short line: an atomic append.
+    with open(Path(output_dir) / QUARANTINE_DIR / QUARANTINE_LOG, "a", encoding="utf-8") as f:
         f.write(json.dumps(entry) + "\n")
 
 

@@ -22,12 +22,12 @@ Knows nothing of plans or units: names are relative to the output folder, globs 
 from __future__ import annotations
 
 import fnmatch
-import re
 import logging
 import os
+import re
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 from sinks.manifest import ShardRecord, manifest_path, write_manifest
 from sinks.names import MANIFEST_DIR, QUARANTINE_DIR
@@ -166,7 +166,10 @@ class Remote:
         for pattern in (tar_glob, *sidecar_globs(tar_glob)):
             objects.update(self.listing("", pattern))
         manifests = self.sizes(MANIFEST_DIR, f"{tar_glob}.json")
-        records, quarantined, keep, taken = [], [], set(), set()
+        records: List[ShardRecord] = []
+        quarantined: List[dict] = []
+        keep: Set[str] = set()
+        taken: Set[str] = set()
         for mname in sorted(manifests):
             url = mname.rsplit("/", 1)[-1][: -len(".json")]
             local = manifest_path(local_dir, url)
@@ -184,19 +187,24 @@ class Remote:
                 local.unlink(missing_ok=True)
                 keep.update([url] + [s[0] for s in record.sidecars])
                 continue
-            problems = self._differences(record, url, objects, verify) if record else ["unreadable manifest"]
-            if not problems and owner is not None:
-                problems = ownership_problems(record, owner, taken)
+            if record is None:
+                problems = ["unreadable manifest"]
+            else:
+                problems = self._differences(record, url, objects, verify)
+                if not problems and owner is not None:
+                    problems = ownership_problems(record, owner, taken)
             if problems:
                 quarantined.append(self._quarantine(url, "; ".join(problems), record))
                 local.unlink(missing_ok=True)
                 continue
+            assert record is not None  # an unreadable manifest is a problem above
             records.append(record)
             taken.update(record.keys)
             keep.update([url] + [s[0] for s in record.sidecars])
         orphans = sorted(set(objects) - keep)
         if orphans:
-            log.info("removing %d object(s) of uploads cut short (no manifest): %s", len(orphans), ", ".join(orphans[:5]))
+            log.info("removing %d object(s) of uploads cut short (no manifest): %s", len(orphans),
+                     ", ".join(orphans[:5]))
             self.rm(orphans)
         committed = {r.url for r in records}
         for path in sorted((Path(local_dir) / MANIFEST_DIR).glob(f"{tar_glob}.json")):
@@ -205,7 +213,9 @@ class Remote:
                 path.unlink()  # uploaded by nobody (the remote lost it, or quarantined it just now)
         return records, quarantined
 
-    def _differences(self, record: ShardRecord, url: str, objects: Dict[str, Tuple[int, str]], verify: str) -> List[str]:
+    def _differences(
+        self, record: ShardRecord, url: str, objects: Dict[str, Tuple[int, str]], verify: str
+    ) -> List[str]:
         """Sizes from the listing; sha256 of every object with `full`, and of an object whose ETag moved
         since its upload (rewritten in place, at the same size) with `members`."""
         problems, rewritten = [], []

@@ -75,7 +75,8 @@ def meta_json_bytes(key: str, meta: dict[str, Any]) -> bytes:
     if not isinstance(meta, dict):
         raise ValueError(f"sample {key!r}: meta must be a dict, got {type(meta).__name__}.")
     if "key" in meta and meta["key"] != key:
-        raise ValueError(f"sample {key!r}: meta['key']={meta['key']!r} differs from the sample key; drop it or make them equal.")
+        raise ValueError(f"sample {key!r}: meta['key']={meta['key']!r} differs from the sample key; "
+                         f"drop it or make them equal.")
     return json_bytes({**meta, "key": key}, f"sample {key!r}")
 
 

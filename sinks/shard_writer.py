@@ -24,9 +24,9 @@ then refuses further writes.
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from dataclasses import dataclass
-from typing import Callable, Optional
+from pathlib import Path
+from typing import Callable, NoReturn, Optional
 
 from sinks.config import SinkConfig
 from sinks.errors import SinkError
@@ -56,11 +56,13 @@ def check_name_pattern(name_pattern: str) -> None:
         first, second = name_pattern.format(index=0), name_pattern.format(index=1)
     except (KeyError, IndexError, ValueError) as err:
         raise ValueError(
-            f"shard name pattern {name_pattern!r} cannot be formatted with index ({err!r}); use e.g. {DEFAULT_NAME_PATTERN!r}."
+            f"shard name pattern {name_pattern!r} cannot be formatted with index ({err!r}); "
+            f"use e.g. {DEFAULT_NAME_PATTERN!r}."
         ) from None
     if first == second or "/" in name_pattern or not first.endswith(".tar") or first.startswith("."):
         raise ValueError(
-            f"shard name pattern {name_pattern!r} must contain {{index}}, end with .tar, and have no '/' or leading '.'; "
+            f"shard name pattern {name_pattern!r} must contain {{index}}, end with .tar, "
+            f"and have no '/' or leading '.'; "
             f"use e.g. {DEFAULT_NAME_PATTERN!r}."
         )
 
@@ -75,8 +77,8 @@ class ShardWriter:
         name_pattern: str = DEFAULT_NAME_PATTERN,
         start_index: int = 0,
         on_commit: Optional[Callable[[ShardRecord], None]] = None,
-        spec: MetaSpec = MetaSpec(),
-        owner: Owner = Owner(),
+        spec: MetaSpec = MetaSpec(),  # noqa: B008 (frozen dataclass: one shared default is safe)
+        owner: Owner = Owner(),  # noqa: B008 (frozen dataclass: one shared default is safe)
     ) -> None:
         check_name_pattern(name_pattern)
         self.owner = owner
@@ -172,7 +174,8 @@ class ShardWriter:
         url = shard.final_path.name
         self._step = f"writing the parquet and stats of {url}"
         # Staged before the tar's commit and published after it: a sidecar is never without its shard.
-        staged = stage(self.output_dir, url, shard.shard_log, shard.size_with(), self.spec, temp_tag=self.owner.temp_tag)
+        staged = stage(self.output_dir, url, shard.shard_log, shard.size_with(), self.spec,
+                       temp_tag=self.owner.temp_tag)
         try:
             self._step = f"closing shard {shard.temp_path}"
             filesize, sha256, stamp = shard.seal()
@@ -217,7 +220,7 @@ class ShardWriter:
         staged.publish()
         return record
 
-    def _fail(self, err: OSError) -> None:
+    def _fail(self, err: OSError) -> NoReturn:
         self.abort()
         last = f", the last is {self.records[-1].url}" if self.records else ""
         self._failed = SinkError(

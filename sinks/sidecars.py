@@ -50,7 +50,8 @@ class MetaSpec:
     columns: Tuple[Tuple[str, str], ...] = ()
     """(json field, Arrow type name: string, int64, float64, bool, or json) in column order; a
     missing field is null. `json`: a string column of the value as the json holds it (a string
-    as itself, any other value as its JSON text), for pass-through fields of any type. `key`, `shard`, `members` and `bytes` are always there and are not listed."""
+    as itself, any other value as its JSON text), for pass-through fields of any type. `key`,
+    `shard`, `members` and `bytes` are always there and are not listed."""
     tally: Tuple[str, ...] = ()
     """Columns whose values the stats count (`"values": {"mode": {"replay": 90, "eager": 10}}`)."""
 
@@ -113,7 +114,7 @@ def parquet_bytes(url: str, rows: List[Row], spec: MetaSpec) -> bytes:
     import pyarrow.parquet as pq
 
     schema = spec.schema()
-    data = {"key": [r.key for r in rows], "shard": [url] * len(rows)}
+    data: Dict[str, list] = {"key": [r.key for r in rows], "shard": [url] * len(rows)}
     for name, kind in spec.columns:
         data[name] = [_cell(r.meta.get(name), kind) for r in rows]
     data["members"] = [r.members for r in rows]
@@ -212,7 +213,10 @@ def rows_from_tar(path: Path) -> List[Row]:
             row.members.append(member.name)
             row.nbytes += member.size
             if member.name == f"{stem}.json":
-                row.meta = json.loads(tar.extractfile(member).read())
+                f = tar.extractfile(member)
+                # A shard's json members are regular files (TarShard writes no other kind).
+                assert f is not None, member.name
+                row.meta = json.loads(f.read())
                 row.key = row.meta["key"]
     return [rows[s] for s in order]
 

@@ -20,7 +20,7 @@ import hashlib
 import os
 import tarfile
 from pathlib import Path
-from typing import List, Tuple
+from typing import Any, Dict, List, Sequence, Set, Tuple
 
 Member = Tuple[str, int]
 LEVELS = ("members", "full")
@@ -93,9 +93,10 @@ def closed_size(end: int) -> int:
     return -(-(end + 2 * tarfile.BLOCKSIZE) // record) * record
 
 
-def check_against_manifest(path: Path, filesize: int, members: List[Member], sha256: str, level: str,
+def check_against_manifest(path: Path, filesize: int, members: Sequence[Sequence[Any]], sha256: str, level: str,
                            stamp: str | None = None) -> List[str]:
     """What differs between the shard at `path` and its manifest's facts; [] when nothing does.
+    `members`: the manifest's [name, size] pairs, as its JSON holds them.
     A `stamp` recorded at commit that no longer matches (rewritten in place) adds the sha256 check."""
     assert level in LEVELS, level
     try:
@@ -120,7 +121,7 @@ def check_against_manifest(path: Path, filesize: int, members: List[Member], sha
     return problems
 
 
-def _member_differences(found: List[Member], expected: List[Member]) -> List[str]:
+def _member_differences(found: List[Member], expected: List[Tuple[Any, ...]]) -> List[str]:
     if found == expected:
         return []
     for i, (a, b) in enumerate(zip(found, expected)):
@@ -146,7 +147,7 @@ def check_layout(path: Path) -> List[str]:
     if size != closed_size(end):
         problems.append(f"file size {size} bytes, but its members end at byte {end}: a complete shard is "
                         f"{closed_size(end)} bytes (truncated or appended to)")
-    stems = {}
+    stems: Dict[str, Set[str]] = {}
     for name, _ in members:
         stems.setdefault(name.split(".", 1)[0], set()).add(name.split(".", 1)[-1])
     no_json = [stem for stem, exts in stems.items() if "json" not in exts]

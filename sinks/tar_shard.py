@@ -76,7 +76,9 @@ class TarShard:
         # "wb", not "xb": a leftover temp of the same name is a dead run's partial shard.
         self._file = open(self.temp_path, "wb")
         self._hashing = _HashingFile(self._file)
-        self._tar = tarfile.open(fileobj=self._hashing, mode="w", format=tarfile.USTAR_FORMAT)
+        # typeshed's _Fileobj also asks for read/seek/close, which tarfile's "w" mode never calls.
+        self._tar = tarfile.open(fileobj=self._hashing, mode="w",  # type: ignore[call-overload]  # typeshed _Fileobj
+                                 format=tarfile.USTAR_FORMAT)
 
     @property
     def nsamples(self) -> int:
@@ -90,7 +92,8 @@ class TarShard:
     def add(self, sample: EncodedSample) -> None:
         if sample.stem in self._stems:
             # Same stem twice in one tar: readers would merge or drop samples.
-            raise ValueError(f"sample key {sample.key!r} was written twice to {self.final_path.name}; keys must be unique.")
+            raise ValueError(f"sample key {sample.key!r} was written twice to {self.final_path.name}; "
+                             f"keys must be unique.")
         members = sample.members()
         for name, data in members:
             info = tarfile.TarInfo(name)

@@ -60,8 +60,9 @@ def check_video(video: object, ext: str, where: str) -> Video:
     if not isinstance(frames, np.ndarray) or frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[-1] != 3 \
             or 0 in frames.shape:
         shape = getattr(frames, "shape", None)
-        raise ValueError(f"{where}: video frames have type {type(frames).__name__}, dtype {getattr(frames, 'dtype', None)} "
-                         f"and shape {shape}; expected a uint8 numpy array [F, H, W, 3] (RGB) with F, H, W > 0.")
+        raise ValueError(f"{where}: video frames have type {type(frames).__name__}, "
+                         f"dtype {getattr(frames, 'dtype', None)} and shape {shape}; "
+                         f"expected a uint8 numpy array [F, H, W, 3] (RGB) with F, H, W > 0.")
     if frames.shape[1] % 2 or frames.shape[2] % 2:
         raise ValueError(f"{where}: video frames are {frames.shape[1]}x{frames.shape[2]}; H.264 in yuv420p needs an "
                          f"even height and width (crop or pad by one pixel).")

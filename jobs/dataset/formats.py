@@ -20,7 +20,7 @@ import logging
 import re
 import tarfile
 from pathlib import Path
-from typing import Callable, Iterator, Optional, Union
+from typing import Callable, Dict, Iterator, Optional, Union
 
 from jobs.dataset.lines import LineTooLong, read_lines
 from jobs.dataset.rules import FLOAT_FIELDS, INT_FIELDS, OPTIONAL_FIELDS, TEXT_FIELDS, Bad, DatasetError
@@ -293,7 +293,9 @@ def read_wds(path: Path, prompt_field: str, key_field: str, max_line_bytes: int)
                            f"check the file, or set dataset.format") from exc
     index = 0
     with tar:
-        key, first, parts = None, 0, {}
+        key: Optional[str] = None
+        first = 0
+        parts: Dict[str, Union[bytes, LineTooLong]] = {}
         try:
             for index, member in enumerate(tar, 1):
                 match = _WDS_NAME.match(member.name) if member.isfile() else None
@@ -307,8 +309,12 @@ def read_wds(path: Path, prompt_field: str, key_field: str, max_line_bytes: int)
                 if ext in ("txt", "json") and member.size > max_line_bytes:
                     # Bounded like a text line: a caption member is never read whole past the limit.
                     parts[ext] = LineTooLong(max_line_bytes)
+                elif ext in ("txt", "json"):
+                    body = tar.extractfile(member)
+                    assert body is not None  # only regular files (member.isfile()) get here
+                    parts[ext] = body.read()
                 else:
-                    parts[ext] = tar.extractfile(member).read() if ext in ("txt", "json") else b""
+                    parts[ext] = b""
         except (tarfile.TarError, EOFError) as exc:
             raise DatasetError(f"dataset.path={path}: the tar is truncated or corrupt after "
                                f"member {index} ({exc})") from exc

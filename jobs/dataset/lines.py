@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from itertools import chain, repeat
 from pathlib import Path
-from typing import BinaryIO, Iterator, Optional, Union
+from typing import BinaryIO, Iterator, Optional, Union, final
 
 from jobs.dataset.rules import DatasetError
 
@@ -29,6 +29,7 @@ _BOMS = ((codecs.BOM_UTF32_LE, "utf-32-le"), (codecs.BOM_UTF32_BE, "utf-32-be"),
          (codecs.BOM_UTF16_LE, "utf-16-le"), (codecs.BOM_UTF16_BE, "utf-16-be"))
 
 
+@final  # the readers test `type(raw) is LineTooLong`: final lets mypy narrow the other branch to bytes
 @dataclass(frozen=True)
 class LineTooLong:
     """A line that was not read whole: it is longer than `limit` bytes."""

@@ -186,7 +186,10 @@ def load_dataset(cfg: DatasetConfig) -> LoadResult:
             try:
                 for line, value in READERS[fmt](path, cfg.prompt_field, cfg.key_field, cfg.max_line_bytes):
                     out = check(line, value)
-                    (records if type(out) is Record else errors).append(out)
+                    if type(out) is Record:
+                        records.append(out)
+                    else:
+                        errors.append(out)
             except OSError as exc:
                 raise DatasetError(f"dataset.path={str(path)!r}: cannot read it: "
                                    f"{exc.strerror or exc}") from exc

@@ -16,7 +16,7 @@ import json
 import math
 import re
 from dataclasses import dataclass
-from typing import Iterable, Optional, Sequence, Union
+from typing import Any, Dict, Iterable, Optional, Sequence, Union, final
 
 from jobs.errors import UserError
 
@@ -38,6 +38,7 @@ _BAD_KEY_CHAR = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
+@final  # load_dataset sorts rows by `type(out) is Record`: final lets mypy narrow the other branch
 @dataclass(frozen=True, slots=True)
 class Record:
     """One validated prompt; unset optional fields mean "use the job's sampling config"."""
@@ -251,7 +252,7 @@ class RowValidator:
         # Most rows carry only a key and a prompt: skip the optional checks for them.
         if len(row) == 1 + (self._key_field in row):
             return Record(key, prompt, source=source)
-        options = {}
+        options: Dict[str, Any] = {}  # Record's optional fields by name, each of its own type
         if self._keep:
             kept = {name: row[name] for name in self._keep if name in row}
             # sort_keys=False: the row's order of the kept fields is the config's, given above

@@ -65,7 +65,7 @@ def fit(image, side: int):
     w, h = image.size
     scale = side / max(w, h)
     size = (max(1, round(w * scale)), max(1, round(h * scale)))
-    return image.convert("RGB").resize(size, Image.NEAREST if scale >= 1 else Image.LANCZOS)
+    return image.convert("RGB").resize(size, Image.Resampling.NEAREST if scale >= 1 else Image.Resampling.LANCZOS)
 
 
 def font(size: int):
@@ -99,7 +99,8 @@ def clip(text: str, fnt, width: int) -> str:
 
 def wrap(text: str, fnt, width: int, lines: int) -> List[str]:
     """Greedy word wrap into at most `lines` lines; the last one is clipped with "..."."""
-    words, out = " ".join(text.split()).split(" "), []
+    words = " ".join(text.split()).split(" ")
+    out: List[str] = []
     while words and len(out) < lines - 1:
         line = words.pop(0)
         while words and fnt.getlength(line + " " + words[0]) <= width:

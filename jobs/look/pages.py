@@ -42,7 +42,8 @@ class Filter:
             return False
         if self.text is not None:
             needle = self.text.casefold()
-            if needle not in str(meta.get("prompt", "")).casefold() and needle not in str(meta.get("key", "")).casefold():
+            prompt, key = str(meta.get("prompt", "")).casefold(), str(meta.get("key", "")).casefold()
+            if needle not in prompt and needle not in key:
                 return False
         if self.mode is not None and meta.get("mode") != self.mode:
             return False

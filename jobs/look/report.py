@@ -140,7 +140,8 @@ def select(paths: Sequence[Path], n: int) -> List[Sample]:
         group = groups.setdefault(sig, [])
         if len(group) < n:
             group.append((raw["__url__"], stem, meta))
-    chosen, depth = [], 0
+    chosen: List[tuple] = []
+    depth = 0
     while len(chosen) < n and any(depth < len(g) for g in groups.values()):
         chosen += [g[depth] for g in groups.values() if depth < len(g)][: n - len(chosen)]
         depth += 1
@@ -160,7 +161,8 @@ def inspect_pages(output_dir: Path, out: Optional[Path], flt: Filter, page_size:
     """Every matching sample of the run, page by page (jobs/look/pages.py): (the pages' folder, matches)."""
     output_dir = Path(output_dir)
     folder = (Path(out) if out is not None else output_dir / DEFAULT_OUT) / PAGES_DIR
-    matched = write_pages(_media_samples(shard_paths(output_dir)), folder, flt, page_size, f"bcgen output: {output_dir}")
+    matched = write_pages(_media_samples(shard_paths(output_dir)), folder, flt, page_size,
+                          f"bcgen output: {output_dir}")
     return folder, matched
 
 
@@ -187,8 +189,9 @@ def inspect_output(output_dir: Path, out: Optional[Path] = None, samples: int = 
             info += f"; sound {wav_seconds(s.audio):.2f} s"
         tiles.append(Tile(image=thumb, key=s.key, prompt=str(s.meta.get("prompt", ""))))
         m = s.meta
-        figures.append(Figure(src=rel, key=s.key, prompt=str(m.get("prompt", "")), signature=str(m.get("signature", "")),
-                              mode=str(m.get("mode", "")), seed=m.get("seed"), shard=s.shard,
+        figures.append(Figure(src=rel, key=s.key, prompt=str(m.get("prompt", "")),
+                              signature=str(m.get("signature", "")), mode=str(m.get("mode", "")),
+                              seed=m.get("seed"), shard=s.shard,
                               kind="video" if s.ext == "mp4" else "image", audio=sound, info=info))
     sheet = out / "contact_sheet.png"
     contact_sheet(tiles).save(sheet)

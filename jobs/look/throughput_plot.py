@@ -11,7 +11,7 @@ marked with a dashed line, so a resumed job still reads as one plot.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple, cast
 
 from jobs.telemetry.timeline import BatchEntry
 
@@ -66,7 +66,9 @@ def _clock(runs) -> Tuple[List[Tuple[float, float, float]], List[float]]:
             clusters[-1][1] = max(clusters[-1][1], e)
         else:
             clusters.append([s, e])
-    out, x, resumes = [], 0.0, []
+    out: List[Tuple[float, float, float]] = []
+    x = 0.0
+    resumes: List[float] = []
     for s, e in clusters:
         if out:
             resumes.append(x)
@@ -131,6 +133,8 @@ def throughput_plot(entries: Sequence[BatchEntry], layout: PlotLayout = PlotLayo
 
     matplotlib.use("Agg")  # no display: a file is drawn
     import matplotlib.pyplot as plt
+    from matplotlib.artist import Artist
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
     from PIL import Image
@@ -167,8 +171,8 @@ def throughput_plot(entries: Sequence[BatchEntry], layout: PlotLayout = PlotLayo
         ax.set_ylabel("images/s")
         ax.set_title(f"images/s over time: {s.images} images in {s.span:.1f} s, mean {s.images / s.span:.3g} images/s",
                      loc="left", fontsize=10)
-        handles = [Patch(color=_rgb(PALETTE[i % len(PALETTE)]), label=sig)
-                   for i, sig in enumerate(s.sig_order[:layout.legend_rows])]
+        handles: List[Artist] = [Patch(color=_rgb(PALETTE[i % len(PALETTE)]), label=sig)
+                                 for i, sig in enumerate(s.sig_order[:layout.legend_rows])]
         if len(s.sig_order) > layout.legend_rows:
             handles.append(Patch(color="white", label=f"+{len(s.sig_order) - layout.legend_rows} more signatures"))
         handles += [Line2D([], [], color=_rgb(CAPTURE), label=f"capture ({len(s.captures)})"),
@@ -176,7 +180,8 @@ def throughput_plot(entries: Sequence[BatchEntry], layout: PlotLayout = PlotLayo
         if s.resumes:
             handles.append(Line2D([], [], color=_rgb(AXIS), linestyle="--", label=f"resumed ({len(s.resumes)})"))
         ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
-        fig.canvas.draw()
-        return Image.frombuffer("RGBA", fig.canvas.get_width_height(), fig.canvas.buffer_rgba()).convert("RGB")
+        canvas = cast(FigureCanvasAgg, fig.canvas)  # matplotlib.use("Agg") above: the canvas is Agg's
+        canvas.draw()
+        return Image.frombuffer("RGBA", canvas.get_width_height(), canvas.buffer_rgba()).convert("RGB")
     finally:
         plt.close(fig)

@@ -90,6 +90,7 @@ class ModelFamily:
         """model.path is a diffusers folder of this pipeline with safetensors weights (no load yet)."""
         from jobs.models.checkpoint import check_diffusers_folder
 
+        assert cfg.path is not None  # preflight checks a path only where model.path is set
         check_diffusers_folder(cfg.path, self.pipeline_class, self.components)
 
     def check_tiny(self, cfg: ModelConfig) -> None:
@@ -97,6 +98,7 @@ class ModelFamily:
         preset has trained weights; the others build seeded random ones."""
         from jobs.models import demo_weights
 
+        assert cfg.tiny is not None  # preflight checks the tiny section only where there is one
         if demo_weights.mode(cfg.tiny) == demo_weights.TRAINED:
             raise UserError(f"model.tiny.weights=trained: {cfg.name} has no trained weights (only sana_tiny does); "
                             f"use model.tiny.weights=random")
@@ -105,8 +107,14 @@ class ModelFamily:
         """A pipeline of tiny components (the real classes; seeded random weights, or sana_tiny's
         trained demo weights), for CPU runs and tests.
 
-        Subclasses end with `return self.prepare(pipe, cfg)`."""
+        Subclasses end with `return self.prepare_tiny(pipe, cfg, dtype)` (or `self.prepare(pipe, cfg)`
+        where they cast the components themselves)."""
         raise NotImplementedError
+
+    def prepare_tiny(self, pipe, cfg: ModelConfig, dtype: torch.dtype):
+        """A tiny pipeline, built in float32, cast to `dtype` only when asked (ModelMixin.to warns on
+        every cast), then `prepare`d."""
+        return self.prepare(pipe if dtype == torch.float32 else pipe.to(dtype=dtype), cfg)
 
     def load(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device | str = "cpu"):
         """The real pipeline from a local diffusers folder, offline, safetensors only.

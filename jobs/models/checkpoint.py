@@ -28,7 +28,8 @@ def check_diffusers_folder(path: str, pipeline_class: str, components: Sequence[
     index_path = os.path.join(path, "model_index.json")
     if not os.path.isfile(index_path):
         raise UserError(f"{where} is not a diffusers folder: model_index.json is missing; expected "
-                         f"model_index.json with _class_name {pipeline_class!r} and subfolders {', '.join(components)}/ "
+                         f"model_index.json with _class_name {pipeline_class!r} and subfolders "
+                         f"{', '.join(components)}/ "
                          f"(save one with pipeline.save_pretrained(DIR))")
     try:
         index = read_json(index_path)
@@ -53,7 +54,8 @@ def refuse_pickle_only(folder: str) -> None:
     if pickles and not weights:
         raise UserError(f"{folder}: only pickle weights ({', '.join(sorted(pickles))}); bcgen loads safetensors only "
                          f"because pickle files can execute code. Convert them, e.g. "
-                         f"Model.from_pretrained(..., use_safetensors=False).save_pretrained(DIR, safe_serialization=True) "
+                         f"Model.from_pretrained(..., use_safetensors=False)"
+                         f".save_pretrained(DIR, safe_serialization=True) "
                          f"in a trusted environment")
 
 

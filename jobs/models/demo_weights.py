@@ -16,7 +16,7 @@ import hashlib
 import json
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from jobs.config import TinyConfig
 from jobs.errors import UserError
@@ -53,7 +53,9 @@ def _differences(prefix: str, want, got) -> list:
         for k in sorted(set(want) | set(got)):
             out += _differences(f"{prefix}.{k}", want.get(k, "<absent>"), got.get(k, "<absent>"))
         return out
-    norm = (lambda v: [norm(x) for x in v] if isinstance(v, (list, tuple)) else v)  # noqa: E731
+    def norm(v: Any) -> Any:
+        return [norm(x) for x in v] if isinstance(v, (list, tuple)) else v
+
     return [] if norm(want) == norm(got) else [f"{prefix}={got!r} (the trained weights have {want!r})"]
 
 

@@ -68,7 +68,9 @@ def known_families() -> list:
     return sorted(_RULES)
 
 
-def transformer_flops(family: str, transformer_config: dict, vae_config: Optional[dict], signature) -> Optional[FlopCount]:
+def transformer_flops(
+    family: str, transformer_config: dict, vae_config: Optional[dict], signature
+) -> Optional[FlopCount]:
     """The family's count for `signature` (jobs.plan.Signature: height, width, text_bucket, steps,
     cfg), or None where the family has no rule."""
     rule = _RULES.get(family)
@@ -101,8 +103,9 @@ def flops_summary_mix(family: str, images_by_signature: dict, seconds: float, *,
                       vae_config: Optional[dict] = None, peak_tflops: float = H200_BF16_DENSE_TFLOPS) -> dict:
     """flops_summary of a run of several signatures ({Signature: images}) in `seconds` (a job's
     generation stage): FLOPs per image is the run's mean."""
-    counts = {sig: transformer_flops(family, transformer_config, vae_config, sig) for sig in images_by_signature}
-    if not counts or any(c is None for c in counts.values()):
+    found = {sig: transformer_flops(family, transformer_config, vae_config, sig) for sig in images_by_signature}
+    counts = {sig: c for sig, c in found.items() if c is not None}
+    if not found or len(counts) < len(found):
         return {"counted": False, "reason": f"not counted: no FLOPs rule for family {family!r} "
                                             f"(known: {', '.join(known_families())})"}
     images = sum(images_by_signature.values())
@@ -150,7 +153,8 @@ def sana_flops(config: dict, vae_config: Optional[dict], signature) -> FlopCount
     kv_in = int(_get(config, "cross_attention_dim", 2240))
     hidden = int(float(_get(config, "mlp_ratio", 2.5)) * d)
     layers = int(_get(config, "num_layers", 20))
-    c_in, c_out = int(_get(config, "in_channels", 32)), int(_get(config, "out_channels", None) or _get(config, "in_channels", 32))
+    c_in = int(_get(config, "in_channels", 32))
+    c_out = int(_get(config, "out_channels", None) or _get(config, "in_channels", 32))
     caption = int(_get(config, "caption_channels", 2304))
 
     self_attn = 4 * _linear(n, d, d) + 4.0 * heads * (head_dim + 1) * head_dim * n
@@ -195,7 +199,8 @@ def flux_flops(config: dict, vae_config: Optional[dict], signature) -> FlopCount
     embedders = 2 if _get(config, "guidance_embeds", False) else 1
     time = embedders * (_linear(1, 256, d) + _linear(1, d, d))
     image = (_linear(n, c_in, d) + time + int(_get(config, "num_layers", 19)) * double
-             + int(_get(config, "num_single_layers", 38)) * single + _linear(1, d, 2 * d) + _linear(n, d, p * p * c_out))
+             + int(_get(config, "num_single_layers", 38)) * single + _linear(1, d, 2 * d)
+             + _linear(n, d, p * p * c_out))
     pooled = int(_get(config, "pooled_projection_dim", 768))
     prompt = _linear(t, int(_get(config, "joint_attention_dim", 4096)), d) + _linear(1, pooled, d) + _linear(1, d, d)
     return FlopCount(per_forward_image=image, per_forward_prompt=prompt, steps=int(signature.steps),

@@ -20,9 +20,10 @@ import torch
 
 from jobs.config import ModelConfig
 from jobs.models.base import DenoiseRequest, ModelFamily, TextLength, cpu_generators
-from jobs.models.tiny import build_scheduler, tiny_text_encoder, tiny_tokenizer
 from jobs.models.registry import register_family
+from jobs.models.tiny import build_scheduler, tiny_text_encoder, tiny_tokenizer
 from padding import TextEmbeds
+
 
 class FluxFamily(ModelFamily):
     name = "flux"
@@ -35,6 +36,8 @@ class FluxFamily(ModelFamily):
         from diffusers import AutoencoderKL, FluxPipeline, FluxTransformer2DModel
 
         tiny = cfg.tiny
+        assert tiny is not None  # preflight refuses model.path=None without a tiny section
+        assert tiny.clip is not None and tiny.t5 is not None, "a Flux tiny preset has model.tiny.clip and .t5"
         torch.manual_seed(int(tiny.seed))
         pipe = FluxPipeline(
             transformer=FluxTransformer2DModel(**tiny.transformer),
@@ -45,7 +48,7 @@ class FluxFamily(ModelFamily):
             tokenizer_2=tiny_tokenizer(tiny.t5),
             scheduler=build_scheduler(tiny.scheduler),
         )
-        return self.prepare(pipe if dtype == torch.float32 else pipe.to(dtype=dtype), cfg)
+        return self.prepare_tiny(pipe, cfg, dtype)
 
     def spatial_divisor(self, cfg: ModelConfig) -> int:
         vae = self.component_config(cfg, "vae")

@@ -36,7 +36,7 @@ import re
 import sys
 import textwrap
 import weakref
-from typing import Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 import torch
 
@@ -71,7 +71,7 @@ def glyph_length(tokenizer, prompt: str, limit: int) -> Tuple[int, bool]:
     return sum(min(len(x), limit) + pad for x in ids), any(len(x) > limit for x in ids)
 
 
-def capturable_forward(cls):
+def capturable_forward(cls) -> Callable[..., Any]:
     """`cls.forward` with its one boolean-mask index replaced by the equal `torch.where`.
 
     Rewritten from the installed source rather than copied, so every other line stays diffusers'
@@ -82,10 +82,10 @@ def capturable_forward(cls):
     if source.count(_DROP) != 1:
         raise RuntimeError(f"{cls.__qualname__}.forward no longer has `{_DROP}` once; the GLM-Image family "
                            f"must be revisited for this diffusers version")
-    namespace: Dict[str, object] = {}
+    namespace: Dict[str, Any] = {}
     code = compile(source.replace(_DROP, _WHERE), f"<bcgen: {cls.__qualname__}.forward, mask index as where>", "exec")
     exec(code, vars(sys.modules[cls.__module__]), namespace)  # noqa: S102 - diffusers' own source, one line changed
-    return namespace["forward"]  # type: ignore[return-value]
+    return namespace["forward"]
 
 
 _CAPTURABLE: Dict[type, type] = {}
@@ -106,7 +106,7 @@ class _GraphFriendlyCalls:
     """A forward pre-hook on the DiT (it runs before the bcg runner's wrapper): idle KV caches -> None,
     the rotary table built once per grid on the device (see the module docstring)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._rope: Dict[tuple, Tuple[torch.Tensor, torch.Tensor]] = {}
 
     def __call__(self, module, args, kwargs):
@@ -137,8 +137,10 @@ class GlmImageFamily(ModelFamily):
         from transformers.models.glm_image.image_processing_pil_glm_image import GlmImageImageProcessorPil
 
         tiny = cfg.tiny
+        assert tiny is not None  # preflight refuses model.path=None without a tiny section
         torch.manual_seed(int(tiny.seed))
         ar_spec = tiny.vision_language_encoder
+        assert ar_spec is not None, "a GLM-Image tiny preset has model.tiny.vision_language_encoder"
         ar_tokenizer = tiny_tokenizer(ar_spec)
         config = transformers.GlmImageConfig(**dict(ar_spec["config"]),
                                              image_token_id=ar_tokenizer.convert_tokens_to_ids(ar_tokenizer.image_token))
@@ -152,7 +154,7 @@ class GlmImageFamily(ModelFamily):
             transformer=GlmImageTransformer2DModel(**tiny.transformer),
             scheduler=build_scheduler(tiny.scheduler),
         )
-        return self.prepare(pipe if dtype == torch.float32 else pipe.to(dtype=dtype), cfg)
+        return self.prepare_tiny(pipe, cfg, dtype)
 
     def load_tokenizer(self, cfg: ModelConfig):
         if cfg.path is None:

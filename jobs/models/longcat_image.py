@@ -25,8 +25,8 @@ import torch
 from jobs.config import ModelConfig
 from jobs.errors import UserError
 from jobs.models.base import DenoiseRequest, ModelFamily, TextLength, cpu_generators
-from jobs.models.tiny import build_scheduler, tiny_text_encoder, tiny_tokenizer
 from jobs.models.registry import register_family
+from jobs.models.tiny import build_scheduler, tiny_text_encoder, tiny_tokenizer
 from padding import TextEmbeds
 
 # text_processor is left out on purpose: only the prompt rewriter uses it (see module docstring).
@@ -72,6 +72,7 @@ class LongCatImageFamily(ModelFamily):
         from diffusers import AutoencoderKL, LongCatImagePipeline, LongCatImageTransformer2DModel
 
         tiny = cfg.tiny
+        assert tiny is not None  # preflight refuses model.path=None without a tiny section
         torch.manual_seed(int(tiny.seed))
         pipe = LongCatImagePipeline(
             transformer=LongCatImageTransformer2DModel(**tiny.transformer),
@@ -81,7 +82,7 @@ class LongCatImageFamily(ModelFamily):
             text_processor=None,
             scheduler=build_scheduler(tiny.scheduler),
         )
-        return self.prepare(pipe if dtype == torch.float32 else pipe.to(dtype=dtype), cfg)
+        return self.prepare_tiny(pipe, cfg, dtype)
 
     def from_pretrained(self, cfg: ModelConfig, dtype: torch.dtype, **components):
         return super().from_pretrained(cfg, dtype, text_processor=None, **components)
@@ -113,7 +114,7 @@ class LongCatImageFamily(ModelFamily):
         cfg_on = neg is not None
         return dict(
             prompt_embeds=pos.embeds,
-            negative_prompt_embeds=neg.embeds if cfg_on else None,
+            negative_prompt_embeds=neg.embeds if neg is not None else None,
             guidance_scale=request.guidance_scale if cfg_on else 1.0,  # the pipeline runs CFG for > 1
             enable_prompt_rewrite=False,
             num_inference_steps=request.steps,

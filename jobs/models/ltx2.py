@@ -74,6 +74,9 @@ class LTX2Family(ModelFamily):
         from diffusers.pipelines.ltx2 import LTX2TextConnectors, LTX2Vocoder
 
         tiny = cfg.tiny
+        assert tiny is not None  # preflight refuses model.path=None without a tiny section
+        assert tiny.audio_vae is not None and tiny.connectors is not None and tiny.vocoder is not None, \
+            "an LTX-2 tiny preset has model.tiny.audio_vae, .connectors and .vocoder"
         torch.manual_seed(int(tiny.seed))
         pipe = LTX2Pipeline(
             scheduler=build_scheduler(tiny.scheduler),
@@ -86,7 +89,7 @@ class LTX2Family(ModelFamily):
             transformer=LTX2VideoTransformer3DModel(**tiny.transformer),
             vocoder=LTX2Vocoder(**tiny.vocoder),
         )
-        return self.prepare(pipe if dtype == torch.float32 else pipe.to(dtype=dtype), cfg)
+        return self.prepare_tiny(pipe, cfg, dtype)
 
     def from_pretrained(self, cfg: ModelConfig, dtype: torch.dtype, **components):
         # The prompt enhancer (and its processor) only rewrite prompts by generating text: a batch

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
@@ -95,7 +95,7 @@ class MiniMaxH3Family(ModelFamily):
     fps_conditions = True  # fixed 24 fps: the audio length follows the clip's duration at that rate
     fixed_fps = float(FPS)
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._prepared: dict = {}
     guidance = False  # guidance-distilled: one transformer call a step, no negative prompt
     min_steps = 2  # MiniMaxH3Scheduler.set_timesteps refuses fewer than 2 inference steps
@@ -110,21 +110,34 @@ class MiniMaxH3Family(ModelFamily):
         return pipe
 
     def build_tiny(self, cfg: ModelConfig, dtype: torch.dtype):
-        from diffusers import (AutoencoderKLMiniMaxH3, AutoencoderKLMiniMaxH3Audio, MiniMaxH3Scheduler,
-                               MiniMaxH3Transformer3DModel)
+        from diffusers import (
+            AutoencoderKLMiniMaxH3,
+            AutoencoderKLMiniMaxH3Audio,
+            MiniMaxH3Scheduler,
+            MiniMaxH3Transformer3DModel,
+        )
 
         tiny = cfg.tiny
+        assert tiny is not None  # preflight refuses model.path=None without a tiny section
+        assert tiny.audio_vae is not None and tiny.audio_scheduler is not None, \
+            "a MiniMax-H3 tiny preset has model.tiny.audio_vae and .audio_scheduler"
         torch.manual_seed(int(tiny.seed))
         spec = dict(tiny.text_encoder)
         tokenizer = tiny_tokenizer(spec)
         spec["config"] = dict(spec["config"], image_token_id=tokenizer.convert_tokens_to_ids("<|image_pad|>"),
                               video_token_id=tokenizer.convert_tokens_to_ids("<|video_pad|>"))
+        # Built in the order the seeded weights were always drawn in. The ignores: mypy types
+        # diffusers' top-level exports as their dummy placeholder classes (a stub gap).
+        text_encoder = tiny_text_encoder(spec)
+        transformer = MiniMaxH3Transformer3DModel(**tiny.transformer).eval()  # type: ignore[attr-defined]  # stub gap
+        vae = AutoencoderKLMiniMaxH3(**tiny.vae).eval()  # type: ignore[attr-defined]  # stub gap
+        audio_vae = AutoencoderKLMiniMaxH3Audio(**tiny.audio_vae).eval()  # type: ignore[attr-defined]  # stub gap
         pipe = self._assemble(
-            text_encoder=tiny_text_encoder(spec),
+            text_encoder=text_encoder,
             tokenizer=tokenizer,
-            transformer=MiniMaxH3Transformer3DModel(**tiny.transformer).eval(),
-            vae=AutoencoderKLMiniMaxH3(**tiny.vae).eval(),
-            audio_vae=AutoencoderKLMiniMaxH3Audio(**tiny.audio_vae).eval(),
+            transformer=transformer,
+            vae=vae,
+            audio_vae=audio_vae,
             scheduler=MiniMaxH3Scheduler(**tiny.scheduler),
             audio_scheduler=MiniMaxH3Scheduler(**tiny.audio_scheduler),
         )
@@ -135,6 +148,7 @@ class MiniMaxH3Family(ModelFamily):
 
     def check_path(self, cfg: ModelConfig) -> None:
         """A local folder with the t2va components' subfolders (the release's layout; `save` writes it)."""
+        assert cfg.path is not None  # preflight checks a path only where model.path is set
         if not os.path.isdir(cfg.path):
             raise UserError(f"model.path={cfg.path!r} is not a folder: pass a local MiniMax-H3 folder (with "
                             f"{', '.join(COMPONENTS)} subfolders)")
@@ -152,7 +166,7 @@ class MiniMaxH3Family(ModelFamily):
         def sub(name):
             return os.path.join(cfg.path, name)
 
-        opts = dict(local_files_only=True, use_safetensors=True)
+        opts: Dict[str, Any] = dict(local_files_only=True, use_safetensors=True)
         return self._assemble(
             transformer=diffusers.MiniMaxH3Transformer3DModel.from_pretrained(sub("transformer"), dtype=dtype,
                                                                               **opts),
@@ -172,6 +186,7 @@ class MiniMaxH3Family(ModelFamily):
 
     def load_tokenizer(self, cfg: ModelConfig):
         if cfg.path is None:
+            assert cfg.tiny is not None  # preflight refuses model.path=None without a tiny section
             return tiny_tokenizer(cfg.tiny.text_encoder)
         return super().load_tokenizer(cfg)
 
@@ -215,8 +230,10 @@ class MiniMaxH3Family(ModelFamily):
     denoise_output = "latent"
 
     def geometry(self, pipe, request: DenoiseRequest) -> dict:
-        from diffusers.modular_pipelines.minimax_h3.modular_pipeline import (audio_latent_num_frames,
-                                                                               video_latent_num_frames)
+        from diffusers.modular_pipelines.minimax_h3.modular_pipeline import (
+            audio_latent_num_frames,
+            video_latent_num_frames,
+        )
 
         ratio = pipe.vae_spatial_compression_ratio
         return dict(num_latent_frames=video_latent_num_frames(request.num_frames, pipe.vae_frames_per_chunk,

@@ -21,14 +21,14 @@ transformers class from a config dict, and a fresh offline tokenizer.
 
 from __future__ import annotations
 
-from typing import List, Sequence
+from typing import Any, Callable, List, Protocol, Sequence, cast
 
 import torch
 
 from jobs.config import ModelConfig
-from jobs.models.tiny import build_scheduler, tiny_text_encoder, tiny_tokenizer
 from jobs.models.base import DenoiseRequest, ModelFamily, TextLength, cpu_generators
 from jobs.models.registry import register_family
+from jobs.models.tiny import build_scheduler, tiny_text_encoder, tiny_tokenizer
 from padding import TextEmbeds
 
 # QwenImagePipeline.__init__ sets these per instance; the plan needs them before any pipeline
@@ -70,12 +70,18 @@ def _text_seq_len_from_mask(encoder_hidden_states, encoder_hidden_states_mask):
     return text_seq_len, per_sample_len, mask
 
 
+class _Replacement(Protocol):
+    """A function that keeps the one it replaced, for the equality test."""
+
+    replaced: Callable[..., Any]
+
+
 def capturable_text_lengths() -> None:
     """Install `_text_seq_len_from_mask` where QwenImageTransformer2DModel.forward looks it up."""
     from diffusers.models.transformers import transformer_qwenimage as module
 
     if module.compute_text_seq_len_from_mask is not _text_seq_len_from_mask:
-        _text_seq_len_from_mask.replaced = module.compute_text_seq_len_from_mask  # for the equality test
+        cast(_Replacement, _text_seq_len_from_mask).replaced = module.compute_text_seq_len_from_mask
         module.compute_text_seq_len_from_mask = _text_seq_len_from_mask
 
 
@@ -88,6 +94,7 @@ class QwenImageFamily(ModelFamily):
         from diffusers import AutoencoderKLQwenImage, QwenImagePipeline, QwenImageTransformer2DModel
 
         tiny = cfg.tiny
+        assert tiny is not None  # preflight refuses model.path=None without a tiny section
         torch.manual_seed(int(tiny.seed))  # the same preset gives the same weights everywhere
         pipe = QwenImagePipeline(
             transformer=QwenImageTransformer2DModel(**tiny.transformer),
@@ -96,7 +103,7 @@ class QwenImageFamily(ModelFamily):
             tokenizer=tiny_tokenizer(tiny.text_encoder),
             scheduler=build_scheduler(tiny.scheduler),
         )
-        return self.prepare(pipe if dtype == torch.float32 else pipe.to(dtype=dtype), cfg)
+        return self.prepare_tiny(pipe, cfg, dtype)
 
     def patch(self, pipe) -> None:
         keep_text_mask(pipe.transformer)
@@ -132,8 +139,8 @@ class QwenImageFamily(ModelFamily):
         return dict(
             prompt_embeds=pos.embeds,
             prompt_embeds_mask=pos.mask,
-            negative_prompt_embeds=neg.embeds if cfg_on else None,
-            negative_prompt_embeds_mask=neg.mask if cfg_on else None,
+            negative_prompt_embeds=neg.embeds if neg is not None else None,
+            negative_prompt_embeds_mask=neg.mask if neg is not None else None,
             # Qwen-Image is not guidance-distilled: its CFG scale is `true_cfg_scale`.
             true_cfg_scale=request.guidance_scale if cfg_on else 1.0,
             num_inference_steps=request.steps,

@@ -31,5 +31,15 @@ def known_families() -> list[str]:
 
 def _load_builtin() -> None:
     # Imported lazily so `jobs.config` validation never pays for diffusers imports.
-    from jobs.models import (flux, glm_image, longcat_image, ltx2, minimax_h3, qwen_image, sana,  # noqa: F401
-                            sana_video, wan, z_image)
+    from jobs.models import (  # noqa: F401
+        flux,
+        glm_image,
+        longcat_image,
+        ltx2,
+        minimax_h3,
+        qwen_image,
+        sana,
+        sana_video,
+        wan,
+        z_image,
+    )

@@ -9,7 +9,6 @@ embeddings to the text bucket.
 from __future__ import annotations
 
 import math
-
 from typing import List, Sequence
 
 import torch
@@ -31,13 +30,15 @@ class SanaFamily(ModelFamily):
         from diffusers import AutoencoderDC, SanaPipeline, SanaTransformer2DModel
 
         tiny = cfg.tiny
+        assert tiny is not None  # preflight refuses model.path=None without a tiny section
         self.check_tiny(cfg)
         torch.manual_seed(int(tiny.seed))  # the same preset gives the same weights everywhere
         transformer = SanaTransformer2DModel(**tiny.transformer)
         vae = AutoencoderDC(**tiny.vae)
         if demo_weights.mode(tiny) == demo_weights.TRAINED:
-            demo_weights.load("transformer", transformer)
-            demo_weights.load("vae", vae)
+            # The ignores: mypy types diffusers' top-level exports as their dummy placeholder classes (a stub gap).
+            demo_weights.load("transformer", transformer)  # type: ignore[arg-type]  # stub gap
+            demo_weights.load("vae", vae)  # type: ignore[arg-type]  # stub gap
         scheduler = build_scheduler(tiny.scheduler)
         pipe = SanaPipeline(
             tokenizer=text_encoders.load_tokenizer(tiny.text_encoder),
@@ -47,14 +48,15 @@ class SanaFamily(ModelFamily):
             vae=vae,
             scheduler=scheduler,
         )
-        # Built in float32; cast only when asked (ModelMixin.to warns on every cast).
-        return self.prepare(pipe if dtype == torch.float32 else pipe.to(dtype=dtype), cfg)
+        return self.prepare_tiny(pipe, cfg, dtype)
 
     def check_tiny(self, cfg: ModelConfig) -> None:
+        assert cfg.tiny is not None  # preflight checks the tiny section only where there is one
         demo_weights.check_sana_tiny(cfg.tiny)
 
     def load_tokenizer(self, cfg: ModelConfig):
         if cfg.path is None:  # the tiny preset names its encoder by a string (minilm or a folder)
+            assert cfg.tiny is not None  # preflight refuses model.path=None without a tiny section
             return text_encoders.load_tokenizer(cfg.tiny.text_encoder)
         return super().load_tokenizer(cfg)
 
@@ -133,8 +135,8 @@ class SanaFamily(ModelFamily):
             negative_prompt=None,
             prompt_embeds=pos.embeds,
             prompt_attention_mask=pos.mask,
-            negative_prompt_embeds=neg.embeds if cfg_on else None,
-            negative_prompt_attention_mask=neg.mask if cfg_on else None,
+            negative_prompt_embeds=neg.embeds if neg is not None else None,
+            negative_prompt_attention_mask=neg.mask if neg is not None else None,
             guidance_scale=request.guidance_scale if cfg_on else 1.0,
             num_inference_steps=request.steps,
             height=request.height,

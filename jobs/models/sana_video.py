@@ -38,6 +38,7 @@ class SanaVideoFamily(SanaFamily):
         from diffusers import AutoencoderKLWan, SanaVideoPipeline, SanaVideoTransformer3DModel
 
         tiny = cfg.tiny
+        assert tiny is not None  # preflight refuses model.path=None without a tiny section
         torch.manual_seed(int(tiny.seed))
         pipe = SanaVideoPipeline(
             tokenizer=tiny_tokenizer(tiny.text_encoder),
@@ -46,10 +47,11 @@ class SanaVideoFamily(SanaFamily):
             transformer=SanaVideoTransformer3DModel(**tiny.transformer),
             scheduler=build_scheduler(tiny.scheduler),
         )
-        return self.prepare(pipe if dtype == torch.float32 else pipe.to(dtype=dtype), cfg)
+        return self.prepare_tiny(pipe, cfg, dtype)
 
     def load_tokenizer(self, cfg: ModelConfig):
         if cfg.path is None:  # the tiny preset's `text_encoder` section (a dict, unlike SANA's string)
+            assert cfg.tiny is not None  # preflight refuses model.path=None without a tiny section
             return tiny_tokenizer(cfg.tiny.text_encoder)
         return super().load_tokenizer(cfg)
 

@@ -38,9 +38,12 @@ def latent_stats(vae, latents: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor
     if isinstance(vae, AutoencoderKLWan):
         return wan_latent_stats(vae, latents.device, latents.dtype)
     if isinstance(vae, AutoencoderKLLTX2Video):
-        z = vae.config.latent_channels
-        mean = vae.latents_mean.view(1, z, 1, 1, 1).to(latents.device, latents.dtype)
-        return mean, 1.0 / vae.latents_std.view(1, z, 1, 1, 1).to(latents.device, latents.dtype)
+        # The ignores: isinstance narrows `vae` to what mypy sees, and mypy types diffusers'
+        # top-level exports as their dummy placeholder classes (a stub gap).
+        z = vae.config.latent_channels  # type: ignore[attr-defined]  # stub gap
+        mean, std = vae.latents_mean, vae.latents_std  # type: ignore[attr-defined]  # stub gap
+        mean = mean.view(1, z, 1, 1, 1).to(latents.device, latents.dtype)
+        return mean, 1.0 / std.view(1, z, 1, 1, 1).to(latents.device, latents.dtype)
     z = latents.shape[1]
     mean = torch.zeros(latents.shape[1], device=latents.device, dtype=latents.dtype).view(1, z, 1, 1, 1)
     return mean, 1.0 / torch.ones(latents.shape[1], device=latents.device, dtype=latents.dtype).view(1, z, 1, 1, 1)

@@ -76,6 +76,7 @@ class WanFamily(ModelFamily):
         from diffusers import AutoencoderKLWan, WanPipeline, WanTransformer3DModel
 
         tiny = cfg.tiny
+        assert tiny is not None  # preflight refuses model.path=None without a tiny section
         torch.manual_seed(int(tiny.seed))
         pipe = WanPipeline(
             tokenizer=tiny_tokenizer(tiny.text_encoder),
@@ -84,18 +85,20 @@ class WanFamily(ModelFamily):
             scheduler=build_scheduler(tiny.scheduler),
             transformer=WanTransformer3DModel(**tiny.transformer),
         )
-        return self.prepare(pipe if dtype == torch.float32 else pipe.to(dtype=dtype), cfg)
+        return self.prepare_tiny(pipe, cfg, dtype)
 
     def check_path(self, cfg: ModelConfig) -> None:
         super().check_path(cfg)
         from jobs.models.checkpoint import read_json
 
+        assert cfg.path is not None  # preflight checks a path only where model.path is set
+
         index = read_json(os.path.join(cfg.path, "model_index.json"))
         second = index.get("transformer_2")
         if isinstance(second, list) and any(second):
-            raise UserError(f"model.path={cfg.path!r} is a two-expert Wan 2.2 checkpoint (transformer_2, boundary_ratio "
-                             f"{index.get('boundary_ratio')}): bcgen graphs one transformer per pipeline and does not "
-                             f"run A14B's second expert yet; use Wan 2.1 or Wan 2.2 TI2V-5B")
+            raise UserError(f"model.path={cfg.path!r} is a two-expert Wan 2.2 checkpoint (transformer_2, "
+                             f"boundary_ratio {index.get('boundary_ratio')}): bcgen graphs one transformer per "
+                             f"pipeline and does not run A14B's second expert yet; use Wan 2.1 or Wan 2.2 TI2V-5B")
 
     def spatial_divisor(self, cfg: ModelConfig) -> int:
         vae, tr = self.component_config(cfg, "vae"), self.component_config(cfg, "transformer")
@@ -134,7 +137,7 @@ class WanFamily(ModelFamily):
         cfg_on = neg is not None
         return dict(
             prompt_embeds=pos.embeds,
-            negative_prompt_embeds=neg.embeds if cfg_on else None,
+            negative_prompt_embeds=neg.embeds if neg is not None else None,
             guidance_scale=request.guidance_scale if cfg_on else 1.0,  # the pipeline runs CFG for > 1
             height=request.height,
             width=request.width,

@@ -20,8 +20,8 @@ import torch
 
 from jobs.config import ModelConfig
 from jobs.models.base import DenoiseRequest, ModelFamily, TextLength, cpu_generators
-from jobs.models.tiny import build_scheduler, tiny_text_encoder, tiny_tokenizer
 from jobs.models.registry import register_family
+from jobs.models.tiny import build_scheduler, tiny_text_encoder, tiny_tokenizer
 from padding import TextEmbeds
 
 
@@ -40,13 +40,15 @@ class ZImageFamily(ModelFamily):
         from diffusers import AutoencoderKL, ZImagePipeline, ZImageTransformer2DModel
 
         tiny = cfg.tiny
+        assert tiny is not None  # preflight refuses model.path=None without a tiny section
         torch.manual_seed(int(tiny.seed))
         transformer = ZImageTransformer2DModel(**tiny.transformer)
         with torch.no_grad():
             # diffusers initialises the learned pad tokens to zero; a trained model's are not, and
             # zero pad tokens would make the tiny model kinder to padding than the real one.
-            transformer.x_pad_token.normal_()
-            transformer.cap_pad_token.normal_()
+            # The ignores: mypy types diffusers' top-level exports as their dummy placeholder classes (a stub gap).
+            transformer.x_pad_token.normal_()  # type: ignore[attr-defined]  # stub gap
+            transformer.cap_pad_token.normal_()  # type: ignore[attr-defined]  # stub gap
         pipe = ZImagePipeline(
             transformer=transformer,
             vae=AutoencoderKL(**tiny.vae),
@@ -54,7 +56,7 @@ class ZImageFamily(ModelFamily):
             tokenizer=tiny_tokenizer(tiny.text_encoder),
             scheduler=build_scheduler(tiny.scheduler),
         )
-        return self.prepare(pipe if dtype == torch.float32 else pipe.to(dtype=dtype), cfg)
+        return self.prepare_tiny(pipe, cfg, dtype)
 
     def spatial_divisor(self, cfg: ModelConfig) -> int:
         vae, tr = self.component_config(cfg, "vae"), self.component_config(cfg, "transformer")
@@ -82,7 +84,7 @@ class ZImageFamily(ModelFamily):
         cfg_on = neg is not None
         return dict(
             prompt_embeds=captions(pos),
-            negative_prompt_embeds=captions(neg) if cfg_on else None,
+            negative_prompt_embeds=captions(neg) if neg is not None else None,
             guidance_scale=request.guidance_scale if cfg_on else 0.0,
             num_inference_steps=request.steps,
             height=request.height,
@@ -93,6 +95,7 @@ class ZImageFamily(ModelFamily):
 
 def captions(text: TextEmbeds) -> List[torch.Tensor]:
     """The pipeline's caption list: each row's real tokens, at its native length."""
+    assert text.mask is not None  # ZImageFamily.encode always gives the mask of the real tokens
     keep = text.mask.bool()
     return [text.embeds[i][keep[i]] for i in range(text.embeds.shape[0])]
 

@@ -121,13 +121,14 @@ class SharedProgress:
     def publish(self) -> None:
         from sinks.atomic import temp_path_for
 
-        doc = {"worker": self.worker, "time": self.clock(), "every_s": round(self._interval, 3),
+        now = self.clock()
+        doc = {"worker": self.worker, "time": now, "every_s": round(self._interval, 3),
                "rate": round(self.meter.rate(), 6), "inflight": {str(u): n for u, n in self.inflight().items()}}
         self.dir.mkdir(exist_ok=True)
         tmp = temp_path_for(self.path)
         tmp.write_text(json.dumps(doc))  # telemetry: atomic (rename), not durable (no fsync)
         os.replace(tmp, self.path)
-        self._published = doc["time"]
+        self._published = now
 
     def close(self) -> None:
         self.path.unlink(missing_ok=True)
@@ -196,6 +197,7 @@ class Progress:
             from tqdm import tqdm
             from tqdm.contrib.logging import logging_redirect_tqdm
 
+            assert self.view is not None  # job_view: taken above
             self._bar = tqdm(total=self.view.total, initial=self.view.done, dynamic_ncols=True, file=stream,
                              bar_format=BAR_FORMAT)
             # Console log handlers write through tqdm while the bar is up: a line, then the bar again.
@@ -215,6 +217,7 @@ class Progress:
             self._last_view, self._done_at_view = now, self.done
         status = f"{signature} hits {graph.get('hits', 0)} misses {graph.get('misses', 0)}"
         if self._bar is not None:
+            assert self.view is not None  # the bar is only up with the job's view (job_view)
             self._draw(f"{self.view.workers} worker(s), {status}")
         if self.tensorboard is not None:
             self.tensorboard.add(self.shared.meter.count, self.shared.meter.rate(), graph, self.view)
@@ -224,11 +227,12 @@ class Progress:
             log.info("progress: this worker %d items, %.2f items/s, %s%s", self.done, self.rate(), status, job)
 
     def _draw(self, status: str) -> None:
-        v = self.view
+        v, bar = self.view, self._bar
+        assert v is not None and bar is not None  # drawn only while the bar, and so the job's view, is up
         # The job's count as last seen, plus what this worker did since (the view is read every few s).
-        self._bar.n = min(v.total, v.done + self.done - self._done_at_view)
-        self._bar.set_postfix_str(f"{v.rate:.2f} {UNIT}/s, ETA {format_eta(v.eta_s)}, {status}", refresh=False)
-        self._bar.refresh()
+        bar.n = min(v.total, v.done + self.done - self._done_at_view)
+        bar.set_postfix_str(f"{v.rate:.2f} {UNIT}/s, ETA {format_eta(v.eta_s)}, {status}", refresh=False)
+        bar.refresh()
 
     def close(self) -> None:
         try:

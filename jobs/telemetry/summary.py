@@ -8,18 +8,17 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional
-
+from typing import Dict, Iterator, List, Optional
 
 STAGE_ORDER = ("dataset", "plan", "load", "batch_sizing", "generate", "sink_wait", "sink_close")
 
 
 class StageTimer:
-    def __init__(self):
+    def __init__(self) -> None:
         self.seconds: Dict[str, float] = {}
 
     @contextlib.contextmanager
-    def __call__(self, stage: str):
+    def __call__(self, stage: str) -> Iterator[None]:
         t0 = time.perf_counter()
         try:
             yield
@@ -71,7 +70,8 @@ class JobStats:
         """"3 videos written", "5 samples written (4 images, 1 video)"."""
         text = f"{self.items_written} {self.noun()} written"
         if len([n for n in self.kinds.values() if n]) > 1:
-            text += " (" + ", ".join(f"{n} {k}{'s' if n != 1 else ''}" for k, n in sorted(self.kinds.items()) if n) + ")"
+            counts = (f"{n} {k}{'s' if n != 1 else ''}" for k, n in sorted(self.kinds.items()) if n)
+            text += " (" + ", ".join(counts) + ")"
         return text
 
     def to_json(self) -> dict:
