@@ -69,7 +69,7 @@ def _merged_invariant(a: dict, b: dict) -> dict:
     if not b:
         return a
     if not a:
-        return dict(b, calls=dict(b.get("calls", {})))
+        return dict(b)
     return dict(a, devices=sorted(set(a.get("devices", [])) | set(b.get("devices", []))),
                 calls=_add(a.get("calls", {}), b.get("calls", {})))
 
