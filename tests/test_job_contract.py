@@ -174,6 +174,8 @@ def test_with_the_mode_a_rerun_with_another_pool_joins_the_run(runs):
     # the run killed at pool [2] was resumed at [3] (test_every_job_ran): one run, run.json untouched
     assert (runs["out"]["resumed"] / "run.json").read_bytes() == runs["run_json"]
     assert "joining the plan in" in log_of(runs["resumed"]) and runs["resumed"].returncode == 0
+    # each worker kept its own pool (test_a_key...: batches of 2, then of 3): none was published to bind the next
+    assert not (runs["out"]["resumed"] / "_plan" / "batching.json").exists()
 
 
 @pytest.mark.slow

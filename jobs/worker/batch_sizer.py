@@ -254,7 +254,8 @@ def cache_dir() -> Path:
 
 def cache_key(identity: dict, sig: Signature, pool: Sequence[int], cfg_bcg, device: torch.device) -> str:
     """Everything a measured pick depends on: the GPU model, the software stack, the model (the
-    run identity's model section and quality tier), the signature and the growth settings."""
+    run identity's model section and quality tier), the signature, the growth settings and the
+    kernels (bcg.invariant)."""
     import diffusers
 
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu x{torch.get_num_threads()}"
@@ -262,6 +263,8 @@ def cache_key(identity: dict, sig: Signature, pool: Sequence[int], cfg_bcg, devi
              "model": identity.get("model"), "tier": [identity.get("bcg_fusions"), identity.get("bcg_compile")],
              "signature": str(sig), "pool": list(pool), "max": cfg_bcg.batch_grow_max,
              "min_gain": cfg_bcg.batch_grow_min_gain, "memory_fraction": cfg_bcg.batch_grow_memory_fraction}
+    if cfg_bcg.invariant:  # other kernels, other timings (named only when on: the keys of picks cached before stay)
+        parts["invariant"] = True
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
