@@ -66,7 +66,8 @@ def runs(tmp_path_factory):
     jobs = {
         "eight": [f"dataset.path={eight}", *ON, "bcg.batch_sizes=[1,2,4,8]", f"output_dir={out['eight']}"],
         "one": [f"dataset.path={one}", *ON, "bcg.batch_sizes=[1]", f"output_dir={out['one']}"],  # alone
-        "seed": [f"dataset.path={shifted}", *ON, "bcg.batch_sizes=[2,4]", "sampling.seed=7", f"output_dir={out['seed']}"],
+        "seed": [f"dataset.path={shifted}", *ON, "bcg.batch_sizes=[2,4]", "sampling.seed=7",
+                 f"output_dir={out['seed']}"],
         # killed in its third batch of 2, after one committed shard of 3 (resumed below with batches of 3)
         "killed": [*chain, "bcg.batch_sizes=[2]"],
     }

@@ -115,10 +115,10 @@ def read_side(folder: Path) -> Side:
     for url in committed_shards(folder):
         _read_shard(folder / url, side)
     if side.undigested:
-        raise UserError(f"{folder}: {len(side.undigested)} sample(s) have no latent_sha256 (e.g. {side.undigested[0]}): "
-                        f"they were made before bcgen recorded the digest of each sample's latents, so equal images "
-                        f"there prove little. Regenerate that run with this version of bcgen (a new output_dir, or "
-                        f"job.overwrite=true) and compare again")
+        raise UserError(f"{folder}: {len(side.undigested)} sample(s) have no latent_sha256 "
+                        f"(e.g. {side.undigested[0]}): they were made before bcgen recorded the digest of each "
+                        f"sample's latents, so equal images there prove little. Regenerate that run with this version "
+                        f"of bcgen (a new output_dir, or job.overwrite=true) and compare again")
     return side
 
 
