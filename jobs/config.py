@@ -222,6 +222,14 @@ class BcgConfig(RunnerConfig):
     batch_grow_memory_fraction: float = 0.8
     """Grow only while the predicted peak stays under this fraction of device memory (the rest is for
     captured graphs' pools and fragmentation)."""
+    invariant: bool = False
+    """The batch-invariant mode (bcg/invariant, issue 30): the worker installs kernels that compute
+    every row the same way whatever its batch, so a sample's bytes are a function of its row (model,
+    row, quality tier, device and software stack), not of the batch size, its neighbours, the pool,
+    the partition or a resume. The pool (batch_sizes, pad_short_batches, batch_grow) then leaves the
+    run identity: a run may resume with another pool. Off by default for now: on the CPU it costs a
+    few x the eager forward on the tiny presets, and on the GPU (Triton GEMM) its cost is not yet
+    measured (benchmarks/results/batch_invariance_cpu.md)."""
 
     def __post_init__(self) -> None:
         try:
@@ -242,6 +250,14 @@ class BcgConfig(RunnerConfig):
         check("bcg.batch_grow_min_gain", 0 <= self.batch_grow_min_gain < 1, self.batch_grow_min_gain, "a fraction in [0, 1)")
         check("bcg.batch_grow_memory_fraction", 0 < self.batch_grow_memory_fraction <= 1,
               self.batch_grow_memory_fraction, "a fraction in (0, 1]")
+        check("bcg.invariant", isinstance(self.invariant, bool), self.invariant, "true or false")
+        if self.invariant and self.tier == "fast":
+            # Inductor's generated kernels (fused reductions, its own GEMM templates) are not the aten
+            # ops the mode replaces: the compiled forward would break the contract without a word.
+            raise UserError("bcg.invariant=true cannot hold with the compiled forward (bcg.compile=true or "
+                            "bcg.fusions=fast): its Inductor kernels are not the ones the batch-invariant mode "
+                            "replaces. Use bcg.fusions=lossless (or off) with bcg.compile=false, or "
+                            "bcg.invariant=false")
 
 
 @dataclass

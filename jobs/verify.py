@@ -1,6 +1,11 @@
 """`python -m jobs.verify OUTPUT_DIR`: check everything a job committed, and read it all back.
 
     python -m jobs.verify /data/synth            # exit 0: all good; 1: problems, each named; 2: usage
+    python -m jobs.verify /data/a --against /data/b   # 0: every common key identical, none missing; 1: not
+
+With `--against OTHER_DIR` it compares two outputs key by key instead (jobs/output/compare.py):
+`latent_sha256` and the members' bytes; identical, differing and missing keys (on both sides), with
+counts and the first few keys. An output made before samples carried `latent_sha256` is refused (2).
 
 Checks, for every shard: its manifest exists and the shard matches it (size, members from the tar
 headers, sha256), and so do its parquet and stats (sizes, sha256; the parquet's keys are the shard's,
@@ -19,6 +24,7 @@ import sys
 
 from jobs.errors import UserError
 from jobs.output.audit import PROBLEMS_SHOWN, verify_output
+from jobs.output.compare import compare_outputs
 from jobs.output.storage import local_folder_arg
 
 log = logging.getLogger("jobs.verify")
@@ -27,10 +33,14 @@ log = logging.getLogger("jobs.verify")
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m jobs.verify", description=__doc__.split("\n")[0])
     parser.add_argument("output_dir", help="the output_dir of a bcgen job")
+    parser.add_argument("--against", metavar="OTHER_DIR", help="compare with another job's output_dir, key by key, "
+                        "by latent_sha256 and member bytes, instead of checking OUTPUT_DIR")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[%(name)s][%(levelname)s] - %(message)s")
     try:
         args.output_dir = local_folder_arg(args.output_dir, "jobs.verify")
+        if args.against is not None:
+            return _against(args.output_dir, local_folder_arg(args.against, "jobs.verify"))
         report = verify_output(args.output_dir)
     except UserError as e:
         log.error("%s", e)
@@ -49,6 +59,14 @@ def main(argv=None) -> int:
         verdict += f" ({len(report.foreign)} file(s) in it are not the run's, listed above)"
     log.info("%s: %s; %d shard(s), %d sample(s) read back", args.output_dir, verdict, report.shards, report.samples)
     return 1 if report.problems else 0
+
+
+def _against(here, there) -> int:
+    cmp = compare_outputs(here, there)
+    for line in cmp.lines():
+        (log.info if line.startswith("identical") else log.error)("%s", line)
+    log.info("%s", cmp.verdict())
+    return 0 if cmp.same else 1
 
 
 if __name__ == "__main__":

@@ -131,7 +131,7 @@ def _item(frames, fps=12.0):
 def test_an_item_becomes_an_image_or_a_video_sample():
     video = clip(9)
     it = _item(9)
-    meta = item_meta(it, "m", "eager", 1, True)
+    meta = item_meta(it, "m", "eager", 1, True, "0" * 64)
     assert (meta["num_frames"], meta["fps"], meta["signature"]) == (9, 12.0, "48x64/f9/t64/s2/nocfg/float32")
     sample = item_sample(it, video, meta, SinkConfig(video_frames="webp"))
     assert sample.image is None and list(sample.media) == ["mp4"] + [f"f{i:04d}.webp" for i in range(9)]
@@ -139,7 +139,7 @@ def test_an_item_becomes_an_image_or_a_video_sample():
     assert list(item_sample(it, video, meta, SinkConfig()).media) == ["mp4"]
     # one frame is an image, from an image family ([H, W, 3]) or a video family ([1, H, W, 3])
     one = _item(1)
-    meta1 = item_meta(one, "m", "eager", 1, True)
+    meta1 = item_meta(one, "m", "eager", 1, True, "0" * 64)
     assert "num_frames" not in meta1 and "fps" not in meta1
     for pixels in (video[0], video[:1]):
         s = item_sample(one, pixels, meta1, SinkConfig(video_frames="webp"))

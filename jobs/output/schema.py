@@ -22,6 +22,7 @@ ITEM_SPEC = MetaSpec(
         ("signature", "string"), ("mode", "string"), ("batch_size", "int64"), ("truncated", "bool"),
         ("nonfinite", "bool"), ("source", "string"),
         ("num_frames", "int64"), ("fps", "float64"),  # videos only (null for images)
+        ("latent_sha256", "string"),  # the denoised latents' digest (null in shards made before it existed)
     ),
     tally=("mode", "nonfinite", "signature"),
 )

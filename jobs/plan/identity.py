@@ -49,13 +49,21 @@ def run_identity(cfg: GenerateConfig, digest: str, n_records: int, weights: Opti
         "bcg_fusions": cfg.bcg.fusions,  # the quality tier: fast changes pixels, lossless must not
         "bcg_compile": cfg.bcg.compile,  # compiled kernels change pixels; graph replay alone does not
         **cpu_identity(cfg.device),
-        # The batch an item is denoised in changes its bytes (kernels pick other reductions per batch
-        # size: 5 of 40 JPEGs differed between batch 1 and 8), so the batching is part of the identity.
-        # Grown sizes are measured once per output_dir and published in _plan/batching.json, so every
-        # worker and resume cuts the same batches (jobs/worker/batch_sizer.py).
-        "batching": {"batch_sizes": list(cfg.bcg.batch_sizes), "pad_short_batches": cfg.bcg.pad_short_batches,
-                     "batch_grow": cfg.bcg.batch_grow, "batch_grow_max": cfg.bcg.batch_grow_max},
+        **batching_identity(cfg.bcg),
     }
+
+
+def batching_identity(bcg) -> dict:
+    """How items are batched, where it changes bytes. Without the batch-invariant mode the batch an
+    item is denoised in changes its bytes (kernels pick other reductions per batch size: 5 of 40 JPEGs
+    differed between batch 1 and 8), so the batching is part of the identity; grown sizes are measured
+    once per output_dir and published in _plan/batching.json, so every worker and resume cuts the same
+    batches (jobs/worker/batch_sizer.py). With `bcg.invariant` a row's bytes are its own whatever its
+    batch: the pool is a speed setting, and the identity says only that the contract holds."""
+    if bcg.invariant:
+        return {"invariant": True}
+    return {"batching": {"batch_sizes": list(bcg.batch_sizes), "pad_short_batches": bcg.pad_short_batches,
+                         "batch_grow": bcg.batch_grow, "batch_grow_max": bcg.batch_grow_max}}
 
 
 def plan_identity(cfg: GenerateConfig, digest: str, records: int, weights: Optional[str] = None) -> dict:

@@ -61,6 +61,16 @@ def _merged_flops(parts: list) -> dict:
     return merged
 
 
+def _merged_invariant(a: dict, b: dict) -> dict:
+    """The mode is a run setting (in the identity when on): parts agree on it; their calls add up."""
+    if not b:
+        return a
+    if not a:
+        return dict(b)
+    return dict(a, devices=sorted(set(a.get("devices", [])) | set(b.get("devices", []))),
+                calls=_add(a.get("calls", {}), b.get("calls", {})))
+
+
 def merge_stats(records: list, parts: int) -> JobStats:
     """Part records -> one JobStats: counts add up, stage times are the slowest part's (wall
     clock), dataset-wide counts (bad rows) are taken once, and a missing part reads as running."""
@@ -89,6 +99,7 @@ def merge_stats(records: list, parts: int) -> JobStats:
         merged.batching = merged.batching or r.get("batching", {})  # one published pick per output_dir
         merged.started = min(filter(None, (merged.started, r.get("started", ""))), default="")  # ISO: sorts as time
         merged.ended = max(merged.ended, r.get("ended", ""))
+        merged.invariant = _merged_invariant(merged.invariant, r.get("invariant", {}))
     merged.flops = _merged_flops([r.get("flops", {}) for r in records])
     busy = [r["gpu_busy"] for r in records if r.get("gpu_busy") is not None]
     merged.gpu_busy = sum(busy) / len(busy) if busy else None

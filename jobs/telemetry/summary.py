@@ -49,6 +49,7 @@ class JobStats:
     gpu_busy: Optional[float] = None  # fraction of the generate stage with a kernel running (NVML)
     capture_policy: List[dict] = field(default_factory=list)  # per (signature, batch): decision, ms
     batching: dict = field(default_factory=dict)  # the pool used and how it was chosen (jobs/worker/batch_sizer.py)
+    invariant: dict = field(default_factory=dict)  # bcg.invariant: enabled, devices, kernel calls (bcg/invariant)
     flops: dict = field(default_factory=dict)  # model FLOPs per image, TFLOP/s, peak fraction (jobs/models/flops.py)
     device: str = ""
     model: str = ""

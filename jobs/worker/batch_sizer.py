@@ -26,7 +26,8 @@ output_dir and published to `_plan/batching.json`: every worker and every resume
 sizes, whichever GPU they run on (with an object-store output_dir the file goes up with the plan
 and comes back down on resume, jobs/output/mirror.py). The file carries the run's id and a digest
 of itself: one edited by hand, or left by another run, is refused rather than followed. Probes
-never capture graphs.
+never capture graphs. With `bcg.invariant` the pick changes no byte: it is each worker's own and
+is not published (`choose`).
 """
 
 from __future__ import annotations
@@ -254,7 +255,8 @@ def cache_dir() -> Path:
 
 def cache_key(identity: dict, sig: Signature, pool: Sequence[int], cfg_bcg, device: torch.device) -> str:
     """Everything a measured pick depends on: the GPU model, the software stack, the model (the
-    run identity's model section and quality tier), the signature and the growth settings."""
+    run identity's model section and quality tier), the signature, the growth settings and the
+    kernels (bcg.invariant)."""
     import diffusers
 
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu x{torch.get_num_threads()}"
@@ -262,6 +264,8 @@ def cache_key(identity: dict, sig: Signature, pool: Sequence[int], cfg_bcg, devi
              "model": identity.get("model"), "tier": [identity.get("bcg_fusions"), identity.get("bcg_compile")],
              "signature": str(sig), "pool": list(pool), "max": cfg_bcg.batch_grow_max,
              "min_gain": cfg_bcg.batch_grow_min_gain, "memory_fraction": cfg_bcg.batch_grow_memory_fraction}
+    if cfg_bcg.invariant:  # other kernels, other timings (named only when on: the keys of picks cached before stay)
+        parts["invariant"] = True
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
@@ -287,10 +291,16 @@ def save_cached(key: str, pick: BatchPick) -> None:
 def choose(cfg, manifest, plan_dir: Path, pipeline, run: str,
            on_published: Callable[[Path], None] = lambda path: None, lineage: frozenset = frozenset()) -> BatchPick:
     """The batch sizes this worker cuts units with (see the module docstring); `run` is the run's
-    id (batching.json carries it; `lineage` its earlier ids); `on_published` as for `publish`."""
-    published = read_published(plan_dir, run, lineage)
-    if published is not None:
-        return published
+    id (batching.json carries it; `lineage` its earlier ids); `on_published` as for `publish`.
+
+    With `bcg.invariant` the pool changes no byte, so no pick binds another worker or a resume: each
+    worker cuts with its own (configured, cached or measured) and publishes nothing, so a rerun
+    with another `bcg.batch_sizes` uses that pool rather than the first run's."""
+    settle = _own if cfg.bcg.invariant else publish
+    if not cfg.bcg.invariant:
+        published = read_published(plan_dir, run, lineage)
+        if published is not None:
+            return published
     pool, mode = sorted({int(b) for b in cfg.bcg.batch_sizes}), cfg.bcg.batch_grow
     counts = {}
     for u in manifest.units:
@@ -298,21 +308,26 @@ def choose(cfg, manifest, plan_dir: Path, pipeline, run: str,
     limit = min(cfg.bcg.batch_grow_max, max(counts.values(), default=0))
     if mode == "off" or (mode == "auto" and not pipeline.cuda):
         why = "bcg.batch_grow=off" if mode == "off" else "bcg.batch_grow=auto grows on CUDA only"
-        return publish(plan_dir, BatchPick(sizes=pool, reason=why, source="configured"), run, on_published)
+        return settle(plan_dir, BatchPick(sizes=pool, reason=why, source="configured"), run, on_published)
     if pool[-1] * 2 > limit:
-        return publish(plan_dir, BatchPick(sizes=pool, source="configured",
-                                           reason=f"no signature has {pool[-1] * 2} items, or bcg.batch_grow_max is lower"),
-                       run, on_published)
+        return settle(plan_dir, BatchPick(sizes=pool, source="configured",
+                                          reason=f"no signature has {pool[-1] * 2} items, or bcg.batch_grow_max is lower"),
+                      run, on_published)
     sig = max(counts, key=lambda s: (counts[s], s))  # the most common signature: what the job mostly runs
     key = cache_key(manifest.identity, sig, pool, cfg.bcg, pipeline.device)
     pick = load_cached(key)
     if pick is not None:
         log.info("batch sizing on %s: pool %s from the cache (%s; %s)", sig, pick.sizes, cache_dir() / f"{key}.json",
                  pick.reason)
-        return publish(plan_dir, pick, run, on_published)
+        return settle(plan_dir, pick, run, on_published)
     pick = _measure(cfg, manifest, plan_dir, pipeline, sig, counts, pool, limit)
     save_cached(key, pick)
-    return publish(plan_dir, pick, run, on_published)
+    return settle(plan_dir, pick, run, on_published)
+
+
+def _own(plan_dir: Path, pick: BatchPick, run: str, on_published: Callable[[Path], None]) -> BatchPick:
+    """`publish`'s stand-in under bcg.invariant: the pick is this worker's alone."""
+    return pick
 
 
 def _measure(cfg, manifest, plan_dir: Path, pipeline, sig: Signature, counts: dict, pool: List[int],

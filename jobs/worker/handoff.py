@@ -38,7 +38,7 @@ class Handoff:
                     ledger.append(_nonfinite_row(it))
                     self.sink.skip(it.key)  # its unit still completes
                     continue
-            meta = item_meta(it, self.cfg.model.name, result.mode, result.batch_size, finite)
+            meta = item_meta(it, self.cfg.model.name, result.mode, result.batch_size, finite, result.latent_sha256[i])
             meta.update(result.meta[i] if result.meta else {})
             audio = result.audio[i] if result.audio else None
             with self.timer("sink_wait"):

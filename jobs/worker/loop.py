@@ -27,7 +27,7 @@ from jobs.telemetry.watch import Watch
 from jobs.worker.batch_sizer import choose as choose_batch_sizes
 from jobs.worker.dispatcher import CaptureDispatcher
 from jobs.worker.handoff import Handoff
-from jobs.worker.model import attach_runner, load_pipeline
+from jobs.worker.model import attach_runner, batch_invariance, invariance_report, load_pipeline
 from jobs.worker.pipeline import Pipeline
 from jobs.worker.prepare import Prepared
 from jobs.worker.scheduler import StageScheduler
@@ -53,6 +53,14 @@ def generate_all(prep: Prepared, stats: JobStats, timer: StageTimer, stop: StopF
         log.info("nothing to generate: every planned item is already committed")
         return
     stats.device = str(prep.device)
+    with batch_invariance(prep.cfg) as invariance:  # bcg.invariant: from before the model loads to the end
+        try:
+            _generate(prep, stats, timer, stop)
+        finally:
+            stats.invariant = invariance_report(invariance)
+
+
+def _generate(prep: Prepared, stats: JobStats, timer: StageTimer, stop: StopFlag) -> None:
     loaded = _load(prep, stats, timer)
     watch = _watch(prep)
     handoff = Handoff(prep.cfg, prep.sink, prep.output_dir, stats, timer)

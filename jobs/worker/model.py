@@ -1,9 +1,11 @@
-"""The model a worker runs: the device, the loaded diffusers pipeline, and its transformer wrapped
-by the graph runner (bcg/) at the configured quality tier.
+"""The model a worker runs: the device, the loaded diffusers pipeline, its transformer wrapped
+by the graph runner (bcg/) at the configured quality tier, and the kernels it all runs on
+(`bcg.invariant`: the batch-invariant ones).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from typing import Optional
@@ -13,6 +15,7 @@ import torch
 from bcg import GraphRunner, apply_graph_runner
 from bcg.breaks import unknown_names
 from bcg.config import POLICIES, BreakPolicy
+from bcg.invariant import BatchInvariance, batch_invariant
 from jobs.config import GenerateConfig
 from jobs.errors import UserError
 from jobs.models.base import ModelFamily
@@ -62,3 +65,28 @@ def attach_runner(family: ModelFamily, pipe, cfg: GenerateConfig) -> Optional[Gr
         if problem:
             raise UserError(f"model.{problem[len('bcg.'):]} (preset {cfg.model.name})")
     return apply_graph_runner(family.transformer(pipe), cfg.bcg, break_policy=policy)
+
+
+def batch_invariance(cfg: GenerateConfig) -> "contextlib.AbstractContextManager[Optional[BatchInvariance]]":
+    """`with batch_invariance(cfg) as inv:` the batch-invariant kernels (bcg.invariant), installed for
+    the whole worker process until the block ends, or nothing (inv is None) with bcg.invariant=false.
+
+    Entered before the model loads: a row's text embedding and its decode must not depend on its batch
+    any more than its denoising, and graphs must capture the replacement kernels. Process-wide
+    (torch.library registrations), so the prefetch (encode) thread and the decode stream's work run
+    under it too."""
+    return batch_invariant() if cfg.bcg.invariant else contextlib.nullcontext()
+
+
+def invariance_report(inv: Optional[BatchInvariance]) -> dict:
+    """summary.json's `invariant`: whether the mode ran, on which devices, and its kernels' call counts.
+    A `.fallback` count is a call the mode handed back to aten (a dtype it does not cover): the
+    contract may not hold for the rows it computed, so it is logged as a warning too."""
+    if inv is None:
+        return {"enabled": False}
+    stats = dict(inv.stats(), enabled=True)
+    fallbacks = {op: n for op, n in stats["calls"].items() if op.endswith(".fallback")}
+    if fallbacks:
+        log.warning("bcg.invariant: %d call(s) fell back to aten's batch-variant kernels (%s): rows they computed "
+                    "may depend on their batch", sum(fallbacks.values()), ", ".join(sorted(fallbacks)))
+    return stats

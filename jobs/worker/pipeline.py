@@ -5,8 +5,8 @@ stages per batch.
                     (+ a family's per-row inputs, e.g. GLM-Image's AR prior)
     submit(batch)   denoise -> latents                      the caller's thread; the main stream
                     decode -> uint8 pixels + finite flags   the decode stream, after the denoise
-                    pixels -> pinned host memory            non-blocking copy, then an event
-    collect(sub)    wait for that event -> BatchResult     numpy arrays for the sink
+                    pixels, latents -> pinned host memory   non-blocking copy, then an event
+    collect(sub)    wait for that event -> BatchResult     numpy arrays for the sink, latent_sha256 per row
 
 `generate(batch)` runs the three in a row (the serial path); jobs/worker/scheduler.py overlaps them so the
 next batch's text encoding and this batch's decode run beside denoising. Both give the same
@@ -60,6 +60,7 @@ class BatchResult:
     audio: List[Optional[np.ndarray]] = field(default_factory=list)  # float32 [N, C] per item (LTX-2), or None
     sample_rate: int = 0  # Hz of `audio`
     meta: List[dict] = field(default_factory=list)  # per-item json fields the family added (GLM-Image's prior)
+    latent_sha256: List[str] = field(default_factory=list)  # per item: its denoised latents' digest (outputs.py)
 
 
 @dataclass
@@ -222,7 +223,8 @@ class Pipeline:
         return BatchResult(items=sub.batch.items, images=[pixels[i].copy() for i in range(len(pixels))],
                            finite=[bool(v) for v in host.finite.tolist()], mode=sub.mode,
                            batch_size=sub.batch_size, stage_ms=sub.timer.all_ms(), audio=host.item_audio(),
-                           sample_rate=host.sample_rate, meta=host.item_meta())
+                           sample_rate=host.sample_rate, meta=host.item_meta(),
+                           latent_sha256=host.item_latent_sha256())
 
     def generate(self, batch: Batch, dispatch: Dispatch = Dispatch.CAPTURE) -> BatchResult:
         """The serial path: encode, submit, collect."""
@@ -267,9 +269,10 @@ class Pipeline:
             self.decode_stream.wait_stream(torch.cuda.current_stream(self.device))
             for t in tensors_of(latents):
                 t.record_stream(self.decode_stream)
-        # The decode overlaps the next batch's denoise: it runs on its own stream.
+        # The decode overlaps the next batch's denoise: it runs on its own stream. The latents go on
+        # with the pixels, to be hashed on the host (latent_sha256): decoding reads them, never writes.
         with self._stream(self.decode_stream), timer.stage("decode"):
-            return on_device(self.family.decode(self.pipe, latents, request), request.meta)
+            return on_device(self.family.decode(self.pipe, latents, request), request.meta, latents)
 
     def _counts(self) -> Tuple[int, int]:
         if self.runner is None:

@@ -3,7 +3,7 @@
 An item of one frame is an image, `KEY.<sink.format>`, whatever its family. An item of more frames
 is a video: `KEY.mp4` at the item's fps (H.264, sinks/video.py), and with `sink.video_frames` each
 frame too, `KEY.fNNNN.<fmt>`. The json of a video adds `num_frames` and `fps`; an image's json is
-what it always was. A family that makes sound (LTX-2) adds `KEY.wav` (16-bit PCM, sinks/audio.py)
+what it always was (plus `latent_sha256`). A family that makes sound (LTX-2) adds `KEY.wav` (16-bit PCM, sinks/audio.py)
 beside the mp4, and its json the rate, sample count and channels.
 """
 
@@ -20,7 +20,9 @@ from sinks import Audio, Sample, SinkConfig, Video
 DEFAULT_FPS = 16.0  # items planned before fps existed (their units have no fps column)
 
 
-def item_meta(it: Item, model: str, mode: str, batch_size: int, finite: bool) -> dict:
+def item_meta(it: Item, model: str, mode: str, batch_size: int, finite: bool, latent_sha256: str) -> dict:
+    """`latent_sha256`: the digest of the item's denoised latents (jobs/worker/outputs.py), the record
+    `jobs.verify --against` compares two runs by."""
     s = it.signature
     meta = {
         "key": it.key, "prompt": it.prompt, "negative_prompt": it.negative_prompt, "seed": it.seed,
@@ -28,6 +30,7 @@ def item_meta(it: Item, model: str, mode: str, batch_size: int, finite: bool) ->
         "cfg": s.cfg, "dtype": s.dtype, "model": model, "text_tokens": it.text_tokens,
         "bucket": s.text_bucket, "signature": str(s), "mode": mode, "batch_size": batch_size,
         "truncated": it.truncated, "nonfinite": not finite, "source": it.source,
+        "latent_sha256": latent_sha256,
     }
     if s.frames > 1:
         meta.update(num_frames=s.frames, fps=item_fps(it))
