@@ -3,6 +3,7 @@ fusion verdict cache (bcg/fusions/cache.py), so each one compares its kernels wi
 instead of trusting an earlier test's (or run's) verdicts."""
 
 import os
+import signal
 import tempfile
 
 import pytest
@@ -12,6 +13,13 @@ import torch
 # one fresh folder per test session, so no test reads what another run of the suite left there,
 # and the user's own ~/.cache is never touched. Subprocesses (the jobs tests start) inherit it.
 os.environ["BCGEN_CACHE_DIR"] = tempfile.mkdtemp(prefix="bcgen-cache-")
+
+# A suite started in the background of a non-interactive shell (`.ci/run &`) has SIGINT ignored,
+# and every job it starts inherits that: Python then installs no KeyboardInterrupt handler, so the
+# Ctrl-C tests' jobs would ignore their SIGINT and finish. A terminal's Ctrl-C reaches a foreground
+# job, which is what those tests stand for: give this process (so its children) the default.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_modifyitems(config, items):

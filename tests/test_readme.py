@@ -84,6 +84,7 @@ def _placeholders(cmd: str, tmp: Path, out: Path) -> str:
     data = write_jsonl(tmp / "prompts.jsonl", prompts(3))
     (tmp / "p.csv").write_text("prompt\na red star\n")
     cmd = re.sub(r"(?<![\w/])outputs/sana_tiny\S*", str(out), cmd).replace("/data/synth", str(out))
+    cmd = cmd.replace("/data/run_a", str(out)).replace("/data/run_b", str(out))  # --against: itself, identical
     cmd = re.sub(r"model\.path=/ckpt/\S+|model\.path=\.\.\.", f"model.path={tmp / 'ckpt'}", cmd)
     cmd = cmd.replace("dataset.path=...", f"dataset.path={data}").replace("dataset.path=prompts.jsonl",
                                                                           f"dataset.path={data}")
