@@ -410,7 +410,6 @@ class GenerateConfig:
 def register_configs() -> None:
     """Register the schemas so Hydra type-checks every override and yaml file against them."""
     from hydra.core.config_store import ConfigStore
-
     from omegaconf import OmegaConf
 
     from jobs.output.layout import run_folder_name

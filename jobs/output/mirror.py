@@ -32,9 +32,23 @@ from typing import Dict, List, Optional, Tuple
 
 from jobs.errors import UserError
 from jobs.kill_hook import KILL_AT_ENV, kill_hook
-from jobs.output.layout import (BATCHING_FILE, DONE_DIR, ERRORS_FILE, INDEX_FILE, PLAN_DIR, PLAN_FILE,
-                                QUARANTINE_DIR, QUARANTINE_LOG, RUN_DIRS, RUN_FILE, RUN_FILES, SHARD_GLOB,
-                                SUMMARY_DIR, SUMMARY_FILE, TIMELINE_DIR)
+from jobs.output.layout import (
+    BATCHING_FILE,
+    DONE_DIR,
+    ERRORS_FILE,
+    INDEX_FILE,
+    PLAN_DIR,
+    PLAN_FILE,
+    QUARANTINE_DIR,
+    QUARANTINE_LOG,
+    RUN_DIRS,
+    RUN_FILE,
+    RUN_FILES,
+    SHARD_GLOB,
+    SUMMARY_DIR,
+    SUMMARY_FILE,
+    TIMELINE_DIR,
+)
 from jobs.output.schema import item_spec
 from jobs.output.staging_claim import StagingClaim
 from jobs.output.storage import Output, check_shared_staging, resolve
@@ -42,10 +56,10 @@ from sinks.atomic import atomic_write_bytes
 from sinks.manifest import ShardRecord, scan_output
 from sinks.names import MANIFEST_DIR
 from sinks.owned_scan import Ownership, scan_owned
-from sinks.tar_check import file_stamp
 from sinks.quarantine import append_log
 from sinks.remote import Remote, describe_error, drop_payload
 from sinks.sidecars import MetaSpec
+from sinks.tar_check import file_stamp
 
 log = logging.getLogger("jobs.output.mirror")
 

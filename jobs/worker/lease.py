@@ -32,7 +32,7 @@ from typing import Dict, Optional
 
 from jobs.errors import EnvironmentFailure
 from jobs.output.layout import LEASE_DIR
-from jobs.output.leases import HOST, LeaseInfo, process_start_time, lease_path, read_lease
+from jobs.output.leases import HOST, LeaseInfo, lease_path, process_start_time, read_lease
 from sinks.errors import CommitRefused
 
 log = logging.getLogger(__name__)

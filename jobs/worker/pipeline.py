@@ -41,8 +41,8 @@ import torch
 from bcg import Dispatch, GraphRunner
 from jobs.config import GenerateConfig
 from jobs.models.base import DenoiseRequest, ModelFamily, RowInputs
-from jobs.worker.outputs import Generated, HostOutputs, cat, on_device, tensors_of
 from jobs.plan import Batch, Item, Signature
+from jobs.worker.outputs import Generated, HostOutputs, cat, on_device, tensors_of
 from jobs.worker.samples import item_fps
 from padding import Padder, TextEmbeds
 
