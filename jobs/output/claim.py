@@ -1,9 +1,9 @@
 """The claim on an output_dir: whether this run may add to it, its locks, and the wipe of a run.
 
 `run.json` records the identity of the run that owns the folder (jobs/plan/identity.py): the
-dataset's digest and every config value that changes an item's bytes. A rerun with the same identity continues (committed
-keys are skipped; temp files of torn shards are removed by the sink's scan); a different one is
-refused, naming what differs, unless job.overwrite=true.
+dataset's digest and every config value that changes an item's bytes. A rerun with the same
+identity continues (committed keys are skipped; temp files of torn shards are removed by the
+sink's scan); a different one is refused, naming what differs, unless job.overwrite=true.
 
 Many processes may share output_dir (torchrun ranks, Slurm array tasks, started at any time):
 each removes only its own torn temps (another's may be a live shard), claims run.json under a
@@ -101,7 +101,8 @@ def _claim_locked(output_dir: Path, identity: dict, overwrite: bool, shard_glob:
         wipe(output_dir, shard_glob)
     elif shards and not overwrite:
         raise UserError(f"output_dir={str(output_dir)!r} holds {len(shards)} shard(s) but no {RUN_FILE}: they were "
-                         f"not written by this tool's run. Use another output_dir, or job.overwrite=true to delete them.")
+                         f"not written by this tool's run. Use another output_dir, "
+                         f"or job.overwrite=true to delete them.")
     elif shards:
         wipe(output_dir, shard_glob)
     return publish_once(run_file, run_bytes(identity, provenance))

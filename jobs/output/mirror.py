@@ -78,7 +78,8 @@ class LocalShards:
         """output_dir as the user named it (for logs and summary.json)."""
         return str(self.output_dir)
 
-    def scan(self, tar_glob: str, verify: str, owner: Optional[Ownership] = None) -> Tuple[List[ShardRecord], List[dict]]:
+    def scan(self, tar_glob: str, verify: str,
+             owner: Optional[Ownership] = None) -> Tuple[List[ShardRecord], List[dict]]:
         """The committed shards matching `tar_glob`: with an `owner` (a leased unit), only its own run's
         (sinks/owned_scan.py); anything that differs from what was committed goes to _quarantine/."""
         if owner is None:
@@ -190,8 +191,8 @@ class Mirror(LocalShards):
         (self.output_dir / RUN_FILE).write_bytes(remote_run)
         self._push_missing_markers()
         if fetched:
-            log.info("resuming %s: %d file(s) of its plan and done markers fetched into %s", self.output.remote, fetched,
-                     self.output_dir)
+            log.info("resuming %s: %d file(s) of its plan and done markers fetched into %s", self.output.remote,
+                     fetched, self.output_dir)
         return remote_run
 
     def _staged_anything(self) -> bool:
@@ -265,7 +266,8 @@ class Mirror(LocalShards):
 
     # -- shards and units --------------------------------------------------------------------
 
-    def scan(self, tar_glob: str, verify: str, owner: Optional[Ownership] = None) -> Tuple[List[ShardRecord], List[dict]]:
+    def scan(self, tar_glob: str, verify: str,
+             owner: Optional[Ownership] = None) -> Tuple[List[ShardRecord], List[dict]]:
         """The unit's committed shards: the remote's, plus those committed here by a worker killed
         before (or while) it uploaded them, uploaded now unless the remote already has their name
         or keys (then they are stale: another staging folder generated those samples meanwhile)."""

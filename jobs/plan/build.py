@@ -381,8 +381,8 @@ def _check(cfg: GenerateConfig, files: List[DatasetFile], label: str, workers: _
                            + "\nFix these rows, or set dataset.on_error=skip to generate the good rows "
                              "and write the bad ones to errors.jsonl in output_dir.", col.errors)
     if not n_valid:
-        raise DatasetError(format_row_errors(label, col.errors) + "\nEvery row is bad, so there is nothing to generate.",
-                           col.errors)
+        raise DatasetError(format_row_errors(label, col.errors)
+                           + "\nEvery row is bad, so there is nothing to generate.", col.errors)
     return col, digests, streamed, drop, keep_until
 
 

@@ -8,7 +8,8 @@ batch per signature, rows in file order within each: concatenating a signature's
 the chunks in order gives that signature's run in dataset order, with no global sort.
 
 Key uniqueness across the whole dataset cannot be checked inside a chunk: each row's 64-bit key
-hash (from the digest that derives its seed, jobs.plan.derive_seeds) goes back to the planner, which checks them all at the end (plan/build.py).
+hash (from the digest that derives its seed, jobs.plan.derive_seeds) goes back to the planner,
+which checks them all at the end (plan/build.py).
 """
 
 from __future__ import annotations

@@ -81,7 +81,8 @@ def open_plan(cfg: GenerateConfig, output_dir: Path, divisor: int) -> PlanManife
             ident = plan_identity(cfg, _digest_now(cfg, existing), existing.dataset["records"], weights)
             if cfg.job.extend and only_dataset_changed(run_differences(output_dir, ident)):
                 return _extend(cfg, output_dir, plan_dir, existing, divisor, weights)
-            open_run(output_dir, ident, cfg.job.overwrite, provenance=_provenance(cfg))  # same: joins; else refuses or wipes
+            open_run(output_dir, ident, cfg.job.overwrite,
+                     provenance=_provenance(cfg))  # same: joins; else refuses or wipes
             if (plan_dir / PLAN_FILE).exists():
                 log.info("joining the plan in %s: %d items in %d units", plan_dir, existing.n_items,
                          len(existing.units))

@@ -311,7 +311,8 @@ def choose(cfg, manifest, plan_dir: Path, pipeline, run: str,
         return settle(plan_dir, BatchPick(sizes=pool, reason=why, source="configured"), run, on_published)
     if pool[-1] * 2 > limit:
         return settle(plan_dir, BatchPick(sizes=pool, source="configured",
-                                          reason=f"no signature has {pool[-1] * 2} items, or bcg.batch_grow_max is lower"),
+                                          reason=f"no signature has {pool[-1] * 2} items, "
+                                                 f"or bcg.batch_grow_max is lower"),
                       run, on_published)
     sig = max(counts, key=lambda s: (counts[s], s))  # the most common signature: what the job mostly runs
     key = cache_key(manifest.identity, sig, pool, cfg.bcg, pipeline.device)

@@ -144,7 +144,8 @@ class Leaser:
             os.unlink(tomb)
             return False
         os.unlink(tomb)
-        why = "its process is gone" if info.holder_dead_here() else f"no heartbeat for {info.age():.0f}s > {info.ttl_s:g}s"
+        why = ("its process is gone" if info.holder_dead_here()
+               else f"no heartbeat for {info.age():.0f}s > {info.ttl_s:g}s")
         log.warning("taking over unit %d from %s (pid %d on %s): %s", info.unit, info.owner, info.pid, info.host, why)
         return True
 

@@ -245,10 +245,10 @@ class Pipeline:
             if self.cuda:
                 torch.cuda.empty_cache()
             h, n = len(items) // 2, len(items)
-            a = self._generate_rows(items[:h], sig, rows(pos, 0, h), neg and rows(neg, 0, h), extra and extra.rows(0, h),
-                                    timer, dispatch)
-            b = self._generate_rows(items[h:], sig, rows(pos, h, n), neg and rows(neg, h, n), extra and extra.rows(h, n),
-                                    timer, dispatch)
+            a = self._generate_rows(items[:h], sig, rows(pos, 0, h), neg and rows(neg, 0, h),
+                                    extra and extra.rows(0, h), timer, dispatch)
+            b = self._generate_rows(items[h:], sig, rows(pos, h, n), neg and rows(neg, h, n),
+                                    extra and extra.rows(h, n), timer, dispatch)
             with self._stream(self.decode_stream):
                 return cat(a, b)
 

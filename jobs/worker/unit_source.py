@@ -101,7 +101,8 @@ class LeaseSource:
             same = False
         if not same:
             raise RuntimeError(f"the plan in {self.plan_dir} was replaced or removed while this worker ran "
-                               f"(job.overwrite=true by another job?); this worker stops. Rerun it to join the new run.")
+                               f"(job.overwrite=true by another job?); this worker stops. "
+                               f"Rerun it to join the new run.")
 
     def next_unit(self, last: Optional[Signature]) -> Optional[UnitInfo]:
         waited = False
