@@ -194,8 +194,8 @@ def wipe(output_dir: Path, shard_glob: str) -> None:
     live = live_leases(output_dir / PLAN_DIR)
     if live:
         raise UserError(f"job.overwrite=true refused: {len(live)} worker lease(s) in output_dir={str(output_dir)!r} "
-                         f"are live ({'; '.join(l.describe() for l in live[:3])}). Nothing was deleted. Stop those "
-                         f"workers (or wait for their leases to expire), then rerun with job.overwrite=true")
+                         f"are live ({'; '.join(lease.describe() for lease in live[:3])}). Nothing was deleted. "
+                         f"Stop those workers (or wait for their leases to expire), then rerun with job.overwrite=true")
     removed = 0
     for glob in (*sidecar_globs(shard_glob), shard_glob):  # a shard's parquet and stats before the shard
         for p in list(output_dir.glob(glob)) + list(output_dir.glob("." + glob + "*")):

@@ -177,8 +177,8 @@ def _extend(cfg: GenerateConfig, output_dir: Path, plan_dir: Path, existing: Pla
     live = live_leases(plan_dir)
     if live:
         raise UserError(f"job.extend=true refused: {len(live)} worker lease(s) in output_dir={str(output_dir)!r} are "
-                        f"live ({'; '.join(l.describe() for l in live[:3])}): they work on the plan extend would "
-                        f"change. Let them finish (or stop them), then rerun")
+                        f"live ({'; '.join(lease.describe() for lease in live[:3])}): they work on the plan "
+                        f"extend would change. Let them finish (or stop them), then rerun")
     _remove_stale_work(output_dir)
     work = output_dir / f"{PLAN_DIR}.tmp-{HOST}-{os.getpid()}"
     try:
