@@ -191,7 +191,8 @@ def resolve(rows: Rows, defaults: ItemDefaults, measure: Measure, bucket_for, la
     prompts, negatives = rows.prompts.filter(keep), pc.if_else(pa.array(cfg_ok), negatives.filter(keep), "")
     lines, truncated, fps = rows.lines[ok], truncated[ok], fps[ok]
     extra = None if rows.extra is None else rows.extra.filter(keep)
-    sig = (h[ok], w[ok], bucket, steps[ok], np.where(cfg_ok, guidance[ok], 1.0), cfg_ok, frames[ok])
+    sig: Tuple[np.ndarray, ...] = (h[ok], w[ok], bucket, steps[ok], np.where(cfg_ok, guidance[ok], 1.0), cfg_ok,
+                                   frames[ok])
     n = defaults.images_per_prompt
     if n > 1:
         # Every column repeated per sample; a sample's key and seed are its own (seed s, s+1, ...).
