@@ -39,7 +39,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
@@ -302,7 +302,7 @@ def choose(cfg, manifest, plan_dir: Path, pipeline, run: str,
         if published is not None:
             return published
     pool, mode = sorted({int(b) for b in cfg.bcg.batch_sizes}), cfg.bcg.batch_grow
-    counts = {}
+    counts: Dict[Signature, int] = {}
     for u in manifest.units:
         counts[u.signature] = counts.get(u.signature, 0) + u.count
     limit = min(cfg.bcg.batch_grow_max, max(counts.values(), default=0))

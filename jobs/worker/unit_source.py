@@ -36,7 +36,10 @@ log = logging.getLogger("jobs.run")
 
 
 class UnitSource(Protocol):
-    lost: Set[int]  # units taken over by another worker: stop writing them, never mark them done
+    @property
+    def lost(self) -> Set[int]:
+        """Units taken over by another worker: stop writing them, never mark them done. Read-only
+        here: LeaseSource forwards its leaser's set, UnitFeed (jobs/cluster/feed.py) holds its own."""
 
     def next_unit(self, last: Optional[Signature]) -> Optional[UnitInfo]:
         """The next unit this worker owns (blocks while none is free yet); None when none is left.
