@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, cast, overload
 
 from bcg.config import RunnerConfig
 from jobs.dataset import DatasetConfig
@@ -38,6 +38,14 @@ MAX_PLAN_WORKERS = 1024
 def check_choice(key: str, value: Any, allowed: tuple) -> None:
     if value not in allowed:
         raise UserError(f"{key}={value!r} is not allowed; choose one of: {', '.join(map(str, allowed))}")
+
+
+@overload
+def home(path: str) -> str: ...
+@overload
+def home(path: None) -> None: ...
+@overload
+def home(path: Optional[str]) -> Optional[str]: ...
 
 
 def home(path: Optional[str]) -> Optional[str]:
@@ -435,7 +443,9 @@ def to_typed(cfg) -> GenerateConfig:
 
     check_known_keys(cfg)
     try:
-        return OmegaConf.to_object(cfg)
+        # A structured config's to_object is its dataclass, here the GenerateConfig schema Hydra
+        # composed against (register_configs); OmegaConf's annotation can only say "any container".
+        return cast(GenerateConfig, OmegaConf.to_object(cfg))
     except UserError:
         raise
     except MissingMandatoryValue as e:

@@ -41,7 +41,7 @@ _ENVIRONMENT_ERRNOS = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk
 def environment_failure(err: BaseException) -> str | None:
     """The one message for a disk full, read-only or unwritable folder met while a job runs (an
     OSError, or the sink's SinkError caused by one); None when `err` is not such a failure."""
-    cause = err
+    cause: BaseException | None = err
     while cause is not None and not isinstance(cause, OSError):
         cause = cause.__cause__
     if cause is None or cause.errno not in _ENVIRONMENT_ERRNOS:
