@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, cast, overload
 
 from bcg.config import RunnerConfig
 from jobs.dataset import DatasetConfig
@@ -38,6 +38,14 @@ MAX_PLAN_WORKERS = 1024
 def check_choice(key: str, value: Any, allowed: tuple) -> None:
     if value not in allowed:
         raise UserError(f"{key}={value!r} is not allowed; choose one of: {', '.join(map(str, allowed))}")
+
+
+@overload
+def home(path: str) -> str: ...
+@overload
+def home(path: None) -> None: ...
+@overload
+def home(path: Optional[str]) -> Optional[str]: ...
 
 
 def home(path: Optional[str]) -> Optional[str]:
@@ -242,12 +250,15 @@ class BcgConfig(RunnerConfig):
             check("bcg.text_buckets", len(self.text_buckets) > 0 and all(int(b) > 0 for b in self.text_buckets),
                   list(self.text_buckets), "a non-empty list of positive ints, e.g. [64,128,256]")
         for hw in self.warmup_resolutions:
-            check("bcg.warmup_resolutions", len(hw) == 2 and all(int(v) > 0 for v in hw), list(hw), "[height, width] pairs")
+            check("bcg.warmup_resolutions", len(hw) == 2 and all(int(v) > 0 for v in hw), list(hw),
+                  "[height, width] pairs")
         check_choice("bcg.capture", self.capture, CAPTURE_POLICIES)
         check("bcg.capture_min_gain", 0 <= self.capture_min_gain < 1, self.capture_min_gain, "a fraction in [0, 1)")
         check_choice("bcg.batch_grow", self.batch_grow, ("auto", "on", "off"))
-        check("bcg.batch_grow_max", 0 < self.batch_grow_max <= MAX_BATCH, self.batch_grow_max, f"an int in [1, {MAX_BATCH}]")
-        check("bcg.batch_grow_min_gain", 0 <= self.batch_grow_min_gain < 1, self.batch_grow_min_gain, "a fraction in [0, 1)")
+        check("bcg.batch_grow_max", 0 < self.batch_grow_max <= MAX_BATCH, self.batch_grow_max,
+              f"an int in [1, {MAX_BATCH}]")
+        check("bcg.batch_grow_min_gain", 0 <= self.batch_grow_min_gain < 1, self.batch_grow_min_gain,
+              "a fraction in [0, 1)")
         check("bcg.batch_grow_memory_fraction", 0 < self.batch_grow_memory_fraction <= 1,
               self.batch_grow_memory_fraction, "a fraction in (0, 1]")
         check("bcg.invariant", isinstance(self.invariant, bool), self.invariant, "true or false")
@@ -310,7 +321,8 @@ class JobConfig:
         check_choice("job.verify", self.verify, VERIFY)
         check("job.dist_timeout_min", self.dist_timeout_min > 0, self.dist_timeout_min, "minutes > 0")
         check("job.lease_ttl_s", math.isfinite(self.lease_ttl_s) and 1 <= self.lease_ttl_s <= MAX_TTL_S,
-              self.lease_ttl_s, f"seconds in [1, {MAX_TTL_S:g}] (a week), e.g. 600: a lease must expire to be taken over")
+              self.lease_ttl_s,
+              f"seconds in [1, {MAX_TTL_S:g}] (a week), e.g. 600: a lease must expire to be taken over")
         check("job.log_every_s", math.isfinite(self.log_every_s) and 0 < self.log_every_s <= 86400, self.log_every_s,
               "seconds in (0, 86400], e.g. 30")
         check("job.dist_timeout_min", math.isfinite(self.dist_timeout_min) and self.dist_timeout_min <= 7 * 1440,
@@ -410,7 +422,6 @@ class GenerateConfig:
 def register_configs() -> None:
     """Register the schemas so Hydra type-checks every override and yaml file against them."""
     from hydra.core.config_store import ConfigStore
-
     from omegaconf import OmegaConf
 
     from jobs.output.layout import run_folder_name
@@ -432,11 +443,14 @@ def to_typed(cfg) -> GenerateConfig:
 
     check_known_keys(cfg)
     try:
-        return OmegaConf.to_object(cfg)
+        # A structured config's to_object is its dataclass, here the GenerateConfig schema Hydra
+        # composed against (register_configs); OmegaConf's annotation can only say "any container".
+        return cast(GenerateConfig, OmegaConf.to_object(cfg))
     except UserError:
         raise
     except MissingMandatoryValue as e:
-        raise UserError(f"{e.full_key} is required and has no value; pass {e.full_key}=... on the command line") from None
+        raise UserError(f"{e.full_key} is required and has no value; "
+                        f"pass {e.full_key}=... on the command line") from None
     except ValueError as e:
         # to_object runs nothing but the config dataclasses' checks, so a ValueError here is a bad
         # value: sinks/ (which knows nothing of jobs/) and OmegaConf's own validation raise ValueError.

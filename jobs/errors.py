@@ -1,8 +1,9 @@
 """The one user-error type: bad config, bad data or a bad environment.
 
 Raised wherever such a problem is found, with a message that names the key or `file:line`, the
-value and the fix; caught once, at each front door (jobs/generate.py, jobs/plan/__main__.py, ...), which logs the message and exits 2
-without a traceback. Anything else raised during a job is a crash and keeps its traceback (exit 1):
+value and the fix; caught once, at each front door (jobs/generate.py, jobs/plan/__main__.py, ...),
+which logs the message and exits 2 without a traceback. Anything else raised during a job is a
+crash and keeps its traceback (exit 1):
 a ValueError from inside diffusers is a bug to report, not a typo to fix.
 
 It subclasses ValueError so that library callers who catch ValueError for bad input keep
@@ -40,7 +41,7 @@ _ENVIRONMENT_ERRNOS = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk
 def environment_failure(err: BaseException) -> str | None:
     """The one message for a disk full, read-only or unwritable folder met while a job runs (an
     OSError, or the sink's SinkError caused by one); None when `err` is not such a failure."""
-    cause = err
+    cause: BaseException | None = err
     while cause is not None and not isinstance(cause, OSError):
         cause = cause.__cause__
     if cause is None or cause.errno not in _ENVIRONMENT_ERRNOS:

@@ -96,8 +96,8 @@ def _check_sampling(cfg: GenerateConfig, family: ModelFamily, d: int) -> None:
         raise UserError(f"sampling.steps={cfg.sampling.steps}, but {cfg.model.name}'s scheduler takes at least "
                         f"{family.min_steps} steps; set sampling.steps={family.min_steps} or more")
     if family.fixed_fps is not None and cfg.sampling.fps != family.fixed_fps:
-        raise UserError(f"sampling.fps={cfg.sampling.fps:g}, but {family.pipeline_class} makes {family.fixed_fps:g} fps "
-                        f"only; set sampling.fps={family.fixed_fps:g}")
+        raise UserError(f"sampling.fps={cfg.sampling.fps:g}, but {family.pipeline_class} makes "
+                        f"{family.fixed_fps:g} fps only; set sampling.fps={family.fixed_fps:g}")
     if not family.guidance and cfg.sampling.guidance_scale > 1.0:
         raise UserError(f"sampling.guidance_scale={cfg.sampling.guidance_scale:g}, but {cfg.model.name} is "
                         f"guidance-distilled (no negative branch); set sampling.guidance_scale=1.0")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Dict, Iterable
+from typing import Dict, Iterable, cast
 
 from jobs.output.claim import remove_unclaimed
 from jobs.output.storage import resolve
@@ -30,11 +30,12 @@ def note_existing(folders: Iterable[Path]) -> None:
 def leave_nothing(cfg) -> None:
     """Bad config or dataset: nothing stays in an output_dir no run has claimed (the message is on the terminal)."""
     from hydra.core.hydra_config import HydraConfig
-    from omegaconf import OmegaConf
+    from omegaconf import DictConfig, OmegaConf
 
     local = resolve(cfg.output_dir, cfg.job.staging_dir).local
     # Only a Hydra run has a log folder; a composed config (the API, tests) leaves it unset ("???").
-    hydra_cfg = HydraConfig.get() if HydraConfig.initialized() else None
+    # HydraConfig.get() is annotated as the HydraConf dataclass, but returns the DictConfig node (hydra 1.3).
+    hydra_cfg = cast(DictConfig, HydraConfig.get()) if HydraConfig.initialized() else None
     found = OmegaConf.select(hydra_cfg, "runtime.output_dir", default=None) if hydra_cfg is not None else None
     log_dir = Path(found) if found else None
     if log_dir is not None:
@@ -47,5 +48,6 @@ def close_file_logs(folder: Path) -> None:
     for logger in [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]:
         for h in list(getattr(logger, "handlers", [])):
             if isinstance(h, logging.FileHandler) and folder in Path(h.baseFilename).parents:
+                assert isinstance(logger, logging.Logger)  # a logging.PlaceHolder has no handlers: never here
                 logger.removeHandler(h)
                 h.close()

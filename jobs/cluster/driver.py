@@ -47,6 +47,7 @@ ACTOR_THREADS = 4 + AHEAD  # run, warm, progress, end/halt, and each unit's call
 
 def run_ray_job(cfg: GenerateConfig) -> JobStats:
     cfg = for_actors(cfg)
+    assert cfg.ray is not None  # for_actors checked it: jobs/generate.py comes here only when cfg.ray is set
     checked = check_config(cfg)
     address = connect(cfg.ray)
     workers = worker_count(cfg.ray, ray.cluster_resources(), ray.nodes())
@@ -100,6 +101,7 @@ def _generate(cfg: GenerateConfig, plan_dir: Path, left: List[UnitInfo], n: int,
     raise_fd_limit(64 + (1 + AHEAD) * n)
     grants = Grants(plan_dir, f"{HOST}:{os.getpid()}:ray-driver", cfg.job.lease_ttl_s)
     sized = (plan_dir / BATCHING_FILE).exists() or not may_grow(cfg)
+    assert cfg.ray is not None  # run_ray_job's for_actors checked it
     pool = Pool(actor_factory(cfg, n), n, UnitQueue(left), grants, progress, cfg.ray.max_restarts, sized,
                 cfg.job.wait_for_leases, result)
     stop.install()
@@ -149,6 +151,7 @@ def may_grow(cfg: GenerateConfig) -> bool:
 
 def actor_factory(cfg: GenerateConfig, parts: int):
     r = cfg.ray
+    assert r is not None  # run_ray_job's for_actors checked it
     actor_class = ray.remote(Worker)
     job = ray.get_runtime_context().get_job_id()
 

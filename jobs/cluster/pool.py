@@ -164,8 +164,8 @@ class Pool:
         now = time.monotonic()
         if self.grants.elsewhere and now - self._last_retry >= RETRY_ELSEWHERE_S:
             self._last_retry = now
-            for info in self.grants.retry_elsewhere():
-                self._put_back(info)
+            for back in self.grants.retry_elsewhere():
+                self._put_back(back)
         for slot in list(self._hungry):
             if not len(self.queue):
                 break

@@ -6,9 +6,19 @@ format), lines (bounded line reading), paths (a file, a folder or a brace list),
 a Record or a RowError).
 """
 
-from jobs.dataset.load import (BUNDLED_PROMPTS, DatasetConfig, LoadResult, check_readable, dataset_label,
-                               dataset_sources, format_row_errors, load_dataset, resolve_format, resolve_path,
-                               write_error_ledger)
+from jobs.dataset.load import (
+    BUNDLED_PROMPTS,
+    DatasetConfig,
+    LoadResult,
+    check_readable,
+    dataset_label,
+    dataset_sources,
+    format_row_errors,
+    load_dataset,
+    resolve_format,
+    resolve_path,
+    write_error_ledger,
+)
 from jobs.dataset.rules import DatasetError, Record, RowError
 
 __all__ = [

@@ -122,10 +122,12 @@ def resolve(indices: torch.Tensor, generator: Optional[torch.Generator] = None) 
         third = torch.where(col >= 0, (col.float() + u) / 3.0, u)  # a named third, or anywhere
         return lo + third * (hi - lo)
 
-    return Layout(shape=shape, color=color, background=background, cx=place(indices[:, 4]), cy=place(indices[:, 5]), r=r)
+    return Layout(shape=shape, color=color, background=background, cx=place(indices[:, 4]), cy=place(indices[:, 5]),
+                  r=r)
 
 
-def _regular_star(dx: torch.Tensor, dy: torch.Tensor, points: int, outer: torch.Tensor, inner: torch.Tensor) -> torch.Tensor:
+def _regular_star(dx: torch.Tensor, dy: torch.Tensor, points: int, outer: torch.Tensor,
+                  inner: torch.Tensor) -> torch.Tensor:
     """Inside an upright star polygon (a point straight up), centred at the origin.
 
     Folds the angle into one half-spike, then tests the side of its edge outer vertex -> inner

@@ -17,7 +17,8 @@ import torch
 MAX_SEQUENCE_LENGTH = 300
 
 
-def tokenize(tokenizer, prompts: Sequence[str], max_length: int = MAX_SEQUENCE_LENGTH) -> Tuple[torch.Tensor, torch.Tensor]:
+def tokenize(tokenizer, prompts: Sequence[str],
+             max_length: int = MAX_SEQUENCE_LENGTH) -> Tuple[torch.Tensor, torch.Tensor]:
     """(input_ids, attention_mask), [B, L] with L the longest prompt (at most max_length)."""
     tokenizer.padding_side = "right"
     out = tokenizer([p.lower().strip() for p in prompts], padding="longest", max_length=max_length,

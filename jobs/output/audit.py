@@ -3,10 +3,11 @@ index against the manifests, and every sample read back with webdataset.
 
 Checks, for every shard: its manifest exists and the shard matches it (size, members from the tar
 headers, sha256), and so do its parquet and stats (sizes, sha256; the parquet's keys are the shard's,
-and no parquet or stats file is without its shard); for the index: it lists exactly the manifests' shards with their counts, sizes and
-hashes; then every sample is read back with webdataset (the reader users have): each has its json,
-txt and image (or video), its key is the one the manifest lists there, and no key is in two shards. A `.tar`
-with no manifest is a problem too: a copy of a shard would be read twice by a glob of output_dir.
+and no parquet or stats file is without its shard); for the index: it lists exactly the manifests'
+shards with their counts, sizes and hashes; then every sample is read back with webdataset (the
+reader users have): each has its json, txt and image (or video), its key is the one the manifest
+lists there, and no key is in two shards. A `.tar` with no manifest is a problem too: a copy of a
+shard would be read twice by a glob of output_dir.
 Read-only: it moves and rewrites nothing (a rerun of the job quarantines and regenerates).
 """
 
@@ -159,8 +160,8 @@ def _check_planned_keys(output_dir: Path, owners: Dict[str, str], report: Report
             continue
         missing += [k for k in keys if k not in owners]
     if missing:
-        report.problems.append(f"{len(missing)} key(s) of done units are in no shard, e.g. {missing[0]!r} ({fix.plain}: "
-                               f"it generates them)")
+        report.problems.append(f"{len(missing)} key(s) of done units are in no shard, e.g. {missing[0]!r} "
+                               f"({fix.plain}: it generates them)")
 
 
 def _check_sidecars(output_dir: Path, good: dict, report: Report, advice: RepairAdvice) -> None:

@@ -1,9 +1,9 @@
 """The claim on an output_dir: whether this run may add to it, its locks, and the wipe of a run.
 
 `run.json` records the identity of the run that owns the folder (jobs/plan/identity.py): the
-dataset's digest and every config value that changes an item's bytes. A rerun with the same identity continues (committed
-keys are skipped; temp files of torn shards are removed by the sink's scan); a different one is
-refused, naming what differs, unless job.overwrite=true.
+dataset's digest and every config value that changes an item's bytes. A rerun with the same
+identity continues (committed keys are skipped; temp files of torn shards are removed by the
+sink's scan); a different one is refused, naming what differs, unless job.overwrite=true.
 
 Many processes may share output_dir (torchrun ranks, Slurm array tasks, started at any time):
 each removes only its own torn temps (another's may be a live shard), claims run.json under a
@@ -101,7 +101,8 @@ def _claim_locked(output_dir: Path, identity: dict, overwrite: bool, shard_glob:
         wipe(output_dir, shard_glob)
     elif shards and not overwrite:
         raise UserError(f"output_dir={str(output_dir)!r} holds {len(shards)} shard(s) but no {RUN_FILE}: they were "
-                         f"not written by this tool's run. Use another output_dir, or job.overwrite=true to delete them.")
+                         f"not written by this tool's run. Use another output_dir, "
+                         f"or job.overwrite=true to delete them.")
     elif shards:
         wipe(output_dir, shard_glob)
     return publish_once(run_file, run_bytes(identity, provenance))
@@ -193,8 +194,8 @@ def wipe(output_dir: Path, shard_glob: str) -> None:
     live = live_leases(output_dir / PLAN_DIR)
     if live:
         raise UserError(f"job.overwrite=true refused: {len(live)} worker lease(s) in output_dir={str(output_dir)!r} "
-                         f"are live ({'; '.join(l.describe() for l in live[:3])}). Nothing was deleted. Stop those "
-                         f"workers (or wait for their leases to expire), then rerun with job.overwrite=true")
+                         f"are live ({'; '.join(lease.describe() for lease in live[:3])}). Nothing was deleted. "
+                         f"Stop those workers (or wait for their leases to expire), then rerun with job.overwrite=true")
     removed = 0
     for glob in (*sidecar_globs(shard_glob), shard_glob):  # a shard's parquet and stats before the shard
         for p in list(output_dir.glob(glob)) + list(output_dir.glob("." + glob + "*")):

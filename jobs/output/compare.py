@@ -69,10 +69,10 @@ class Comparison:
         for keys, folder, other in ((self.only_here, self.here, self.there), (self.only_there, self.there, self.here)):
             if keys:
                 out.append(f"missing from {other}: {len(keys)} key(s) that only {folder} has{_first(keys)}")
-        for folder, keys in self.duplicates.items():
+        for shown_folder, keys in self.duplicates.items():
             if keys:
-                out.append(f"{folder}: {len(keys)} key(s) in two of its shards{_first(keys)}; "
-                           f"`python -m jobs.verify {folder}` names them")
+                out.append(f"{shown_folder}: {len(keys)} key(s) in two of its shards{_first(keys)}; "
+                           f"`python -m jobs.verify {shown_folder}` names them")
         return out
 
     def verdict(self) -> str:

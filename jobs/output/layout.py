@@ -58,8 +58,9 @@ SHARD_GLOB = "shard-*.tar"
 def run_folder_name(model: str, overrides: str) -> str:
     """The default output_dir's folder under outputs/ (Hydra's resolver `bcgen_run_folder`):
     `sana_tiny` for a plain run, `sana_tiny--sampling.steps:2` for one with overrides (each job of
-    a sweep; conf/generate.yaml sets Hydra's `k:v--k:v` form). Side by side, so no run's folder lies inside another's: a reader of one run's
-    folder (pyarrow's folder discovery, a glob of its shards) sees that run alone."""
+    a sweep; conf/generate.yaml sets Hydra's `k:v--k:v` form). Side by side, so no run's folder lies
+    inside another's: a reader of one run's folder (pyarrow's folder discovery, a glob of its shards)
+    sees that run alone."""
     if not overrides:
         return model
     return f"{model}--{overrides.replace('/', '_')}"  # a `/` in a value must not open a subfolder

@@ -32,9 +32,23 @@ from typing import Dict, List, Optional, Tuple
 
 from jobs.errors import UserError
 from jobs.kill_hook import KILL_AT_ENV, kill_hook
-from jobs.output.layout import (BATCHING_FILE, DONE_DIR, ERRORS_FILE, INDEX_FILE, PLAN_DIR, PLAN_FILE,
-                                QUARANTINE_DIR, QUARANTINE_LOG, RUN_DIRS, RUN_FILE, RUN_FILES, SHARD_GLOB,
-                                SUMMARY_DIR, SUMMARY_FILE, TIMELINE_DIR)
+from jobs.output.layout import (
+    BATCHING_FILE,
+    DONE_DIR,
+    ERRORS_FILE,
+    INDEX_FILE,
+    PLAN_DIR,
+    PLAN_FILE,
+    QUARANTINE_DIR,
+    QUARANTINE_LOG,
+    RUN_DIRS,
+    RUN_FILE,
+    RUN_FILES,
+    SHARD_GLOB,
+    SUMMARY_DIR,
+    SUMMARY_FILE,
+    TIMELINE_DIR,
+)
 from jobs.output.schema import item_spec
 from jobs.output.staging_claim import StagingClaim
 from jobs.output.storage import Output, check_shared_staging, resolve
@@ -42,10 +56,10 @@ from sinks.atomic import atomic_write_bytes
 from sinks.manifest import ShardRecord, scan_output
 from sinks.names import MANIFEST_DIR
 from sinks.owned_scan import Ownership, scan_owned
-from sinks.tar_check import file_stamp
 from sinks.quarantine import append_log
 from sinks.remote import Remote, describe_error, drop_payload
 from sinks.sidecars import MetaSpec
+from sinks.tar_check import file_stamp
 
 log = logging.getLogger("jobs.output.mirror")
 
@@ -64,7 +78,8 @@ class LocalShards:
         """output_dir as the user named it (for logs and summary.json)."""
         return str(self.output_dir)
 
-    def scan(self, tar_glob: str, verify: str, owner: Optional[Ownership] = None) -> Tuple[List[ShardRecord], List[dict]]:
+    def scan(self, tar_glob: str, verify: str,
+             owner: Optional[Ownership] = None) -> Tuple[List[ShardRecord], List[dict]]:
         """The committed shards matching `tar_glob`: with an `owner` (a leased unit), only its own run's
         (sinks/owned_scan.py); anything that differs from what was committed goes to _quarantine/."""
         if owner is None:
@@ -126,12 +141,13 @@ class Mirror(LocalShards):
         assert output.remote is not None
         super().__init__(output.local, spec)
         self.output = output
+        self.remote_url: str = output.remote  # Output is frozen: the URL asserted above, typed as one
         self.remote = Remote(output.remote)
         self.pushed = 0  # shards this process uploaded (the kill tests' count)
 
     @property
     def shown(self) -> str:
-        return self.output.remote
+        return self.remote_url
 
     # -- whole run ---------------------------------------------------------------------------
 
@@ -139,12 +155,12 @@ class Mirror(LocalShards):
         try:
             self.remote.check_writable()
         except Exception as e:  # noqa: BLE001 - any failure of the store here is the environment's
-            raise UserError(describe_error(self.output.remote, e)) from None
+            raise UserError(describe_error(self.remote_url, e)) from None
 
     def claim_staging(self, ttl_s: float) -> Optional[StagingClaim]:
         """This worker's marker in the bucket (jobs/output/staging_claim.py): refused while workers of
         another staging folder are live, since both would generate every unit."""
-        return StagingClaim(self.remote, self.output_dir, self.output.remote, ttl_s).join()
+        return StagingClaim(self.remote, self.output_dir, self.remote_url, ttl_s).join()
 
     def hydrate(self, overwrite: bool) -> Optional[bytes]:
         """Bring the remote run's bookkeeping into the staging folder; returns the remote run.json."""
@@ -153,12 +169,12 @@ class Mirror(LocalShards):
         local_run = local_file.read_bytes() if local_file.exists() else None
         if remote_run != local_run and self._staged_anything():
             log.warning("staging folder %s holds %s than %s: clearing it", self.output_dir,
-                        "another run" if remote_run else "a run the remote does not have", self.output.remote)
+                        "another run" if remote_run else "a run the remote does not have", self.remote_url)
             clear_run(self.output_dir)
         if remote_run is None:
             foreign = self.remote.sizes("", SHARD_GLOB)
             if foreign and not overwrite:
-                raise UserError(f"output_dir={self.output.remote!r} holds {len(foreign)} shard(s) but no {RUN_FILE}: "
+                raise UserError(f"output_dir={self.remote_url!r} holds {len(foreign)} shard(s) but no {RUN_FILE}: "
                                 f"they were not written by this tool's run. Use another output_dir, or "
                                 f"job.overwrite=true to delete them.")
             return None
@@ -176,8 +192,8 @@ class Mirror(LocalShards):
         (self.output_dir / RUN_FILE).write_bytes(remote_run)
         self._push_missing_markers()
         if fetched:
-            log.info("resuming %s: %d file(s) of its plan and done markers fetched into %s", self.output.remote, fetched,
-                     self.output_dir)
+            log.info("resuming %s: %d file(s) of its plan and done markers fetched into %s", self.remote_url,
+                     fetched, self.output_dir)
         return remote_run
 
     def _staged_anything(self) -> bool:
@@ -220,13 +236,13 @@ class Mirror(LocalShards):
         if remote_run == local_run:
             return
         if remote_run is not None or self.remote.sizes("", SHARD_GLOB):
-            log.warning("job.overwrite=true: deleting the previous run's files in %s", self.output.remote)
+            log.warning("job.overwrite=true: deleting the previous run's files in %s", self.remote_url)
             self._wipe_remote()
         names = sorted(p.relative_to(self.output_dir).as_posix() for p in (self.output_dir / PLAN_DIR).glob("unit-*"))
         names += [n for n in (ERRORS_FILE, f"{PLAN_DIR}/{PLAN_FILE}") if (self.output_dir / n).exists()]
         for name in names + [RUN_FILE]:
             self.remote.put(self.output_dir / name, name)
-        log.info("plan published to %s (%d file(s))", self.output.remote, len(names) + 1)
+        log.info("plan published to %s (%d file(s))", self.remote_url, len(names) + 1)
 
     def _wipe_remote(self) -> None:
         fs, root = self.remote.fs, self.remote.root
@@ -251,7 +267,8 @@ class Mirror(LocalShards):
 
     # -- shards and units --------------------------------------------------------------------
 
-    def scan(self, tar_glob: str, verify: str, owner: Optional[Ownership] = None) -> Tuple[List[ShardRecord], List[dict]]:
+    def scan(self, tar_glob: str, verify: str,
+             owner: Optional[Ownership] = None) -> Tuple[List[ShardRecord], List[dict]]:
         """The unit's committed shards: the remote's, plus those committed here by a worker killed
         before (or while) it uploaded them, uploaded now unless the remote already has their name
         or keys (then they are stale: another staging folder generated those samples meanwhile)."""

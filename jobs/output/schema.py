@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from sinks.sidecars import MetaSpec
 
-
 ITEM_SPEC = MetaSpec(
     columns=(
         ("prompt", "string"), ("negative_prompt", "string"), ("seed", "int64"), ("width", "int64"),

@@ -81,7 +81,8 @@ def check_protocol(output_dir: str, proto: str) -> None:
         fsspec.get_filesystem_class(proto)
     except ImportError as e:
         extra = "s3" if proto in ("s3", "s3a") else None
-        how = f"pip install -e '.[{extra}]' (fsspec + s3fs)" if extra else f"install fsspec's package for {proto}:// ({e})"
+        how = (f"pip install -e '.[{extra}]' (fsspec + s3fs)" if extra
+               else f"install fsspec's package for {proto}:// ({e})")
         raise UserError(f"output_dir={output_dir!r} needs fsspec's {proto}:// implementation, which is not installed: "
                         f"{how}") from None
     except ValueError as e:

@@ -35,7 +35,7 @@ from collections import deque
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Generator, Iterator, List, Optional, Set, Tuple, Union
 
 import numpy as np
 
@@ -48,6 +48,9 @@ from jobs.plan import Signature
 from jobs.plan.chunk import ChunkContext, ChunkResult, ChunkTask, init_process, process_chunk, run_in_process
 from jobs.plan.digests import combined_digest, file_digest, file_record
 from jobs.plan.units import FILE_COLUMN, SIGNATURE_COLUMNS, PlanManifest, UnitInfo, item_cost
+
+if TYPE_CHECKING:
+    from multiprocessing.pool import Pool
 
 log = logging.getLogger("jobs.plan")
 
@@ -150,7 +153,8 @@ class _Workers:
     core is not spent on dispatch alone."""
 
     def __init__(self, n: int, initargs: tuple):
-        self.n, self.initargs, self.pool = n, initargs, None
+        self.n, self.initargs = n, initargs
+        self.pool: Optional[Pool] = None
         self.ctx: Optional[ChunkContext] = None
 
     def __enter__(self) -> "_Workers":
@@ -176,7 +180,7 @@ class _Workers:
             self.pool.terminate()
             self.pool.join()
 
-    def map_ordered(self, fn, remote, jobs: Iterator) -> Iterator:
+    def map_ordered(self, fn, remote, jobs: Iterator) -> Generator[Any, None, None]:
         """fn(job) here or remote(job) in the pool, for every job; results in job order."""
         if self.pool is None:
             for job in jobs:
@@ -318,8 +322,10 @@ def _stream(tasks: Iterator[ChunkTask], workers: _Workers, t0: float, declined: 
     (the task stream then stops parsing that file); every result of a declined file is dropped."""
     out: List[ChunkResult] = []
     rows = 0
+    ctx = workers.ctx
+    assert ctx is not None  # built by _Workers.__enter__: _stream runs inside plan's `with _Workers(...)`
     # Closed on return: the pool's chunks still in flight are waited for.
-    with closing(workers.map_ordered(lambda task: process_chunk(workers.ctx, task), run_in_process, tasks)) as results:
+    with closing(workers.map_ordered(lambda task: process_chunk(ctx, task), run_in_process, tasks)) as results:
         for res in results:
             if res.declined:
                 declined.add(res.file)
@@ -381,8 +387,8 @@ def _check(cfg: GenerateConfig, files: List[DatasetFile], label: str, workers: _
                            + "\nFix these rows, or set dataset.on_error=skip to generate the good rows "
                              "and write the bad ones to errors.jsonl in output_dir.", col.errors)
     if not n_valid:
-        raise DatasetError(format_row_errors(label, col.errors) + "\nEvery row is bad, so there is nothing to generate.",
-                           col.errors)
+        raise DatasetError(format_row_errors(label, col.errors)
+                           + "\nEvery row is bad, so there is nothing to generate.", col.errors)
     return col, digests, streamed, drop, keep_until
 
 
@@ -451,7 +457,7 @@ def _limit_line(col: _Collected, drop: Dict[int, set], limit: int) -> Optional[T
     seen = 0
     for res in col.results:
         # File order; np.unique: a row's samples (sampling.images_per_prompt) share its line
-        lines = np.unique(_spill_column(res, "line")) if res.groups else []
+        lines: Union[np.ndarray, List[int]] = np.unique(_spill_column(res, "line")) if res.groups else []
         dropped = drop.get(res.index, ())
         for ln in lines:
             if ln in dropped:

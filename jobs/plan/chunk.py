@@ -8,7 +8,8 @@ batch per signature, rows in file order within each: concatenating a signature's
 the chunks in order gives that signature's run in dataset order, with no global sort.
 
 Key uniqueness across the whole dataset cannot be checked inside a chunk: each row's 64-bit key
-hash (from the digest that derives its seed, jobs.plan.derive_seeds) goes back to the planner, which checks them all at the end (plan/build.py).
+hash (from the digest that derives its seed, jobs.plan.derive_seeds) goes back to the planner,
+which checks them all at the end (plan/build.py).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import TYPE_CHECKING, List, Optional, Tuple
 
 import numpy as np
 
@@ -24,6 +25,10 @@ from jobs.dataset.rules import Record, RowError, RowValidator
 from jobs.plan import Signature
 from jobs.plan.resolve import ItemDefaults, Rows, resolve
 from jobs.plan.units import SIGNATURE_COLUMNS, item_cost
+
+if TYPE_CHECKING:
+    from jobs.config import ModelConfig
+    from jobs.models.base import ModelFamily
 
 
 @dataclass
@@ -66,8 +71,8 @@ class ChunkContext:
     keep_fields: tuple
     defaults: ItemDefaults
     spill_dir: str
-    family: object
-    model_cfg: object
+    family: ModelFamily
+    model_cfg: ModelConfig
     tokenizer: object
     bucket_for: object
 
@@ -109,10 +114,14 @@ def validate(ctx: ChunkContext, task: ChunkTask) -> Tuple[Optional[Rows], List[R
         rows = arrow_rows(task.data, task.first_line, stem, ctx.prompt_field, ctx.key_field, ctx.max_line_bytes)
         return rows, [], set()
     validator = _ChunkValidator(label, stem, ctx.prompt_field, ctx.key_field, keep=ctx.keep_fields)
-    records, errors = [], []
+    records: List[Record] = []
+    errors: List[RowError] = []
     for line, value in task.rows:
         out = validator.check(line, value)
-        (records if type(out) is Record else errors).append(out)
+        if type(out) is Record:
+            records.append(out)
+        else:
+            errors.append(out)
     return Rows.from_records(records), errors, set(validator.unknown_fields)
 
 

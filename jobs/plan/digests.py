@@ -48,7 +48,7 @@ def unchanged(path: Path, record: Optional[dict]) -> bool:
 
 def digest_if_changed(path: Path, record: Optional[dict], what: str) -> str:
     """The recorded digest while the file looks unchanged, else its sha256 (logged: it reads the file)."""
-    if unchanged(path, record):
+    if record is not None and unchanged(path, record):  # unchanged() is False without a record anyway
         return record["digest"]
     if record:
         log.info("%s %s changed size or mtime since it was planned: hashing it to compare", what, path)

@@ -16,9 +16,13 @@ from jobs.plan.units import PlanManifest, item_cost
 
 
 class RateLike(Protocol):
-    cost_per_s: float
-    source: str
-    device: str
+    # Read-only, as jobs.telemetry.rates.Rate (a frozen dataclass) has them.
+    @property
+    def cost_per_s(self) -> float: ...
+    @property
+    def source(self) -> str: ...
+    @property
+    def device(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -40,12 +44,14 @@ class Estimate:
             return [head, "  no measured rate for this model and quality tier here: time unknown. Run a short job "
                           "first (e.g. dataset.limit=32) into this output_dir, or any finished job of this model on "
                           "this machine, and estimate again"]
-        wall = self.seconds / workers
+        seconds, gpu_hours = self.seconds, self.gpu_hours
+        assert seconds is not None and gpu_hours is not None  # estimate() gives seconds whenever it has a rate
+        wall = seconds / workers
         return [head,
                 f"  at {format_cost(self.rate.cost_per_s)} megapixel-steps/s a worker ({self.rate.source}):",
-                f"  {format_duration(self.seconds)} on one worker"
+                f"  {format_duration(seconds)} on one worker"
                 + (f", {format_duration(wall)} on {workers}" if workers > 1 else "")
-                + f"; {format_cost(self.gpu_hours)} {'GPU' if self.rate.device != 'cpu' else 'CPU-worker'}-hours"]
+                + f"; {format_cost(gpu_hours)} {'GPU' if self.rate.device != 'cpu' else 'CPU-worker'}-hours"]
 
 
 def format_cost(x: float) -> str:

@@ -31,7 +31,8 @@ def arrow_rows(data: bytes, first_line: int, stem: str, prompt_field: str, key_f
     import pyarrow.json as pj
 
     n_lines = data.count(b"\n") + (0 if data.endswith(b"\n") else 1)
-    if not data or b"\n\n" in data or data.startswith((b"\n", *_BOMS)) or b"\r" in data or _SURROGATE_ESCAPE.search(data):
+    if (not data or b"\n\n" in data or data.startswith((b"\n", *_BOMS)) or b"\r" in data
+            or _SURROGATE_ESCAPE.search(data)):
         return None
     if not data.isascii():
         try:  # Arrow's JSON reader does not check UTF-8: a Latin-1 byte is a row error for the readers to word
@@ -61,7 +62,8 @@ def arrow_rows(data: bytes, first_line: int, stem: str, prompt_field: str, key_f
 
     if not text_ok(col[prompt_field], nullable=False):
         return None
-    if "negative_prompt" in col and not (text_ok(col["negative_prompt"], True) or col["negative_prompt"].type == pa.null()):
+    if "negative_prompt" in col and not (text_ok(col["negative_prompt"], True)
+                                         or col["negative_prompt"].type == pa.null()):
         return None
     keys_arr = col.get(key_field)
     if keys_arr is not None and keys_arr.type != pa.null():
@@ -106,7 +108,8 @@ def arrow_rows(data: bytes, first_line: int, stem: str, prompt_field: str, key_f
 
     keys = values(key_field, pa.string())
     if keys.null_count:  # derived from the file's stem and line
-        derived = [f"{stem}-{line:06d}" for line in lines[np.flatnonzero(keys.is_null().to_numpy(zero_copy_only=False))].tolist()]
+        derived = [f"{stem}-{line:06d}"
+                   for line in lines[np.flatnonzero(keys.is_null().to_numpy(zero_copy_only=False))].tolist()]
         keys = pc.replace_with_mask(keys, keys.is_null(), pa.array(derived, pa.string())) if derived else keys
     return Rows(keys=keys, prompts=col[prompt_field], lines=lines, negatives=values("negative_prompt", pa.string()),
                 seeds=values("seed", pa.int64()), widths=values("width", pa.int64()),

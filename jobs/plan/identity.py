@@ -38,7 +38,8 @@ def run_identity(cfg: GenerateConfig, digest: str, n_records: int, weights: Opti
         del sampling["images_per_prompt"]  # one sample a row, as every run before it made: still resumes
     return {
         "dataset": {"digest": digest, "records": n_records},
-        "model": {"name": m.name, "family": m.family, "path": m.path, "dtype": m.dtype, "tiny": m.tiny.identity() if m.tiny is not None else {},
+        "model": {"name": m.name, "family": m.family, "path": m.path, "dtype": m.dtype,
+                  "tiny": m.tiny.identity() if m.tiny is not None else {},
                   "max_sequence_length": m.max_sequence_length,
                   "complex_human_instruction": m.complex_human_instruction, **lora_identity(m.loras),
                   **demo_weights.identity(m.tiny, m.path), **({"scheduler": m.scheduler} if m.scheduler else {}),

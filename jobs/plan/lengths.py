@@ -95,7 +95,8 @@ class LengthTokenizer:
         whole = self._vf_rows(arr)
         if len(whole):
             self.slow_calls += 1
-            ids = self.tokenizer(arr.take(pa.array(whole)).to_pylist(), add_special_tokens=add_special_tokens)["input_ids"]
+            ids = self.tokenizer(arr.take(pa.array(whole)).to_pylist(),
+                                 add_special_tokens=add_special_tokens)["input_ids"]
             out[whole] = [len(seq) for seq in ids]
         self.fast_hits += len(arr) - len(whole)
         return out
@@ -246,7 +247,8 @@ def backend_tokenizer(folder: str, load) -> "BackendTokenizer | None":
         return None
     config = _read_json(os.path.join(folder, "tokenizer_config.json"))
     special_map = _read_json(os.path.join(folder, "special_tokens_map.json"))
-    if config is None or special_map is None or config.get("tokenizer_class") not in ("BertTokenizer", "BertTokenizerFast"):
+    if (config is None or special_map is None
+            or config.get("tokenizer_class") not in ("BertTokenizer", "BertTokenizerFast")):
         return None
     if set(config) - _HARMLESS_CONFIG_KEYS or set(special_map) - set(_SPECIAL_KEYS):
         return None

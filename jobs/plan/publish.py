@@ -81,7 +81,8 @@ def open_plan(cfg: GenerateConfig, output_dir: Path, divisor: int) -> PlanManife
             ident = plan_identity(cfg, _digest_now(cfg, existing), existing.dataset["records"], weights)
             if cfg.job.extend and only_dataset_changed(run_differences(output_dir, ident)):
                 return _extend(cfg, output_dir, plan_dir, existing, divisor, weights)
-            open_run(output_dir, ident, cfg.job.overwrite, provenance=_provenance(cfg))  # same: joins; else refuses or wipes
+            open_run(output_dir, ident, cfg.job.overwrite,
+                     provenance=_provenance(cfg))  # same: joins; else refuses or wipes
             if (plan_dir / PLAN_FILE).exists():
                 log.info("joining the plan in %s: %d items in %d units", plan_dir, existing.n_items,
                          len(existing.units))
@@ -176,8 +177,8 @@ def _extend(cfg: GenerateConfig, output_dir: Path, plan_dir: Path, existing: Pla
     live = live_leases(plan_dir)
     if live:
         raise UserError(f"job.extend=true refused: {len(live)} worker lease(s) in output_dir={str(output_dir)!r} are "
-                        f"live ({'; '.join(l.describe() for l in live[:3])}): they work on the plan extend would "
-                        f"change. Let them finish (or stop them), then rerun")
+                        f"live ({'; '.join(lease.describe() for lease in live[:3])}): they work on the plan "
+                        f"extend would change. Let them finish (or stop them), then rerun")
     _remove_stale_work(output_dir)
     work = output_dir / f"{PLAN_DIR}.tmp-{HOST}-{os.getpid()}"
     try:

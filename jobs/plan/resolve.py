@@ -191,7 +191,8 @@ def resolve(rows: Rows, defaults: ItemDefaults, measure: Measure, bucket_for, la
     prompts, negatives = rows.prompts.filter(keep), pc.if_else(pa.array(cfg_ok), negatives.filter(keep), "")
     lines, truncated, fps = rows.lines[ok], truncated[ok], fps[ok]
     extra = None if rows.extra is None else rows.extra.filter(keep)
-    sig = (h[ok], w[ok], bucket, steps[ok], np.where(cfg_ok, guidance[ok], 1.0), cfg_ok, frames[ok])
+    sig: Tuple[np.ndarray, ...] = (h[ok], w[ok], bucket, steps[ok], np.where(cfg_ok, guidance[ok], 1.0), cfg_ok,
+                                   frames[ok])
     n = defaults.images_per_prompt
     if n > 1:
         # Every column repeated per sample; a sample's key and seed are its own (seed s, s+1, ...).
@@ -201,7 +202,8 @@ def resolve(rows: Rows, defaults: ItemDefaults, measure: Measure, bucket_for, la
         keys = pc.binary_join_element_wise(keys.take(take), pa.array([f"-{i}" for i in range(n)] * len(lines)), "")
         prompts, negatives = prompts.take(take), negatives.take(take)
         extra = None if extra is None else extra.take(take)
-        given_seed = ((given_seed[row].astype(np.uint64) + sample.astype(np.uint64)) % np.uint64(SEED_END)).astype(np.int64)
+        given_seed = ((given_seed[row].astype(np.uint64) + sample.astype(np.uint64))
+                      % np.uint64(SEED_END)).astype(np.int64)
         has_seed, lines, tokens, truncated, fps = has_seed[row], lines[row], tokens[row], truncated[row], fps[row]
         sig = tuple(c[row] for c in sig)
     derived, key_hash = derive_seeds(defaults.job_seed, keys)
@@ -234,5 +236,6 @@ def _row_error(i, rows, label, d, h, w, frames, frame_errors, fps, guidance, pos
         return RowError(label, line, key,
                         f"steps={int(steps[i])}, but {defaults.model_name}'s scheduler takes at least "
                         f"{defaults.min_steps}; set the row's steps to {defaults.min_steps} or more")
-    return RowError(label, line, key, f"prompt has {int(pos_raw[i])} tokens, more than the model's {int(pos_limit[i])}; "
+    return RowError(label, line, key, f"prompt has {int(pos_raw[i])} tokens, "
+                                      f"more than the model's {int(pos_limit[i])}; "
                                       f"shorten it or set model.on_long_prompt=truncate")

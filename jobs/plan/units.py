@@ -16,8 +16,8 @@ from typing import Dict, List, Sequence, Union
 
 from jobs.errors import UserError
 from jobs.output.layout import PLAN_FILE, unit_name
-from sinks.atomic import atomic_write_bytes
 from jobs.plan import Item, Signature
+from sinks.atomic import atomic_write_bytes
 
 PLAN_VERSION = 1
 

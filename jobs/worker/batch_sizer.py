@@ -39,7 +39,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
@@ -302,7 +302,7 @@ def choose(cfg, manifest, plan_dir: Path, pipeline, run: str,
         if published is not None:
             return published
     pool, mode = sorted({int(b) for b in cfg.bcg.batch_sizes}), cfg.bcg.batch_grow
-    counts = {}
+    counts: Dict[Signature, int] = {}
     for u in manifest.units:
         counts[u.signature] = counts.get(u.signature, 0) + u.count
     limit = min(cfg.bcg.batch_grow_max, max(counts.values(), default=0))
@@ -311,7 +311,8 @@ def choose(cfg, manifest, plan_dir: Path, pipeline, run: str,
         return settle(plan_dir, BatchPick(sizes=pool, reason=why, source="configured"), run, on_published)
     if pool[-1] * 2 > limit:
         return settle(plan_dir, BatchPick(sizes=pool, source="configured",
-                                          reason=f"no signature has {pool[-1] * 2} items, or bcg.batch_grow_max is lower"),
+                                          reason=f"no signature has {pool[-1] * 2} items, "
+                                                 f"or bcg.batch_grow_max is lower"),
                       run, on_published)
     sig = max(counts, key=lambda s: (counts[s], s))  # the most common signature: what the job mostly runs
     key = cache_key(manifest.identity, sig, pool, cfg.bcg, pipeline.device)

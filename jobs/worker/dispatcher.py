@@ -21,8 +21,9 @@ about 1%, so a short run, or a tail batch of another size, loses time by capturi
     first batch of a key      run eager, measure its denoise time (useful work: nothing is wasted)
     next batch                capture if  calls_left * eager_call * (1 - replay/eager)  >  capture cost,
                               with replay/eager taken from the nearest key measured so far (or a prior)
-    second graphed batch      measure replay (the first one also paid for the capture); if it is not `min_gain` faster than eager, release the
-                              graphs and run the rest of the run eager
+    second graphed batch      measure replay (the first one also paid for the capture); if it is not
+                              `min_gain` faster than eager, release the graphs and run the rest of the
+                              run eager
 
 Only like is compared with like. With the stages overlapped (jobs/worker/scheduler.py), every batch's denoise
 shares the GPU with the previous batch's decode, except the job's first batch, which runs alone:

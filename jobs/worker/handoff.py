@@ -15,11 +15,11 @@ from jobs.config import GenerateConfig
 from jobs.dataset import RowError, write_error_ledger
 from jobs.kill_hook import KILL_AT_ENV, kill_hook
 from jobs.output.layout import ERRORS_FILE
+from jobs.plan import Item
 from jobs.telemetry.summary import JobStats, StageTimer
 from jobs.worker.pipeline import BatchResult
 from jobs.worker.samples import item_meta, item_sample, sample_kind
 from jobs.worker.unit_sink import UnitSink
-from jobs.plan import Item
 
 
 class Handoff:

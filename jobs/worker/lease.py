@@ -32,7 +32,7 @@ from typing import Dict, Optional
 
 from jobs.errors import EnvironmentFailure
 from jobs.output.layout import LEASE_DIR
-from jobs.output.leases import HOST, LeaseInfo, process_start_time, lease_path, read_lease
+from jobs.output.leases import HOST, LeaseInfo, lease_path, process_start_time, read_lease
 from sinks.errors import CommitRefused
 
 log = logging.getLogger(__name__)
@@ -144,7 +144,8 @@ class Leaser:
             os.unlink(tomb)
             return False
         os.unlink(tomb)
-        why = "its process is gone" if info.holder_dead_here() else f"no heartbeat for {info.age():.0f}s > {info.ttl_s:g}s"
+        why = ("its process is gone" if info.holder_dead_here()
+               else f"no heartbeat for {info.age():.0f}s > {info.ttl_s:g}s")
         log.warning("taking over unit %d from %s (pid %d on %s): %s", info.unit, info.owner, info.pid, info.host, why)
         return True
 

@@ -115,7 +115,11 @@ def clean_audio(audio: torch.Tensor):
 
 def cat(a: Generated, b: Generated) -> Generated:
     """Two halves of an out-of-memory split, in order."""
-    audio = None if a.audio is None else torch.cat([a.audio, b.audio])
+    audio = None
+    if a.audio is not None:
+        if b.audio is None:  # one family decoded both halves: audio for both, or for neither
+            raise TypeError("cat: the first half of a split batch has audio, the second has none")
+        audio = torch.cat([a.audio, b.audio])
     return Generated(torch.cat([a.pixels, b.pixels]), torch.cat([a.finite, b.finite]), audio,
                      a.sample_rate or b.sample_rate, list(a.meta) + list(b.meta),
                      latents=[torch.cat([x, y]) for x, y in zip(a.latents, b.latents)])
@@ -129,7 +133,9 @@ def latent_sha256(latents: List[torch.Tensor], row: int) -> str:
     for t in latents:
         r = t[row].contiguous()
         h.update(f"{str(r.dtype).removeprefix('torch.')}{list(r.shape)}".encode())
-        h.update(r.reshape(-1).view(torch.uint8).numpy())  # a view of the row's bytes: no copy
+        # A view of the row's bytes: no copy. numpy's stubs give ndarray __buffer__ only for
+        # Python >= 3.12 (mypy checks as 3.10), though every ndarray exports the buffer protocol.
+        h.update(r.reshape(-1).view(torch.uint8).numpy())  # type: ignore[arg-type]
     return h.hexdigest()
 
 

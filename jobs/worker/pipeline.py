@@ -33,7 +33,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Literal, Optional, Tuple, overload
 
 import numpy as np
 import torch
@@ -41,8 +41,8 @@ import torch
 from bcg import Dispatch, GraphRunner
 from jobs.config import GenerateConfig
 from jobs.models.base import DenoiseRequest, ModelFamily, RowInputs
-from jobs.worker.outputs import Generated, HostOutputs, cat, on_device, tensors_of
 from jobs.plan import Batch, Item, Signature
+from jobs.worker.outputs import Generated, HostOutputs, cat, on_device, tensors_of
 from jobs.worker.samples import item_fps
 from padding import Padder, TextEmbeds
 
@@ -108,6 +108,11 @@ class StageClock:
             t0 = time.perf_counter()
             yield
             self._marks.setdefault(name, []).append((t0, time.perf_counter()))
+
+    @overload
+    def ms(self, name: str, wait: Literal[True]) -> float: ...
+    @overload
+    def ms(self, name: str, wait: bool = False) -> Optional[float]: ...
 
     def ms(self, name: str, wait: bool = False) -> Optional[float]:
         """Summed ms of a stage; None while its last event is pending (unless wait=True)."""
@@ -202,6 +207,7 @@ class Pipeline:
         with torch.inference_mode():
             if self.cuda:
                 main = torch.cuda.current_stream(self.device)
+                assert enc.ready is not None  # encode() records it whenever self.cuda
                 main.wait_event(enc.ready)  # this batch's text (not the next batch's, enqueued since)
                 for t in text_tensors(enc):
                     t.record_stream(main)
@@ -245,10 +251,10 @@ class Pipeline:
             if self.cuda:
                 torch.cuda.empty_cache()
             h, n = len(items) // 2, len(items)
-            a = self._generate_rows(items[:h], sig, rows(pos, 0, h), neg and rows(neg, 0, h), extra and extra.rows(0, h),
-                                    timer, dispatch)
-            b = self._generate_rows(items[h:], sig, rows(pos, h, n), neg and rows(neg, h, n), extra and extra.rows(h, n),
-                                    timer, dispatch)
+            a = self._generate_rows(items[:h], sig, rows(pos, 0, h), neg and rows(neg, 0, h),
+                                    extra and extra.rows(0, h), timer, dispatch)
+            b = self._generate_rows(items[h:], sig, rows(pos, h, n), neg and rows(neg, h, n),
+                                    extra and extra.rows(h, n), timer, dispatch)
             with self._stream(self.decode_stream):
                 return cat(a, b)
 
@@ -266,9 +272,11 @@ class Pipeline:
         with timer.stage("denoise"), scope:
             latents = self.family.denoise(self.pipe, request)
         if self.cuda:
-            self.decode_stream.wait_stream(torch.cuda.current_stream(self.device))
+            decode_stream = self.decode_stream
+            assert decode_stream is not None  # __init__ makes it whenever self.cuda
+            decode_stream.wait_stream(torch.cuda.current_stream(self.device))
             for t in tensors_of(latents):
-                t.record_stream(self.decode_stream)
+                t.record_stream(decode_stream)
         # The decode overlaps the next batch's denoise: it runs on its own stream. The latents go on
         # with the pixels, to be hashed on the host (latent_sha256): decoding reads them, never writes.
         with self._stream(self.decode_stream), timer.stage("decode"):
@@ -322,5 +330,15 @@ def row(text: TextEmbeds, i: int) -> TextEmbeds:
 def stack_rows(rows_: List[TextEmbeds]) -> TextEmbeds:
     first = rows_[0]
     return TextEmbeds(embeds=torch.cat([r.embeds for r in rows_]),
-                      mask=None if first.mask is None else torch.cat([r.mask for r in rows_]),
+                      mask=None if first.mask is None else torch.cat(_masks(rows_)),
                       extras={k: torch.cat([r.extras[k] for r in rows_]) for k in first.extras})
+
+
+def _masks(rows_: List[TextEmbeds]) -> List[torch.Tensor]:
+    """Every row's mask; the rows come from one family's encode, so all have one or none."""
+    masks: List[torch.Tensor] = []
+    for r in rows_:
+        if r.mask is None:
+            raise TypeError("stack_rows: text rows with a mask and rows without one")
+        masks.append(r.mask)
+    return masks

@@ -33,8 +33,8 @@ from jobs.preflight import Checked, check_config
 from jobs.telemetry.summary import StageTimer
 from jobs.worker.lease import Leaser
 from jobs.worker.leased_plan import LeasedPlan, PlanSettings
-from jobs.worker.recheck import Recheck, recheck_done_units
 from jobs.worker.ranks import Group, Topology
+from jobs.worker.recheck import Recheck, recheck_done_units
 from jobs.worker.stop import StopFlag
 from jobs.worker.unit_sink import UnitSink
 from jobs.worker.unit_source import LeaseSource, UnitSource

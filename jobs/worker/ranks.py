@@ -56,7 +56,8 @@ class Topology:
         return self.rank == 0
 
     def __str__(self) -> str:
-        return f"part {self.part} of {self.parts} (task {self.task_index}/{self.task_count}, rank {self.rank}/{self.world})"
+        return (f"part {self.part} of {self.parts} "
+                f"(task {self.task_index}/{self.task_count}, rank {self.rank}/{self.world})")
 
 
 def _env_int(environ: Mapping[str, str], name: str) -> int:

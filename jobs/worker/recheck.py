@@ -57,7 +57,7 @@ def marker_records(plan_dir: Path, unit: int) -> List[ShardRecord] | None:
         return None
 
 
-def manifests_of(facts: Facts) -> Dict[int, Set[str]]:
+def manifests_of(facts: FactDict) -> Dict[int, Set[str]]:
     """{unit: the shard urls its manifests name}, grouped once per check (a dict kept in `facts`)."""
     cached = getattr(facts, "_by_unit", None)
     if cached is None:
@@ -74,8 +74,10 @@ def manifests_of(facts: Facts) -> Dict[int, Set[str]]:
 class FactDict(dict):
     """`facts` with room for its per-unit grouping."""
 
+    _by_unit: Dict[int, Set[str]]  # set by manifests_of on first use
 
-def stat_problems(records: List[ShardRecord], facts: Facts, unit: int) -> Tuple[List[str], bool]:
+
+def stat_problems(records: List[ShardRecord], facts: FactDict, unit: int) -> Tuple[List[str], bool]:
     """(what differs, whether only a stamp moved: then sha256 decides)."""
     problems, moved = [], False
     for r in records:

@@ -29,8 +29,8 @@ from jobs.output.done import done_records
 from jobs.output.layout import ERRORS_FILE, PLAN_DIR, RUN_FILE, SUMMARY_FILE
 from jobs.plan.estimate import cost_of
 from jobs.provenance import now_iso, provenance
-from jobs.telemetry.rates import measured_rate, rate_cache, record_rate
 from jobs.telemetry.parts import merge_stats, read_part_summaries, write_part_summary
+from jobs.telemetry.rates import measured_rate, rate_cache, record_rate
 from jobs.telemetry.summary import JobStats, StageTimer
 from jobs.worker.loop import generate_all
 from jobs.worker.prepare import Prepared, prepare

@@ -10,7 +10,7 @@ beside the mp4, and its json the rate, sample count and channels.
 from __future__ import annotations
 
 import json
-from typing import Optional
+from typing import Any, Dict, Optional
 
 import numpy as np
 
@@ -59,7 +59,7 @@ def item_sample(it: Item, pixels: np.ndarray, meta: dict, sink: SinkConfig, audi
                     audio_channels=int(audio.shape[1]))
     if pixels.ndim == 3:
         return Sample(key=it.key, image=pixels, caption=it.prompt, meta=meta, media=sound)
-    media = {"mp4": Video(pixels, item_fps(it))}
+    media: Dict[str, Any] = {"mp4": Video(pixels, item_fps(it))}  # Sample.media's type: any member
     if sink.video_frames != "none":
         media.update({frame_ext(i, sink.video_frames): frame for i, frame in enumerate(pixels)})
     media.update(sound)

@@ -21,7 +21,7 @@ import logging
 import queue
 import threading
 from collections import deque
-from typing import Callable, Deque, Iterator, List, Sequence
+from typing import Callable, Deque, Generator, List, Sequence
 
 from bcg import Dispatch
 from jobs.plan import Batch
@@ -99,7 +99,7 @@ class StageScheduler:
         self.depth = depth if overlap else 0  # batches in flight beyond the one just submitted
         self.stage_ms: dict = {}
 
-    def run(self, batches: Sequence[Batch], stop: Callable[[], bool]) -> Iterator[BatchResult]:
+    def run(self, batches: Sequence[Batch], stop: Callable[[], bool]) -> Generator[BatchResult, None, None]:
         """Results in plan order. `stop()` is asked before each new batch: once true, nothing new
         starts, and the batches in flight are finished and yielded (their work is done)."""
         left = batches_left_in_run(batches)

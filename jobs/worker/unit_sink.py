@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from jobs.output.mirror import LocalShards
 from jobs.output.done import done_path, mark_done
 from jobs.output.layout import unit_shard_pattern
+from jobs.output.mirror import LocalShards
 from jobs.worker.lease import LeaseLost
 from jobs.worker.unit_source import UnitSource
 from sinks import AsyncSink, Sample, ShardRecord, SinkConfig

@@ -36,7 +36,10 @@ log = logging.getLogger("jobs.run")
 
 
 class UnitSource(Protocol):
-    lost: Set[int]  # units taken over by another worker: stop writing them, never mark them done
+    @property
+    def lost(self) -> Set[int]:
+        """Units taken over by another worker: stop writing them, never mark them done. Read-only
+        here: LeaseSource forwards its leaser's set, UnitFeed (jobs/cluster/feed.py) holds its own."""
 
     def next_unit(self, last: Optional[Signature]) -> Optional[UnitInfo]:
         """The next unit this worker owns (blocks while none is free yet); None when none is left.
@@ -101,7 +104,8 @@ class LeaseSource:
             same = False
         if not same:
             raise RuntimeError(f"the plan in {self.plan_dir} was replaced or removed while this worker ran "
-                               f"(job.overwrite=true by another job?); this worker stops. Rerun it to join the new run.")
+                               f"(job.overwrite=true by another job?); this worker stops. "
+                               f"Rerun it to join the new run.")
 
     def next_unit(self, last: Optional[Signature]) -> Optional[UnitInfo]:
         waited = False
