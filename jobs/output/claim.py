@@ -53,7 +53,7 @@ PROVENANCE_KEY = "provenance"  # run.json's volatile part (jobs/provenance.py): 
 
 
 def open_run(output_dir: Path, identity: dict, overwrite: bool, shard_glob: str = SHARD_GLOB,
-             provenance: Optional[dict] = None) -> None:
+             provenance: Optional[dict] = None, shards_elsewhere: int = 0, shown: Optional[str] = None) -> None:
     """Claim output_dir for this run, or refuse with what differs from the run that owns it.
 
     `provenance` (when, which versions, which GPU) is written beside the identity under its own
@@ -63,18 +63,23 @@ def open_run(output_dir: Path, identity: dict, overwrite: bool, shard_glob: str 
     Array tasks start at once and all claim: the claim lock serializes them, and run.json is
     published with a hard link (fails if the name exists), so even without working locks
     exactly one identity wins and a different one is refused.
+
+    `shards_elsewhere`: shards of this output_dir that are not in `output_dir` itself (an object
+    store's, while `output_dir` is its staging folder): they count as the folder's own; `shown`
+    is then the output_dir the user named, for the messages.
     """
     with dir_lock(output_dir, "claim"):
         for _ in range(2):
-            if _claim_locked(output_dir, identity, overwrite, shard_glob, provenance):
+            if _claim_locked(output_dir, identity, overwrite, shard_glob, provenance, shards_elsewhere,
+                             shown or str(output_dir)):
                 return
         raise AssertionError("run.json appeared and vanished twice while claiming")  # a racing wipe
 
 
 def _claim_locked(output_dir: Path, identity: dict, overwrite: bool, shard_glob: str,
-                  provenance: Optional[dict]) -> bool:
+                  provenance: Optional[dict], shards_elsewhere: int, shown: str) -> bool:
     run_file = output_dir / RUN_FILE
-    shards = sorted(output_dir.glob(shard_glob))
+    shards = len(list(output_dir.glob(shard_glob))) + shards_elsewhere
     identity = {k: v for k, v in identity.items() if k != PROVENANCE_KEY}
     if (run_file.exists() and _unreadable(run_file)) or (not run_file.exists() and shards):
         if _planned_identity(output_dir) == identity:
@@ -84,9 +89,9 @@ def _claim_locked(output_dir: Path, identity: dict, overwrite: bool, shard_glob:
             atomic_write_bytes(run_file, run_bytes(identity, provenance))
             return True
         if run_file.exists():
-            raise UserError(f"{run_file} is unreadable (damaged), and _plan/{PLAN_FILE} does not hold this job's "
-                            f"identity to restore it from. Nothing was deleted. If this output_dir is this job's, "
-                            f"restore run.json from a backup; else use another output_dir")
+            raise UserError(f"{shown}/{RUN_FILE} is unreadable (damaged), and _plan/{PLAN_FILE} does not hold "
+                            f"this job's identity to restore it from. Nothing was deleted. If this output_dir is "
+                            f"this job's, restore run.json from a backup; else use another output_dir")
     if run_file.exists():
         old = json.loads(run_file.read_text())
         old.pop(PROVENANCE_KEY, None)
@@ -95,12 +100,12 @@ def _claim_locked(output_dir: Path, identity: dict, overwrite: bool, shard_glob:
             return True
         if not overwrite:
             raise UserError(
-                f"output_dir={str(output_dir)!r} holds a run with a different dataset or config:\n  "
+                f"output_dir={shown!r} holds a run with a different dataset or config:\n  "
                 + "\n  ".join(diff[:20])
                 + "\nUse another output_dir, or job.overwrite=true to delete its shards and start over.")
         wipe(output_dir, shard_glob)
     elif shards and not overwrite:
-        raise UserError(f"output_dir={str(output_dir)!r} holds {len(shards)} shard(s) but no {RUN_FILE}: they were "
+        raise UserError(f"output_dir={shown!r} holds {shards} shard(s) but no {RUN_FILE}: they were "
                          f"not written by this tool's run. Use another output_dir, "
                          f"or job.overwrite=true to delete them.")
     elif shards:
@@ -134,8 +139,12 @@ def run_id(output_dir: Path) -> str:
     """The run's id, which every manifest it commits carries (sinks/owned_scan.py adopts only its
     own run's shards): a digest of run.json's identity. Provenance is left out, as from every
     comparison: a resume on another host, or with a newer torch, is the same run."""
-    doc = json.loads((output_dir / RUN_FILE).read_bytes())
-    doc.pop(PROVENANCE_KEY, None)
+    return identity_id(json.loads((output_dir / RUN_FILE).read_bytes()))
+
+
+def identity_id(doc: dict) -> str:
+    """The run id of a run.json document (or of plan.json's identity): provenance left out."""
+    doc = {k: v for k, v in doc.items() if k != PROVENANCE_KEY}
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

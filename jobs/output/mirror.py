@@ -23,6 +23,7 @@ and nothing half-uploaded is ever counted.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -32,6 +33,7 @@ from typing import Dict, List, Optional, Tuple
 
 from jobs.errors import UserError
 from jobs.kill_hook import KILL_AT_ENV, kill_hook
+from jobs.output.claim import PROVENANCE_KEY, identity_id
 from jobs.output.layout import (
     BATCHING_FILE,
     DONE_DIR,
@@ -144,6 +146,9 @@ class Mirror(LocalShards):
         self.remote_url: str = output.remote  # Output is frozen: the URL asserted above, typed as one
         self.remote = Remote(output.remote)
         self.pushed = 0  # shards this process uploaded (the kill tests' count)
+        # Shards the remote holds with no run.json beside it but a plan (hydrate): the claim counts
+        # them as output_dir's own, and restores run.json from the plan only for the plan's identity.
+        self.orphaned_shards = 0
 
     @property
     def shown(self) -> str:
@@ -173,11 +178,15 @@ class Mirror(LocalShards):
             clear_run(self.output_dir)
         if remote_run is None:
             foreign = self.remote.sizes("", SHARD_GLOB)
-            if foreign and not overwrite:
+            if not foreign or overwrite:
+                return None
+            if self.remote.read_bytes(f"{PLAN_DIR}/{PLAN_FILE}") is None:
                 raise UserError(f"output_dir={self.remote_url!r} holds {len(foreign)} shard(s) but no {RUN_FILE}: "
                                 f"they were not written by this tool's run. Use another output_dir, or "
                                 f"job.overwrite=true to delete them.")
-            return None
+            # run.json lost, its plan kept: fetch the bookkeeping; the claim decides (claim.py): run.json
+            # restored when this job's identity is the plan's, refused otherwise.
+            self.orphaned_shards = len(foreign)
         self.output_dir.mkdir(parents=True, exist_ok=True)
         fetched = 0
         # Not the units (fetched when leased: a billion-item plan has 100k+ of them) nor the
@@ -189,7 +198,8 @@ class Mirror(LocalShards):
                     self.remote.get(name, self.output_dir / name)
                     fetched += 1
         fetched += self._sync_batching()
-        (self.output_dir / RUN_FILE).write_bytes(remote_run)
+        if remote_run is not None:
+            (self.output_dir / RUN_FILE).write_bytes(remote_run)
         self._push_missing_markers()
         if fetched:
             log.info("resuming %s: %d file(s) of its plan and done markers fetched into %s", self.remote_url,
@@ -230,12 +240,12 @@ class Mirror(LocalShards):
                 self.remote.put(path, name)
 
     def publish_plan(self, remote_run: Optional[bytes]) -> None:
-        """After the plan was joined or made: publish it, run.json last. A different run.json than
-        the remote had means job.overwrite replaced the run: the remote's old files go first."""
+        """After the plan was joined or made: publish it, run.json last. The remote's old files go
+        first only when job.overwrite replaced its run (`_replaced`)."""
         local_run = (self.output_dir / RUN_FILE).read_bytes()
         if remote_run == local_run:
             return
-        if remote_run is not None or self.remote.sizes("", SHARD_GLOB):
+        if self._replaced(remote_run, local_run):
             log.warning("job.overwrite=true: deleting the previous run's files in %s", self.remote_url)
             self._wipe_remote()
         names = sorted(p.relative_to(self.output_dir).as_posix() for p in (self.output_dir / PLAN_DIR).glob("unit-*"))
@@ -243,6 +253,22 @@ class Mirror(LocalShards):
         for name in names + [RUN_FILE]:
             self.remote.put(self.output_dir / name, name)
         log.info("plan published to %s (%d file(s))", self.remote_url, len(names) + 1)
+
+    def _replaced(self, remote_run: Optional[bytes], local_run: bytes) -> bool:
+        """Whether this job's run.json replaces another run on the remote. Not when the remote's run
+        is this one: the same run id, or one of its earlier ids (job.extend rewrote run.json), or,
+        where the remote's run.json is missing or damaged (the claim restored it from the plan), the
+        id of the remote plan's identity. Bytes alone would say "another run" for each of those, and
+        the wipe would delete the very shards the run is resuming."""
+        local = json.loads(local_run)
+        own = {identity_id(local), *(local.get(PROVENANCE_KEY) or {}).get("lineage", [])}
+        theirs = _parsed(remote_run)
+        if not isinstance(theirs, dict):  # missing or damaged: what the remote plan says the run was
+            plan = _parsed(self.remote.read_bytes(f"{PLAN_DIR}/{PLAN_FILE}"))
+            theirs = plan.get("identity") if isinstance(plan, dict) else None
+        if isinstance(theirs, dict):
+            return identity_id(theirs) not in own
+        return remote_run is not None or bool(self.remote.sizes("", SHARD_GLOB))
 
     def _wipe_remote(self) -> None:
         fs, root = self.remote.fs, self.remote.root
@@ -324,6 +350,14 @@ class Mirror(LocalShards):
 
     def on_reopen(self, unit_marker: Path) -> None:
         self.remote.rm([f"{_DONE}/{unit_marker.name}"])
+
+
+def _parsed(data: Optional[bytes]):
+    """A JSON document's value, or None for no bytes or bytes that are not JSON (damaged)."""
+    try:
+        return json.loads(data) if data is not None else None
+    except ValueError:
+        return None
 
 
 def clear_run(folder: Path) -> None:

@@ -58,13 +58,15 @@ def join_or_make_plan(cfg: GenerateConfig, shards: LocalShards, divisor: int) ->
         return open_plan(cfg, shards.output_dir, divisor)
     with dir_lock(shards.output_dir, "mirror"):
         before = shards.hydrate(cfg.job.overwrite)
-        manifest = open_plan(cfg, shards.output_dir, divisor)
+        manifest = open_plan(cfg, shards.output_dir, divisor, shards.orphaned_shards, shards.remote_url)
         shards.publish_plan(before)
     return manifest
 
 
-def open_plan(cfg: GenerateConfig, output_dir: Path, divisor: int) -> PlanManifest:
-    """The plan this job works on (joined or made); raises UserError when the job must be refused."""
+def open_plan(cfg: GenerateConfig, output_dir: Path, divisor: int, shards_elsewhere: int = 0,
+              shown: Optional[str] = None) -> PlanManifest:
+    """The plan this job works on (joined or made); raises UserError when the job must be refused.
+    `shards_elsewhere`, `shown`: an object store's shards and URL, as for open_run."""
     plan_dir = output_dir / PLAN_DIR
     with dir_lock(output_dir, "plan"):
         if (plan_dir / PLAN_FILE).exists():
@@ -81,8 +83,8 @@ def open_plan(cfg: GenerateConfig, output_dir: Path, divisor: int) -> PlanManife
             ident = plan_identity(cfg, _digest_now(cfg, existing), existing.dataset["records"], weights)
             if cfg.job.extend and only_dataset_changed(run_differences(output_dir, ident)):
                 return _extend(cfg, output_dir, plan_dir, existing, divisor, weights)
-            open_run(output_dir, ident, cfg.job.overwrite,
-                     provenance=_provenance(cfg))  # same: joins; else refuses or wipes
+            open_run(output_dir, ident, cfg.job.overwrite, provenance=_provenance(cfg),
+                     shards_elsewhere=shards_elsewhere, shown=shown)  # same: joins; else refuses or wipes
             if (plan_dir / PLAN_FILE).exists():
                 log.info("joining the plan in %s: %d items in %d units", plan_dir, existing.n_items,
                          len(existing.units))
