@@ -40,9 +40,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import environment, write_results  # noqa: E402
-from jobs.cluster.feed import UnitFeed  # noqa: E402
 from jobs.plan import Signature  # noqa: E402
 from jobs.plan.units import PlanManifest, UnitInfo, write_manifest  # noqa: E402
+from tests import ray_standin  # noqa: E402
 
 log = logging.getLogger("bench_ray_driver")
 
@@ -71,18 +71,16 @@ def synthetic_plan(prompts: int, unit_items: int) -> PlanManifest:
                         unit_items=unit_items, units=units)
 
 
-class StandIn:
-    """The real actor's call surface (jobs/cluster/actor.py) over the real UnitFeed; sleeps a batch."""
+class StandIn(ray_standin.StandIn):
+    """The tests' stand-in actor (the real actor's call surface over the real UnitFeed), whose unit
+    sleeps `batch_s` a batch of `batch` and records the gap between units."""
 
     def __init__(self, batch: int, batch_s: float):
+        super().__init__()
         self.batch, self.batch_s = batch, batch_s
-        self.feed = UnitFeed()
-        self.done: set = set()
+        self.done = set()  # type: ignore[assignment]  # thousands of units an actor: a set to look up
         self.gaps: list = []
         self.units = 0
-
-    def where(self) -> str:
-        return f"pid {os.getpid()}"
 
     def run(self) -> dict:
         ended = None
@@ -100,24 +98,6 @@ class StandIn:
             self.feed.release(info.id)
         self.feed.release_all()
         return {"units": self.units, "gaps": self.gaps, "status": "complete"}
-
-    def generate(self, info: UnitInfo) -> dict:
-        if self.feed.give(info):
-            self.feed.wait(info.id)
-        return {"unit": info.id, "done": info.id in self.done, "written": info.count if info.id in self.done else 0}
-
-    def warm(self) -> bool:
-        self.feed.asked.wait()
-        return True
-
-    def progress(self) -> dict:
-        return {}
-
-    def end(self) -> None:
-        self.feed.close()
-
-    def halt(self, reason: str) -> None:
-        self.feed.close()
 
 
 def rss_mb() -> float:
