@@ -73,6 +73,13 @@ def timed(fn, reps=20, warm=3, budget_ms=300.0) -> float:
     return statistics.median(out)
 
 
+def graph_ms(fn) -> float:
+    """GPU ms of one call replayed in a CUDA graph (as bcg replays the denoiser): no launch overhead,
+    which for a Triton launch (~40 us of Python) would swamp the small GEMMs' 10-30 us."""
+    import triton.testing
+    return float(triton.testing.do_bench_cudagraph(fn, rep=25))
+
+
 # -- 1. the GEMM shapes, recorded from the real architectures -------------------------------------
 
 def record_gemms(fn) -> list:
@@ -149,7 +156,7 @@ def bench_gemms(shapes, rows_out):
             w = torch.randn(n, k, generator=g, device="cuda").bfloat16().t()  # a linear's weight.t()
             bias = torch.zeros(n, device="cuda", dtype=torch.bfloat16)
             today, inv = (lambda: torch.addmm(bias, a, w)), (lambda: matmul(a, w, bias))
-        t0, t1 = timed(today), timed(inv)
+        t0, t1 = graph_ms(today), graph_ms(inv)
         flop = 2.0 * m * n * k * nb
         # row invariance: row 0 alone vs in the full M
         if op == "bmm":
@@ -158,7 +165,7 @@ def bench_gemms(shapes, rows_out):
         else:
             eq_t = torch.equal(torch.addmm(bias, a[:1], w), torch.addmm(bias, a, w)[:1])
             eq_i = torch.equal(matmul(a[:1], w, bias), matmul(a, w, bias)[:1])
-        t = tile_for(torch.bfloat16, n, k)
+        t = tile_for(torch.bfloat16, m, n, k, items=nb)
         rows_out.append(dict(section="gemm", model=name, case=f"{res}² B{b} {op}" + (f" x{nb}" if nb > 1 else ""),
                              M=m, N=n, K=k, ms_today=t0, ms_invariant=t1, ratio=t1 / t0,
                              tflops_today=flop / t0 / 1e9, tflops_invariant=flop / t1 / 1e9,
@@ -230,7 +237,27 @@ def graphed(model, static: dict):
     return graph, out
 
 
-def denoise(model, res, batch, invariant: bool, reps: int):
+def top_kernels(graph, top=12) -> dict:
+    """One replay under the profiler: GPU ms by kind of kernel and the heaviest kernels by name."""
+    from collections import Counter
+
+    from kernel_kinds import kind_of
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        graph.replay()
+        torch.cuda.synchronize()
+    kinds, names = Counter(), Counter()
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            kinds[kind_of(e.name)] += e.device_time_total / 1e3
+            names[e.name[:90]] += e.device_time_total / 1e3
+    return {"kinds_ms": {k: round(v, 2) for k, v in kinds.most_common()},
+            "top_ms": {k: round(v, 3) for k, v in names.most_common(top)}}
+
+
+def denoise(model, res, batch, invariant: bool, reps: int, profile: bool = False):
     side = res // 32
 
     def per_row(seed, *shape):  # each row from its own generator: row 0 is the same at any batch
@@ -270,11 +297,13 @@ def denoise(model, res, batch, invariant: bool, reps: int):
 
     ms = timed(loop, reps=reps, warm=1)
     final = loop()
+    if profile:
+        print(f"PROFILE {res}² B{batch} invariant={invariant} one forward: {top_kernels(graph)}", flush=True)
     del graph
     return ms, final, t_cap
 
 
-def bench_denoise(rows_out, quick):
+def bench_denoise(rows_out, quick, profile=False):
     from diffusers import SanaTransformer2DModel
 
     with torch.device("cuda"):
@@ -283,8 +312,8 @@ def bench_denoise(rows_out, quick):
     cases = [(512, 1), (512, 8)] if quick else [(512, 1), (512, 8), (1024, 1), (1024, 4)]
     with torch.no_grad():
         for res, b in cases:
-            ms_off, lat_off, _ = denoise(model, res, b, False, reps=3)
-            ms_on, lat_on, cap = denoise(model, res, b, True, reps=3)
+            ms_off, lat_off, _ = denoise(model, res, b, False, reps=3, profile=profile)
+            ms_on, lat_on, cap = denoise(model, res, b, True, reps=3, profile=profile)
             row = dict(section="denoise", model="sana-1.6b", case=f"{res}² B{b} 20 steps CFG graph", M=b,
                        ms_today=ms_off, ms_invariant=ms_on, ratio=ms_on / ms_off, note=f"capture {cap:.1f} s")
             if b > 1:  # row 0 at batch 1 against row 0 in this batch (same seeds: lat0 row 0 is the same)
@@ -302,6 +331,7 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--shapes", action="store_true", help="only list the GEMM shapes (meta tensors, no GPU)")
+    ap.add_argument("--profile", action="store_true", help="print each denoise graph's kernel mix (one forward)")
     a = ap.parse_args()
     if a.shapes:
         return list_shapes()
@@ -327,7 +357,7 @@ def main() -> None:
     print(f"{len(shapes)} GEMM shapes", flush=True)
     # A section that fails is a row saying so; the others still run (one device call, no retry).
     for section, fn in (("gemm", lambda: bench_gemms(shapes, rows)), ("kernel", lambda: bench_other_kernels(rows)),
-                        ("vae", lambda: bench_vae(rows, a.quick)), ("denoise", lambda: bench_denoise(rows, a.quick))):
+                        ("vae", lambda: bench_vae(rows, a.quick)), ("denoise", lambda: bench_denoise(rows, a.quick, a.profile))):
         try:
             fn()
         except Exception as exc:  # noqa: BLE001

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common import device_tag, environment  # noqa: E402
 
-from bcg.invariant.gemm_triton import Tile, matmul, tile_for  # noqa: E402
+from bcg.invariant.gemm_triton import Tile, canonical_tile, matmul  # noqa: E402
 
 # (M, N, K): SANA-1.6B (width 2240, MLP 5600 with the 1x1 conv pair, 13440 = 6 x 2240 modulation)
 # and Flux.1-dev (3072 wide, 12288 MLP, 15360 single-block fused out), rows = tokens x batch x CFG.
@@ -93,7 +93,7 @@ def probe(m: int, n: int, k: int) -> list:
     g = torch.Generator(device="cuda").manual_seed(m * 7 + n * 3 + k)
     a = torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16)
     b = (torch.randn(k, n, device="cuda", generator=g) * 0.02).to(torch.bfloat16)
-    canon = tile_for(torch.bfloat16, n, k)
+    canon = canonical_tile(torch.bfloat16, n, k)
     ref = matmul(a, b, tile=canon)
     one = matmul(a[:1], b, tile=canon)  # row 0 alone, the invariance the contract needs
     flops = 2.0 * m * n * k

@@ -21,13 +21,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 _SCRIPT = textwrap.dedent("""
     import torch
-    from bcg.invariant.gemm_triton import matmul, tile_for
+    from bcg.invariant.gemm_triton import VERDICTS, Tile, canonical_tile, matmul, tile_for
     from bcg.invariant.reduce_triton import row_sum
     bad = []
     g = torch.Generator().manual_seed(0)
     K, N = 72, 40                       # fp32 tiles are 32x32x32: ragged in N and K
     a, b, bias = torch.randn(70, K, generator=g), torch.randn(K, N, generator=g), torch.randn(N, generator=g)
-    assert tile_for(torch.float32, N, K).block_m == 32
+    assert tile_for(torch.float32, 70, N, K) == canonical_tile(torch.float32, N, K)  # fp32: one tile at any M
+    assert canonical_tile(torch.float32, N, K).block_m == 32
     full = matmul(a, b, bias)
     if not torch.allclose(full, torch.addmm(bias, a, b), atol=1e-4):
         bad.append("gemm is not a @ b + bias")
@@ -57,6 +58,26 @@ _SCRIPT = textwrap.dedent("""
         bad.append("row mean")
     if not torch.equal(row_sum(x[4:5], mean=True, keepdim=True, out_dtype=torch.float32), s[4:5]):
         bad.append("row mean row 4")
+
+    # the tile guard: a tile that sums K in other chunks gives other fp32 bytes here (numpy's block
+    # products); the guard must notice on first sight, return the canonical tile's bytes, and keep to it
+    canon, odd = canonical_tile(torch.float32, N, K), Tile(32, 32, 8, num_warps=4, num_stages=2)
+    want = matmul(a, b, bias, tile=canon)
+    if torch.equal(matmul(a, b, bias, tile=odd), want):
+        bad.append("the odd tile agrees: this check proves nothing")
+    def launch(t, c):
+        c.copy_(matmul(a, b, bias, tile=t).unsqueeze(0))
+    for attempt in range(2):
+        out = torch.empty(1, 70, N)
+        VERDICTS.run(("test", N, K, odd), odd, canon, launch, out)
+        if not torch.equal(out[0], want):
+            bad.append(f"guard attempt {attempt}: not the canonical bytes")
+    if VERDICTS.snapshot().get(("test", N, K, odd)) is not False:
+        bad.append(f"guard verdict {VERDICTS.snapshot()}")
+    same = Tile(32, 32, 32, num_warps=4, num_stages=3)  # another stage count: the same sums
+    VERDICTS.run(("test", N, K, same), same, canon, launch, torch.empty(1, 70, N))
+    if VERDICTS.snapshot().get(("test", N, K, same)) is not True:
+        bad.append(f"guard rejected an equal tile {VERDICTS.snapshot()}")
 
     # the CUDA registrations, on the CPU key, through a real diffusers model
     from diffusers import SanaTransformer2DModel

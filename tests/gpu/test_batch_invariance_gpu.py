@@ -39,6 +39,29 @@ def test_triton_gemm_rows_do_not_depend_on_m(n, k, dtype):
     assert err < {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}[dtype], err
 
 
+@pytest.mark.parametrize("n,k", [(2240, 2240), (11200, 2240), (2240, 5600), (13440, 2240), (32, 2240),
+                                 (3072, 3072), (12288, 3072), (3072, 15360), (18432, 3072)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_every_tile_the_pick_makes_gives_the_canonical_bytes(n, k, dtype):
+    """The fact the M-dependent tile rests on (gemm_triton's docstring), required here rather than
+    left to the run-time guard, which would quietly fall back to the canonical tile."""
+    from bcg.invariant.gemm_triton import VERDICTS, canonical_tile, matmul, num_programs, tile_for
+
+    g = torch.Generator("cuda").manual_seed(1)
+    a = torch.randn(4608, k, generator=g, device="cuda").to(dtype)
+    w = (torch.randn(n, k, generator=g, device="cuda") * 0.02).to(dtype).t()
+    bias = torch.randn(n, generator=g, device="cuda").to(dtype)
+    canon = canonical_tile(dtype, n, k)
+    picked = set()
+    for m in (1, 2, 16, 17, 64, 65, 512, 600, 2048, 4608):
+        fast = tile_for(dtype, m, n, k, sms=num_programs(a.device))
+        picked.add(fast)
+        got = matmul(a[:m], w, bias, tile=fast)
+        assert torch.equal(got, matmul(a[:m], w, bias, tile=canon)), f"M={m}: tile {fast} differs from {canon}"
+    assert len(picked) >= 2, picked  # the pick does follow M at these widths
+    assert all(VERDICTS.snapshot().values()), VERDICTS.snapshot()  # no tile the guard dropped so far
+
+
 def test_triton_bmm_items_do_not_depend_on_the_batch():
     from bcg.invariant.gemm_triton import matmul
 
