@@ -168,8 +168,9 @@ def main() -> None:
                          "with compile-ro and the kernel-time mix (benchmarks/families_fused.py)")
     ap.add_argument("--batches", default="1,job", help="--table fused: batch sizes; 'job' = the pool's largest a "
                     "long sorted job cuts (8 image, 2 video)")
-    ap.add_argument("--compile", choices=("full", "regional"), default="full",
-                    help="--table fused compile-ro: the whole model, or each repeated block (less compile time)")
+    ap.add_argument("--compile", choices=("full", "regional"), default=None,
+                    help="--table fused compile-ro: the whole model (default), or each repeated block (less "
+                         "compile time; --quick's default)")
     ap.add_argument("--init", choices=("normal", "diffusers"), default="normal",
                     help="--table fused: matrices normal_(0, 0.02) or diffusers' own init")
     ap.add_argument("--quick", action="store_true", help="--table fused: 2 steps, 3 loops, batch 1, regional "

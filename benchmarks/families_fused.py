@@ -185,6 +185,26 @@ def run_family(family: str, args, device: str, dtype: torch.dtype) -> list[dict]
     return rows
 
 
+def _step_marked(compiled):
+    """A reduce-overhead model called as a user must call it when outputs outlive the next call (CFG's
+    two calls a step, the loop's latents): each call marks a new step and clones what it returns, or
+    the next replay overwrites the last one's outputs in the graph's pool (torch.compiler docs,
+    "accessing tensor output of CUDAGraphs that has been overwritten")."""
+    def call(*args, **kw):
+        torch.compiler.cudagraph_mark_step_begin()
+        return _clone(compiled(*args, **kw))
+
+    return call
+
+
+def _clone(v):
+    if isinstance(v, torch.Tensor):
+        return v.clone()
+    if isinstance(v, (tuple, list)):
+        return type(v)(_clone(x) for x in v)
+    return v
+
+
 def _run_mode(mode: str, model, loop, timed, step_once, args) -> dict:
     out: dict = {}
     if mode == "eager":
@@ -228,7 +248,7 @@ def _run_mode(mode: str, model, loop, timed, step_once, args) -> dict:
             model.compile_repeated_blocks(mode="reduce-overhead", dynamic=False)
             fwd = model
         else:
-            fwd = torch.compile(model, mode="reduce-overhead", dynamic=False)
+            fwd = _step_marked(torch.compile(model, mode="reduce-overhead", dynamic=False))
         try:
             t0 = time.perf_counter()
             loop(fwd)  # compile, and reduce-overhead's own warm-up runs and graph recording
@@ -264,7 +284,9 @@ def run_all(args) -> None:
     """Every family of --families: rows to <out>/<stem>_<gpu>.json / .md after each."""
     os.environ.setdefault("BCGEN_FUSION_CACHE", "off")  # every run verifies on first sight (rows count it)
     if args.quick:
-        args.steps, args.loops, args.batches, args.compile = 2, 3, "1", "regional"
+        args.steps, args.loops, args.batches = 2, 3, "1"
+        args.compile = args.compile or "regional"
+    args.compile = args.compile or "full"
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.float32 if args.tiny else torch.bfloat16
     meta = environment()
