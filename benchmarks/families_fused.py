@@ -119,14 +119,18 @@ def _profile(step_once) -> dict:
         step_once()
         sync()
     kinds: dict[str, list] = {}
+    names: dict[str, float] = {}
     n = 0
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:
             k = kinds.setdefault(kind_of(e.name), [0, 0.0])
             k[0] += 1
             k[1] += e.device_time_total / 1e3
+            names[e.name[:100]] = names.get(e.name[:100], 0.0) + e.device_time_total / 1e3
             n += 1
+    top = sorted(names.items(), key=lambda kv: -kv[1])[:15]  # where the next fusion's time is
     return {"kernels_per_step": n, "gpu_ms_per_step": round(sum(v[1] for v in kinds.values()), 2),
+            "top_kernels_ms": {k: round(v, 3) for k, v in top},
             "kinds_ms": {k: round(kinds[k][1], 3) for k in KIND_ORDER if k in kinds},
             "kinds_calls": {k: kinds[k][0] for k in KIND_ORDER if k in kinds}}
 
