@@ -76,19 +76,18 @@ def register(lib: torch.library.Library, mode, key: str = "CUDA") -> None:
         dims = [d % x.dim() for d in dim]
         return dims == [x.dim() - 1] and x.stride(-1) == 1 and x.dtype in _FLOATS
 
-    def mean_dim(x, dim, keepdim=False, *, dtype=None):
-        if not _last_dim(x, dim) or (dtype is not None and dtype != x.dtype):
-            calls["cuda.mean.fallback"] += 1
-            return torch.mean(x, dim, keepdim, dtype=dtype, out=x.new_empty(0, dtype=dtype or x.dtype))
-        calls["cuda.mean"] += 1
-        return row_sum(x, mean=True, keepdim=keepdim, out_dtype=x.dtype)
+    def row_reduction(name: str, mean: bool):
+        """aten's `mean.dim` / `sum.dim_IntList` over the last dim, by the row kernel (the rest: aten)."""
+        aten_op = torch.mean if mean else torch.sum
 
-    def sum_dim(x, dim, keepdim=False, *, dtype=None):
-        if not _last_dim(x, dim) or (dtype is not None and dtype != x.dtype):
-            calls["cuda.sum.fallback"] += 1
-            return torch.sum(x, dim, keepdim, dtype=dtype, out=x.new_empty(0, dtype=dtype or x.dtype))
-        calls["cuda.sum"] += 1
-        return row_sum(x, mean=False, keepdim=keepdim, out_dtype=x.dtype)
+        def impl(x, dim, keepdim=False, *, dtype=None):
+            if not _last_dim(x, dim) or (dtype is not None and dtype != x.dtype):
+                calls[f"cuda.{name}.fallback"] += 1
+                return aten_op(x, dim, keepdim, dtype=dtype, out=x.new_empty(0, dtype=dtype or x.dtype))
+            calls[f"cuda.{name}"] += 1
+            return row_sum(x, mean=mean, keepdim=keepdim, out_dtype=x.dtype)
+
+        return impl
 
     if c.gemm:
         lib.impl("mm", mm, key)
@@ -100,5 +99,5 @@ def register(lib: torch.library.Library, mode, key: str = "CUDA") -> None:
     if c.norms:
         lib.impl("group_norm", group_norm, key)
     if c.reductions:
-        lib.impl("mean.dim", mean_dim, key)
-        lib.impl("sum.dim_IntList", sum_dim, key)
+        lib.impl("mean.dim", row_reduction("mean", mean=True), key)
+        lib.impl("sum.dim_IntList", row_reduction("sum", mean=False), key)
