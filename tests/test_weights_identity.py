@@ -135,3 +135,21 @@ def test_a_plan_made_before_weight_digests_joins_unchecked(checkpoint, tmp_path)
     joined = open_plan(cfg, out, divisor)
     assert joined.weights == {} and joined.n_items == 2
     assert json.loads(run_file.read_text()) == run  # joined, not claimed anew
+
+
+def test_a_fresh_run_on_the_same_weights_reads_none_of_them(checkpoint, tmp_path, caplog, monkeypatch):
+    """The weights' sha256 come from the per-user digest cache (jobs/plan/digest_cache.py) when their
+    stat stamps are unchanged: the second fresh output_dir hashes nothing, with the same digest."""
+    from jobs.plan.publish import open_plan
+
+    monkeypatch.setenv("BCGEN_DIGEST_CACHE", str(tmp_path / "file_digests.json"))
+    data = write_jsonl(tmp_path / "p.jsonl", prompts(2))
+    n = len(weight_files(str(checkpoint)))
+    made = []
+    for name, hashed in (("first", n), ("second", 0)):
+        cfg = compose_cfg(_args(checkpoint, data, tmp_path / name))
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="jobs.plan"):
+            made.append(open_plan(cfg, tmp_path / name, get_family(cfg.model.family).spatial_divisor(cfg.model)))
+        assert f"{n} files, {n - hashed} from the digest cache" in caplog.text and f", {hashed} hashed" in caplog.text
+    assert made[0].weights == made[1].weights and made[0].weights["digest"]

@@ -3,7 +3,9 @@
     plan.json "weights": {"path": model.path, "digest": D, "files": [{"path": rel, "bytes", "mtime_ns", "digest"}]}
     run.json  model.weights: D          (a digest over every file's relative path and sha256)
 
-The planner hashes every file a load can read (jobs/models/checkpoint.py: weight_files) once. A
+The planner hashes every file a load can read (jobs/models/checkpoint.py: weight_files) once, in
+threads side by side; a fresh run on files whose stat stamp (inode, size, mtime, ctime) is unchanged
+takes their sha256 from the per-user cache instead (jobs/plan/digest_cache.py). A
 job joining the run stats them: unchanged size and mtime reuse the planned sha256, so a resume of a
 40 GB checkpoint reads nothing; a moved one is hashed again. Weights replaced in place (a file
 rewritten, added or removed) would mix two models' images in one output_dir: the join is refused,
@@ -13,13 +15,17 @@ naming the files. Plans made before weights were digested carry no record, and j
 from __future__ import annotations
 
 import logging
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import List, Optional
 
 from jobs.config import GenerateConfig
 from jobs.errors import UserError
 from jobs.models.checkpoint import weight_files
-from jobs.plan.digests import combined_digest, digest_if_changed, file_record
+from jobs.plan.digest_cache import DigestCache, cache_file
+from jobs.plan.digests import combined_digest, digest_if_changed, file_digest, file_record
 
 log = logging.getLogger("jobs.plan")
 
@@ -32,8 +38,15 @@ def weights_record(cfg: GenerateConfig) -> dict:
         return {}
     root = Path(cfg.model.path)
     names = weight_files(str(root))
-    log.info("hashing the %d weight files under model.path=%s (once per run: a resume stats them)", len(names), root)
-    files = [file_record(root / name, name=name) for name in names]
+    t0 = time.perf_counter()
+    cache = DigestCache(cache_file())
+    # hashlib and file reads release the GIL: a folder's shards hash side by side
+    with ThreadPoolExecutor(max_workers=max(1, min(8, len(names), os.cpu_count() or 1))) as pool:
+        digests = list(pool.map(lambda name: cache.digest(root / name, file_digest), names))
+    cache.save()
+    log.info("weights under model.path=%s: %d files, %d from the digest cache (%s), %d hashed, %.1f s", root,
+             len(names), cache.hits, cache.file or "off", cache.misses, time.perf_counter() - t0)
+    files = [file_record(root / name, digest=d, name=name) for name, d in zip(names, digests)]
     return {"path": cfg.model.path, "digest": combined_digest((f["path"], f["digest"]) for f in files), "files": files}
 
 
