@@ -102,7 +102,7 @@ def open_plan(cfg: GenerateConfig, output_dir: Path, divisor: int, shards_elsewh
             ident = _job_identity(cfg, _digest_now(cfg, existing), existing.dataset["records"], weights, renderer, run)
             settles = renderer is not None and _pending(existing.identity, claimed)
             differences = [d for d in run_differences(output_dir, ident)
-                           if not (settles and d.startswith(DEVICE_KEYS))]  # settled below, or by _extend
+                           if not (settles and _of_device(d))]  # settled below, or by _extend
             if settles and not differences and _same_but_device(existing.identity, ident):
                 assert renderer is not None  # for mypy: `settles` says so
                 _settle_device(cfg, output_dir, plan_dir, existing, ident, renderer, claimed)
@@ -132,7 +132,7 @@ def _job_identity(cfg: GenerateConfig, digest: str, records: int, weights: Optio
     ident = plan_identity(cfg, digest, records, weights, None if renderer is None else renderer.identity())
     if renderer is not None or run is None:
         return ident
-    rest = [d for d in identity_differences(run, ident) if not d.startswith(DEVICE_KEYS)]
+    rest = [d for d in identity_differences(run, ident) if not _of_device(d)]
     if rest and not only_dataset_changed(rest):
         return ident  # another run: refused, or replaced (job.overwrite) with this job's device part
     return {**{k: v for k, v in ident.items() if k not in DEVICE_KEYS}, **device_part(run)}
@@ -156,7 +156,12 @@ def _pending(planned: dict, claimed: Optional[dict]) -> bool:
 
 
 def _same_but_device(planned: dict, ident: dict) -> bool:
-    return all(d.startswith(DEVICE_KEYS) for d in identity_differences(planned, ident))
+    return all(_of_device(d) for d in identity_differences(planned, ident))
+
+
+def _of_device(difference: str) -> bool:
+    """Whether a `key: old -> new` line (claim.identity_differences) is about the device part."""
+    return difference.partition(":")[0] in DEVICE_KEYS
 
 
 def _settle_device(cfg: GenerateConfig, output_dir: Path, plan_dir: Path, plan: PlanManifest, ident: dict,
