@@ -24,7 +24,7 @@ import logging
 import os
 import shutil
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 from jobs.config import GenerateConfig
 from jobs.dataset import write_error_ledger
@@ -36,7 +36,6 @@ from jobs.output.claim import (
     identity_differences,
     open_run,
     rewrite_run,
-    run_differences,
     wipe,
 )
 from jobs.output.layout import ERRORS_FILE, PLAN_DIR, PLAN_FILE, RUN_FILE, SHARD_GLOB, unit_name
@@ -101,8 +100,7 @@ def open_plan(cfg: GenerateConfig, output_dir: Path, divisor: int, shards_elsewh
             weights = weights_now(cfg, existing.weights)  # weights changed in place: refused here, naming them
             ident = _job_identity(cfg, _digest_now(cfg, existing), existing.dataset["records"], weights, renderer, run)
             settles = renderer is not None and _pending(existing.identity, claimed)
-            differences = [d for d in run_differences(output_dir, ident)
-                           if not (settles and _of_device(d))]  # settled below, or by _extend
+            differences = _run_differences(claimed, ident, settles)
             if settles and not differences and _same_but_device(existing.identity, ident):
                 assert renderer is not None  # for mypy: `settles` says so
                 _settle_device(cfg, output_dir, plan_dir, existing, ident, renderer, claimed)
@@ -153,6 +151,15 @@ def _pending(planned: dict, claimed: Optional[dict]) -> bool:
     """Whether the run's device part waits for its first worker: in plan.json, or in run.json (a
     worker that settled plan.json and died before run.json)."""
     return any(device_part(i) == DEVICE_PENDING for i in (planned, claimed) if i is not None)
+
+
+def _run_differences(claimed: Optional[dict], ident: dict, settles: bool) -> List[str]:
+    """What differs between run.json (`claimed`) and this job's identity: nothing where run.json is
+    missing or damaged (open_run restores it from plan.json), and nothing of the device part where
+    this job settles it (below in open_plan, or in _extend)."""
+    if claimed is None:
+        return []
+    return [d for d in identity_differences(claimed, ident) if not (settles and _of_device(d))]
 
 
 def _same_but_device(planned: dict, ident: dict) -> bool:
