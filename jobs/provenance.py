@@ -1,12 +1,15 @@
 """Where an output came from: when, with which software, on which device, at which quality tier.
 
-    provenance(cfg, device)   {"time", "bcgen", "git_commit", "torch", "cuda", "diffusers",
-                               "transformers", "python", "host", "device", "gpu", "quality_tier"}
+    provenance(fusions, compile_, device)   {"time", "bcgen", "git_commit", "torch", "cuda", "diffusers",
+                                             "transformers", "python", "host", "device", "gpu", "quality_tier"}
 
 Volatile on purpose: a rerun on another host, a newer torch or later in the day is the same run.
 So it never enters the run's identity (jobs/plan/identity.py): run.json carries it under its own
 `provenance` key, which the claim leaves out of the comparison (jobs/output/claim.py), and
 summary.json carries the latest job's, with its start and end.
+
+A job that renders nothing (`python -m jobs.plan`) has no device, and imports no torch: its
+`device`, `gpu` and `cuda` are null, and torch's version is its package's.
 """
 
 from __future__ import annotations
@@ -53,18 +56,22 @@ def quality_tier(fusions: str, compile_: bool) -> str:
     return "fast" if compile_ and fusions != "fast" else fusions
 
 
-def provenance(fusions: str, compile_: bool, device: str) -> dict:
-    import torch
+def provenance(fusions: str, compile_: bool, device: Optional[str]) -> dict:
+    """`device`: the torch device the job renders on ("cpu", "cuda", "cuda:1"); None for a job that
+    renders nothing."""
+    torch_version, cuda, gpu = _version("torch"), None, None
+    if device is not None:
+        import torch  # a rendering job has it loaded already
 
-    gpu = None
-    if device.startswith("cuda") and torch.cuda.is_available():
-        gpu = torch.cuda.get_device_name(torch.device(device))
+        torch_version, cuda = torch.__version__, torch.version.cuda
+        if device.startswith("cuda") and torch.cuda.is_available():
+            gpu = torch.cuda.get_device_name(torch.device(device))
     return {
         "time": now_iso(),
         "bcgen": _version("bcgen"),
         "git_commit": git_commit(),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
+        "torch": torch_version,
+        "cuda": cuda,
         "diffusers": _version("diffusers"),
         "transformers": _version("transformers"),
         "python": platform.python_version(),

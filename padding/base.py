@@ -7,14 +7,19 @@ lengths in one bucket then share one graph signature.
 The invariant every padder owes: where it changes a length, the image must not change. That holds
 only where the model masks padding in attention; a padder for a model that attends to its padding
 declares `masks_padding = False` and refuses to change lengths.
+
+Policy apart from mechanism: the planner asks `bucket_for` of every prompt and never touches a
+tensor, so nothing here imports torch at module level (tests/test_plan_imports.py); the tensor
+work (`TextEmbeds.grown`, a padder's `pad`) runs only in the worker, which has torch loaded.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Dict, Optional
+from typing import TYPE_CHECKING, Dict, Optional
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -38,6 +43,19 @@ class TextEmbeds:
 
     def with_length(self, embeds: torch.Tensor, mask: Optional[torch.Tensor]) -> "TextEmbeds":
         return replace(self, embeds=embeds, mask=mask)
+
+    def cut(self, length: int) -> "TextEmbeds":
+        """The first `length` positions (the caller checked that only mask-0 positions go)."""
+        assert self.mask is not None, "only masked text can be cut"
+        return self.with_length(self.embeds[:, :length], self.mask[:, :length])
+
+    def grown(self, length: int) -> "TextEmbeds":
+        """Zero embeddings under mask 0 appended up to `length` positions."""
+        import torch.nn.functional as F
+
+        assert self.mask is not None, "only masked text can grow"
+        extra = length - self.length
+        return self.with_length(F.pad(self.embeds, (0, 0, 0, extra)), F.pad(self.mask, (0, extra)))
 
 
 class PaddingRefused(RuntimeError):

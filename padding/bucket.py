@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import torch
-
 from padding.base import Padder, TextEmbeds
 from padding.registry import register_padder
 
@@ -48,11 +46,8 @@ class BucketPadder(Padder):
             assert not text.mask[:, bucket:].any(), (
                 f"bucket {bucket} would cut real tokens (used length {text.used_length()})"
             )
-            return text.with_length(text.embeds[:, :bucket], text.mask[:, :bucket])
-        extra = bucket - length
-        embeds = torch.nn.functional.pad(text.embeds, (0, 0, 0, extra))
-        mask = torch.nn.functional.pad(text.mask, (0, extra))
-        return text.with_length(embeds, mask)
+            return text.cut(bucket)
+        return text.grown(bucket)
 
 
 @register_padder("sana")

@@ -26,8 +26,6 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import torch
-
 from padding.base import Padder, PaddingRefused, TextEmbeds
 from padding.registry import register_padder
 
@@ -55,8 +53,5 @@ class ZImagePadder(Padder):
         if bucket == text.length:
             return text
         if bucket < text.length:  # only mask-0 storage columns go
-            return text.with_length(text.embeds[:, :bucket], text.mask[:, :bucket])
-        extra = bucket - text.length
-        embeds = torch.nn.functional.pad(text.embeds, (0, 0, 0, extra))
-        mask = torch.nn.functional.pad(text.mask, (0, extra))
-        return text.with_length(embeds, mask)
+            return text.cut(bucket)
+        return text.grown(bucket)

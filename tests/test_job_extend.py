@@ -62,16 +62,10 @@ def test_extend_generates_only_the_new_rows_and_keeps_the_done_units(extended):
 
 
 def _plan_with(tmp, out, rows):
-    import torch
-
+    # As `python -m jobs.plan` plans (no renderer): the run's device part (its jobs' 1 thread) is kept.
     data = write_jsonl(tmp / "changed.jsonl", rows)
     cfg = compose_cfg([f"dataset.path={data}", f"output_dir={out}", *FAST, "job.extend=true"])
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the jobs ran with OMP_NUM_THREADS=1: a CPU run's identity holds its threads
-    try:
-        return open_plan(cfg, out, get_family(cfg.model.family).spatial_divisor(cfg.model))
-    finally:
-        torch.set_num_threads(threads)
+    return open_plan(cfg, out, get_family(cfg.model.family).spatial_divisor(cfg.model))
 
 
 def test_extend_refuses_an_edited_or_removed_row(extended, tmp_path):

@@ -7,9 +7,6 @@ from __future__ import annotations
 import json
 import random
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -131,14 +128,3 @@ def test_plan_bytes_equal_the_family_tokenizers_plan(preset, saved_folder, tmp_p
         assert (tmp_path / "light" / name).read_bytes() == (tmp_path / "full" / name).read_bytes()
         assert pq.read_table(tmp_path / "light" / name).num_rows == u.count
 
-
-def test_the_planner_cli_imports_no_transformers(tmp_path):
-    """`python -m jobs.plan` with the default preset: the plan is made and transformers is never imported."""
-    data = write_jsonl(tmp_path / "p.jsonl", [{"key": f"k{i}", "prompt": f"a red fox {i}"} for i in range(20)])
-    probe = ("import runpy, sys; sys.argv = ['jobs.plan'] + sys.argv[1:]\n"
-             "try:\n    runpy.run_module('jobs.plan', run_name='__main__')\n"
-             "finally:\n    print('TRANSFORMERS', 'transformers' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", probe, f"dataset.path={data}", f"output_dir={tmp_path / 'out'}"],
-                         capture_output=True, text=True, cwd=str(Path(__file__).parents[1]))
-    assert (tmp_path / "out" / "_plan" / "plan.json").exists(), (out.stdout + out.stderr)[-3000:]
-    assert "TRANSFORMERS False" in out.stdout

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import List
 
 import ray
+import torch
 
 from jobs.cluster.actor import Worker
 from jobs.cluster.connect import connect, worker_count
@@ -37,7 +38,7 @@ from jobs.plan.publish import join_or_make_plan
 from jobs.plan.units import PlanManifest, UnitInfo
 from jobs.preflight import Checked, check_config
 from jobs.telemetry.summary import JobStats, StageTimer
-from jobs.worker.prepare import check_done_units
+from jobs.worker.prepare import check_done_units, renderer_of
 from jobs.worker.stop import StopFlag
 
 log = logging.getLogger("jobs.cluster")
@@ -67,7 +68,9 @@ def _run_claimed(cfg: GenerateConfig, checked: Checked, shards: LocalShards, add
                  workers: int) -> JobStats:
     timer = StageTimer()
     with timer("plan"):
-        manifest = join_or_make_plan(cfg, shards, checked.divisor)
+        # The actors' device (for_actors), with the driver's CPU threads: CPU actors take the count the
+        # identity records (actor.py's match_threads).
+        manifest = join_or_make_plan(cfg, shards, checked.divisor, renderer_of(torch.device(cfg.device)))
         check_done_units(cfg, manifest, shards, checked.output_dir, f"{HOST}:{os.getpid()}:ray-driver")
     plan_dir = checked.output_dir / PLAN_DIR
     done = done_units(plan_dir)

@@ -5,23 +5,29 @@ stages it can overlap (jobs/worker/scheduler.py): `encode` prompts (so the famil
 embeddings), `denoise` by handing the padded embeddings back to the pipeline's own `__call__`
 (whose denoising loop calls the transformer that the bcg runner has wrapped), and `decode` the
 latents with the pipeline's VAE. Nothing here knows about graphs or streams.
+
+The planner imports every family for its plan-side rules (text lengths, side divisor, frame
+rule, tokenizer) and runs no tensor op, so a family module imports torch, diffusers and
+transformers inside the methods that build or run the model, never at module level
+(tests/test_plan_imports.py): planning 1,000 prompts should not pay a second for `import torch`.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
 
 import numpy as np
-import torch
 
 from jobs.config import ModelConfig
 from jobs.errors import UserError
 from jobs.models.lora import apply_loras, check_loras
 from jobs.models.scheduler import apply_scheduler
-from jobs.models.weights import eval_mode, own_weights
 from padding import TextEmbeds
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -114,6 +120,8 @@ class ModelFamily:
     def prepare_tiny(self, pipe, cfg: ModelConfig, dtype: torch.dtype):
         """A tiny pipeline, built in float32, cast to `dtype` only when asked (ModelMixin.to warns on
         every cast), then `prepare`d."""
+        import torch
+
         return self.prepare(pipe if dtype == torch.float32 else pipe.to(dtype=dtype), cfg)
 
     def load(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device | str = "cpu"):
@@ -122,6 +130,8 @@ class ModelFamily:
         `device` is where the job will run it: for the CPU the weights are copied out of the
         checkpoint's file mapping here (jobs/models/weights.py says why).
         """
+        from jobs.models.weights import own_weights
+
         check_loras(cfg.loras, self.pipeline_class)  # a bad LoRA fails before the weights load
         pipe = self.from_pretrained(cfg, dtype)
         own_weights(pipe, device)  # before the LoRAs fuse: they then add into owned memory
@@ -141,6 +151,8 @@ class ModelFamily:
     def prepare(self, pipe, cfg: ModelConfig):
         """What every pipeline, tiny or loaded, goes through before the job runs it (and before
         the bcg runner wraps its transformer)."""
+        from jobs.models.weights import eval_mode
+
         apply_loras(pipe, cfg.loras, self.pipeline_class)
         apply_scheduler(pipe, cfg.scheduler)
         eval_mode(pipe)
@@ -255,4 +267,6 @@ class ModelFamily:
 
 def cpu_generators(seeds: Sequence[int]) -> List[torch.Generator]:
     # CPU generators: the same seed gives the same noise on any machine and in any batch.
+    import torch
+
     return [torch.Generator("cpu").manual_seed(int(s)) for s in seeds]

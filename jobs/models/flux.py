@@ -14,15 +14,16 @@ ignores the scale. FluxPipeline's optional `true_cfg_scale` is not used.
 
 from __future__ import annotations
 
-from typing import List, Sequence
-
-import torch
+from typing import TYPE_CHECKING, List, Sequence
 
 from jobs.config import ModelConfig
 from jobs.models.base import DenoiseRequest, ModelFamily, TextLength, cpu_generators
 from jobs.models.registry import register_family
 from jobs.models.tiny import build_scheduler, tiny_text_encoder, tiny_tokenizer
 from padding import TextEmbeds
+
+if TYPE_CHECKING:
+    import torch
 
 
 class FluxFamily(ModelFamily):
@@ -33,6 +34,7 @@ class FluxFamily(ModelFamily):
 
     # -- loading ---------------------------------------------------------------------------
     def build_tiny(self, cfg: ModelConfig, dtype: torch.dtype):
+        import torch
         from diffusers import AutoencoderKL, FluxPipeline, FluxTransformer2DModel
 
         tiny = cfg.tiny

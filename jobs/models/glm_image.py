@@ -36,15 +36,16 @@ import re
 import sys
 import textwrap
 import weakref
-from typing import Any, Callable, Dict, List, Sequence, Tuple
-
-import torch
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Sequence, Tuple
 
 from jobs.config import ModelConfig
 from jobs.models.base import DenoiseRequest, ModelFamily, RowInputs, TextLength, cpu_generators
 from jobs.models.registry import register_family
 from jobs.models.tiny import build_scheduler, tiny_text_encoder, tiny_tokenizer
 from padding import TextEmbeds
+
+if TYPE_CHECKING:
+    import torch
 
 AR_GRID = 32  # GlmImageProcessor._get_target_shape: the prior's tokens are a 1/32 grid of the image
 
@@ -131,6 +132,7 @@ class GlmImageFamily(ModelFamily):
 
     # -- loading ---------------------------------------------------------------------------
     def build_tiny(self, cfg: ModelConfig, dtype: torch.dtype):
+        import torch
         import transformers
         from diffusers import AutoencoderKL, GlmImagePipeline, GlmImageTransformer2DModel
         from transformers import ByT5Tokenizer, GlmImageProcessor
@@ -183,6 +185,8 @@ class GlmImageFamily(ModelFamily):
         return out
 
     def encode(self, pipe, prompts: Sequence[str], cfg: ModelConfig, device, instruction: bool) -> TextEmbeds:
+        import torch
+
         embeds, _ = pipe.encode_prompt(list(prompts), do_classifier_free_guidance=False, device=device,
                                        max_sequence_length=cfg.max_sequence_length)
         # Each prompt's real rows sit at the right end (the pipeline left-pads a batch with zero rows).
@@ -195,6 +199,8 @@ class GlmImageFamily(ModelFamily):
     def prior(self, pipe, prompt: str, seed: int, height: int, width: int) -> Tuple[torch.Tensor, dict]:
         """The AR's tokens for one prompt, as `generate_prior_tokens` makes them (upsampled 2x for
         the DiT), and the json fields that record them."""
+        import torch
+
         ids, _, _ = pipe.generate_prior_tokens(prompt=prompt, height=height, width=width,
                                                device=pipe._execution_device,
                                                generator=torch.Generator().manual_seed(int(seed)))
@@ -208,6 +214,8 @@ class GlmImageFamily(ModelFamily):
         """The encode stage's part: every row's prior tokens (and their json fields). The prior runs
         once per distinct (prompt, seed): a batch's dummy rows repeat its last row, and the prior,
         seeded by the row, would only make the same tokens again (an autoregressive pass each)."""
+        import torch
+
         made: dict = {}
         for key in zip(prompts, seeds):
             if key not in made:
@@ -267,6 +275,8 @@ _STATS: "weakref.WeakKeyDictionary[torch.nn.Module, Dict[tuple, Tuple[torch.Tens
 
 def _vae_stats(vae, device, dtype) -> Tuple[torch.Tensor, torch.Tensor]:
     """(mean, std) [1, C, 1, 1] by the pipeline's ops, once per (VAE, device, dtype)."""
+    import torch
+
     per_vae = _STATS.setdefault(vae, {})
     key = (torch.device(device), dtype)
     if key not in per_vae:

@@ -18,9 +18,7 @@ Two ways this family drives the pipeline differently from its defaults:
 
 from __future__ import annotations
 
-from typing import List, Sequence
-
-import torch
+from typing import TYPE_CHECKING, List, Sequence
 
 from jobs.config import ModelConfig
 from jobs.errors import UserError
@@ -28,6 +26,9 @@ from jobs.models.base import DenoiseRequest, ModelFamily, TextLength, cpu_genera
 from jobs.models.registry import register_family
 from jobs.models.tiny import build_scheduler, tiny_text_encoder, tiny_tokenizer
 from padding import TextEmbeds
+
+if TYPE_CHECKING:
+    import torch
 
 # text_processor is left out on purpose: only the prompt rewriter uses it (see module docstring).
 TEXT_LENGTH = 512  # LongCatImagePipeline.tokenizer_max_length, fixed in its __init__
@@ -69,6 +70,7 @@ class LongCatImageFamily(ModelFamily):
 
     # -- loading ---------------------------------------------------------------------------
     def build_tiny(self, cfg: ModelConfig, dtype: torch.dtype):
+        import torch
         from diffusers import AutoencoderKL, LongCatImagePipeline, LongCatImageTransformer2DModel
 
         tiny = cfg.tiny
@@ -103,6 +105,8 @@ class LongCatImageFamily(ModelFamily):
                 for n in token_counts(tokenizer, prompts)]
 
     def encode(self, pipe, prompts: Sequence[str], cfg: ModelConfig, device, instruction: bool) -> TextEmbeds:
+        import torch
+
         embeds, _ = pipe.encode_prompt(prompt=list(prompts))
         used = torch.tensor([min(n, embeds.shape[1]) for n in token_counts(pipe.tokenizer, prompts)])
         mask = (torch.arange(embeds.shape[1])[None, :] < used[:, None]).long().to(embeds.device)

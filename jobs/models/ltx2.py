@@ -34,9 +34,7 @@ so the staged path gives the pipeline's bytes (tests/test_family_ltx2.py).
 from __future__ import annotations
 
 import math
-from typing import List, Optional, Sequence, Tuple
-
-import torch
+from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 
 from jobs.config import ModelConfig
 from jobs.models.base import Decoded, DenoiseRequest, ModelFamily, TextLength, cpu_generators
@@ -44,6 +42,9 @@ from jobs.models.registry import register_family
 from jobs.models.tiny import build_scheduler, tiny_text_encoder, tiny_tokenizer
 from jobs.models.wan import frames_rule_error
 from padding import TextEmbeds
+
+if TYPE_CHECKING:
+    import torch
 
 PIPELINE_MULTIPLE = 32  # LTX2Pipeline.check_inputs: height and width divisible by 32
 
@@ -70,6 +71,7 @@ class LTX2Family(ModelFamily):
 
     # -- loading ---------------------------------------------------------------------------
     def build_tiny(self, cfg: ModelConfig, dtype: torch.dtype):
+        import torch
         from diffusers import AutoencoderKLLTX2Audio, AutoencoderKLLTX2Video, LTX2Pipeline, LTX2VideoTransformer3DModel
         from diffusers.pipelines.ltx2 import LTX2TextConnectors, LTX2Vocoder
 
@@ -158,6 +160,7 @@ class LTX2Family(ModelFamily):
 
     def decode(self, pipe, latents, request: DenoiseRequest) -> Decoded:
         """LTX2Pipeline.__call__'s own decode, op for op, of video and sound."""
+        import torch
         from diffusers.utils.torch_utils import randn_tensor
 
         packed, audio_latents, generators = latents

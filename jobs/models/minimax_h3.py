@@ -43,9 +43,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any, Dict, List, Optional, Sequence
-
-import torch
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
 from jobs.config import ModelConfig
 from jobs.errors import UserError
@@ -53,6 +51,9 @@ from jobs.models.base import Decoded, DenoiseRequest, ModelFamily, TextLength
 from jobs.models.registry import register_family
 from jobs.models.tiny import tiny_text_encoder, tiny_tokenizer
 from padding import TextEmbeds
+
+if TYPE_CHECKING:
+    import torch
 
 FPS = 24  # MINIMAX_H3_FPS: the model generates and conditions at this rate only
 MIN_SECONDS, MAX_SECONDS = 5.0, 15.0  # MiniMaxH3ModularPipeline.min_duration / max_duration
@@ -110,6 +111,7 @@ class MiniMaxH3Family(ModelFamily):
         return pipe
 
     def build_tiny(self, cfg: ModelConfig, dtype: torch.dtype):
+        import torch
         from diffusers import (
             AutoencoderKLMiniMaxH3,
             AutoencoderKLMiniMaxH3Audio,
@@ -211,6 +213,8 @@ class MiniMaxH3Family(ModelFamily):
     def encode(self, pipe, prompts: Sequence[str], cfg: ModelConfig, device, instruction: bool) -> TextEmbeds:
         """`get_qwen3vl_prompt_embeds` for a text-only presentation, one prompt a call (a prompt's embedding
         does not depend on its batch); the rows of a batch have one length (the padder's bucket)."""
+        import torch
+
         encoder = pipe.text_encoder
         layer = pipe.text_encoder_layer  # 50: after the 50th decoder layer, not the post-norm last one
         rows = []
@@ -243,6 +247,7 @@ class MiniMaxH3Family(ModelFamily):
 
     def layout(self, pipe, text_rows: int, geo: dict) -> dict:
         """MiniMaxH3PrepareLayoutStep's t2va layout, on the host (one for the whole batch)."""
+        import torch
         from diffusers.modular_pipelines.minimax_h3.before_denoise import MiniMaxH3PrepareLayoutStep
 
         pos, tags, video, audio, text, _, _ = MiniMaxH3PrepareLayoutStep.build_packed_sequence(
@@ -253,6 +258,7 @@ class MiniMaxH3Family(ModelFamily):
 
     def noise(self, pipe, seeds: Sequence[int], geo: dict, device):
         """Each row's video then audio noise from its own generator, as MiniMaxH3PrepareLatentsStep draws them."""
+        import torch
         from diffusers.modular_pipelines.minimax_h3.before_denoise import patchify_video_latents
         from diffusers.utils.torch_utils import randn_tensor
 
@@ -315,6 +321,8 @@ class MiniMaxH3Family(ModelFamily):
     # -- decode ----------------------------------------------------------------------------
     def decode(self, pipe, latents, request: DenoiseRequest) -> Decoded:
         """MiniMaxH3AfterDenoiseStep + the video and audio decode steps, op for op, for a batch."""
+        import torch
+
         video, audio, geo = latents
         n = video.shape[0]
         pt, ph, pw = pipe.patch_size

@@ -21,15 +21,16 @@ transformers class from a config dict, and a fresh offline tokenizer.
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Protocol, Sequence, cast
-
-import torch
+from typing import TYPE_CHECKING, Any, Callable, List, Protocol, Sequence, cast
 
 from jobs.config import ModelConfig
 from jobs.models.base import DenoiseRequest, ModelFamily, TextLength, cpu_generators
 from jobs.models.registry import register_family
 from jobs.models.tiny import build_scheduler, tiny_text_encoder, tiny_tokenizer
 from padding import TextEmbeds
+
+if TYPE_CHECKING:
+    import torch
 
 # QwenImagePipeline.__init__ sets these per instance; the plan needs them before any pipeline
 # exists. tests/test_family_qwen_image.py checks they still equal the installed pipeline's.
@@ -43,6 +44,7 @@ TOKENIZER_MAX = 1024  # tokenizer_max_length
 
 def keep_text_mask(transformer: torch.nn.Module) -> None:
     """Give the transformer an all-ones mask where the pipeline dropped it (see module docstring)."""
+    import torch
 
     def restore(module, args, kwargs):
         text = kwargs.get("encoder_hidden_states")
@@ -55,6 +57,8 @@ def keep_text_mask(transformer: torch.nn.Module) -> None:
 
 def _text_seq_len_from_mask(encoder_hidden_states, encoder_hidden_states_mask):
     """diffusers 0.42.1 `compute_text_seq_len_from_mask`, with `torch.full` for `torch.as_tensor`."""
+    import torch
+
     batch_size, text_seq_len = encoder_hidden_states.shape[:2]
     if encoder_hidden_states_mask is None:
         return text_seq_len, None, None
@@ -91,6 +95,7 @@ class QwenImageFamily(ModelFamily):
 
     # -- loading ---------------------------------------------------------------------------
     def build_tiny(self, cfg: ModelConfig, dtype: torch.dtype):
+        import torch
         from diffusers import AutoencoderKLQwenImage, QwenImagePipeline, QwenImageTransformer2DModel
 
         tiny = cfg.tiny
@@ -127,6 +132,8 @@ class QwenImageFamily(ModelFamily):
         return out
 
     def encode(self, pipe, prompts: Sequence[str], cfg: ModelConfig, device, instruction: bool) -> TextEmbeds:
+        import torch
+
         embeds, mask = pipe.encode_prompt(list(prompts), device=device, max_sequence_length=cfg.max_sequence_length)
         if mask is None:  # encode_prompt drops an all-ones mask; the padder needs it
             mask = torch.ones(embeds.shape[:2], dtype=torch.long, device=embeds.device)

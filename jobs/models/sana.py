@@ -9,9 +9,7 @@ embeddings to the text bucket.
 from __future__ import annotations
 
 import math
-from typing import List, Sequence
-
-import torch
+from typing import TYPE_CHECKING, List, Sequence
 
 from jobs.config import ModelConfig
 from jobs.models import demo_weights, text_encoders
@@ -20,6 +18,9 @@ from jobs.models.registry import register_family
 from jobs.models.tiny import build_scheduler
 from padding import TextEmbeds
 
+if TYPE_CHECKING:
+    import torch
+
 
 class SanaFamily(ModelFamily):
     name = "sana"
@@ -27,6 +28,7 @@ class SanaFamily(ModelFamily):
 
     # -- loading ---------------------------------------------------------------------------
     def build_tiny(self, cfg: ModelConfig, dtype: torch.dtype):
+        import torch
         from diffusers import AutoencoderDC, SanaPipeline, SanaTransformer2DModel
 
         tiny = cfg.tiny

@@ -14,9 +14,7 @@ the plan validated the size, and binning would resize.
 from __future__ import annotations
 
 import math
-from typing import Optional
-
-import torch
+from typing import TYPE_CHECKING, Optional
 
 from jobs.config import ModelConfig
 from jobs.models.base import DenoiseRequest
@@ -24,6 +22,9 @@ from jobs.models.registry import register_family
 from jobs.models.sana import SanaFamily
 from jobs.models.tiny import build_scheduler, tiny_text_encoder, tiny_tokenizer
 from jobs.models.wan import SPATIAL, TEMPORAL, frames_rule_error
+
+if TYPE_CHECKING:
+    import torch
 
 PIPELINE_MULTIPLE = 32  # SanaVideoPipeline.check_inputs: height and width divisible by 32
 
@@ -35,6 +36,7 @@ class SanaVideoFamily(SanaFamily):
 
     # -- loading ---------------------------------------------------------------------------
     def build_tiny(self, cfg: ModelConfig, dtype: torch.dtype):
+        import torch
         from diffusers import AutoencoderKLWan, SanaVideoPipeline, SanaVideoTransformer3DModel
 
         tiny = cfg.tiny

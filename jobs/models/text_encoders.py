@@ -10,8 +10,6 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 
-import torch
-
 from jobs.errors import UserError
 
 MINILM = "minilm"
@@ -41,6 +39,7 @@ def load_tokenizer(name: str):
 def load_text_encoder(name: str, weights: str = "pretrained", seed: int = 0):
     """weights="random": the encoder's real config with seeded random weights. For machines that
     carry only the tokenizer and config (the GPU test machine cannot take the 87 MB weights)."""
+    import torch
     from transformers import AutoConfig, AutoModel
     from transformers.utils import logging as hf_logging
 

@@ -26,9 +26,7 @@ import importlib.util
 import math
 import os
 import re
-from typing import List, Optional, Sequence
-
-import torch
+from typing import TYPE_CHECKING, List, Optional, Sequence
 
 from jobs.config import ModelConfig
 from jobs.errors import UserError
@@ -36,6 +34,9 @@ from jobs.models.base import DenoiseRequest, ModelFamily, TextLength, cpu_genera
 from jobs.models.registry import register_family
 from jobs.models.tiny import build_scheduler, tiny_text_encoder, tiny_tokenizer
 from padding import TextEmbeds
+
+if TYPE_CHECKING:
+    import torch
 
 # AutoencoderKLWan's defaults, for VAE configs that do not spell them out (Wan 2.1's checkpoints).
 TEMPORAL, SPATIAL = 4, 8
@@ -73,6 +74,7 @@ class WanFamily(ModelFamily):
 
     # -- loading ---------------------------------------------------------------------------
     def build_tiny(self, cfg: ModelConfig, dtype: torch.dtype):
+        import torch
         from diffusers import AutoencoderKLWan, WanPipeline, WanTransformer3DModel
 
         tiny = cfg.tiny

@@ -14,15 +14,16 @@ families); otherwise the pipeline gets 0, which turns its CFG off (Z-Image-Turbo
 
 from __future__ import annotations
 
-from typing import List, Sequence
-
-import torch
+from typing import TYPE_CHECKING, List, Sequence
 
 from jobs.config import ModelConfig
 from jobs.models.base import DenoiseRequest, ModelFamily, TextLength, cpu_generators
 from jobs.models.registry import register_family
 from jobs.models.tiny import build_scheduler, tiny_text_encoder, tiny_tokenizer
 from padding import TextEmbeds
+
+if TYPE_CHECKING:
+    import torch
 
 
 def chat_texts(tokenizer, prompts: Sequence[str]) -> List[str]:
@@ -37,6 +38,7 @@ class ZImageFamily(ModelFamily):
 
     # -- loading ---------------------------------------------------------------------------
     def build_tiny(self, cfg: ModelConfig, dtype: torch.dtype):
+        import torch
         from diffusers import AutoencoderKL, ZImagePipeline, ZImageTransformer2DModel
 
         tiny = cfg.tiny
@@ -70,6 +72,8 @@ class ZImageFamily(ModelFamily):
         return [TextLength(used=max(1, min(n, limit)), raw=n, limit=limit) for n in raw]
 
     def encode(self, pipe, prompts: Sequence[str], cfg: ModelConfig, device, instruction: bool) -> TextEmbeds:
+        import torch
+
         # list(): _encode_prompt rewrites its prompt list in place with the chat template
         captions, _ = pipe.encode_prompt(list(prompts), device=device, do_classifier_free_guidance=False,
                                          max_sequence_length=cfg.max_sequence_length)

@@ -164,18 +164,24 @@ def run_differences(output_dir: Path, identity: dict) -> List[str]:
     run_file = output_dir / RUN_FILE
     if not run_file.exists():
         return []
-    old = json.loads(run_file.read_text())
-    old.pop(PROVENANCE_KEY, None)
-    return _differences(old, {k: v for k, v in identity.items() if k != PROVENANCE_KEY})
+    return identity_differences(json.loads(run_file.read_text()), identity)
 
 
-def rewrite_run(output_dir: Path, identity: dict, provenance: Optional[dict]) -> None:
-    """Replace run.json's identity (job.extend: the run now holds a larger dataset), keeping when
-    it was first claimed; under the claim lock, by the job that holds the plan lock."""
+def identity_differences(old: dict, new: dict) -> List[str]:
+    """What differs between two identities (run.json's or plan.json's), provenance aside, as
+    `key.path: old -> new` lines."""
+    return _differences({k: v for k, v in old.items() if k != PROVENANCE_KEY},
+                        {k: v for k, v in new.items() if k != PROVENANCE_KEY})
+
+
+def rewrite_run(output_dir: Path, identity: dict, provenance: Optional[dict], event: str = "extended") -> None:
+    """Replace run.json's identity (job.extend: the run now holds a larger dataset; the first worker
+    of a run whose device part was pending: its own), keeping when it was first claimed, and when
+    it changed under `event`; under the claim lock, by the job that holds the plan lock."""
     with dir_lock(output_dir, "claim"):
         before = run_id(output_dir)
         old = json.loads((output_dir / RUN_FILE).read_text())
-        prov = dict(old.get(PROVENANCE_KEY) or {}, extended=(provenance or {}).get("time"))
+        prov = dict(old.get(PROVENANCE_KEY) or {}, **{event: (provenance or {}).get("time")})
         prov["lineage"] = sorted(set(prov.get("lineage", [])) | {before})  # the ids its shards may carry
         atomic_write_bytes(output_dir / RUN_FILE, run_bytes(identity, prov))
 

@@ -45,8 +45,6 @@ def estimate_lines(cfg: GenerateConfig, manifest, output_dir) -> list:
     """The estimate of the plan's items left, with the best rate there is: measured in this
     output_dir, else cached for this model and tier on this device, else on another device."""
     # Imported here for the start-up cost, as plan_typed's imports.
-    import torch
-
     from jobs.output.done import done_units
     from jobs.output.layout import PLAN_DIR
     from jobs.plan.estimate import cost_of, estimate
@@ -54,11 +52,22 @@ def estimate_lines(cfg: GenerateConfig, manifest, output_dir) -> list:
     from jobs.telemetry.rates import cached_rates, measured_rate
 
     tier = quality_tier(cfg.bcg.fusions, cfg.bcg.compile)
-    here = torch.cuda.get_device_name() if cfg.device != "cpu" and torch.cuda.is_available() else "cpu"
     cached = cached_rates(cfg.model.name, tier)
-    rate = (measured_rate(output_dir, cost_of(manifest))
-            or next((r for r in cached if r.device == here), None) or next(iter(cached), None))
+    rate = measured_rate(output_dir, cost_of(manifest))
+    if rate is None and cached:
+        here = this_device(cfg.device)
+        rate = next((r for r in cached if r.device == here), None) or cached[0]
     return estimate(manifest, done_units(output_dir / PLAN_DIR), rate).lines()
+
+
+def this_device(device: str) -> str:
+    """The name rates are cached under for this machine's device: its GPU's, or "cpu". Only
+    torch knows it, so `--estimate` imports torch, and only where a cached rate is the best it has."""
+    if device == "cpu":
+        return "cpu"
+    import torch
+
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
 
 
 def cli() -> None:

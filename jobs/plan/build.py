@@ -218,8 +218,8 @@ def _warm_imports() -> None:
 
 def _start_method() -> str:
     """fork where it is safe, else spawn. A forked pool starts at once with every module imported
-    (a spawned interpreter spends seconds importing torch and the family's modules before its
-    first chunk). Safe here means: no other Python thread (that could hold a lock the child then
+    (a spawned interpreter imports pyarrow, the tokenizer and the family's modules again before
+    its first chunk). Safe here means: no other Python thread (that could hold a lock the child then
     needs) and no CUDA context. The native pools a planner holds (jemalloc's background thread,
     OpenBLAS, the tokenizers' rayon pool) register their own fork handlers, and the children run
     no torch op. Planning inside a generating process (sink threads, CUDA) therefore spawns."""

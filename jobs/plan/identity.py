@@ -9,11 +9,19 @@ thread than at 2 (measured on the tiny SANA and Flux presets: up to 7e-7, enough
 pixel in ~100k). A CPU run that resumed with another thread count would mix two renderings in one
 output_dir. CUDA kernels do not depend on it: a GPU run leaves it out, and may resume on a host
 with any number of cores.
+
+That device part is the renderer's, not the planner's: torch alone knows its thread count (MKL's
+rule: OMP_NUM_THREADS, MKL_NUM_THREADS, physical cores, the affinity mask) and whether CUDA is
+usable, and `python -m jobs.plan` runs no tensor op and imports no torch; it may also run on a
+login node without the workers' GPUs. A job that renders passes its `Renderer`; a job that
+renders nothing takes the run's device part as it is, and where there is no run yet it claims one
+with the device part pending (a GPU config's is known: none), which the first worker settles
+(jobs/plan/publish.py).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Optional
 
 from jobs.config import GenerateConfig
@@ -21,10 +29,42 @@ from jobs.models import demo_weights
 from jobs.models.lora import lora_identity
 from jobs.models.registry import get_family
 
+#: The device part of a run claimed by a job that renders nothing (`python -m jobs.plan`): its first
+#: worker replaces it with its own (`Renderer.identity`).
+DEVICE_PENDING = {"device": "pending"}
+#: Every top-level identity key the device part may hold.
+DEVICE_KEYS = ("cpu_threads", "device")
 
-def run_identity(cfg: GenerateConfig, digest: str, n_records: int, weights: Optional[str] = None) -> dict:
+
+@dataclass(frozen=True)
+class Renderer:
+    """The process that renders the run's items: its torch device ("cpu", "cuda", "cuda:1") and
+    torch's CPU thread count, as the worker reads them from torch."""
+
+    device: str
+    cpu_threads: int
+
+    def identity(self) -> dict:
+        """Its device part of the run identity: a CPU run's thread count; a CUDA run's nothing."""
+        return {"cpu_threads": int(self.cpu_threads)} if self.device == "cpu" else {}
+
+
+def device_part(identity: dict) -> dict:
+    """The device part of an identity (run.json's, plan.json's, a job's)."""
+    return {k: identity[k] for k in DEVICE_KEYS if k in identity}
+
+
+def unsettled_device(cfg: GenerateConfig) -> dict:
+    """The device part a job that renders nothing claims a new run with: none for device=cuda (no
+    thread count to record), else pending."""
+    return {} if cfg.device == "cuda" else dict(DEVICE_PENDING)
+
+
+def run_identity(cfg: GenerateConfig, digest: str, n_records: int, weights: Optional[str] = None,
+                 device: Optional[dict] = None) -> dict:
     """`weights`: the digest of the files under model.path (jobs/plan/weights_digest.py), None where
-    there is none to record (a tiny preset; a plan made before weight digests, whose run.json has none)."""
+    there is none to record (a tiny preset; a plan made before weight digests, whose run.json has none).
+    `device`: the device part (`Renderer.identity`, `device_part` of the run); None: `unsettled_device`."""
     m = cfg.model
     sampling, sink = asdict(cfg.sampling), {"format": cfg.sink.format, "quality": cfg.sink.quality}
     if get_family(m.family).video:
@@ -49,7 +89,7 @@ def run_identity(cfg: GenerateConfig, digest: str, n_records: int, weights: Opti
         "sink": sink,
         "bcg_fusions": cfg.bcg.fusions,  # the quality tier: fast changes pixels, lossless must not
         "bcg_compile": cfg.bcg.compile,  # compiled kernels change pixels; graph replay alone does not
-        **cpu_identity(cfg.device),
+        **(unsettled_device(cfg) if device is None else device),
         **batching_identity(cfg.bcg),
     }
 
@@ -67,18 +107,12 @@ def batching_identity(bcg) -> dict:
                          "batch_grow": bcg.batch_grow, "batch_grow_max": bcg.batch_grow_max}}
 
 
-def plan_identity(cfg: GenerateConfig, digest: str, records: int, weights: Optional[str] = None) -> dict:
-    ident = run_identity(cfg, digest, records, weights)
+def plan_identity(cfg: GenerateConfig, digest: str, records: int, weights: Optional[str] = None,
+                  device: Optional[dict] = None) -> dict:
+    ident = run_identity(cfg, digest, records, weights, device)
     ident["plan"] = {"unit_items": cfg.plan.unit_items, "dataset_limit": cfg.dataset.limit,
                      "dataset_on_error": cfg.dataset.on_error}
     if cfg.dataset.keep_fields:  # they are in every json: another list is another output
         ident["plan"]["dataset_keep_fields"] = list(cfg.dataset.keep_fields)
     return ident
 
-
-def cpu_identity(device: str) -> dict:
-    """{"cpu_threads": n} for a run on the CPU (`device` as configured: auto, cpu or cuda); {} otherwise."""
-    import torch
-
-    on_cpu = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
-    return {"cpu_threads": torch.get_num_threads()} if on_cpu else {}

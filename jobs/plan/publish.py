@@ -9,6 +9,12 @@ The lock makes concurrent jobs plan once (the others wait, then join); the claim
 published with a hard link) and the directory rename keep it exclusive even where flock is a
 no-op. A job's identity needs the dataset's digest; a worker takes it from plan.json when the
 file's size and mtime are unchanged, so joining a 10M-prompt plan does not read the dataset.
+
+The identity's device part (a CPU run's thread count, jobs/plan/identity.py) is the renderer's. A
+worker passes its `Renderer`. `python -m jobs.plan` renders nothing and passes none: it joins or
+extends a run with the run's device part, and claims a new run with it pending. The first worker
+to join a pending run settles it, under the plan lock: plan.json's identity first (a run.json lost
+later is restored from it), then run.json's (the old id kept in its lineage, as job.extend keeps it).
 """
 
 from __future__ import annotations
@@ -18,20 +24,27 @@ import logging
 import os
 import shutil
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 from jobs.config import GenerateConfig
 from jobs.dataset import write_error_ledger
 from jobs.errors import UserError
 from jobs.kill_hook import kill_hook
-from jobs.output.claim import PROVENANCE_KEY, dir_lock, open_run, rewrite_run, run_differences, wipe
+from jobs.output.claim import (
+    PROVENANCE_KEY,
+    dir_lock,
+    identity_differences,
+    open_run,
+    rewrite_run,
+    wipe,
+)
 from jobs.output.layout import ERRORS_FILE, PLAN_DIR, PLAN_FILE, RUN_FILE, SHARD_GLOB, unit_name
 from jobs.output.leases import HOST, live_leases, pid_alive
 from jobs.output.mirror import LocalShards, Mirror
 from jobs.plan.build import dataset_digest, dataset_files, plan_dataset, source_digest
 from jobs.plan.digests import digest_if_changed
 from jobs.plan.extend import check_files_appended, extend_plan, only_dataset_changed
-from jobs.plan.identity import plan_identity
+from jobs.plan.identity import DEVICE_KEYS, DEVICE_PENDING, Renderer, device_part, plan_identity
 from jobs.plan.units import DamagedPlan, PlanManifest, check_unit_file, read_manifest, unit_digest, write_manifest
 from jobs.plan.weights_digest import weights_now, weights_record
 from jobs.provenance import provenance
@@ -51,24 +64,28 @@ def _digest_now(cfg: GenerateConfig, existing: PlanManifest) -> str:
     return dataset_digest(files, digests)
 
 
-def join_or_make_plan(cfg: GenerateConfig, shards: LocalShards, divisor: int) -> PlanManifest:
+def join_or_make_plan(cfg: GenerateConfig, shards: LocalShards, divisor: int,
+                      renderer: Optional[Renderer] = None) -> PlanManifest:
     """The plan of output_dir (open_plan); with an object store, fetched from it first and published
-    to it after (jobs/output/mirror.py), under one lock of the staging folder."""
+    to it after (jobs/output/mirror.py), under one lock of the staging folder. `renderer`: the
+    worker's device; None for a job that renders nothing (`python -m jobs.plan`)."""
     if not isinstance(shards, Mirror):
-        return open_plan(cfg, shards.output_dir, divisor)
+        return open_plan(cfg, shards.output_dir, divisor, renderer=renderer)
     with dir_lock(shards.output_dir, "mirror"):
         before = shards.hydrate(cfg.job.overwrite)
-        manifest = open_plan(cfg, shards.output_dir, divisor, shards.orphaned_shards, shards.remote_url)
+        manifest = open_plan(cfg, shards.output_dir, divisor, shards.orphaned_shards, shards.remote_url, renderer)
         shards.publish_plan(before)
     return manifest
 
 
 def open_plan(cfg: GenerateConfig, output_dir: Path, divisor: int, shards_elsewhere: int = 0,
-              shown: Optional[str] = None) -> PlanManifest:
+              shown: Optional[str] = None, renderer: Optional[Renderer] = None) -> PlanManifest:
     """The plan this job works on (joined or made); raises UserError when the job must be refused.
-    `shards_elsewhere`, `shown`: an object store's shards and URL, as for open_run."""
+    `shards_elsewhere`, `shown`: an object store's shards and URL, as for open_run; `renderer`: as
+    for join_or_make_plan."""
     plan_dir = output_dir / PLAN_DIR
     with dir_lock(output_dir, "plan"):
+        claimed = _identity_in(output_dir / RUN_FILE)  # None: no run.json, or a damaged one
         if (plan_dir / PLAN_FILE).exists():
             try:
                 existing = read_manifest(plan_dir)
@@ -78,12 +95,18 @@ def open_plan(cfg: GenerateConfig, output_dir: Path, divisor: int, shards_elsewh
             except DamagedPlan as err:
                 if cfg.job.verify != "full":
                     raise
-                return _repair(cfg, output_dir, plan_dir, divisor, err)
+                return _repair(cfg, output_dir, plan_dir, divisor, err, renderer, claimed)
+            run = claimed or existing.identity
             weights = weights_now(cfg, existing.weights)  # weights changed in place: refused here, naming them
-            ident = plan_identity(cfg, _digest_now(cfg, existing), existing.dataset["records"], weights)
-            if cfg.job.extend and only_dataset_changed(run_differences(output_dir, ident)):
-                return _extend(cfg, output_dir, plan_dir, existing, divisor, weights)
-            open_run(output_dir, ident, cfg.job.overwrite, provenance=_provenance(cfg),
+            ident = _job_identity(cfg, _digest_now(cfg, existing), existing.dataset["records"], weights, renderer, run)
+            settles = renderer is not None and _pending(existing.identity, claimed)
+            differences = _run_differences(claimed, ident, settles)
+            if settles and not differences and _same_but_device(existing.identity, ident):
+                assert renderer is not None  # for mypy: `settles` says so
+                _settle_device(cfg, output_dir, plan_dir, existing, ident, renderer, claimed)
+            elif cfg.job.extend and only_dataset_changed(differences):
+                return _extend(cfg, output_dir, plan_dir, existing, divisor, weights, renderer, run)
+            open_run(output_dir, ident, cfg.job.overwrite, provenance=_provenance(cfg, renderer),
                      shards_elsewhere=shards_elsewhere, shown=shown)  # same: joins; else refuses or wipes
             if (plan_dir / PLAN_FILE).exists():
                 log.info("joining the plan in %s: %d items in %d units", plan_dir, existing.n_items,
@@ -95,15 +118,79 @@ def open_plan(cfg: GenerateConfig, output_dir: Path, divisor: int, shards_elsewh
                                  f"bcgen, or a plan deleted by hand): its items cannot be matched to units. Use "
                                  f"another output_dir, or job.overwrite=true to delete them and start over.")
             wipe(output_dir, SHARD_GLOB)
-        return _make(cfg, output_dir, plan_dir, divisor)
+            claimed = None  # wiped: the new run's device part is this job's
+        return _make(cfg, output_dir, plan_dir, divisor, renderer, claimed)
 
 
-def _repair(cfg: GenerateConfig, output_dir: Path, plan_dir: Path, divisor: int, why: DamagedPlan) -> PlanManifest:
+def _job_identity(cfg: GenerateConfig, digest: str, records: int, weights: Optional[str],
+                  renderer: Optional[Renderer], run: Optional[dict]) -> dict:
+    """This job's plan identity. A renderer's device part is its own. A job that renders nothing
+    takes the device part of `run` (the identity there), where it joins or extends that run; for a
+    new run, or one it would replace, its own (pending, or none for device=cuda)."""
+    ident = plan_identity(cfg, digest, records, weights, None if renderer is None else renderer.identity())
+    if renderer is not None or run is None:
+        return ident
+    rest = [d for d in identity_differences(run, ident) if not _of_device(d)]
+    if rest and not only_dataset_changed(rest):
+        return ident  # another run: refused, or replaced (job.overwrite) with this job's device part
+    return {**{k: v for k, v in ident.items() if k not in DEVICE_KEYS}, **device_part(run)}
+
+
+def _identity_in(path: Path, key: Optional[str] = None) -> Optional[dict]:
+    """The identity a run file holds (run.json; plan.json's under `key`), or None where it is missing
+    or damaged."""
+    try:
+        doc = json.loads(path.read_bytes())
+        ident = doc[key] if key else doc
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return ident if isinstance(ident, dict) else None
+
+
+def _pending(planned: dict, claimed: Optional[dict]) -> bool:
+    """Whether the run's device part waits for its first worker: in plan.json, or in run.json (a
+    worker that settled plan.json and died before run.json)."""
+    return any(device_part(i) == DEVICE_PENDING for i in (planned, claimed) if i is not None)
+
+
+def _run_differences(claimed: Optional[dict], ident: dict, settles: bool) -> List[str]:
+    """What differs between run.json (`claimed`) and this job's identity: nothing where run.json is
+    missing or damaged (open_run restores it from plan.json), and nothing of the device part where
+    this job settles it (below in open_plan, or in _extend)."""
+    if claimed is None:
+        return []
+    return [d for d in identity_differences(claimed, ident) if not (settles and _of_device(d))]
+
+
+def _same_but_device(planned: dict, ident: dict) -> bool:
+    return all(_of_device(d) for d in identity_differences(planned, ident))
+
+
+def _of_device(difference: str) -> bool:
+    """Whether a `key: old -> new` line (claim.identity_differences) is about the device part."""
+    return difference.partition(":")[0] in DEVICE_KEYS
+
+
+def _settle_device(cfg: GenerateConfig, output_dir: Path, plan_dir: Path, plan: PlanManifest, ident: dict,
+                   renderer: Renderer, claimed: Optional[dict]) -> None:
+    """This worker is the first of a run claimed with its device part pending: record its own."""
+    plan.identity = ident
+    write_manifest(plan_dir, plan)
+    if claimed is not None:
+        rewrite_run(output_dir, ident, _provenance(cfg, renderer), event="device_settled")
+    # else run.json is missing or damaged: open_run restores it from plan.json, which is now this job's
+    threads = ident.get("cpu_threads")
+    log.info("the run's device part, settled by its first worker: %s%s", renderer.device,
+             f" with {threads} CPU threads" if threads else "")
+
+
+def _repair(cfg: GenerateConfig, output_dir: Path, plan_dir: Path, divisor: int, why: DamagedPlan,
+            renderer: Optional[Renderer], claimed: Optional[dict]) -> PlanManifest:
     """Plan again and put back the plan's files, if the new plan is the run's (run.json says so)."""
     log.warning("%s: planning again to restore it", why.args[0].split(";")[0])
     work = output_dir / f"{PLAN_DIR}.tmp-{HOST}-{os.getpid()}"
     try:
-        manifest = _plan_into(cfg, work, divisor)
+        manifest = _plan_into(cfg, work, divisor, renderer, claimed)
         try:
             claimed = json.loads((output_dir / RUN_FILE).read_bytes())
             claimed.pop(PROVENANCE_KEY, None)  # when, on which host: never part of the comparison
@@ -122,30 +209,35 @@ def _repair(cfg: GenerateConfig, output_dir: Path, plan_dir: Path, divisor: int,
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _plan_into(cfg: GenerateConfig, work: Path, divisor: int) -> PlanManifest:
+def _plan_into(cfg: GenerateConfig, work: Path, divisor: int, renderer: Optional[Renderer],
+               run: Optional[dict]) -> PlanManifest:
     result = plan_dataset(cfg, divisor, work)
-    _seal(cfg, result.manifest, work)
+    _seal(cfg, result.manifest, work, renderer, run)
     return result.manifest
 
 
-def _seal(cfg: GenerateConfig, manifest: PlanManifest, work: Path) -> None:
-    """The plan's identity (dataset, config, weights) and its files' digests, then plan.json."""
+def _seal(cfg: GenerateConfig, manifest: PlanManifest, work: Path, renderer: Optional[Renderer],
+          run: Optional[dict]) -> None:
+    """The plan's identity (dataset, config, weights, device part: _job_identity) and its files'
+    digests, then plan.json."""
     manifest.weights = weights_record(cfg)
-    manifest.identity = plan_identity(cfg, manifest.dataset["digest"], manifest.dataset["records"],
-                                      manifest.weights.get("digest"))
+    manifest.identity = _job_identity(cfg, manifest.dataset["digest"], manifest.dataset["records"],
+                                      manifest.weights.get("digest"), renderer, run)
     manifest.unit_digests = {str(u.id): unit_digest(work / f"{unit_name(u.id)}.parquet") for u in manifest.units}
     write_manifest(work, manifest)
 
 
-def _make(cfg: GenerateConfig, output_dir: Path, plan_dir: Path, divisor: int) -> PlanManifest:
+def _make(cfg: GenerateConfig, output_dir: Path, plan_dir: Path, divisor: int, renderer: Optional[Renderer],
+          claimed: Optional[dict]) -> PlanManifest:
+    """`claimed`: run.json's identity, where a run was claimed but its plan never published."""
     _remove_stale_work(output_dir)
     work = output_dir / f"{PLAN_DIR}.tmp-{HOST}-{os.getpid()}"
     try:
         result = plan_dataset(cfg, divisor, work)
         kill_hook("plan")
         manifest = result.manifest
-        _seal(cfg, manifest, work)
-        open_run(output_dir, manifest.identity, cfg.job.overwrite, provenance=_provenance(cfg))
+        _seal(cfg, manifest, work, renderer, claimed)
+        open_run(output_dir, manifest.identity, cfg.job.overwrite, provenance=_provenance(cfg, renderer))
         errors_file = output_dir / ERRORS_FILE
         errors_file.unlink(missing_ok=True)
         if result.errors:
@@ -164,18 +256,18 @@ def _make(cfg: GenerateConfig, output_dir: Path, plan_dir: Path, divisor: int) -
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _provenance(cfg: GenerateConfig) -> dict:
-    """run.json's provenance: when the run was claimed, and the software and device of that job."""
-    import torch
-
-    device = "cuda" if cfg.device != "cpu" and torch.cuda.is_available() else "cpu"
-    return provenance(cfg.bcg.fusions, cfg.bcg.compile, device)
+def _provenance(cfg: GenerateConfig, renderer: Optional[Renderer]) -> dict:
+    """run.json's provenance: when the run was claimed, and the software and device of that job
+    (none for a job that renders nothing)."""
+    return provenance(cfg.bcg.fusions, cfg.bcg.compile, None if renderer is None else renderer.device)
 
 
 def _extend(cfg: GenerateConfig, output_dir: Path, plan_dir: Path, existing: PlanManifest, divisor: int,
-            weights: Optional[str]) -> PlanManifest:
+            weights: Optional[str], renderer: Optional[Renderer], run: dict) -> PlanManifest:
     """job.extend=true with a grown dataset: plan it, add its new rows as new units (jobs/plan/extend.py).
-    `weights`: their digest as the join checked it (unchanged, or extend would not be asked)."""
+    `weights`: their digest as the join checked it (unchanged, or extend would not be asked); `run`:
+    the run's identity (a job that renders nothing keeps its device part; a pending run's first
+    worker settles it here)."""
     live = live_leases(plan_dir)
     if live:
         raise UserError(f"job.extend=true refused: {len(live)} worker lease(s) in output_dir={str(output_dir)!r} are "
@@ -186,10 +278,10 @@ def _extend(cfg: GenerateConfig, output_dir: Path, plan_dir: Path, existing: Pla
     try:
         result = plan_dataset(cfg, divisor, work)
         new = result.manifest
-        new.identity = plan_identity(cfg, new.dataset["digest"], new.dataset["records"], weights)
+        new.identity = _job_identity(cfg, new.dataset["digest"], new.dataset["records"], weights, renderer, run)
         check_files_appended(existing, new)
         manifest, added = extend_plan(existing, plan_dir, new, work)
-        rewrite_run(output_dir, manifest.identity, _provenance(cfg))
+        rewrite_run(output_dir, manifest.identity, _provenance(cfg, renderer))
         errors_file = output_dir / ERRORS_FILE
         errors_file.unlink(missing_ok=True)
         if result.errors:

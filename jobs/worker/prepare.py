@@ -27,6 +27,7 @@ from jobs.output.layout import PLAN_DIR
 from jobs.output.leases import HOST
 from jobs.output.mirror import LocalShards, open_shards
 from jobs.output.staging_claim import StagingClaim
+from jobs.plan.identity import Renderer
 from jobs.plan.publish import join_or_make_plan
 from jobs.plan.units import PlanManifest, read_manifest
 from jobs.preflight import Checked, check_config
@@ -88,7 +89,7 @@ def _prepare(cfg: GenerateConfig, checked: Checked, shards: LocalShards, staging
         owner = f"{HOST}:{os.getpid()}:part{topo.part}/{topo.parts}"
 
         def join_or_make() -> None:
-            manifest = held["manifest"] = join_or_make_plan(cfg, shards, checked.divisor)
+            manifest = held["manifest"] = join_or_make_plan(cfg, shards, checked.divisor, renderer_of(device))
             check_done_units(cfg, manifest, shards, output_dir, owner)
 
         group.agree(join_or_make, leader_only=True)
@@ -111,6 +112,12 @@ def assemble(cfg: GenerateConfig, checked: Checked, shards: LocalShards, manifes
     plan = LeasedPlan(manifest, plan_dir, source, sink, order)
     return Prepared(cfg=cfg, family=checked.family, padder=checked.padder, output_dir=checked.output_dir, plan=plan,
                     manifest=manifest, sink=sink, topo=topo, device=device, staging=staging)
+
+
+def renderer_of(device: torch.device) -> Renderer:
+    """This process as the run's renderer: the device part of the run identity is its own (torch's
+    CPU thread count changes a CPU run's bytes; jobs/plan/identity.py)."""
+    return Renderer(str(device), torch.get_num_threads())
 
 
 def check_done_units(cfg: GenerateConfig, manifest: PlanManifest, shards: LocalShards, output_dir: Path,
