@@ -95,9 +95,10 @@ def tar_keys(data: bytes) -> list:
         return [json.loads(tar.extractfile(m).read())["key"] for m in tar if m.name.endswith(".json")]
 
 
-def every_key_once(tars: dict) -> None:
+def every_key_once(tars: dict, log: str = "") -> None:
     counts = Counter(k for data in tars.values() for k in tar_keys(data))
-    assert sorted(counts) == sorted(r["key"] for r in prompts(N))
+    missing = sorted({r["key"] for r in prompts(N)} - set(counts))
+    assert not missing and len(counts) == N, f"{len(missing)} key(s) missing: {missing[:30]}\n{log[-8000:]}"
     assert set(counts.values()) == {1}, [k for k, n in counts.items() if n > 1]
 
 
@@ -210,7 +211,7 @@ def test_an_actor_killed_mid_unit_has_its_unit_finished_by_another(cluster, data
             proc.kill()
     assert proc.returncode == 0, log[-6000:]
     got = local_files(out)
-    every_key_once({n: b for n, b in got.items() if n.endswith(".tar")})
+    every_key_once({n: b for n, b in got.items() if n.endswith(".tar")}, log)
     # What the dead actor committed stays, unchanged, and is the unit's: nothing generated twice.
     assert before and all(sha(got[n]) == h for n, h in before.items())
     marker = json.loads((out / "_plan" / "done" / f"unit-{unit:07d}.json").read_text())
