@@ -75,7 +75,7 @@ def test_key_table_sorts_100k_keys_a_side_in_a_few_mb(tmp_path):
     assert got["only_there"] == Keys(20, tuple(f"k{i:07d}" for i in range(N, N + 5)))
     assert got["dup_here"] == Keys(1, ("k0000003",)) and got["dup_there"] == Keys(2, ("k0050000", "k0050000"))
     # k0000003's second copy differs, but its first is what only-here counted: not differing, not twice
-    # The old dicts of every key's digests peaked at about 90 MB here (the rows alone, as Python objects)
+    # A dict of every key's digests (what compare.py held before) peaks at about 75 MiB a side here
     assert peak < 20 * 2**20, f"peak Python memory {peak / 2**20:.1f} MiB for {N} keys a side"
 
 
