@@ -81,11 +81,11 @@ class DigestCache:
                 self.hits += 1
             return entry["digest"]
         value = compute(path)
-        if _stamp(path) == stamp:  # not remembered if the file changed while it was read
-            with self._lock:
+        with self._lock:
+            self.misses += 1
+            if _stamp(path) == stamp:  # not remembered if the file changed while it was read
                 self._entries[key] = {**stamp, "digest": value}
                 self._dirty = True
-                self.misses += 1
         return value
 
     def save(self) -> None:
