@@ -31,7 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import SANA_1600M, TEXT_LEN, REAL_TOKENS, device_tag, environment, flow_schedule, write_results  # noqa: E402
+from common import SANA_1600M, TEXT_LEN, REAL_TOKENS, device_tag, environment, flow_schedule, graph_ms, write_results  # noqa: E402
 
 from bcg.invariant import InvariantConfig, batch_invariant  # noqa: E402
 from bcg.invariant.gemm_triton import matmul, tile_for  # noqa: E402
@@ -71,13 +71,6 @@ def timed(fn, reps=20, warm=3, budget_ms=300.0) -> float:
         b.synchronize()
         out.append(a.elapsed_time(b))
     return statistics.median(out)
-
-
-def graph_ms(fn) -> float:
-    """GPU ms of one call replayed in a CUDA graph (as bcg replays the denoiser): no launch overhead,
-    which for a Triton launch (~40 us of Python) would swamp the small GEMMs' 10-30 us."""
-    import triton.testing
-    return float(triton.testing.do_bench_cudagraph(fn, rep=25))
 
 
 # -- 1. the GEMM shapes, recorded from the real architectures -------------------------------------

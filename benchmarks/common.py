@@ -129,6 +129,15 @@ def kernel_profile(fn, steps: int) -> dict:
     }
 
 
+def graph_ms(fn) -> float:
+    """GPU ms of one call of fn replayed in a CUDA graph (as bcg replays the denoiser), the median of
+    Triton's reps: no launch overhead, which for a Triton launch (~40 us of Python) would swamp a
+    small GEMM's 10-30 us."""
+    import triton.testing
+
+    return float(triton.testing.do_bench_cudagraph(fn, rep=25))
+
+
 def environment() -> dict:
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),

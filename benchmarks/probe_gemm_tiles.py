@@ -28,7 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import device_tag, environment  # noqa: E402
+from common import device_tag, environment, graph_ms  # noqa: E402
 
 from bcg.invariant.gemm_triton import Tile, canonical_tile, matmul  # noqa: E402
 
@@ -78,13 +78,6 @@ CANDIDATES = [
 ]
 
 
-def gpu_ms(fn) -> float:
-    """GPU time of one call, replayed in a CUDA graph (no launch overhead), median of Triton's reps."""
-    import triton.testing
-
-    return float(triton.testing.do_bench_cudagraph(fn, rep=25))
-
-
 def tag(t: Tile) -> str:
     return f"{t.block_m}x{t.block_n}x{t.block_k}/w{t.num_warps}s{t.num_stages}"
 
@@ -97,13 +90,13 @@ def probe(m: int, n: int, k: int) -> list:
     ref = matmul(a, b, tile=canon)
     one = matmul(a[:1], b, tile=canon)  # row 0 alone, the invariance the contract needs
     flops = 2.0 * m * n * k
-    cublas = gpu_ms(lambda: torch.mm(a, b))
+    cublas = graph_ms(lambda: torch.mm(a, b))
     rows = []
     for t in CANDIDATES:
         try:
             out = matmul(a, b, tile=t)
             alone = matmul(a[:1], b, tile=t)
-            ms = gpu_ms(lambda t=t: matmul(a, b, tile=t))
+            ms = graph_ms(lambda t=t: matmul(a, b, tile=t))
             rows.append(
                 dict(
                     M=m,
