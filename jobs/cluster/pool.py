@@ -217,7 +217,8 @@ class Pool:
         try:
             value = ray.get(ref)
         except RayActorError as e:
-            self._died(slot, e)
+            # the call just popped is one of the dead actor's too: its unit goes back with the others
+            self._died(slot, e, [unit] if kind == "unit" and unit is not None else [])
             return
         except RayTaskError as e:
             if isinstance(e.cause, UserError):  # bad input only that node could see (a model path)
@@ -250,8 +251,8 @@ class Pool:
         else:  # the actor stopped before finishing it: still ours, next in line
             self._put_back(unit)
 
-    def _died(self, slot: Slot, error: RayActorError) -> None:
-        units = [u for ref, (kind, s, u) in list(self._calls.items()) if s is slot and kind == "unit"]
+    def _died(self, slot: Slot, error: RayActorError, popped: List[UnitInfo]) -> None:
+        units = popped + [u for ref, (kind, s, u) in list(self._calls.items()) if s is slot and kind == "unit"]
         for ref in [r for r, (_, s, _u) in self._calls.items() if s is slot]:
             del self._calls[ref]
         if slot.finished:  # it returned its stats and held nothing: its end is not a death of the job's
