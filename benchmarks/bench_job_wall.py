@@ -96,11 +96,20 @@ def child_env(gpu, cache: Path) -> dict:
 
 
 def timed(cmd: list, env: dict, log: Path) -> tuple:
-    """(unix start, wall seconds, stdout) of one process, started and reaped here."""
+    """(unix start, wall seconds, stdout) of one process, started and reaped here.
+
+    With BENCH_PYSPY_DIR set, the process runs under `py-spy record` (every thread, idle frames
+    too, collapsed stacks to <dir>/<log name>.pyspy): where the fixed costs go, not a timing."""
+    spy = os.environ.get("BENCH_PYSPY_DIR")
+    if spy:
+        cmd = ["py-spy", "record", "--idle", "--threads", "--format", "raw", "--rate", "50", "--nonblocking",
+               "-o", str(Path(spy) / f"{log.stem}.pyspy"), "--", *cmd]
     with open(log, "w") as err:
         start_unix, t0 = time.time(), time.perf_counter()
         proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=err, text=True)
         wall = time.perf_counter() - t0
+    if spy:
+        shutil.copy(log, Path(spy) / log.name)
     if proc.returncode:
         raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}; see {log}:\n{log.read_text()[-3000:]}")
     return start_unix, wall, proc.stdout
@@ -342,7 +351,12 @@ def main() -> None:
     p.add_argument("--work", type=Path, default=Path("/tmp/bcgen-wall"))
     p.add_argument("--tag", default=None, help="result file job_wall_<tag> (default: the GPU, e.g. h200)")
     p.add_argument("--out", default="benchmarks/results")
+    p.add_argument("--pyspy", type=Path, default=None, help="profile every run with py-spy into this folder "
+                                                           "(stacks and logs; its timings are not results)")
     a = p.parse_args()
+    if a.pyspy:
+        a.pyspy.mkdir(parents=True, exist_ok=True)
+        os.environ["BENCH_PYSPY_DIR"] = str(a.pyspy)
     t_start = time.perf_counter()
     a.mode_order = a.modes.split(",")
     for m in a.mode_order:
