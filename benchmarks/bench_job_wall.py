@@ -102,8 +102,10 @@ def timed(cmd: list, env: dict, log: Path) -> tuple:
     too, collapsed stacks to <dir>/<log name>.pyspy): where the fixed costs go, not a timing."""
     spy = os.environ.get("BENCH_PYSPY_DIR")
     if spy:
-        cmd = ["py-spy", "record", "--idle", "--threads", "--format", "raw", "--rate", "50", "--nonblocking",
-               "-o", str(Path(spy) / f"{log.stem}.pyspy"), "--", *cmd]
+        fmt = os.environ.get("BENCH_PYSPY_FORMAT", "raw")  # speedscope keeps the samples' order: slice by time
+        name = f"{log.stem}.pyspy" if fmt == "raw" else f"{log.stem}.speedscope.json"
+        cmd = ["py-spy", "record", "--idle", *(["--threads"] if fmt == "raw" else []), "--format", fmt,
+               "--rate", "50", "--nonblocking", "-o", str(Path(spy) / name), "--", *cmd]
     with open(log, "w") as err:
         start_unix, t0 = time.time(), time.perf_counter()
         proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=err, text=True)
@@ -122,6 +124,9 @@ def run_job(a, mode: str, data: Path, out: Path, env: dict, log: Path) -> dict:
            f"sampling.guidance_scale={a.guidance}", "job.progress=false",
            *JOB_MODES.get(mode, []), *a.extra]
     start, wall, _ = timed(cmd, env, log)
+    spy = os.environ.get("BENCH_PYSPY_DIR")
+    for job_log in (out / "logs").glob("*/generate.log") if spy else ():
+        shutil.copy(job_log, Path(spy) / f"{log.stem}.generate.log")  # the job's own stage lines, timestamped
     s = json.loads((out / "summary.json").read_text())
     firsts = [e["start"] + e["t"] for p in (out / "_timeline").glob("*.jsonl")
               for e in map(json.loads, filter(str.strip, p.read_text().splitlines()))]
@@ -353,10 +358,11 @@ def main() -> None:
     p.add_argument("--out", default="benchmarks/results")
     p.add_argument("--pyspy", type=Path, default=None, help="profile every run with py-spy into this folder "
                                                            "(stacks and logs; its timings are not results)")
+    p.add_argument("--pyspy-format", choices=["raw", "speedscope"], default="raw")
     a = p.parse_args()
     if a.pyspy:
         a.pyspy.mkdir(parents=True, exist_ok=True)
-        os.environ["BENCH_PYSPY_DIR"] = str(a.pyspy)
+        os.environ.update(BENCH_PYSPY_DIR=str(a.pyspy), BENCH_PYSPY_FORMAT=a.pyspy_format)
     t_start = time.perf_counter()
     a.mode_order = a.modes.split(",")
     for m in a.mode_order:

@@ -1,6 +1,11 @@
 """Where a process's time went: a py-spy raw profile (`py-spy record --format raw --idle`) as a tree.
 
     python benchmarks/pyspy_tree.py run.pyspy [--thread MainThread] [--min 1.0] [--depth 40] [--rate 50]
+    python benchmarks/pyspy_tree.py run.speedscope.json [--from 0] [--until 30]     (--format speedscope)
+
+A speedscope profile keeps the samples in time order, so --from/--until (seconds from the start
+of sampling) show one stretch of the run: the first batch, say. Its threads are named by id; the
+default --thread '' shows the one with the most samples first.
 
 Each line is a frame with its inclusive share of the thread's samples (and seconds at --rate),
 children indented under it; frames under --min percent are folded away, and the import
@@ -12,6 +17,7 @@ is time a user waits too). For reading fixed costs (imports, loads, first calls)
 from __future__ import annotations
 
 import argparse
+import json
 import re
 from pathlib import Path
 
@@ -30,6 +36,22 @@ def parse(path: Path, thread: str) -> dict:
         if thread and thread not in name:
             continue
         out.setdefault(name, []).append((frames[1:], int(count)))
+    return out
+
+
+def parse_speedscope(path: Path, thread: str, start: float, until: float) -> dict:
+    """{thread name: [(frames, count)]} of the samples in [start, until) seconds, one count a sample."""
+    doc = json.loads(path.read_text())
+    frames = [f"{f['name']} ({f.get('file')}:{f.get('line')})" for f in doc["shared"]["frames"]]
+    out: dict = {}
+    for prof in sorted(doc["profiles"], key=lambda p: -len(p["samples"])):
+        if thread and thread not in prof["name"]:
+            continue
+        t, stacks = 0.0, out.setdefault(prof["name"], [])
+        for sample, weight in zip(prof["samples"], prof["weights"]):
+            if start <= t < until:
+                stacks.append(([frames[i] for i in sample], 1))
+            t += weight
     return out
 
 
@@ -81,9 +103,17 @@ def main() -> None:
     p.add_argument("--min", type=float, default=1.0, help="fold frames under this percent of the samples")
     p.add_argument("--depth", type=int, default=40)
     p.add_argument("--rate", type=float, default=50.0, help="the samples a second py-spy took (--rate)")
+    p.add_argument("--from", dest="start", type=float, default=0.0, help="speedscope: from this second")
+    p.add_argument("--until", type=float, default=float("inf"), help="speedscope: up to this second")
     a = p.parse_args()
-    for name, stacks in parse(a.profile, a.thread).items():
+    if a.profile.read_bytes()[:1] == b"{":
+        threads = parse_speedscope(a.profile, "" if a.thread == "MainThread" else a.thread, a.start, a.until)
+    else:
+        threads = parse(a.profile, a.thread)
+    for name, stacks in threads.items():
         root = tree(stacks)
+        if not root["n"]:
+            continue
         print(f"== {name}: {root['n']} samples, {root['n'] / a.rate:.1f} s")
         print("\n".join(show(root, root["n"], a.rate, a.min, a.depth)))
 
