@@ -9,12 +9,14 @@ mode.
 from __future__ import annotations
 
 import gc
+import operator
 from pathlib import Path
 
 import pytest
 import torch
 
-from jobs.models.weights import CPU_ALIGNMENT, owns_aligned_memory, own_weights, torch_modules
+from jobs.models.weights import CPU_ALIGNMENT, own_weights, owns_aligned_memory, torch_modules
+from jobs.models.weights import forward_only as weights_forward_only
 from tests.helpers import CONF_DIR, compose_cfg, tiny_pipeline
 
 # (tiny preset, the real preset that loads a folder the tiny one saved)
@@ -88,3 +90,42 @@ def test_own_weights_leaves_device_runs_to_the_device_copy():
         components = {"transformer": linear}
 
     assert own_weights(Pipe, torch.device("cuda")) == 0 and linear.weight.data_ptr() == before
+
+
+ENCODE_PROMPTS = ["a red fox on a quiet lake at dawn", "misty mountain",
+                  "an old stone bridge over a river in the morning light, birds over the water"]
+
+
+@pytest.mark.parametrize("tiny", [t for t, _ in PRESETS])
+def test_text_encoders_run_without_a_kv_cache_and_encode_the_same_bytes(tiny, monkeypatch):
+    """prepare() turns the text encoder's KV cache off (Gemma2's cache start synchronises the host
+    on every layer); the embeddings must not change by a bit, so encode with it back on too."""
+    import jobs.models.weights as weights
+
+    turned_off: list = []
+    real = weights.forward_only
+    monkeypatch.setattr(weights, "forward_only", lambda pipe, names: turned_off.extend(real(pipe, names)))
+    cfg, fam, pipe = tiny_pipeline(tiny)
+    configs = {key: operator.attrgetter(key)(pipe) for key in turned_off}  # "text_encoder.config"
+    assert all(c.use_cache is False for c in configs.values())
+    if not configs:
+        pytest.skip(f"{tiny}: its text encoder keeps no KV cache")
+
+    def encode():  # a prompt a call: MiniMax-H3 encodes one text length a batch
+        with torch.inference_mode():
+            return [(e.embeds.clone(), e.mask.clone())
+                    for e in (fam.encode(pipe, [p], cfg.model, "cpu", instruction=True) for p in ENCODE_PROMPTS)]
+
+    without = encode()
+    for c in configs.values():
+        c.use_cache = True
+    with_cache = encode()
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(without, with_cache))
+
+
+def test_forward_only_turns_off_the_cache_of_decoder_encoders_only():
+    cfg, fam, pipe = tiny_pipeline("sana_video_tiny")  # Gemma2, as the real SANA and SANA-Video
+    assert pipe.text_encoder.config.use_cache is False
+    pipe.text_encoder.config.use_cache = True
+    assert weights_forward_only(pipe, ("text_encoder", "transformer", "absent")) == ["text_encoder.config"]
+    assert weights_forward_only(pipe, ("text_encoder",)) == []  # already off

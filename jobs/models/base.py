@@ -151,13 +151,18 @@ class ModelFamily:
     def prepare(self, pipe, cfg: ModelConfig):
         """What every pipeline, tiny or loaded, goes through before the job runs it (and before
         the bcg runner wraps its transformer)."""
-        from jobs.models.weights import eval_mode
+        from jobs.models.weights import eval_mode, forward_only
 
         apply_loras(pipe, cfg.loras, self.pipeline_class)
         apply_scheduler(pipe, cfg.scheduler)
         eval_mode(pipe)
+        forward_only(pipe, self.forward_only_encoders)
         self.patch(pipe)
         return pipe
+
+    #: text encoders the pipeline runs forward once for hidden states: their KV cache is turned off
+    #: (jobs/models/weights.py says why). Not a model that generates tokens (GLM-Image's AR model).
+    forward_only_encoders: tuple = ("text_encoder",)
 
     def patch(self, pipe) -> None:
         """The family's host-side fixes to a pipeline instance (none by default)."""

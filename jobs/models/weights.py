@@ -13,6 +13,14 @@ memory from the caching allocator (256-byte aligned at least) and drops the mapp
 Eval mode. diffusers and transformers put a model in eval mode after `from_pretrained`, but a
 module built from its config starts in training mode (dropout on), so the tiny presets would run
 differently from their real models. Every pipeline goes through `eval_mode`.
+
+No KV cache in a text encoder run once for its hidden states. A decoder LM used as a text encoder
+(SANA's Gemma2, Qwen-Image's Qwen2.5-VL, Z-Image's Qwen3, LTX-2's Gemma3) builds a KV cache on
+every forward when its config says `use_cache`, and nothing ever reads it. Gemma2's sliding-window
+layers also copy a CPU tensor to the device as each layer's cache starts: 26 host-synchronising
+copies per encode, which held the SANA job's prefetch thread for a quarter of its time on the H200
+(py-spy, `job_wall_h200_spy200`). `forward_only` turns the cache off; the embeddings are the same
+bytes (tests/test_models_weights.py compares every family's encode both ways).
 """
 
 from __future__ import annotations
@@ -36,6 +44,20 @@ def torch_modules(pipe) -> Dict[str, torch.nn.Module]:
 def eval_mode(pipe) -> None:
     for module in torch_modules(pipe).values():
         module.eval()
+
+
+def forward_only(pipe, names) -> list:
+    """`use_cache` off in the configs (a multimodal model's text_config too) of the components
+    `names` that the pipeline only runs forward; returns the "component.config" keys it set."""
+    changed = []
+    for name in names:
+        module = getattr(pipe, name, None)
+        config = getattr(module, "config", None)
+        for where, c in (("config", config), ("config.text_config", getattr(config, "text_config", None))):
+            if c is not None and getattr(c, "use_cache", False):
+                c.use_cache = False
+                changed.append(f"{name}.{where}")
+    return changed
 
 
 def owns_aligned_memory(t: torch.Tensor) -> bool:

@@ -44,3 +44,29 @@ def test_a_loaded_checkpoint_on_cuda_owns_aligned_weights_and_matches(tmp_path):
                                                     steps=2, guidance_scale=3.5))
 
     assert (image(pipe.to(device), tiny_cfg) == image(loaded, cfg)).all()
+
+
+@pytest.mark.parametrize("preset", ["sana_video_tiny", "qwen_image_tiny", "z_image_tiny", "ltx2_tiny"])
+def test_text_encoders_without_a_kv_cache_encode_the_same_bytes_on_cuda(preset):
+    """The CPU test of jobs/models/weights.forward_only, on CUDA in bfloat16: the decoder-LM text
+    encoders (Gemma2, Qwen2.5-VL, Qwen3, Gemma3) give the same embeddings with the cache off as on."""
+    from tests.test_models_weights import ENCODE_PROMPTS
+
+    cfg, fam, pipe = tiny_pipeline(preset, *tokenizer_overrides(cfg_family(preset)))
+    pipe = pipe.to("cuda", torch.bfloat16)
+    encoder = pipe.text_encoder.config
+    configs = [c for c in (encoder, getattr(encoder, "text_config", None)) if c is not None and hasattr(c, "use_cache")]
+    assert configs and all(c.use_cache is False for c in configs)
+
+    def encode():
+        with torch.inference_mode():
+            return [fam.encode(pipe, [p], cfg.model, "cuda", instruction=True).embeds.clone() for p in ENCODE_PROMPTS]
+
+    without = encode()
+    for c in configs:
+        c.use_cache = True
+    assert all(torch.equal(a, b) for a, b in zip(without, encode()))
+
+
+def cfg_family(preset: str) -> str:
+    return preset.removesuffix("_tiny")
