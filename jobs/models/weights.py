@@ -17,16 +17,18 @@ differently from their real models. Every pipeline goes through `eval_mode`.
 No KV cache in a text encoder run once for its hidden states. A decoder LM used as a text encoder
 (SANA's Gemma2, Qwen-Image's Qwen2.5-VL, Z-Image's Qwen3, LTX-2's Gemma3) builds a KV cache on
 every forward when its config says `use_cache`, and nothing ever reads it. Gemma2's sliding-window
-layers also copy a CPU tensor to the device as each layer's cache starts: 26 host-synchronising
-copies per encode, which held the SANA job's prefetch thread for a quarter of its time on the H200
-(py-spy, `job_wall_h200_spy200`). `forward_only` turns the cache off; the embeddings are the same
-bytes (tests/test_models_weights.py compares every family's encode both ways).
+layers also copy a CPU tensor to the device as each layer's cache starts (a copy from pageable
+memory first synchronises its stream): 13 host syncs per encode on Gemma2-2B, where the SANA job's
+prefetch thread spent a quarter of its time on the H200 (py-spy,
+benchmarks/results/job_wall_h200_spy_s26.md). `forward_only` turns the cache off; the embeddings are
+the same bytes (tests/test_models_weights.py compares every family's encode both ways, and
+tests/gpu/test_weights_gpu.py on CUDA in bfloat16).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Dict, Union
+from typing import Dict, Iterable, List, Union
 
 import torch
 
@@ -46,7 +48,7 @@ def eval_mode(pipe) -> None:
         module.eval()
 
 
-def forward_only(pipe, names) -> list:
+def forward_only(pipe, names: Iterable[str]) -> List[str]:
     """`use_cache` off in the configs (a multimodal model's text_config too) of the components
     `names` that the pipeline only runs forward; returns the "component.config" keys it set."""
     changed = []
