@@ -4,9 +4,12 @@ call surface over the real UnitFeed, with a unit that takes `unit_s` and a chose
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Optional
+
+import ray
 
 from jobs.cluster.feed import UnitFeed
 from jobs.plan.units import UnitInfo
@@ -14,8 +17,9 @@ from jobs.plan.units import UnitInfo
 
 class StandIn:
     def __init__(self, unit_s: float = 0.05, raise_on: Optional[int] = None, die_once_on: Optional[int] = None,
-                 marker: Optional[str] = None):
+                 marker: Optional[str] = None, done_dir: Optional[str] = None):
         self.unit_s, self.raise_on, self.die_once_on, self.marker = unit_s, raise_on, die_once_on, marker
+        self.done_dir = Path(done_dir) if done_dir else None  # a done marker per unit, as the real actor writes
         self.feed = UnitFeed()
         self.done: list = []
         self.started = self.asked = None
@@ -32,6 +36,10 @@ class StandIn:
                 if info is None:
                     break
                 self.asked = self.asked or time.time()
+                if self.done_dir and (self.done_dir / str(info.id)).exists():  # finished by a process that died
+                    self.done.append(info.id)  # before its call returned: done, as the real actor's scan finds
+                    self.feed.release(info.id)
+                    continue
                 if info.id == self.raise_on:
                     raise RuntimeError(f"boom in unit {info.id}")
                 if info.id == self.die_once_on and not Path(self.marker).exists():
@@ -40,6 +48,8 @@ class StandIn:
                 time.sleep(self.unit_s)
                 if self.halted:  # a stop: the unit is left unfinished
                     break
+                if self.done_dir:
+                    (self.done_dir / str(info.id)).open("x").close()  # exclusive: a unit generated twice raises
                 self.done.append(info.id)
                 self.feed.release(info.id)
         finally:
@@ -64,3 +74,25 @@ class StandIn:
     def halt(self, reason: str) -> None:
         self.halted = reason
         self.feed.close()
+
+
+class RunOutlivesItsProcess(StandIn):
+    """A StandIn whose process death only its unit calls report, deterministically.
+
+    In a real job every call of a dead actor fails, in an order Ray does not promise; the pool
+    once lost a unit in one of them: a unit's call seen failed before run()'s. Here the actor is
+    created with Ray's own max_restarts=1 and its run() and progress() calls are retried on the
+    restarted process, unit calls not (max_task_retries 0): when the process dies, RayActorError
+    reaches the driver through unit calls only. The restarted process does nothing (run() waits
+    there until the pool's ray.kill; a unit call re-sent to it waits too): it stands for a dead
+    actor's run() whose failure has not reached the driver yet."""
+
+    @ray.method(max_task_retries=-1)
+    def run(self) -> dict:
+        if ray.get_runtime_context().was_current_actor_reconstructed:
+            threading.Event().wait()
+        return super().run()
+
+    @ray.method(max_task_retries=-1)
+    def progress(self) -> dict:
+        return {}

@@ -279,7 +279,9 @@ def test_bad_input_is_refused_on_the_driver_before_any_actor_starts(cluster):
 
 # -- the driver's pool over stand-in actors (tests/ray_standin.py): its paths, in seconds -----------
 
-def _pool(tmp: Path, units: int, slots: int, actor_args, sized: bool = True, max_restarts: int = 0):
+def _pool(tmp: Path, units: int, slots: int, actor_args, sized: bool = True, max_restarts: int = 0,
+          actor_cls=None, ray_restarts: int = 0):
+    """`max_restarts` is the pool's (a new actor per death); `ray_restarts` Ray's own, of one actor."""
     import ray
 
     from jobs.cluster.grants import Grants
@@ -295,7 +297,7 @@ def _pool(tmp: Path, units: int, slots: int, actor_args, sized: bool = True, max
     sig = Signature(height=64, width=64, text_bucket=64, steps=2, guidance_scale=4.5, cfg=True, dtype="float32")
     infos = [UnitInfo(i, sig, 10, float(units - i)) for i in range(units)]
     write_manifest(plan_dir, PlanManifest(identity={}, dataset={"bad_rows": 0}, unit_items=10, units=infos))
-    actor = ray.remote(StandIn).options(num_cpus=0, max_concurrency=8)
+    actor = ray.remote(actor_cls or StandIn).options(num_cpus=0, max_concurrency=8, max_restarts=ray_restarts)
     queue = UnitQueue(infos)
     pool = Pool(lambda part: actor.remote(**actor_args(part)), slots, queue, Grants(plan_dir, "test", 600.0),
                 DriverProgress(10 * units, 0, False, 1e9), max_restarts, sized, True)
@@ -334,6 +336,34 @@ def test_pool_replaces_a_dead_actor_and_every_unit_is_done_once(cluster, tmp_pat
     assert sum(a["units_done"] for a in result.actors) == 6  # each unit done once, across incarnations
     assert 2 in result.redone and [a["status"] for a in result.actors].count("died") == 1
     assert len(result.records) == 2 and len(queue) == 0  # the survivor and the dead one's replacement
+
+
+def test_pool_a_unit_whose_own_call_reports_its_actors_death_goes_back_to_the_queue(cluster, tmp_path):
+    """Regression for aa120fe: the call whose ray.get raised RayActorError was popped from the
+    pool's calls before _died gathered the dead actor's units, so its unit was dropped (the job
+    ended "complete" with it never done). Which of a dead actor's calls the pool sees failed first
+    is Ray's timing; RunOutlivesItsProcess (tests/ray_standin.py) makes it a unit call every time:
+    its other calls are retried by Ray on a restarted process, so only the unit calls fail."""
+    from jobs.worker.stop import StopFlag
+    from tests.ray_standin import RunOutlivesItsProcess
+
+    marker, done_dir = tmp_path / "died", tmp_path / "done"
+    done_dir.mkdir()
+    # Units 0 and 1 (the costliest) go to one actor, which dies (os._exit) as its run() takes unit 0;
+    # unit 0's call is then in flight on it, so it reports the death.
+    pool, queue = _pool(tmp_path, 6, 2, lambda part: {"die_once_on": 0, "marker": str(marker),
+                                                      "done_dir": str(done_dir)},
+                        max_restarts=1, actor_cls=RunOutlivesItsProcess, ray_restarts=1)
+    result = pool.run(StopFlag())
+    assert marker.exists() and result.halted is None
+    # Every unit's done marker, each written once (exclusively: a second raises in the actor, and the
+    # pool with it), over every process: the dead one may have finished unit 1 before unit 0.
+    done = sorted(int(p.name) for p in done_dir.iterdir())
+    assert done == list(range(6)), f"units done {done}, redone {result.redone}, actors {result.actors}"
+    assert 0 in result.redone and [a["status"] for a in result.actors].count("died") == 1
+    assert sum(a["units_done"] for a in result.actors) == 6  # the pool's count agrees
+    assert len(result.records) == 2 and len(queue) == 0  # the survivor and the dead one's replacement
+    assert pool.grants.leaser.held == {}  # every unit's lease released: each was seen done
 
 
 def test_pool_starts_one_actor_until_its_batch_sizes_are_published(cluster, tmp_path):
