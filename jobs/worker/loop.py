@@ -16,7 +16,7 @@ import logging
 import os
 import socket
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 from bcg import GraphRunner
 from jobs.errors import EnvironmentFailure
@@ -47,7 +47,10 @@ class Loaded:
     stages: StageScheduler
 
 
-def generate_all(prep: Prepared, stats: JobStats, timer: StageTimer, stop: StopFlag) -> None:
+def generate_all(prep: Prepared, stats: JobStats, timer: StageTimer, stop: StopFlag,
+                 before_load: Optional[Callable[[], None]] = None) -> None:
+    """`before_load`: called first in the load stage (run.py's Preimport.wait: the model's modules,
+    imported in the background while the worker planned)."""
     if not prep.plan.n_items:
         stats.status = "complete"
         log.info("nothing to generate: every planned item is already committed")
@@ -55,13 +58,14 @@ def generate_all(prep: Prepared, stats: JobStats, timer: StageTimer, stop: StopF
     stats.device = str(prep.device)
     with batch_invariance(prep.cfg) as invariance:  # bcg.invariant: from before the model loads to the end
         try:
-            _generate(prep, stats, timer, stop)
+            _generate(prep, stats, timer, stop, before_load)
         finally:
             stats.invariant = invariance_report(invariance)
 
 
-def _generate(prep: Prepared, stats: JobStats, timer: StageTimer, stop: StopFlag) -> None:
-    loaded = _load(prep, stats, timer)
+def _generate(prep: Prepared, stats: JobStats, timer: StageTimer, stop: StopFlag,
+              before_load: Optional[Callable[[], None]]) -> None:
+    loaded = _load(prep, stats, timer, before_load)
     watch = _watch(prep)
     handoff = Handoff(prep.cfg, prep.sink, prep.output_dir, stats, timer)
     stopped = False
@@ -95,9 +99,11 @@ def _generate(prep: Prepared, stats: JobStats, timer: StageTimer, stop: StopFlag
         _record(stats, loaded, watch, prep)
 
 
-def _load(prep: Prepared, stats: JobStats, timer: StageTimer) -> Loaded:
+def _load(prep: Prepared, stats: JobStats, timer: StageTimer, before_load: Optional[Callable[[], None]]) -> Loaded:
     cfg = prep.cfg
     with timer("load"):
+        if before_load is not None:
+            before_load()
         pipe = load_pipeline(prep.family, cfg, prep.device)
         runner = attach_runner(prep.family, pipe, cfg)
     dispatcher = CaptureDispatcher(runner, cfg.bcg)
