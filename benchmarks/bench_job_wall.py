@@ -26,6 +26,9 @@ every mode is done before run i+1 of any mode of that lane. The model folder is 
 Triton and Inductor caches: --cache warm (default) shares them between the runs of a mode (run 1
 compiles cold, the rest reuse: the median is a warm run), --cache cold gives each run empty ones.
 A run that would end past --budget-s (estimated from the mode's last run) is skipped and said so.
+--pyspy DIR runs every run under py-spy (idle frames and every thread; --pyspy-format speedscope keeps
+the samples in time order) and copies the job's own log beside it: read them with pyspy_tree.py.
+Those runs' timings are not results.
 Rows are written after every run; the table is printed last.
 """
 
