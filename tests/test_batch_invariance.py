@@ -81,6 +81,24 @@ def test_with_the_mode_off_only_replaced_ops_change_a_row(built, preset):
     assert rep.origins and not rep.outputs_equal, f"{preset}: batch 16 gave row 0's bytes without the mode"
 
 
+def test_row_is_the_same_when_the_weights_do_not_require_grad(built):
+    # aten's matmul (so a linear) makes [B, S, K] @ [K, N] one mm where the weight requires grad or
+    # the input's strides allow it without a copy, else a bmm of the weight broadcast over B. LongCat's
+    # attention outputs take a slice of the joint text + image sequence: at batch 1 that is
+    # contiguous (addmm), at 16 it is not, and with weights that do not require grad (a LoRA'd or
+    # frozen model) it went through bmm, and row 0 changed. The mode computes bmm rows as mm's.
+    cfg, fam, pipe, args, kw, batch = built("longcat_image_tiny")
+    tr = fam.transformer(pipe)
+    tr.requires_grad_(False)
+    try:
+        with batch_invariant() as inv:
+            alone = outputs(tr, args, kw, batch, [0])
+            assert torch.equal(outputs(tr, args, kw, batch, list(range(16)))[:1], alone)
+        assert inv.calls["cpu.bmm"] > 0  # the unfolded path ran
+    finally:
+        tr.requires_grad_(True)
+
+
 #: captions of 229 tokens (256 with Z-Image's padding to 32) and of 512 (cut at max_sequence_length)
 LONG = ["a long prompt about " + " ".join(["a quiet red fox by a misty lake at dawn"] * n) for n in (20, 60)]
 
@@ -156,8 +174,11 @@ def test_cpu_gemm_rows_are_computed_alone():
         assert torch.equal(inv_cpu.mm(a[r:r + 1], b, rows=16), full[r:r + 1])
     assert torch.allclose(full, a @ b, atol=1e-5)
     x, y = torch.randn(11, 5, 48, generator=g), torch.randn(11, 48, 7, generator=g)
-    fb = inv_cpu.bmm(x, y, items=4)
-    assert torch.equal(inv_cpu.bmm(x[9:10], y[9:10], items=4), fb[9:10])
+    fb = inv_cpu.bmm(x, y)
+    assert torch.equal(inv_cpu.bmm(x[9:10], y[9:10]), fb[9:10])
+    # an item's rows are mm's rows: a linear has one value whether matmul folded it into an mm or not
+    assert torch.equal(fb[9], inv_cpu.mm(x[9], y[9]))
+    assert torch.equal(inv_cpu.bmm(x, y[:1].expand(11, 48, 7)), inv_cpu.mm(x.reshape(55, 48), y[0]).view(11, 5, 7))
     assert torch.allclose(fb, x @ y, atol=1e-5)
 
 

@@ -11,7 +11,8 @@ address:
   [1, Kp] @ [Kp, Np], the weight broadcast with stride 0, the last chunk padded with zero rows).
   K and N are padded with zeros to whole 64-byte lines (Kp, Np), so every item's operands and
   result start on a 64-byte boundary, whichever item it is. Zeros added to a sum leave it exact.
-- `bmm`: the same for whole items: fixed chunks of ITEMS [m, kp] @ [kp, np] products.
+- `bmm`: every row of every item as `mm` computes it (an item's weight in place of the weight),
+  so a row has one value whether aten's matmul folded it into an mm or not.
 - `sdpa` (scaled_dot_product_attention): each batch item alone, on fresh contiguous buffers, with
   its keys cut after the last one its mask lets any query attend. A pipeline that pads a batch to
   its longest row (Z-Image: captions of other lengths) hands a row more keys, masked, in a batch
@@ -31,7 +32,6 @@ from typing import Optional
 import torch
 
 ROWS = 64  # rows per fixed-shape call
-ITEMS = 8  # bmm items per fixed-shape call
 LINE = 64  # bytes: MKL's and the allocator's alignment
 
 
@@ -62,24 +62,24 @@ def mm(a: torch.Tensor, b: torch.Tensor, rows: int = ROWS) -> torch.Tensor:
     return out
 
 
-def bmm(a: torch.Tensor, b: torch.Tensor, items: int = ITEMS) -> torch.Tensor:
-    """a [B, m, k] @ b [B, k, n], each item computed in a call of one fixed shape."""
+def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a [B, m, k] @ b [B, k, n], every row of every item computed as `mm` computes a row.
+
+    Not item by item in chunks of items: aten's matmul (so every linear) turns [B, S, K] @ [K, N]
+    into one mm or into a bmm over B of the broadcast weight, and which one follows the input's
+    strides and whether the weight requires grad: LongCat-Image's attention outputs (a slice of
+    the joint sequence) took addmm at batch 1 and bmm at 16 once its weights did not require grad
+    (measured), and einsum folds a batch into one item's rows ('bsk,kn->bsn': a [1, 40, 48] item at
+    batch 1, [1, 640, 48] at 16, so the item's GEMM had M = 40 or 640). As mm's rows, a row has one
+    value whichever way it comes. One matrix for all items (stride 0, or one item) is one mm over
+    all the items' rows, which computes each row as item by item would."""
     nb, m, k = a.shape
     n = b.shape[2]
-    dtype = torch.result_type(a, b)
-    out = torch.empty((nb, m, n), dtype=dtype, device=a.device)
     if nb == 0 or m == 0 or n == 0:
-        return out
-    kp, np_ = _pad(k, a), _pad(n, a)
-    for s in range(0, nb, items):
-        e = min(s + items, nb)
-        x = torch.zeros((items, m, kp), dtype=dtype, device=a.device)
-        w = torch.zeros((items, kp, np_), dtype=dtype, device=a.device)
-        x[: e - s, :, :k], w[: e - s, :k, :n] = a[s:e], b[s:e]
-        y = torch.empty((items, m, np_), dtype=dtype, device=a.device)
-        torch.bmm(x, w, out=y)
-        out[s:e] = y[: e - s, :, :n]
-    return out
+        return torch.empty((nb, m, n), dtype=torch.result_type(a, b), device=a.device)
+    if nb == 1 or b.stride(0) == 0:
+        return mm(a.reshape(nb * m, k), b[0]).view(nb, m, n)
+    return torch.stack([mm(a[i], b[i]) for i in range(nb)])
 
 
 _SDPA = torch.ops.aten.scaled_dot_product_attention.default
