@@ -85,8 +85,8 @@ def test_row_is_the_same_when_the_weights_do_not_require_grad(built):
     # aten's matmul (so a linear) makes [B, S, K] @ [K, N] one mm where the weight requires grad or
     # the input's strides allow it without a copy, else a bmm of the weight broadcast over B. LongCat's
     # attention outputs take a slice of the joint text + image sequence: at batch 1 that is
-    # contiguous (addmm), at 16 it is not, and with weights that do not require grad (a LoRA'd or
-    # frozen model) it went through bmm, and row 0 changed. The mode computes bmm rows as mm's.
+    # contiguous (addmm), at 16 it is not, and with weights that do not require grad (a frozen
+    # model) it went through bmm, and row 0 changed. The mode computes bmm rows as mm's.
     cfg, fam, pipe, args, kw, batch = built("longcat_image_tiny")
     tr = fam.transformer(pipe)
     tr.requires_grad_(False)
