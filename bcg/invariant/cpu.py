@@ -62,7 +62,7 @@ def mm(a: torch.Tensor, b: torch.Tensor, rows: int = ROWS) -> torch.Tensor:
     return out
 
 
-def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def bmm(a: torch.Tensor, b: torch.Tensor, rows: int = ROWS) -> torch.Tensor:
     """a [B, m, k] @ b [B, k, n], every row of every item computed as `mm` computes a row.
 
     Not item by item in chunks of items: aten's matmul (so every linear) turns [B, S, K] @ [K, N]
@@ -72,14 +72,15 @@ def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     (measured), and einsum folds a batch into one item's rows ('bsk,kn->bsn': a [1, 40, 48] item at
     batch 1, [1, 640, 48] at 16, so the item's GEMM had M = 40 or 640). As mm's rows, a row has one
     value whichever way it comes. One matrix for all items (stride 0, or one item) is one mm over
-    all the items' rows, which computes each row as item by item would."""
+    all the items' rows, which computes each row as item by item would. `rows`: mm's, so an mm and a
+    bmm of one mode make their rows in calls of one shape."""
     nb, m, k = a.shape
     n = b.shape[2]
     if nb == 0 or m == 0 or n == 0:
         return torch.empty((nb, m, n), dtype=torch.result_type(a, b), device=a.device)
     if nb == 1 or b.stride(0) == 0:
-        return mm(a.reshape(nb * m, k), b[0]).view(nb, m, n)
-    return torch.stack([mm(a[i], b[i]) for i in range(nb)])
+        return mm(a.reshape(nb * m, k), b[0], rows).view(nb, m, n)
+    return torch.stack([mm(a[i], b[i], rows) for i in range(nb)])
 
 
 _SDPA = torch.ops.aten.scaled_dot_product_attention.default

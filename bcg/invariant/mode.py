@@ -173,7 +173,7 @@ class BatchInvariance:
                 calls["cpu.bmm.fallback"] += 1
                 return torch.bmm(a, b, out=a.new_empty((a.shape[0], a.shape[1], b.shape[2])))
             calls["cpu.bmm"] += 1
-            return cpu.bmm(a, b)
+            return cpu.bmm(a, b, rows)
 
         def baddbmm(bias, a, b, *, beta=1, alpha=1):
             if a.dtype not in _FLOATS or b.dtype != a.dtype:
@@ -181,7 +181,7 @@ class BatchInvariance:
                 return torch.baddbmm(bias, a, b, beta=beta, alpha=alpha,
                                      out=a.new_empty((a.shape[0], a.shape[1], b.shape[2])))
             calls["cpu.baddbmm"] += 1
-            y = cpu.bmm(a, b)
+            y = cpu.bmm(a, b, rows)
             if alpha != 1:
                 y = y * alpha
             if beta != 0:
