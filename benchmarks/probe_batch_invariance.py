@@ -3,9 +3,11 @@
 For each family: the transformer inputs of one real pipeline call for 16 rows (CFG doubles them),
 cut to batch 1, 2, 3, 8, 16; is row 0's output the same bytes? Then, op by op (bcg.invariant.trace),
 which aten ops compute row 0 differently at batch 16 than at batch 1 (the *origins*). The same for
-the family's VAE decode on random latents. Mode off, then on (bcg.invariant).
+the family's VAE decode on random latents. Mode off, then on (bcg.invariant). Z-Image also: a row
+beside rows of longer captions (its transformer pads a batch to the longest).
 
-    python benchmarks/probe_batch_invariance.py --out benchmarks/results     # ~10 min on 2 cores
+    python benchmarks/probe_batch_invariance.py --out benchmarks/results     # ~25 min on 2 cores
+    python benchmarks/probe_batch_invariance.py --presets z_image_tiny --merge  # re-measure some, keep the rest
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -21,17 +24,19 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bcg.invariant import batch_invariant, compare_rows  # noqa: E402
+from bcg.invariant import InvariantConfig, batch_invariant, compare_rows  # noqa: E402
 from tests.helpers import tiny_pipeline  # noqa: E402
-from tests.invariance_rows import run_transformer, take_rows, transformer_inputs  # noqa: E402
+from tests.invariance_rows import PROMPTS, run_transformer, take_rows, transformer_inputs  # noqa: E402
 
-PRESETS = ["sana_tiny", "flux_tiny", "qwen_image_tiny", "wan_tiny", "z_image_tiny"]
+PRESETS = ["sana_tiny", "flux_tiny", "qwen_image_tiny", "wan_tiny", "z_image_tiny", "longcat_image_tiny",
+           "sana_video_tiny"]
 SIZES = (2, 3, 8, 16)
 
 
 def latent_shape(preset: str):
     return {"sana_tiny": (8, 16, 16), "flux_tiny": (4, 16, 16), "z_image_tiny": (4, 16, 16),
-            "qwen_image_tiny": (4, 1, 16, 16), "wan_tiny": (16, 3, 8, 8)}[preset]
+            "longcat_image_tiny": (16, 16, 16), "qwen_image_tiny": (4, 1, 16, 16), "wan_tiny": (16, 3, 8, 8),
+            "sana_video_tiny": (16, 3, 8, 8)}[preset]
 
 
 def row_equal(fn, make, sizes=SIZES) -> dict:
@@ -55,6 +60,30 @@ def origins(fn, make, n=16) -> dict:
     return {"ops": rep.ops, "first_difference": rep.first_difference, "sequence_break": rep.sequence_break,
             "origin_ops": rep.origin_ops(),
             "origin_shapes": sorted({f"{o.op} {o.shapes[:2]} vs {o.big_shapes[:2]}" for o in rep.origins})[:12]}
+
+
+def caption_neighbours(fam, pipe, cfg) -> dict:
+    """Z-Image: each row (short, 229- and 512-token captions, CFG's negatives) alone against the
+    same row in batches of those rows; mode off, on without its attention replacement, on."""
+    long = ["a long prompt about " + " ".join(["a quiet red fox by a misty lake at dawn"] * n) for n in (20, 60)]
+    args, kw, batch = transformer_inputs(fam, pipe, cfg, 3, prompts=[PROMPTS[0], *long])
+    tr = fam.transformer(pipe)
+    out = {"caption_lengths": [len(c) for c in args[2]]}
+    for name, ctx in (("off", None), ("on_without_attention", InvariantConfig(attention_cpu=False)),
+                      ("on", InvariantConfig())):
+        inv = batch_invariant(ctx).install() if ctx else None
+        try:
+            alone = {r: run_transformer(tr, *take_rows((args, kw), [r], batch)) for r in range(batch)}
+            bad = []
+            for rows in ([0, 2], [2, 1], [1, 0, 2], [5, 4, 3, 2, 1, 0]):
+                got = run_transformer(tr, *take_rows((args, kw), rows, batch))
+                bad += [f"row {r} at {i} of {rows}: {float((got[i:i + 1] - alone[r]).abs().max()):.1e}"
+                        for i, r in enumerate(rows) if not torch.equal(got[i:i + 1], alone[r])]
+            out[name] = bad or "equal"
+        finally:
+            if inv:
+                inv.remove()
+    return out
 
 
 def probe(preset: str) -> dict:
@@ -95,6 +124,8 @@ def probe(preset: str) -> dict:
         finally:
             if ctx:
                 ctx.remove()
+    if preset == "z_image_tiny":
+        res["caption_neighbours"] = caption_neighbours(fam, pipe, cfg)
     res["seconds"] = round(time.time() - t0, 1)
     print(json.dumps(res), flush=True)
     return res
@@ -104,6 +135,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--presets", nargs="*", default=PRESETS)
+    ap.add_argument("--merge", action="store_true",
+                    help="keep the existing json's rows of the presets not run now (each new row says when it ran)")
     a = ap.parse_args()
     results = []
     for p in a.presets:
@@ -113,9 +146,26 @@ def main() -> None:
             results.append({"preset": p, "error": f"{type(exc).__name__}: {exc}"[:500]})
             print(json.dumps(results[-1]), flush=True)
     meta = {"date": time.strftime("%Y-%m-%d"), "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "cpu": platform.processor() or platform.machine(), "capability": torch.backends.cpu.get_cpu_capability()}
-    Path(a.out).mkdir(parents=True, exist_ok=True)
-    Path(a.out, "batch_invariance_cpu.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+            "cpu": platform.processor() or platform.machine(), "capability": torch.backends.cpu.get_cpu_capability(),
+            "commit": _commit(), "command": " ".join(["python", *sys.argv])}
+    path = Path(a.out, "batch_invariance_cpu.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if a.merge and path.exists():
+        old = json.loads(path.read_text())
+        for r in results:
+            r["measured"] = meta
+        fresh = {r["preset"]: r for r in results}
+        kept = [fresh.pop(r["preset"], r) for r in old["results"]]
+        results, meta = kept + list(fresh.values()), old["meta"]
+    path.write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).resolve().parent, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
 
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@ A family's transformer inputs are captured from its own pipeline call (the first
 of one denoising step, so CFG's concatenation and every family's extra inputs are the real ones),
 then cut to any rows: `take_rows(inputs, [3, 0, 5], batch)` is what the transformer would have
 been handed for a batch of those three rows. Per-row tensors are the ones whose first dimension is
-the batch (CFG doubles it; the rows picked are then rows of the doubled batch).
+the batch (CFG doubles it; the rows picked are then rows of the doubled batch), and per-row lists
+(Z-Image's pipeline hands its transformer a list of latents and one of captions, each row's at its
+own length: the transformer pads them to the batch's longest itself).
 """
 
 from __future__ import annotations
@@ -21,11 +23,12 @@ PROMPTS = [f"a {c} {s} on a {b} background" for c, s, b in [
     ("pink", "cross", "green"), ("orange", "ring", "purple")]] * 2
 
 
-def request(fam, pipe, cfg, rows: Sequence[int], steps: int = 1, guidance: float = 4.5) -> DenoiseRequest:
-    """A DenoiseRequest for PROMPTS[rows] with seeds 100+row. The prompts are encoded once, as one
+def request(fam, pipe, cfg, rows: Sequence[int], steps: int = 1, guidance: float = 4.5,
+            prompts: Sequence[str] = PROMPTS) -> DenoiseRequest:
+    """A DenoiseRequest for prompts[rows] with seeds 100+row. The prompts are encoded once, as one
     batch, and every request takes its rows of that encoding: the rows a test compares get the very
     same embeddings in every batch (the text encoder is not what these tests batch)."""
-    pos, neg = _encoded(fam, pipe, cfg)
+    pos, neg = _encoded(fam, pipe, cfg, tuple(prompts))
     idx = torch.tensor(list(rows))
     s = cfg.sampling
     return DenoiseRequest(positive=_rows(pos, idx), negative=_rows(neg, idx) if neg is not None else None,
@@ -37,13 +40,14 @@ def request(fam, pipe, cfg, rows: Sequence[int], steps: int = 1, guidance: float
 _ENCODED: dict = {}
 
 
-def _encoded(fam, pipe, cfg):
-    if id(pipe) not in _ENCODED:
+def _encoded(fam, pipe, cfg, prompts: tuple):
+    key = (id(pipe), prompts)
+    if key not in _ENCODED:
         with torch.inference_mode():
-            pos = fam.encode(pipe, PROMPTS, cfg.model, "cpu", instruction=True)
-            neg = fam.encode(pipe, [""] * len(PROMPTS), cfg.model, "cpu", instruction=True) if fam.guidance else None
-        _ENCODED[id(pipe)] = (pipe, pos, neg)  # the pipe is held so its id is not reused
-    return _ENCODED[id(pipe)][1:]
+            pos = fam.encode(pipe, list(prompts), cfg.model, "cpu", instruction=True)
+            neg = fam.encode(pipe, [""] * len(prompts), cfg.model, "cpu", instruction=True) if fam.guidance else None
+        _ENCODED[key] = (pipe, pos, neg)  # the pipe is held so its id is not reused
+    return _ENCODED[key][1:]
 
 
 def _rows(side, idx):
@@ -51,8 +55,8 @@ def _rows(side, idx):
                       extras={k: v[idx] for k, v in side.extras.items()})
 
 
-def transformer_inputs(fam, pipe, cfg, n: int = 16) -> Tuple[tuple, dict, int]:
-    """(args, kwargs, batch) of the first transformer call for n rows, detached clones."""
+def transformer_inputs(fam, pipe, cfg, n: int = 16, prompts: Sequence[str] = PROMPTS) -> Tuple[tuple, dict, int]:
+    """(args, kwargs, batch) of the first transformer call for prompts[:n], detached clones."""
     calls: list = []
 
     def grab(module, args, kwargs):
@@ -64,14 +68,15 @@ def transformer_inputs(fam, pipe, cfg, n: int = 16) -> Tuple[tuple, dict, int]:
     h = tr.register_forward_pre_hook(grab, with_kwargs=True)
     try:
         with torch.inference_mode():
-            fam.denoise(pipe, request(fam, pipe, cfg, list(range(n))))
+            fam.denoise(pipe, request(fam, pipe, cfg, list(range(n)), prompts=prompts))
     except _Stop:
         pass
     finally:
         h.remove()
     args, kwargs = calls[0]
     hidden = kwargs.get("hidden_states", args[0] if args else None)
-    return args, kwargs, int(hidden.shape[0])
+    # Z-Image's pipeline hands its transformer a list of per-row latents (and captions)
+    return args, kwargs, len(hidden) if isinstance(hidden, list) else int(hidden.shape[0])
 
 
 class _Stop(Exception):
@@ -106,4 +111,6 @@ def take_rows(obj: Any, rows: List[int], batch: int) -> Any:
 def run_transformer(tr, args, kwargs) -> torch.Tensor:
     with torch.inference_mode():
         out = tr(*args, **{**kwargs, "return_dict": False})
-    return out[0] if isinstance(out, (tuple, list)) else out
+    out = out[0] if isinstance(out, (tuple, list)) else out
+    # Z-Image's transformer returns a list of per-row outputs, all of one shape: stacked, row-first
+    return torch.stack(out) if isinstance(out, list) else out

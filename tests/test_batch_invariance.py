@@ -16,15 +16,19 @@ import torch
 from bcg.invariant import InvariantConfig, active, batch_invariant, compare_rows, install_batch_invariance
 from bcg.invariant import cpu as inv_cpu
 from tests.helpers import tiny_pipeline
-from tests.invariance_rows import request, run_transformer, take_rows, transformer_inputs
+from tests.invariance_rows import PROMPTS, request, run_transformer, take_rows, transformer_inputs
 
-FAMILIES = ["sana_tiny", "flux_tiny", "qwen_image_tiny"]
+FAMILIES = ["sana_tiny", "flux_tiny", "qwen_image_tiny", "z_image_tiny", "longcat_image_tiny", "sana_video_tiny"]
+#: the families whose forward the op-by-op trace can follow from batch 1 to 16: Z-Image's loops over
+#: its rows in Python (patchify, the unified sequence), so batch 1 and 16 run other op sequences
+TRACED = [f for f in FAMILIES if f != "z_image_tiny"]
 #: the aten ops the mode replaces on the CPU, as a TorchDispatchMode sees them under inference_mode
 #: (linear and conv2d decompose into the replaced mm/addmm and convolution)
 REPLACED = {"aten.linear.default", "aten.mm.default", "aten.addmm.default", "aten.bmm.default",
             "aten.baddbmm.default", "aten.matmul.default", "aten.conv2d.default", "aten.conv3d.default",
-            "aten.convolution.default", "aten.einsum.default", "aten.group_norm.default"}
-
+            "aten.convolution.default", "aten.einsum.default", "aten.group_norm.default",
+            "aten.silu.default", "aten.gelu.default", "aten.tanh.default", "aten.sigmoid.default", "aten.exp.default",
+            "aten.scaled_dot_product_attention.default"}
 
 
 
@@ -62,7 +66,7 @@ def test_transformer_row_is_the_same_alone_in_any_batch_at_any_position(built, p
         assert inv.calls["cpu.addmm"] + inv.calls["cpu.mm"] > 0  # the replacements really ran
 
 
-@pytest.mark.parametrize("preset", FAMILIES)
+@pytest.mark.parametrize("preset", TRACED)
 def test_with_the_mode_off_only_replaced_ops_change_a_row(built, preset):
     # What each family misses without the mode, pinned op by op: a row's output differs between
     # batch 1 and 16 (on this CPU: a GEMM for M = 1 is a gemv), and every op that computes the
@@ -75,6 +79,52 @@ def test_with_the_mode_off_only_replaced_ops_change_a_row(built, preset):
     assert rep.compared > 100 and rep.uncompared == 0
     assert set(rep.origin_ops()) <= REPLACED, rep.origin_ops()
     assert rep.origins and not rep.outputs_equal, f"{preset}: batch 16 gave row 0's bytes without the mode"
+
+
+def test_row_is_the_same_when_the_weights_do_not_require_grad(built):
+    # aten's matmul (so a linear) makes [B, S, K] @ [K, N] one mm where the weight requires grad or
+    # the input's strides allow it without a copy, else a bmm of the weight broadcast over B. LongCat's
+    # attention outputs take a slice of the joint text + image sequence: at batch 1 that is
+    # contiguous (addmm), at 16 it is not, and with weights that do not require grad (a frozen
+    # model) it went through bmm, and row 0 changed. The mode computes bmm rows as mm's.
+    cfg, fam, pipe, args, kw, batch = built("longcat_image_tiny")
+    tr = fam.transformer(pipe)
+    tr.requires_grad_(False)
+    try:
+        with batch_invariant() as inv:
+            alone = outputs(tr, args, kw, batch, [0])
+            assert torch.equal(outputs(tr, args, kw, batch, list(range(16)))[:1], alone)
+        assert inv.calls["cpu.bmm"] > 0  # the unfolded path ran
+    finally:
+        tr.requires_grad_(True)
+
+
+#: captions of 229 tokens (256 with Z-Image's padding to 32) and of 512 (cut at max_sequence_length)
+LONG = ["a long prompt about " + " ".join(["a quiet red fox by a misty lake at dawn"] * n) for n in (20, 60)]
+
+
+def test_z_image_row_is_the_same_among_longer_captions(built):
+    # ZImagePipeline hands its transformer each row's caption at its own length, and the transformer
+    # pads the batch to its longest row (image and caption tokens) with a key mask: among longer
+    # captions a row's attention has more keys, masked, than alone. The mode's CPU attention cuts
+    # every item's masked trailing keys, so the row's call is its call alone. (In the job a batch
+    # is one caption length, padding/z_image.py; this is the pipeline's own contract.)
+    cfg, fam, pipe, *_ = built("z_image_tiny")
+    args, kw, batch = transformer_inputs(fam, pipe, cfg, 3, prompts=[PROMPTS[0], *LONG])
+    lengths = [len(c) for c in args[2]]  # CFG: 3 positive rows, then their 3 negative ones
+    assert batch == 6 and lengths[0] == 32 and 224 < lengths[1] <= 256 and lengths[2] == 512, lengths
+    tr = fam.transformer(pipe)
+    with batch_invariant() as inv:
+        alone = {r: outputs(tr, args, kw, batch, [r]) for r in range(batch)}
+        for rows in ([0, 2], [2, 1], [1, 0, 2], [5, 4, 3, 2, 1, 0]):
+            got = outputs(tr, args, kw, batch, rows)
+            bad = [(i, r) for i, r in enumerate(rows) if not torch.equal(got[i:i + 1], alone[r])]
+            assert not bad, f"in a batch of {len(rows)}, (position, row) {bad} differ from the row alone"
+        assert inv.calls["cpu.sdpa"] > 0 and "cpu.sdpa.fallback" not in inv.calls
+    # what the attention replacement is for, on this CPU: without it, the 229-token row's bytes
+    # follow the 512-token neighbour (the flash kernel sums 576 keys, 256 of them masked, in other blocks)
+    with batch_invariant(InvariantConfig(attention_cpu=False)):
+        assert not torch.equal(outputs(tr, args, kw, batch, [2, 1])[1:2], outputs(tr, args, kw, batch, [1]))
 
 
 def test_sana_latents_and_pixels_do_not_depend_on_the_batch(built):
@@ -95,10 +145,12 @@ def test_sana_latents_and_pixels_do_not_depend_on_the_batch(built):
                     assert torch.equal(px[i:i + 1], alone[r][1]), f"pixels of row {r} at {i} of {len(rows)}"
 
 
-@pytest.mark.parametrize("preset", ["sana_tiny", "flux_tiny"])
+# one preset a VAE class: Z-Image and LongCat-Image decode with Flux's AutoencoderKL, SANA-Video with
+# Wan's AutoencoderKLWan (Qwen-Image's AutoencoderKLQwenImage: the probe, benchmarks/results)
+@pytest.mark.parametrize("preset", ["sana_tiny", "flux_tiny", "sana_video_tiny"])
 def test_vae_decode_row_is_the_same_in_any_batch(built, preset):
     cfg, fam, pipe, *_ = built(preset)
-    shape = {"sana_tiny": (8, 16, 16), "flux_tiny": (4, 16, 16)}[preset]
+    shape = {"sana_tiny": (8, 16, 16), "flux_tiny": (4, 16, 16), "sana_video_tiny": (16, 3, 8, 8)}[preset]
     z = torch.randn(4, *shape, generator=torch.Generator().manual_seed(1))
 
     def decode(x):
@@ -122,8 +174,11 @@ def test_cpu_gemm_rows_are_computed_alone():
         assert torch.equal(inv_cpu.mm(a[r:r + 1], b, rows=16), full[r:r + 1])
     assert torch.allclose(full, a @ b, atol=1e-5)
     x, y = torch.randn(11, 5, 48, generator=g), torch.randn(11, 48, 7, generator=g)
-    fb = inv_cpu.bmm(x, y, items=4)
-    assert torch.equal(inv_cpu.bmm(x[9:10], y[9:10], items=4), fb[9:10])
+    fb = inv_cpu.bmm(x, y)
+    assert torch.equal(inv_cpu.bmm(x[9:10], y[9:10]), fb[9:10])
+    # an item's rows are mm's rows: a linear has one value whether matmul folded it into an mm or not
+    assert torch.equal(fb[9], inv_cpu.mm(x[9], y[9]))
+    assert torch.equal(inv_cpu.bmm(x, y[:1].expand(11, 48, 7)), inv_cpu.mm(x.reshape(55, 48), y[0]).view(11, 5, 7))
     assert torch.allclose(fb, x @ y, atol=1e-5)
 
 
@@ -163,3 +218,38 @@ def test_transcendental_ops_take_one_path_whatever_the_numel(op):
         assert torch.equal(op(x[:3]), full[:3])
     assert sum(inv.calls.values()) == 5 and not any(k.endswith("fallback") for k in inv.calls)
     assert torch.allclose(full, op(x), atol=1e-6)  # the same function (mode off now)
+
+
+@pytest.mark.parametrize("cross", [False, True])
+def test_cpu_attention_row_is_its_call_alone_whatever_the_key_padding(cross):
+    # A row of 200 keys alone, and padded to 352 / 576 keys (a masked tail) among other rows:
+    # the flash kernel's bits follow the key count (measured: 200 vs 320 keys differ), the mode's do not.
+    g = torch.Generator().manual_seed(0)
+    h, d, n = 2, 16, 200
+    lq = 48 if cross else n  # cross-attention: the queries are not padded with the keys
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g)
+
+    q, k, v = rnd(1, h, lq, d), rnd(1, h, n, d), rnd(1, h, n, d)
+    for pad, as_float in ((352, False), (576, True)):
+        qp, kp, vp = rnd(3, h, pad if not cross else lq, d), rnd(3, h, pad, d), rnd(3, h, pad, d)
+        qp[1, :, :lq], kp[1, :, :n], vp[1, :, :n] = q[0], k[0], v[0]
+        keep = torch.ones(3, 1, 1, pad, dtype=torch.bool)
+        keep[1, ..., n:] = False
+        keep[2, ..., pad // 3:] = False
+        mask = torch.where(keep, 0.0, float("-inf")) if as_float else keep
+        with torch.inference_mode(), batch_invariant() as inv:
+            alone = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+            big = torch.nn.functional.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask)
+        assert torch.equal(big[1:2, :, :lq], alone), (pad, as_float)
+        assert inv.calls["cpu.sdpa"] == 2
+        ref = torch.nn.functional.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask)  # the mode off
+        assert torch.allclose(big, ref, atol=1e-6)
+    # a gradient is aten's (its composite runs instead, counted as a fallback)
+    qg = q.clone().requires_grad_()
+    with batch_invariant() as inv:
+        torch.nn.functional.scaled_dot_product_attention(qg, k, v).sum().backward()
+    want = q.clone().requires_grad_()
+    torch.nn.functional.scaled_dot_product_attention(want, k, v).sum().backward()
+    assert inv.calls["cpu.sdpa.fallback"] == 1 and torch.equal(qg.grad, want.grad)

@@ -13,7 +13,7 @@ whatever the batch size, the neighbours or the row's position:
 Install it before the bcg runner captures a graph: replay then records the invariant kernels.
 Bytes still depend on the device, the software stack and, on the CPU, the thread count.
 
-Files: mode (config, installer, CPU registrations), cpu (fixed-shape CPU GEMM / bmm), conv (per
+Files: mode (config, installer, CPU registrations), cpu (fixed-shape CPU GEMM / bmm, per-item SDPA), conv (per
 sample, 1x1 as GEMM), gemm_triton (the M-invariant persistent Triton GEMM), reduce_triton (row
 sum / mean), cuda_ops (CUDA registrations), trace (op-by-op comparison: where a row first
 depends on its batch). Mechanism only: nothing here knows prompts, jobs or model families.

@@ -12,6 +12,9 @@ What is replaced, and why (benchmarks/results/batch_invariance_cpu.md measured t
 - convolution: algorithms picked by minibatch and layout. Per sample, contiguous; on CUDA a 1x1
   one as a GEMM (conv.py). group_norm: per sample likewise.
 - CPU silu/gelu/tanh/sigmoid/exp: vector body vs scalar tail picked by numel (elementwise.py).
+- CPU scaled_dot_product_attention: a pipeline that pads a batch to its longest row (Z-Image)
+  hands a row masked keys it does not have alone, and the flash kernel's sums over the keys then
+  run in other blocks. Item by item, each item's keys cut after the last one it attends (cpu.sdpa).
 - CUDA mean/sum over the last dim (RMSNorm): launch picked by the number of rows (reduce_triton.py).
 - CUDA attention: flash attention splits the keys when batch x heads x query blocks is small, and
   cuDNN attention picks plans by shape; the memory-efficient kernel keeps one program a query block
@@ -54,6 +57,8 @@ class InvariantConfig:
     """group_norm: per sample (its CPU kernel splits the work by N x groups)."""
     elementwise: bool = True
     """CPU: silu / gelu / tanh / sigmoid / exp through the vectorised path only (elementwise.py)."""
+    attention_cpu: bool = True
+    """CPU scaled_dot_product_attention: item by item, its masked-out trailing keys cut (cpu.sdpa)."""
     reductions: bool = True
     """CUDA: sum / mean over the last dimension (the CPU's reductions were measured invariant)."""
     attention: Literal["efficient", "keep"] = "efficient"
@@ -168,7 +173,7 @@ class BatchInvariance:
                 calls["cpu.bmm.fallback"] += 1
                 return torch.bmm(a, b, out=a.new_empty((a.shape[0], a.shape[1], b.shape[2])))
             calls["cpu.bmm"] += 1
-            return cpu.bmm(a, b)
+            return cpu.bmm(a, b, rows)
 
         def baddbmm(bias, a, b, *, beta=1, alpha=1):
             if a.dtype not in _FLOATS or b.dtype != a.dtype:
@@ -176,7 +181,7 @@ class BatchInvariance:
                 return torch.baddbmm(bias, a, b, beta=beta, alpha=alpha,
                                      out=a.new_empty((a.shape[0], a.shape[1], b.shape[2])))
             calls["cpu.baddbmm"] += 1
-            y = cpu.bmm(a, b)
+            y = cpu.bmm(a, b, rows)
             if alpha != 1:
                 y = y * alpha
             if beta != 0:
@@ -186,6 +191,19 @@ class BatchInvariance:
         def convolution(x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
             calls["cpu.convolution"] += 1
             return conv.per_sample(x, w, bias, stride, padding, dilation, transposed, output_padding, groups)
+
+        def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False):
+            # Registered for AutogradCPU too (a composite op has no CPU kernel of its own to reach
+            # outside inference mode); where a gradient is wanted, aten's composite runs instead,
+            # above autograd, so the backward is aten's (the contract is an inference one).
+            grad = torch.is_grad_enabled() and any(
+                t is not None and t.requires_grad for t in (q, k, v, attn_mask))
+            if (grad or q.dtype not in _FLOATS or dropout_p != 0 or q.dim() < 3 or q.is_nested
+                    or (attn_mask is not None and attn_mask.dim() > q.dim())):
+                calls["cpu.sdpa.fallback"] += 1
+                return cpu.sdpa_aten(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+            calls["cpu.sdpa"] += 1
+            return cpu.sdpa(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
 
         def group_norm(x, num_groups, weight=None, bias=None, eps=1e-5, cudnn_enabled=True):
             calls["cpu.group_norm"] += 1
@@ -200,6 +218,9 @@ class BatchInvariance:
             lib.impl("convolution", convolution, "CPU")
         if c.norms:
             lib.impl("group_norm", group_norm, "CPU")
+        if c.attention_cpu:
+            lib.impl("scaled_dot_product_attention", sdpa, "CPU")
+            lib.impl("scaled_dot_product_attention", sdpa, "AutogradCPU")
         if c.elementwise:
             for name, out_op in elementwise.OPS.items():
                 lib.impl(name, _unary(name, out_op, calls), "CPU")
