@@ -11,7 +11,7 @@ May import: every room below it (jobs/plan/'s vocabulary and unit files, jobs/ou
 jobs/telemetry/, jobs/models/, jobs/dataset/ for the error ledger), bcg/, padding/, sinks/.
 Nothing imports the worker but the front door (jobs/generate.py) and the Ray role (jobs/cluster/),
 whose actors run this room's loop over units their driver hands them (unit_source.py is the seam).
-Files: run, preimport (the model's modules, imported while the worker plans), prepare, stop (pre-emption), ranks (torchrun/Slurm topology), lease (taking and
+Files: run, prepare, stop (pre-emption), ranks (torchrun/Slurm topology), lease (taking and
 beating leases), unit_source (which unit next: leases, or a driver), leased_plan, unit_sink, loop,
 model, batch_sizer, scheduler, dispatcher, pipeline, outputs, pixels, samples.
 """
