@@ -16,7 +16,7 @@ import logging
 import os
 import socket
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Optional
 
 from bcg import GraphRunner
 from jobs.errors import EnvironmentFailure
@@ -47,10 +47,7 @@ class Loaded:
     stages: StageScheduler
 
 
-def generate_all(prep: Prepared, stats: JobStats, timer: StageTimer, stop: StopFlag,
-                 before_load: Optional[Callable[[], None]] = None) -> None:
-    """`before_load`: called first in the load stage (run.py's Preimport.wait: the model's modules,
-    imported in the background while the worker planned)."""
+def generate_all(prep: Prepared, stats: JobStats, timer: StageTimer, stop: StopFlag) -> None:
     if not prep.plan.n_items:
         stats.status = "complete"
         log.info("nothing to generate: every planned item is already committed")
@@ -58,14 +55,13 @@ def generate_all(prep: Prepared, stats: JobStats, timer: StageTimer, stop: StopF
     stats.device = str(prep.device)
     with batch_invariance(prep.cfg) as invariance:  # bcg.invariant: from before the model loads to the end
         try:
-            _generate(prep, stats, timer, stop, before_load)
+            _generate(prep, stats, timer, stop)
         finally:
             stats.invariant = invariance_report(invariance)
 
 
-def _generate(prep: Prepared, stats: JobStats, timer: StageTimer, stop: StopFlag,
-              before_load: Optional[Callable[[], None]]) -> None:
-    loaded = _load(prep, stats, timer, before_load)
+def _generate(prep: Prepared, stats: JobStats, timer: StageTimer, stop: StopFlag) -> None:
+    loaded = _load(prep, stats, timer)
     watch = _watch(prep)
     handoff = Handoff(prep.cfg, prep.sink, prep.output_dir, stats, timer)
     stopped = False
@@ -99,11 +95,9 @@ def _generate(prep: Prepared, stats: JobStats, timer: StageTimer, stop: StopFlag
         _record(stats, loaded, watch, prep)
 
 
-def _load(prep: Prepared, stats: JobStats, timer: StageTimer, before_load: Optional[Callable[[], None]]) -> Loaded:
+def _load(prep: Prepared, stats: JobStats, timer: StageTimer) -> Loaded:
     cfg = prep.cfg
     with timer("load"):
-        if before_load is not None:
-            before_load()
         pipe = load_pipeline(prep.family, cfg, prep.device)
         runner = attach_runner(prep.family, pipe, cfg)
     dispatcher = CaptureDispatcher(runner, cfg.bcg)

@@ -23,9 +23,7 @@ from typing import Optional
 import torch
 
 from jobs.config import GenerateConfig
-from jobs.errors import UserError
 from jobs.models.flops import dense_bf16_peak, flops_summary_mix, known_families
-from jobs.models.registry import get_family
 from jobs.output.claim import PROVENANCE_KEY, dir_lock
 from jobs.output.done import done_records
 from jobs.output.layout import ERRORS_FILE, PLAN_DIR, RUN_FILE, SUMMARY_FILE
@@ -35,7 +33,6 @@ from jobs.telemetry.parts import merge_stats, read_part_summaries, write_part_su
 from jobs.telemetry.rates import measured_rate, rate_cache, record_rate
 from jobs.telemetry.summary import JobStats, StageTimer
 from jobs.worker.loop import generate_all
-from jobs.worker.preimport import Preimport
 from jobs.worker.prepare import Prepared, prepare
 from jobs.worker.ranks import Group, Topology, pick_device, topology
 from jobs.worker.stop import StopFlag
@@ -60,7 +57,6 @@ def run_job(cfg: GenerateConfig) -> JobStats:
 def _run(cfg: GenerateConfig, timer: StageTimer, group: Group, device: torch.device) -> JobStats:
     started = now_iso()
     stop = StopFlag()
-    pre = _preimport(cfg)  # beside the checks and the plan; waited for when the model loads
     prep = prepare(cfg, timer, group, device, stop)
     plan, manifest = prep.plan, prep.manifest
     stats = JobStats(model=cfg.model.name, output_dir=prep.sink.shards.shown, bad_rows=manifest.dataset["bad_rows"],
@@ -75,7 +71,7 @@ def _run(cfg: GenerateConfig, timer: StageTimer, group: Group, device: torch.dev
     stop.install()
     ended = False
     try:
-        generate_all(prep, stats, timer, stop, before_load=pre.wait if pre else None)
+        generate_all(prep, stats, timer, stop)
         ended = True
     finally:
         stop.restore()
@@ -89,14 +85,6 @@ def _run(cfg: GenerateConfig, timer: StageTimer, group: Group, device: torch.dev
             prep.release_staging()  # last: a job on another staging folder may start once this one has ended
     stop.forward()
     return stats
-
-
-def _preimport(cfg: GenerateConfig) -> Optional[Preimport]:
-    try:
-        family = get_family(cfg.model.family)
-    except UserError:
-        return None  # prepare's checks name the unknown family
-    return Preimport.start(family)
 
 
 def record_plan(stats: JobStats, prep: Prepared, timer: StageTimer, count_done_at_start: bool) -> None:
