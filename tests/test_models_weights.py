@@ -99,7 +99,8 @@ ENCODE_PROMPTS = ["a red fox on a quiet lake at dawn", "misty mountain",
 @pytest.mark.parametrize("tiny", [t for t, _ in PRESETS])
 def test_text_encoders_run_without_a_kv_cache_and_encode_the_same_bytes(tiny, monkeypatch):
     """prepare() turns the text encoder's KV cache off (Gemma2's cache start synchronises the host
-    on every layer); the embeddings must not change by a bit, so encode with it back on too."""
+    on every sliding-window layer); the embeddings must not change by a bit, so encode with it back
+    on too."""
     import jobs.models.weights as weights
 
     turned_off: list = []
