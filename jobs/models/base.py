@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -162,7 +162,7 @@ class ModelFamily:
 
     #: text encoders the pipeline runs forward once for hidden states: their KV cache is turned off
     #: (jobs/models/weights.py says why). Not a model that generates tokens (GLM-Image's AR model).
-    forward_only_encoders: tuple = ("text_encoder",)
+    forward_only_encoders: Tuple[str, ...] = ("text_encoder",)
 
     def patch(self, pipe) -> None:
         """The family's host-side fixes to a pipeline instance (none by default)."""
