@@ -20,6 +20,7 @@ against eager, and time.
     python benchmarks/bench_fusion_kernels.py --out benchmarks/results
     python benchmarks/bench_fusion_kernels.py --only silu_dw --out benchmarks/results
     python benchmarks/bench_fusion_kernels.py --only row_var --out benchmarks/results
+    python benchmarks/bench_fusion_kernels.py --only rope --out benchmarks/results
 
 Shapes are SANA-1.6B's (D = 2240, GLUMBConv 2 x 5600 channels) under CFG (2 rows an image) at
 512² and 1024², batch 1 and 4. Times: median of CUDA-event timings of `--iters` back-to-back calls.
@@ -290,6 +291,74 @@ def row_var_rows() -> list[dict]:
     return out
 
 
+ROPE_SHAPES = {"qwen_image img 1024": ("mean", 4096, 0), "qwen_image txt": ("mean", 256, 0),
+               "flux img 1024": ("fused", 4096, 512)}  # norm, tokens, joint offset (Flux: text first)
+ROPE_TILES = [(r, w) for r in (4, 8, 16, 32) for w in (1, 2, 4, 8)]  # kernels_rope.HEAD_ROWS, HEAD_WARPS
+
+
+def rope_rows() -> list[dict]:
+    """kernels_rope's q/k RMSNorm + RoPE for heads of 128 (Qwen-Image: diffusers' RMSNorm + the complex
+    product; Flux: torch's RMSNorm + real pairs into the joint tensor): eager's modules, the general
+    kernel (`_rope_kernel` / `_rope_fused_rms_kernel`) and _head_rows_kernel over a sweep of tiles,
+    each checked equal to eager (bits) and timed inside a CUDA graph."""
+    from diffusers.models.embeddings import apply_rotary_emb
+    from diffusers.models.normalization import RMSNorm
+    from diffusers.models.transformers.transformer_qwenimage import apply_rotary_emb_qwen
+
+    from bcg.fusions import kernels_rope as KR
+
+    torch.manual_seed(0)
+    out = []
+    H, D = 24, 128
+    for name, (norm, S, t0) in ROPE_SHAPES.items():
+        x = (torch.randn(1, S, H, D, device="cuda") * 3).to(torch.bfloat16)
+        w = (1 + 0.3 * torch.randn(D, device="cuda")).to(torch.bfloat16)
+        ang = torch.rand(S, D // 2, device="cuda") * 30
+        joint = torch.zeros(1, S + t0, H, D, device="cuda", dtype=torch.bfloat16)
+        if norm == "mean":
+            mod = RMSNorm(D, eps=1e-6).to("cuda", torch.bfloat16)
+            mod.weight.data.copy_(w)
+            freqs = torch.polar(torch.ones_like(ang), ang)[None]
+
+            def eager():
+                return apply_rotary_emb_qwen(mod(x), freqs[0], use_real=False)
+
+            def fused():
+                return KR.rope(x, freqs, KR.Rope("complex", "fma_ac_ad"), joint, t0, norm="mean", weight=w, eps=1e-6)
+        else:
+            mod = torch.nn.RMSNorm(D, eps=1e-6).to("cuda", torch.bfloat16)
+            mod.weight.data.copy_(w)
+            cos, sin = ang.cos().repeat_interleave(2, -1), ang.sin().repeat_interleave(2, -1)
+
+            def eager():
+                return apply_rotary_emb(mod(x), (cos, sin), sequence_dim=1)
+
+            def fused():
+                return KR.rope(x, (cos[None], sin[None]), KR.Rope("pairs"), joint, t0, norm="fused", weight=w,
+                               eps=1e-6)
+        want = eager()
+
+        def run(tile=None):
+            KR.HEAD_KERNEL = tile is not None
+            if tile is not None:
+                KR.HEAD_ROWS, KR.HEAD_WARPS = tile
+            fused()
+            return joint[:, t0:]
+
+        saved = KR.HEAD_KERNEL, KR.HEAD_ROWS, KR.HEAD_WARPS
+        try:
+            general_eq = bool(torch.equal(run(), want))
+            row = {"kernel": "rope", "shape": name, "norm": norm, "eager_us": graph_timed(eager),
+                   "general_equal": general_eq, "general_us": graph_timed(run), "default_tile": list(saved[1:]),
+                   "mbytes": round(2 * x.numel() * x.element_size() / 1e6, 1), "tiles": []}
+            sweep(row, ROPE_TILES, run, want, graph_timed)
+        finally:
+            KR.HEAD_KERNEL, KR.HEAD_ROWS, KR.HEAD_WARPS = saved
+        out.append(row)
+        print(json.dumps({k: v for k, v in row.items() if k != "tiles"}), flush=True)
+    return out
+
+
 def write(out_dir: Path, rows: list[dict], cmd: str, stem: str = "fusion_kernels") -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     tag = device_tag()
@@ -316,6 +385,14 @@ def write(out_dir: Path, rows: list[dict], cmd: str, stem: str = "fusion_kernels
                          f"| best {b['us'] if b else '-'} (tile {b['tile'] if b else '-'}), default "
                          f"{default['us'] if default else '-'} (tile {r['default_tile']}) "
                          f"| aten pow + mean {r['aten_us']} |")
+        elif r["kernel"] == "rope":
+            b, default = r["best"], next((t for t in r["tiles"] if t["tile"] == r["default_tile"]), None)
+            gbs = f", {r['mbytes'] / b['us'] * 1e-3:.2f} TB/s" if b else ""
+            lines.append(f"| q/k {r['norm']} RMSNorm + RoPE, heads of 128 (CUDA graph, us a call; {r['mbytes']} MB "
+                         f"in + out) | {r['shape']} | {sum(t['equal'] for t in r['tiles'])} of {len(r['tiles'])} "
+                         f"tiles; general kernel {r['general_equal']} | best {b['us'] if b else '-'} (rows, warps "
+                         f"{b['tile'] if b else '-'}{gbs}), default {default['us'] if default else '-'} "
+                         f"(tile {r['default_tile']}) | eager {r['eager_us']}; general kernel {r['general_us']} |")
         elif r["kernel"] == "ln_adaln":
             lines.append(f"| ln_adaln | {r['shape']} | {r['equal_of_3']} | {r['fused_us']} / res {r['fused_res_us']} "
                          f"| {r['aten_ln_plus_adaln_us']} / res {r['add_ln_adaln_us']} |")
@@ -330,11 +407,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="benchmarks/results")
     p.add_argument("--iters", type=int, default=50)
-    p.add_argument("--skip", default="", help="comma list: ln, dw, silu_dw, row_var")
-    p.add_argument("--only", default="", help="comma list: run only these sections (ln, dw, silu_dw, row_var)")
+    p.add_argument("--skip", default="", help="comma list: ln, dw, silu_dw, row_var, rope")
+    p.add_argument("--only", default="", help="comma list: run only these sections (ln, dw, silu_dw, row_var, rope)")
     p.add_argument("--diagnose", action="store_true", help="only: which kernel form equals aten's LN stats")
     a = p.parse_args()
-    sections = ("ln", "dw", "silu_dw", "row_var")
+    sections = ("ln", "dw", "silu_dw", "row_var", "rope")
     only = set(filter(None, a.only.split(","))) or set(sections)
     ran = [n for n in sections if n in only and n not in set(filter(None, a.skip.split(",")))]
     rows = []
@@ -351,6 +428,8 @@ def main() -> None:
             rows += silu_dw_rows()
         if "row_var" in ran:
             rows += row_var_rows()
+        if "rope" in ran:
+            rows += rope_rows()
     # a partial run gets its own files (fusion_kernels_silu_dw_h200.*): it must not replace the full run's
     stem = "fusion_kernels" if len(ran) == len(sections) else "_".join(["fusion_kernels", *ran])
     write(Path(a.out), rows, "python benchmarks/bench_fusion_kernels.py " + " ".join(sys.argv[1:]), stem)

@@ -239,7 +239,38 @@ def rope(dt):
                   pairs_plan(n, cos[5:], sin[5:], KR.WAN_INDEX))
 
 
+def head_rows(dt):
+    """_head_rows_kernel (rows of 128, several a program, pairs read and written as tiles) against the
+    general kernels it stands in for, every norm and style, with a partial last program (66 rows)."""
+    KR = kernels_rope
+    B, S, H, D = 2, 11, 3, 128
+    x = rand(B, S, H, D, scale=2, dtype=dt)
+    w = (1 + 0.3 * rand(D)).to(dt)
+    ang = torch.rand(S, D // 2, generator=G) * 30
+    cs = (ang.cos().repeat_interleave(2, -1)[None], ang.sin().repeat_interleave(2, -1)[None])
+    freqs = torch.polar(torch.ones(1, S, D // 2), ang[None])
+    var = kernels_rms.rstd_input(x.float().pow(2).mean(-1, keepdim=True), 1e-6)
+    cases = {"none pairs": dict(freqs=cs, rope_=KR.Rope("pairs")),
+             "none complex": dict(freqs=freqs, rope_=KR.Rope("complex", "fma_ac_ad")),
+             "mean given": dict(freqs=cs, rope_=KR.Rope("pairs"), norm="mean", weight=w, eps=1e-6, var=var),
+             "mean in kernel complex": dict(freqs=freqs, rope_=KR.Rope("complex"), norm="mean", weight=w, eps=1e-6),
+             "mean in kernel no weight": dict(freqs=cs, rope_=KR.Rope("pairs", index=KR.WAN_INDEX), norm="mean",
+                                              eps=1e-6),
+             "fused": dict(freqs=cs, rope_=KR.Rope("pairs", index=KR.WAN_INDEX), norm="fused", weight=w, eps=1e-6),
+             "fused no weight": dict(freqs=cs, rope_=KR.Rope("pairs"), norm="fused", eps=1e-6)}
+    for name, kw in cases.items():
+        out = {}
+        for head in (True, False):
+            KR.HEAD_KERNEL = head
+            joint = torch.full((B, S + 4, H, D), 7.0, dtype=dt)  # written at token 4 on: the rest untouched
+            KR.rope(x, out=joint, t0=4, **kw)
+            out[head] = joint
+        KR.HEAD_KERNEL = True
+        check(f"rope head rows {name} {dt}", out[True], out[False])
+
+
 for dt in (torch.float32, torch.float16):
+    head_rows(dt)
     elementwise(dt)
     layer_norm(dt)
     rms(dt)

@@ -58,7 +58,8 @@ def test_rms_variance_in_the_mean_order(results):
     assert not bad, bad
 
 
-@pytest.mark.parametrize("prefix", ["rope pairs", "rope complex", "rope after mean-order", "rope after fused-order"])
+@pytest.mark.parametrize("prefix", ["rope pairs", "rope complex", "rope after mean-order", "rope after fused-order",
+                                    "rope head rows"])
 def test_rope_kernel_equals_its_plans(results, prefix):
     bad = {k: v for k, v in _group(results, prefix).items() if v}
     assert not bad, bad

@@ -165,6 +165,79 @@ def _rope_fused_rms_kernel(x_ptr, w_ptr, f_ptr, g_ptr, o_ptr, RPT, S, o_sb, o_ss
     tl.store(o_ptr + ob[:, None] + 2 * cols[None, :] + 1, im.to(o_ptr.dtype.element_ty), mask=m)
 
 
+@triton.jit
+def _pair_sum(t, ROWS: tl.constexpr, W: tl.constexpr):
+    """[ROWS, W] -> [ROWS, W / 2]: lane l + W / 2 added to lane l (a shuffle-down step at offset
+    W / 2). A sum over an axis of two is one addition, and a + b == b + a: the same bits whatever
+    layout Triton picks, so no layout conversion is forced (lane_tree's permute is one)."""
+    return tl.sum(tl.reshape(t, (ROWS, 2, W // 2)), axis=1)
+
+
+@triton.jit
+def _head_rows_kernel(x_ptr, v_ptr, w_ptr, f_ptr, g_ptr, o_ptr, M, RPT, S, o_sb, o_ss, f_sb, f_ss, eps, factor,
+                      ROWS: tl.constexpr, NORM: tl.constexpr, HAS_W: tl.constexpr, VAR_IN: tl.constexpr,
+                      RSTD: tl.constexpr, STYLE: tl.constexpr, MODE: tl.constexpr, CE: tl.constexpr,
+                      SE: tl.constexpr, CO: tl.constexpr, SO: tl.constexpr, LOW: tl.constexpr):
+    # ROWS rows of 128 (one head each) a program, read and written as [ROWS, 64, 2] pair tiles
+    # (contiguous: vector loads and stores, where _rope_kernel reads every other element twice);
+    # NORM 0: none, 1: diffusers' RMSNorm (aten's mean order, `vec_dec`), 2: torch's RMSNorm
+    # (aten's fused kernel's order: for a row of 128, lane l's FMA chain over elements 4l .. 4l + 3,
+    # then the shuffle-down tree; warps 1-3 hold zeros). Both trees are pairwise sums (_pair_sum).
+    rows = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)
+    rm = rows < M
+    cols = tl.arange(0, 64)
+    c2 = tl.arange(0, 2)
+    m3 = rm[:, None, None] & (cols < 64)[None, :, None] & (c2 < 2)[None, None, :]
+    offs = (2 * cols)[None, :, None] + c2[None, None, :]
+    x2 = tl.load(x_ptr + (rows * 128)[:, None, None] + offs, mask=m3, other=0.0).to(tl.float32)
+    if NORM != 0:
+        if NORM == 2 or VAR_IN:
+            # element 4l + 2p + c is (l, p, c) of [ROWS, 32, 2, 2]: lane l's four, in order
+            if NORM == 1:
+                even, odd = tl.split(tl.reshape(x2 * x2, (ROWS, 32, 2, 2)))
+                e0, e2 = tl.split(even)
+                e1, e3 = tl.split(odd)
+                t = ((e0 + e1) + e2) + e3
+            else:
+                even, odd = tl.split(tl.reshape(x2, (ROWS, 32, 2, 2)))
+                e0, e2 = tl.split(even)
+                e1, e3 = tl.split(odd)
+                t = tl.fma(e3, e3, tl.fma(e2, e2, tl.fma(e1, e1, e0 * e0)))
+            t = _pair_sum(t, ROWS, 32)
+            t = _pair_sum(t, ROWS, 16)
+            t = _pair_sum(t, ROWS, 8)
+            t = _pair_sum(t, ROWS, 4)
+            t = tl.reshape(_pair_sum(t, ROWS, 2), (ROWS,))
+            if NORM == 1:
+                r = libdevice.rsqrt(t * factor + eps)
+            else:  # fused_rms_rstd's last step
+                r = tl.rsqrt(tl.div_rn(t, 128.0) + eps)
+        else:
+            r = _rstd(tl.load(v_ptr + rows, mask=rm, other=1.0), eps, RSTD)
+        r3 = r[:, None, None]
+        if NORM == 1:
+            x2 = _r(x2 * r3, o_ptr)
+            if HAS_W:
+                x2 = _r(x2 * tl.load(w_ptr + offs).to(tl.float32), o_ptr)
+        elif HAS_W:  # F.rms_norm on CUDA: w * (rstd * x) in fp32, rounded once
+            x2 = _r(tl.load(w_ptr + offs).to(tl.float32) * (r3 * x2), o_ptr)
+        else:
+            x2 = _r(r3 * x2, o_ptr)
+    a, b = tl.split(x2)
+    m = rm[:, None] & (cols < 64)[None, :]
+    fo = _place(rows, RPT, S, f_sb, f_ss, 0)
+    re, im = _rope(a, b, fo, cols, f_ptr, g_ptr, m, STYLE, MODE, CE, SE, CO, SO, LOW, o_ptr)
+    ob = _place(rows, RPT, S, o_sb, o_ss, 128)
+    tl.store(o_ptr + ob[:, None, None] + offs, tl.join(re, im).to(o_ptr.dtype.element_ty), mask=m3)
+
+
+HEAD_ROWS = 16
+"""Rows of 128 a program in _head_rows_kernel (benchmarks/bench_fusion_kernels.py --only rope sweeps it)."""
+HEAD_WARPS = 4
+HEAD_KERNEL = True
+"""Rows of 128 per head take _head_rows_kernel; False: the general kernels (the benchmark's baseline)."""
+
+
 @dataclass(frozen=True)
 class Rope:
     """How eager rotates: `style` (STYLES), the complex product's contraction `mode` (CMUL_MODES),
@@ -219,6 +292,10 @@ def rope(x: torch.Tensor, freqs, rope_: Rope, out: torch.Tensor | None = None, t
     ce, se, co, so = rope_.index
     if norm == "fused":
         _check(L % 4 == 0 and M > 0, "aten's vectorized RMSNorm needs rows of a multiple of 4")
+    if HEAD_KERNEL and L == 128 and not across_heads:
+        return _head_rows(x, var, weight, f, g, o, out, M, RPT, S, f_sb, f_ss, eps, norm, style, mode,
+                          rope_.index, low)
+    if norm == "fused":
         _rope_fused_rms_kernel[(M,)](x, weight if weight is not None else x, f, g, o, RPT, S, o.stride(0),
                                      o.stride(1), f_sb, f_ss, eps, L, LP=triton.next_power_of_2(L // 2), D=D,
                                      ROUNDS=triton.cdiv(L // 4, 128), HAS_W=weight is not None, SQ_FMA=sq_fma,
@@ -226,13 +303,7 @@ def rope(x: torch.Tensor, freqs, rope_: Rope, out: torch.Tensor | None = None, t
                                      LOW=low,
                                      num_warps=4, **OPTS)
         return out
-    var_in = norm == "mean" and var is None
-    if var_in:
-        # aten's mean reduces one warp a row for these sizes (kernels_rms.row_variance)
-        _check(L % 128 == 0 and L < 8192 and M >= 16,
-               "the in-kernel variance is aten's order for rows of 128k, 16+ rows")
-    if var is not None:
-        _check(var.is_contiguous() and var.numel() == M and var.dtype == torch.float32, "var must be fp32 [rows]")
+    var_in = _check_var(norm, var, L, M)
     rows = max(1, 2048 // L)
     factor = float(np.float32(M) / np.float32(M * L))  # aten: static_cast<float>(outputs) / numel
     _rope_kernel[(triton.cdiv(M, rows),)](x, var if var is not None else x, weight if weight is not None else x,
@@ -241,6 +312,31 @@ def rope(x: torch.Tensor, freqs, rope_: Rope, out: torch.Tensor | None = None, t
                                           ROWS=rows, NORM=0 if norm == "none" else 1, HAS_W=weight is not None,
                                           VAR_IN=var_in, RSTD=not kernels_rms.RSTD_IN_KERNEL, STYLE=style, MODE=mode,
                                           CE=ce, SE=se, CO=co, SO=so, LOW=low, **OPTS)
+    return out
+
+
+def _check_var(norm: str, var: torch.Tensor | None, L: int, M: int) -> bool:
+    """Whether the "mean" variance is reduced in the kernel (no `var` given); checks `var` otherwise."""
+    var_in = norm == "mean" and var is None
+    if var_in:
+        # aten's mean reduces one warp a row for these sizes (kernels_rms.row_variance)
+        _check(L % 128 == 0 and L < 8192 and M >= 16,
+               "the in-kernel variance is aten's order for rows of 128k, 16+ rows")
+    if var is not None:
+        _check(var.is_contiguous() and var.numel() == M and var.dtype == torch.float32, "var must be fp32 [rows]")
+    return var_in
+
+
+def _head_rows(x, var, weight, f, g, o, out, M, RPT, S, f_sb, f_ss, eps, norm, style, mode, index, low):
+    """rope() for rows of 128, one head each (Flux, LongCat, Qwen-Image, Z-Image): _head_rows_kernel."""
+    var_in = _check_var(norm, var, 128, M)
+    ce, se, co, so = index
+    factor = float(np.float32(M) / np.float32(M * 128))  # aten: static_cast<float>(outputs) / numel
+    _head_rows_kernel[(triton.cdiv(M, HEAD_ROWS),)](
+        x, var if var is not None else x, weight if weight is not None else x, f, g, o, M, RPT, S, o.stride(0),
+        o.stride(1), f_sb, f_ss, eps, factor, ROWS=HEAD_ROWS, NORM=NORMS.index(norm), HAS_W=weight is not None,
+        VAR_IN=var_in, RSTD=not kernels_rms.RSTD_IN_KERNEL, STYLE=style, MODE=mode, CE=ce, SE=se, CO=co, SO=so,
+        LOW=low, num_warps=HEAD_WARPS, **OPTS)
     return out
 
 
