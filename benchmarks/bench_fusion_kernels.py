@@ -387,7 +387,7 @@ def write(out_dir: Path, rows: list[dict], cmd: str, stem: str = "fusion_kernels
                          f"| aten pow + mean {r['aten_us']} |")
         elif r["kernel"] == "rope":
             b, default = r["best"], next((t for t in r["tiles"] if t["tile"] == r["default_tile"]), None)
-            gbs = f", {r['mbytes'] / b['us'] * 1e-3:.2f} TB/s" if b else ""
+            gbs = f", {r['mbytes'] / b['us']:.2f} TB/s" if b else ""  # MB / us = TB / s
             lines.append(f"| q/k {r['norm']} RMSNorm + RoPE, heads of 128 (CUDA graph, us a call; {r['mbytes']} MB "
                          f"in + out) | {r['shape']} | {sum(t['equal'] for t in r['tiles'])} of {len(r['tiles'])} "
                          f"tiles; general kernel {r['general_equal']} | best {b['us'] if b else '-'} (rows, warps "

@@ -231,9 +231,9 @@ def _head_rows_kernel(x_ptr, v_ptr, w_ptr, f_ptr, g_ptr, o_ptr, M, RPT, S, o_sb,
     tl.store(o_ptr + ob[:, None, None] + offs, tl.join(re, im).to(o_ptr.dtype.element_ty), mask=m3)
 
 
-HEAD_ROWS = 16
+HEAD_ROWS = 4
 """Rows of 128 a program in _head_rows_kernel (benchmarks/bench_fusion_kernels.py --only rope sweeps it)."""
-HEAD_WARPS = 4
+HEAD_WARPS = 1
 HEAD_KERNEL = True
 """Rows of 128 per head take _head_rows_kernel; False: the general kernels (the benchmark's baseline)."""
 
