@@ -2,7 +2,9 @@
 fusion verdict cache (bcg/fusions/cache.py), so each one compares its kernels with eager itself
 instead of trusting an earlier test's (or run's) verdicts."""
 
+import atexit
 import os
+import shutil
 import signal
 import tempfile
 
@@ -13,6 +15,7 @@ import torch
 # one fresh folder per test session, so no test reads what another run of the suite left there,
 # and the user's own ~/.cache is never touched. Subprocesses (the jobs tests start) inherit it.
 os.environ["BCGEN_CACHE_DIR"] = tempfile.mkdtemp(prefix="bcgen-cache-")
+atexit.register(shutil.rmtree, os.environ["BCGEN_CACHE_DIR"], True)  # one a pytest process (each xdist worker)
 
 # A suite started in the background of a non-interactive shell (`.ci/run &`) has SIGINT ignored,
 # and every job it starts inherits that: Python then installs no KeyboardInterrupt handler, so the
