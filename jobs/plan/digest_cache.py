@@ -1,7 +1,7 @@
 """A per-user cache of files' sha256, so a fresh run on the same weights does not read them again.
 
-    ~/.cache/bcgen/file_digests.json     ($BCGEN_CACHE_DIR replaces ~/.cache/bcgen, as for the other
-                                          caches; BCGEN_DIGEST_CACHE=<file>, or =off for none)
+    <user cache>/file_digests.json       (the folder: jobs/user_cache.py, as for the other caches;
+                                          BCGEN_DIGEST_CACHE=<file>, or =off for none)
     {"<real path>": {"dev", "ino", "bytes", "mtime_ns", "ctime_ns", "digest"}, ...}
 
 Every fresh run records the sha256 of the weights it was made with (jobs/plan/weights_digest.py).
@@ -26,6 +26,8 @@ import threading
 from pathlib import Path
 from typing import Callable, Dict, Mapping, Optional
 
+from jobs.user_cache import user_cache_dir
+
 log = logging.getLogger("jobs.plan")
 
 ENV = "BCGEN_DIGEST_CACHE"
@@ -39,8 +41,7 @@ def cache_file(environ: Mapping[str, str] = os.environ) -> Optional[Path]:
         return None
     if value:
         return Path(value).expanduser()
-    root = environ.get("BCGEN_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "bcgen")
-    return Path(root).expanduser() / "file_digests.json"
+    return user_cache_dir(environ) / "file_digests.json"
 
 
 def _stamp(path: Path) -> Dict[str, int]:

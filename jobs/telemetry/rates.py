@@ -3,7 +3,7 @@
     measured_rate(output_dir, cost_of)   from the run's timeline: every batch's items x their cost per item,
                                          over the generate seconds of each part's runs
     record_rate(key, rate) / cached_rates(model, tier)
-                                         ~/.cache/bcgen/rates.json (BCGEN_RATE_CACHE, or XDG_CACHE_HOME): the
+                                         <user cache>/rates.json (BCGEN_RATE_CACHE; jobs/user_cache.py): the
                                          last measured rate per (model, device, quality tier), written by
                                          every job that finishes, read by `jobs.plan --estimate`
 
@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Dict, List, Mapping, Optional
 
 from jobs.telemetry.timeline import read_timeline
+from jobs.user_cache import user_cache_dir
 from sinks.atomic import atomic_write_bytes
 
 RATE_CACHE_ENV = "BCGEN_RATE_CACHE"
@@ -53,8 +54,7 @@ def measured_rate(output_dir: Path, cost_of: Mapping[str, float], source: str = 
 def rate_cache(environ: Mapping[str, str] = os.environ) -> Path:
     if environ.get(RATE_CACHE_ENV):
         return Path(environ[RATE_CACHE_ENV])
-    root = environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-    return Path(root) / "bcgen" / "rates.json"
+    return user_cache_dir(environ) / "rates.json"
 
 
 def rate_key(model: str, device: str, tier: str) -> str:

@@ -18,8 +18,8 @@ kernel-bound shapes (SANA-1.6B at 512²: batch 16 ran at 0.98x batch 8), hence t
 Off by default (`bcg.batch_grow=off`): probing costs 10-28 s at SANA-1.6B size before the first
 image, more than growing saves on jobs of a few thousand images, and the pick it makes is a timing
 that changes bytes. `on` (any device) and `auto` (CUDA) probe once per GPU model, software stack,
-model and signature: the pick is cached under the user's cache folder (`BCGEN_CACHE_DIR`, else
-~/.cache/bcgen/batching/) and a later job with the same key reuses it without probing.
+model and signature: the pick is cached under the user's cache folder (jobs/user_cache.py:
+<that>/batching/) and a later job with the same key reuses it without probing.
 
 The pick changes bytes (kernels reduce differently per batch size), so it is made once per
 output_dir and published to `_plan/batching.json`: every worker and every resume uses the same
@@ -35,7 +35,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -49,6 +48,7 @@ from jobs.output.claim import publish_once
 from jobs.output.layout import BATCHING_FILE
 from jobs.plan import Batch, Item, Signature
 from jobs.plan.units import read_unit
+from jobs.user_cache import user_cache_dir
 from sinks.atomic import atomic_write_bytes
 
 log = logging.getLogger(__name__)
@@ -249,8 +249,7 @@ def publish(plan_dir: Path, pick: BatchPick, run: str,
 
 # -- a measured pick, cached per machine kind and model ---------------------------------------------
 def cache_dir() -> Path:
-    root = os.environ.get("BCGEN_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "bcgen")
-    return Path(root) / "batching"
+    return user_cache_dir() / "batching"
 
 
 def cache_key(identity: dict, sig: Signature, pool: Sequence[int], cfg_bcg, device: torch.device) -> str:
