@@ -292,7 +292,7 @@ def rope(x: torch.Tensor, freqs, rope_: Rope, out: torch.Tensor | None = None, t
     ce, se, co, so = rope_.index
     if norm == "fused":
         _check(L % 4 == 0 and M > 0, "aten's vectorized RMSNorm needs rows of a multiple of 4")
-    if HEAD_KERNEL and L == 128 and not across_heads:
+    if HEAD_KERNEL and L == 128 and not across_heads and (norm != "fused" or sq_fma):  # sq_fma: aten's form
         return _head_rows(x, var, weight, f, g, o, out, M, RPT, S, f_sb, f_ss, eps, norm, style, mode,
                           rope_.index, low)
     if norm == "fused":

@@ -147,6 +147,48 @@ def test_fused_rms_norm_order_against_aten():
     print(f"\n[fused RMSNorm order] elements differing from F.rms_norm (row length, FMA): {found}")
 
 
+def test_head_rows_kernel_equals_eager_at_real_sizes():
+    """kernels_rope._head_rows_kernel (q/k RMSNorm + RoPE for heads of 128, the default for them) against
+    eager's own modules at Qwen-Image's and Flux's 1024² image streams, bit for bit, and against the
+    general kernels it replaced; written into a joint tensor at a token offset, the rest untouched."""
+    from diffusers.models.embeddings import apply_rotary_emb
+    from diffusers.models.normalization import RMSNorm
+    from diffusers.models.transformers.transformer_qwenimage import apply_rotary_emb_qwen
+
+    from bcg.fusions import kernels_rope as KR
+
+    assert KR.HEAD_KERNEL
+    g = _g(7)
+    S, H, D, t0 = 4096, 24, 128, 512
+    x = _rand(1, S, H, D, g=g, scale=3)
+    ang = torch.rand(S, D // 2, generator=g, device="cuda") * 30
+    qwen_norm, flux_norm = _norm(RMSNorm, D, torch.bfloat16, g, eps=1e-6), _norm(nn.RMSNorm, D, torch.bfloat16, g,
+                                                                                 eps=1e-6)
+    freqs = torch.polar(torch.ones_like(ang), ang)
+    cos, sin = ang.cos().repeat_interleave(2, -1), ang.sin().repeat_interleave(2, -1)
+    cases = {
+        "qwen mean complex": (apply_rotary_emb_qwen(qwen_norm(x), freqs, use_real=False),
+                              lambda out: KR.rope(x, freqs[None], KR.Rope("complex", "fma_ac_ad"), out, t0, norm="mean",
+                                                  weight=qwen_norm.weight, eps=1e-6)),
+        "flux fused pairs": (apply_rotary_emb(flux_norm(x), (cos, sin), sequence_dim=1),
+                             lambda out: KR.rope(x, (cos[None], sin[None]), KR.Rope("pairs"), out, t0, norm="fused",
+                                                 weight=flux_norm.weight, eps=1e-6)),
+    }
+    for name, (want, fused) in cases.items():
+        outs = {}
+        for head in (True, False):
+            KR.HEAD_KERNEL = head
+            try:
+                joint = torch.full((1, S + t0, H, D), 7.0, device="cuda", dtype=torch.bfloat16)
+                fused(joint)
+            finally:
+                KR.HEAD_KERNEL = True
+            assert torch.all(joint[:, :t0] == 7.0), name
+            outs[head] = joint[:, t0:]
+        assert torch.equal(outs[True], want), (name, int((outs[True] != want).sum()))
+        assert torch.equal(outs[True], outs[False]), name
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_gelu_tanh_forms_against_aten(dtype):
     from bcg.fusions import kernels_act as KA
