@@ -2,6 +2,7 @@
 published configs and random weights, saved as a diffusers folder and run through the real preset.
 
     python benchmarks/bench_job_realsize.py build --dir /tmp/sana16          # ~2B text encoder + 1.6B DiT + DC-AE
+    python benchmarks/bench_job_realsize.py build --family flux --dir /tmp/flux   # Flux.1-dev: 11.9B DiT + T5 + CLIP
     python benchmarks/bench_job_realsize.py run --dir /tmp/sana16 --res 512 --modes bcg,plain8 &   # GPU 0
     CUDA_VISIBLE_DEVICES=1 python benchmarks/bench_job_realsize.py run --dir /tmp/sana16 --res 512 --modes off,plain1
     python benchmarks/bench_job_realsize.py report --res 512 --out benchmarks/results
@@ -22,6 +23,21 @@ Components (published configs; vocabularies cut to the offline MiniLM tokenizer'
     vae           mit-han-lab/dc-ae-f32c32-sana-1.0 (AutoencoderDC)
     scheduler     FlowMatchEulerDiscreteScheduler(shift=3.0), as in bench_denoise.py
 Weights: normal_(0, 0.02) for every float tensor of dim >= 2, biases zero, norms one.
+
+`build --family flux` (the `run` and `report` commands here are SANA's; for Flux use
+bench_job_wall.py --family flux): FluxPipeline's components with published configs, random weights
+as above, bf16, each built on the GPU when there is one, saved and freed in turn (~33 GB on disk):
+    transformer     FluxTransformer2DModel of black-forest-labs/FLUX.1-dev (FLUX_DEV_TRANSFORMER: 19 double
+                    + 38 single blocks, 24 heads x 128, guidance embedding; ~11.9B)
+    text_encoder_2  T5EncoderModel with google/t5-v1_1-xxl's config (T5_V1_1_XXL: 24 layers, 4096 wide,
+                    64 heads x 64, d_ff 10240 gated-gelu; ~4.7B); vocabulary 32,128 cut to 30,522
+    text_encoder    CLIPTextModel with openai/clip-vit-large-patch14's text config (CLIP_L14_TEXT:
+                    12 layers, 768 wide, 12 heads, 77 positions); vocabulary 49,408 cut to 30,522
+    vae             AutoencoderKL of FLUX.1-dev (FLUX_DEV_VAE: 16 latent channels, 8x)
+    scheduler       FlowMatchEulerDiscreteScheduler with FLUX.1-dev's scheduler config (FLUX_DEV_SCHEDULER)
+    tokenizer(_2)   the offline MiniLM WordPiece tokenizer for both (CLIP's capped at 77 tokens; CLIP pools
+                    at MiniLM's [SEP], its eos), as conf/model/flux_tiny.yaml does
+`--tiny` builds the same classes and folder layout with a few narrow layers (a CPU test in seconds).
 """
 
 from __future__ import annotations
@@ -55,6 +71,39 @@ DC_AE_F32C32_SANA = dict(
     upsample_block_type="interpolate", downsample_block_type="Conv", decoder_norm_types="rms_norm",
     decoder_act_fns="silu", scaling_factor=0.41407,
 )
+# Flux.1-dev (black-forest-labs/FLUX.1-dev, its diffusers folder's config.json files), checked
+# against the installed classes' signatures (diffusers 0.42, transformers 5).
+FLUX_DEV_TRANSFORMER = dict(patch_size=1, in_channels=64, out_channels=None, num_layers=19, num_single_layers=38,
+                            attention_head_dim=128, num_attention_heads=24, joint_attention_dim=4096,
+                            pooled_projection_dim=768, guidance_embeds=True, axes_dims_rope=(16, 56, 56))
+# google/t5-v1_1-xxl (FLUX.1-dev's text_encoder_2 is its encoder). Ids: MiniLM's pad 0 and [SEP] 102
+# for T5's pad 0 / eos 1. Its tie_word_embeddings=False is not set: T5EncoderModel has no LM head.
+T5_V1_1_XXL = dict(vocab_size=30522, d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64,
+                   relative_attention_num_buckets=32, relative_attention_max_distance=128,
+                   feed_forward_proj="gated-gelu", layer_norm_epsilon=1e-6, dropout_rate=0.1,
+                   pad_token_id=0, eos_token_id=102, decoder_start_token_id=0, use_cache=False)
+# openai/clip-vit-large-patch14's text_config (FLUX.1-dev's text_encoder). Ids: MiniLM's [CLS] 101,
+# [SEP] 102, [PAD] 0 for CLIP's 49406 / 49407 / 1 (eos 102 != 2: CLIP pools at the first [SEP]).
+CLIP_L14_TEXT = dict(vocab_size=30522, hidden_size=768, intermediate_size=3072, projection_dim=768,
+                     num_hidden_layers=12, num_attention_heads=12, max_position_embeddings=77,
+                     hidden_act="quick_gelu", layer_norm_eps=1e-5, bos_token_id=101, eos_token_id=102,
+                     pad_token_id=0)
+FLUX_DEV_VAE = dict(in_channels=3, out_channels=3, latent_channels=16, block_out_channels=[128, 256, 512, 512],
+                    down_block_types=["DownEncoderBlock2D"] * 4, up_block_types=["UpDecoderBlock2D"] * 4,
+                    layers_per_block=2, norm_num_groups=32, act_fn="silu", sample_size=1024,
+                    scaling_factor=0.3611, shift_factor=0.1159, use_quant_conv=False, use_post_quant_conv=False,
+                    force_upcast=True, mid_block_add_attention=True)
+FLUX_DEV_SCHEDULER = dict(num_train_timesteps=1000, shift=3.0, use_dynamic_shifting=True, base_shift=0.5,
+                          max_shift=1.15, base_image_seq_len=256, max_image_seq_len=4096)
+# --tiny: the same classes and layout, narrow (conf/model/flux_tiny.yaml's sizes; 4 VAE blocks kept: 8x)
+FLUX_TINY = dict(
+    transformer=dict(num_layers=1, num_single_layers=1, attention_head_dim=16, num_attention_heads=2,
+                     joint_attention_dim=32, pooled_projection_dim=32, axes_dims_rope=(4, 6, 6)),
+    text_encoder_2=dict(d_model=32, d_kv=16, d_ff=64, num_layers=1, num_heads=2, relative_attention_num_buckets=8),
+    text_encoder=dict(hidden_size=32, intermediate_size=64, projection_dim=32, num_hidden_layers=1,
+                      num_attention_heads=2),
+    vae=dict(block_out_channels=[8, 8, 16, 16], layers_per_block=1, norm_num_groups=8),
+)
 # The realistic length mix the committed results were measured on (1 to ~400 tokens): the bundled
 # set until the demo model's vocabulary replaced it (jobs/data/prompts.jsonl).
 PROMPTS = ROOT / "benchmarks" / "data" / "realistic_prompts.jsonl"
@@ -73,6 +122,8 @@ def randomize(module, seed: int) -> None:
 
 
 def build(args) -> None:
+    if args.family == "flux":
+        return build_flux(args)
     import torch
     from diffusers import AutoencoderDC, FlowMatchEulerDiscreteScheduler, SanaPipeline, SanaTransformer2DModel
     from transformers import AutoTokenizer, Gemma2Config, Gemma2Model
@@ -104,6 +155,76 @@ def build(args) -> None:
          (("transformer", transformer), ("text_encoder", text_encoder), ("vae", vae))}
     print(json.dumps({"built": args.dir, "params_billion": {k: round(v, 3) for k, v in n.items()},
                       "seconds": round(time.perf_counter() - t0, 1)}))
+
+
+def build_flux(args) -> None:
+    """Flux.1-dev's folder, one component at a time: build on the device, randomize, save, free.
+    model_index.json is what FluxPipeline.save_pretrained writes for these classes."""
+    import diffusers
+    import torch
+    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxTransformer2DModel
+    from transformers import AutoTokenizer, CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
+
+    t0 = time.perf_counter()
+    out = Path(args.dir)
+    out.mkdir(parents=True, exist_ok=True)
+    dev = "cuda" if torch.cuda.is_available() and not args.tiny else "cpu"
+    cfgs = {"transformer": dict(FLUX_DEV_TRANSFORMER), "text_encoder_2": dict(T5_V1_1_XXL),
+            "text_encoder": dict(CLIP_L14_TEXT), "vae": dict(FLUX_DEV_VAE)}
+    if args.tiny:
+        for name, small in FLUX_TINY.items():
+            cfgs[name].update(small)
+    makers = {"transformer": lambda c: FluxTransformer2DModel(**c),
+              "text_encoder_2": lambda c: T5EncoderModel(T5Config(**c)),
+              "text_encoder": lambda c: CLIPTextModel(CLIPTextConfig(**c)),
+              "vae": lambda c: AutoencoderKL(**c)}
+    params, index = {}, {}
+    for seed, (name, make) in enumerate(makers.items()):
+        default = torch.get_default_dtype()
+        torch.set_default_dtype(torch.bfloat16)  # built in bf16: no fp32 copy of 12B parameters on the way
+        try:
+            with torch.device(dev):
+                module = make(cfgs[name]).eval()
+        finally:
+            torch.set_default_dtype(default)
+        randomize_on_device(module, seed)
+        module.save_pretrained(out / name, safe_serialization=True)
+        params[name] = round(sum(p.numel() for p in module.parameters()) / 1e9, 3)
+        lib = "diffusers" if isinstance(module, diffusers.ModelMixin) else "transformers"
+        index[name] = [lib, type(module).__name__]
+        del module
+        if dev == "cuda":
+            torch.cuda.empty_cache()
+    for name, max_len in (("tokenizer", 77), ("tokenizer_2", None)):  # CLIP's 77 tokens; T5's is MiniLM's 512
+        tok = AutoTokenizer.from_pretrained(args.tokenizer, local_files_only=True,
+                                            **({"model_max_length": max_len} if max_len else {}))
+        tok.save_pretrained(out / name)
+        index[name] = ["transformers", type(tok).__name__]
+    FlowMatchEulerDiscreteScheduler(**FLUX_DEV_SCHEDULER).save_pretrained(out / "scheduler")
+    index["scheduler"] = ["diffusers", "FlowMatchEulerDiscreteScheduler"]
+    index = {"_class_name": "FluxPipeline", "_diffusers_version": diffusers.__version__,
+             "feature_extractor": [None, None], "image_encoder": [None, None], **dict(sorted(index.items()))}
+    (out / "model_index.json").write_text(json.dumps(index, indent=2) + "\n")
+    size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+    print(json.dumps({"built": str(out), "family": "flux", "tiny": bool(args.tiny), "device": dev,
+                      "params_billion": params, "gb_on_disk": round(size / 1e9, 2),
+                      "seconds": round(time.perf_counter() - t0, 1)}))
+
+
+def randomize_on_device(module, seed: int) -> None:
+    """`randomize`'s weights (normal(0, 0.02) for dim >= 2, biases zero, the rest as built), drawn
+    on the parameters' own device: 12B CPU draws would take minutes."""
+    import torch
+
+    g = None
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if g is None:
+                g = torch.Generator(device=p.device).manual_seed(seed)
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.02, generator=g)
+            elif name.endswith("bias"):
+                p.zero_()
 
 
 # -- modes ---------------------------------------------------------------------------------
@@ -302,6 +423,8 @@ def main() -> None:
     b.add_argument("--dir", required=True)
     b.add_argument("--tokenizer", default=str(ROOT / ".minilm"))
     b.add_argument("--tiny", action="store_true", help="CPU smoke test of the script: one-layer components")
+    b.add_argument("--family", choices=["sana", "flux"], default="sana",
+                   help="sana: SANA-1.6B (default); flux: Flux.1-dev")
     r = sub.add_parser("run")
     r.add_argument("--dir", required=True)
     r.add_argument("--res", type=int, default=512)

@@ -30,6 +30,19 @@ A run that would end past --budget-s (estimated from the mode's last run) is ski
 the samples in time order) and copies the job's own log beside it: read them with pyspy_tree.py.
 Those runs' timings are not results.
 Rows are written after every run; the table is printed last.
+
+--family flux: the same at Flux.1-dev size (bench_job_realsize.py build --family flux: a random-weight
+FLUX.1-dev folder, ~34 GB), e.g.
+
+    python benchmarks/bench_job_wall.py --family flux --build --dir /tmp/flux --res 1024 --prompts 200 \
+        --runs 3 --modes bcg,off,plain1 --steps 4 --gpus 0 --out benchmarks/results
+
+The job is `model=flux` (conf/model/flux.yaml: T5 at max_sequence_length 512, guidance 3.5 into the
+distilled guidance embedding, no negative branch); plainN is FluxPipeline.from_pretrained(DIR) called
+with the same steps, size, guidance, per-item CPU seeds and max_sequence_length (the preset's, or
+--extra model.max_sequence_length=N). FLOPs count one transformer row per step for both (FluxPipeline
+at true_cfg_scale 1 runs no negative branch), at 512 text tokens. Results: job_wall_flux_<tag>.
+--tiny (the default with --device cpu) builds and runs a narrow folder of the same classes.
 """
 
 from __future__ import annotations
@@ -54,19 +67,27 @@ from bench_job_realsize import JOB_MODES, PROMPTS  # noqa: E402
 
 H200_PEAK_TFLOPS = 989.0
 PIPELINE_TEXT_LEN = 300  # SanaPipeline encodes every prompt to max_sequence_length
+# Per family: the size in the titles, the plain loop's pipeline class and the keywords of its call beyond
+# prompt, guidance_scale, num_inference_steps, height, width, generator, output_type (Flux adds
+# max_sequence_length, the job's T5 length: text_length), and the default --guidance (the preset's).
+FAMILIES = {
+    "sana": dict(title="SANA-1.6B", pipeline="SanaPipeline", guidance=4.5,
+                 call={"negative_prompt": "", "use_resolution_binning": False}),
+    "flux": dict(title="Flux.1-dev", pipeline="FluxPipeline", guidance=3.5, call={}),
+}
 COLUMNS = ["mode", "resolution", "prompts", "batch", "runs", "wall_images_per_s", "wall_images_per_s_min",
            "wall_images_per_s_max", "images_per_s", "first_batch_s", "tflops", "peak_fraction", "wall_s", "fixed_s", "skipped"]
 
 PLAIN_LOOP = r'''
 import json, sys, time
-path, prompts, res, steps, guidance, batch, compile_, device = sys.argv[1:]
-res, steps, guidance, batch = int(res), int(steps), float(guidance), int(batch)
+path, prompts, res, steps, guidance, batch, compile_, device, pipeline, call = sys.argv[1:]
+res, steps, guidance, batch, call = int(res), int(steps), float(guidance), int(batch), json.loads(call)
 import torch
-from diffusers import SanaPipeline
+import diffusers
 texts = [json.loads(l)["prompt"] for l in open(prompts)]
 dtype = torch.bfloat16 if device == "cuda" else torch.float32
 t0 = time.perf_counter()
-pipe = SanaPipeline.from_pretrained(path, torch_dtype=dtype, local_files_only=True).to(device)
+pipe = getattr(diffusers, pipeline).from_pretrained(path, torch_dtype=dtype, local_files_only=True).to(device)
 pipe.set_progress_bar_config(disable=True)
 if compile_ == "1":
     pipe.transformer = torch.compile(pipe.transformer)  # the one line a strong user adds
@@ -77,14 +98,15 @@ n = 0
 for i in range(0, len(texts), batch):
     chunk = texts[i:i + batch]
     g = [torch.Generator("cpu").manual_seed(i + j) for j in range(len(chunk))]
-    n += len(pipe(prompt=chunk, negative_prompt="", guidance_scale=guidance, num_inference_steps=steps,
-                  height=res, width=res, generator=g, output_type="pil", use_resolution_binning=False).images)
+    n += len(pipe(prompt=chunk, guidance_scale=guidance, num_inference_steps=steps,
+                  height=res, width=res, generator=g, output_type="pil", **call).images)
     if first_unix is None:
         sync()
         first_unix, first_n, t_first = time.time(), n, time.perf_counter()
 sync()
 gen = time.perf_counter() - t_first
 print("PLAIN " + json.dumps({"items": n, "load_s": round(load, 2), "first_batch_unix": first_unix,
+                            "pipeline": type(pipe).__name__,
                             "images_per_s": round((n - first_n) / gen, 3) if n > first_n else None}))
 '''
 
@@ -122,7 +144,7 @@ def timed(cmd: list, env: dict, log: Path) -> tuple:
 
 def run_job(a, mode: str, data: Path, out: Path, env: dict, log: Path) -> dict:
     shutil.rmtree(out, ignore_errors=True)  # a fresh output_dir: nothing to resume, batch sizing measured again
-    cmd = [sys.executable, "-m", "jobs.generate", "model=sana", f"model.path={a.dir}", f"dataset.path={data}",
+    cmd = [sys.executable, "-m", "jobs.generate", f"model={a.family}", f"model.path={a.dir}", f"dataset.path={data}",
            f"output_dir={out}", f"sampling.height={a.res}", f"sampling.width={a.res}", f"sampling.steps={a.steps}",
            f"sampling.guidance_scale={a.guidance}", "job.progress=false",
            *JOB_MODES.get(mode, []), *a.extra]
@@ -140,14 +162,31 @@ def run_job(a, mode: str, data: Path, out: Path, env: dict, log: Path) -> dict:
             "stage_seconds": s.get("stage_seconds", {})}
 
 
+def text_length(a) -> int:
+    """The text length the plain loop encodes to: SanaPipeline's 300; for Flux the job's T5 length
+    (--extra model.max_sequence_length=N, else conf/model/flux.yaml's), passed as max_sequence_length."""
+    if a.family == "sana":
+        return PIPELINE_TEXT_LEN
+    for e in reversed(a.extra):
+        if e.startswith("model.max_sequence_length="):
+            return int(e.split("=", 1)[1])
+    import yaml
+
+    preset = yaml.safe_load((ROOT / "conf" / "model" / f"{a.family}.yaml").read_text())
+    return int(preset["model"]["max_sequence_length"])
+
+
 def run_plain(a, batch: int, compiled: bool, data: Path, env: dict, log: Path) -> dict:
+    fam = FAMILIES[a.family]
+    call = dict(fam["call"], **({"max_sequence_length": text_length(a)} if a.family == "flux" else {}))
     cmd = [sys.executable, "-c", PLAIN_LOOP, str(a.dir), str(data), str(a.res), str(a.steps), str(a.guidance),
-           str(batch), "1" if compiled else "0", a.device]
+           str(batch), "1" if compiled else "0", a.device, fam["pipeline"], json.dumps(call)]
     start, wall, out = timed(cmd, env, log)
     r = json.loads(next(line for line in out.splitlines() if line.startswith("PLAIN "))[6:])
-    sig = f"{a.res}x{a.res}/t{PIPELINE_TEXT_LEN}/s{a.steps}/cfg{a.guidance:g}/bfloat16"
+    sig = f"{a.res}x{a.res}/t{text_length(a)}/s{a.steps}/cfg{a.guidance:g}/bfloat16"
     return {"wall_s": wall, "items": r["items"], "images_per_s": r["images_per_s"], "load_s": r["load_s"],
-            "first_batch_s": r["first_batch_unix"] - start, "batch": batch, "signatures": {sig: r["items"]}}
+            "first_batch_s": r["first_batch_unix"] - start, "batch": batch, "signatures": {sig: r["items"]},
+            "pipeline": r["pipeline"]}
 
 
 # -- FLOPs --------------------------------------------------------------------------------------
@@ -155,10 +194,15 @@ _SIG = re.compile(r"^(\d+)x(\d+)(?:/f\d+)?/t(\d+)/s(\d+)/(?:cfg([\d.]+)|nocfg)/(
 
 
 def flops_per_image(a, signatures: dict):
-    """The mean model FLOPs of an image over a run's signatures ({str(Signature): items}), or None."""
+    """The mean model FLOPs of an image over a run's signatures ({str(Signature): items}), or None.
+
+    Flux: one row per step whatever the guidance. The job's signature says cfg3.5 (guidance > 1),
+    but that scale goes into Flux.1-dev's distilled guidance embedding and neither the job nor
+    FluxPipeline (true_cfg_scale 1) runs a negative branch, so the count is taken at cfg=False."""
     from jobs.models.flops import transformer_flops
     from jobs.plan import Signature
 
+    family = getattr(a, "family", "sana")
     configs = [json.loads((Path(a.dir) / c / "config.json").read_text()) for c in ("transformer", "vae")]
     total = n = 0
     for text, items in signatures.items():
@@ -166,8 +210,8 @@ def flops_per_image(a, signatures: dict):
         if m is None:
             return None
         h, w, t, steps, g, dtype = m.groups()
-        sig = Signature(int(h), int(w), int(t), int(steps), float(g or 1.0), g is not None, dtype)
-        count = transformer_flops("sana", configs[0], configs[1], sig)
+        sig = Signature(int(h), int(w), int(t), int(steps), float(g or 1.0), g is not None and family != "flux", dtype)
+        count = transformer_flops(family, configs[0], configs[1], sig)
         if count is None:
             return None
         total, n = total + count.per_image * items, n + items
@@ -228,7 +272,8 @@ class Results:
         out.mkdir(parents=True, exist_ok=True)
         stem = f"job_wall_{self.a.tag}"
         (out / f"{stem}.json").write_text(json.dumps({"meta": self.meta, "rows": rows}, indent=1, default=str) + "\n")
-        lines = [f"# {stem}: SANA-1.6B size, {self.a.res}², {self.a.steps} steps, CFG {self.a.guidance:g}, "
+        title = FAMILIES[self.a.family]["title"]
+        lines = [f"# {stem}: {title} size, {self.a.res}², {self.a.steps} steps, CFG {self.a.guidance:g}, "
                  f"process start to exit", "",
                  f"- {self.meta['date']}; commit `{self.meta['commit']}`; {self.meta['gpu']}, torch {self.meta['torch']}",
                  f"- command: `{self.meta['command']}`",
@@ -241,6 +286,11 @@ class Results:
                       "generation stage (the job's summary; the plain loop's batches after its first); first_batch_s: "
                       "process start to the first batch out of the decoder; tflops: images_per_s x the model FLOPs of "
                       "an image at that mode's text lengths (jobs/models/flops.py); peak_fraction: of 989 TFLOP/s."]
+        if self.a.family == "flux":
+            lines += ["", f"Flux.1-dev (random weights, FLUX.1-dev's configs; T5 and CLIP vocabularies cut to "
+                          f"MiniLM's 30,522): the job is model=flux, plainN FluxPipeline with max_sequence_length "
+                          f"{text_length(self.a)}; guidance {self.a.guidance:g} is the distilled guidance embedding, "
+                          f"no negative branch, so FLOPs count one transformer row per step."]
         (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
 
 
@@ -336,33 +386,41 @@ def build(a) -> None:
     if (Path(a.dir) / "model_index.json").exists():
         return
     cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_job_realsize.py"), "build", "--dir", str(a.dir),
-           "--tokenizer", a.tokenizer, *(["--tiny"] if a.device == "cpu" else [])]
+           "--tokenizer", a.tokenizer, *(["--family", a.family] if a.family != "sana" else []),
+           *(["--tiny"] if a.tiny else [])]
     subprocess.run(cmd, cwd=ROOT, check=True)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dir", type=Path, required=True, help="the SANA-1.6B-size folder (made with --build if missing)")
+    p.add_argument("--family", choices=sorted(FAMILIES), default="sana",
+                   help="sana: SANA-1.6B (default); flux: Flux.1-dev (model=flux against a FluxPipeline loop)")
+    p.add_argument("--dir", type=Path, required=True, help="the real-size folder (made with --build if missing)")
     p.add_argument("--build", action="store_true", help="build the folder first if it is missing")
     p.add_argument("--tokenizer", default=str(ROOT / ".minilm"), help="for --build: the offline MiniLM tokenizer")
     p.add_argument("--res", type=int, default=1024)
     p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--guidance", type=float, default=4.5)
+    p.add_argument("--guidance", type=float, default=None, help="default: the family's (SANA 4.5, Flux 3.5)")
     p.add_argument("--prompts", default="200", help="comma list of prompt counts, e.g. 200,1000,5000")
     p.add_argument("--modes", default="bcg,plain8,plain8-compile")
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--gpus", default="0", help="GPU lanes (modes round robin); 'none' for --device cpu")
     p.add_argument("--device", default="cuda", help="cpu: a smoke test of this script (tiny folder)")
+    p.add_argument("--tiny", action=argparse.BooleanOptionalAction, default=None,
+                   help="--build a narrow folder of the same classes (default: with --device cpu)")
     p.add_argument("--cache", choices=["warm", "cold"], default="warm")
     p.add_argument("--budget-s", type=float, default=480, help="no run starts that would end after this")
     p.add_argument("--extra", nargs="*", default=[], help="more overrides for every job mode")
     p.add_argument("--work", type=Path, default=Path("/tmp/bcgen-wall"))
-    p.add_argument("--tag", default=None, help="result file job_wall_<tag> (default: the GPU, e.g. h200)")
+    p.add_argument("--tag", default=None, help="result file job_wall_<tag> (default: the GPU, e.g. h200; "
+                                               "job_wall_flux_<tag> for --family flux)")
     p.add_argument("--out", default="benchmarks/results")
     p.add_argument("--pyspy", type=Path, default=None, help="profile every run with py-spy into this folder "
                                                            "(stacks and logs; its timings are not results)")
     p.add_argument("--pyspy-format", choices=["raw", "speedscope"], default="raw")
     a = p.parse_args()
+    a.guidance = FAMILIES[a.family]["guidance"] if a.guidance is None else a.guidance
+    a.tiny = a.device == "cpu" if a.tiny is None else a.tiny
     if a.pyspy:
         a.pyspy.mkdir(parents=True, exist_ok=True)
         os.environ.update(BENCH_PYSPY_DIR=str(a.pyspy), BENCH_PYSPY_FORMAT=a.pyspy_format)
@@ -386,9 +444,11 @@ def main() -> None:
     meta.update(commit=os.environ.get("BENCH_COMMIT") or subprocess.run(
                     ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
                 or "unknown",
-                page_cache_warm_s=round(warm_s, 1), cache=a.cache, steps=a.steps, guidance=a.guidance,
+                family=a.family, page_cache_warm_s=round(warm_s, 1), cache=a.cache, steps=a.steps, guidance=a.guidance,
                 gpus=torch.cuda.device_count() if torch.cuda.is_available() else 0)
     a.tag = a.tag or device_tag()
+    if a.family != "sana":  # never over SANA's results of the same tag: job_wall_flux_<tag>
+        a.tag = f"{a.family}_{a.tag}"
     results = Results(a, meta)
     gpus = [None] if a.gpus == "none" else a.gpus.split(",")
     lanes = [a.mode_order[i::len(gpus)] for i in range(len(gpus))]

@@ -1,0 +1,67 @@
+"""benchmarks/bench_job_wall.py --family flux: the job (model=flux) against a plain FluxPipeline loop,
+end to end on the CPU over a tiny folder from bench_job_realsize.py build --family flux --tiny."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from bench_job_wall import flops_per_image  # noqa: E402
+
+from jobs.models.flops import transformer_flops  # noqa: E402
+from jobs.plan import Signature  # noqa: E402
+
+
+def test_flux_flops_count_one_row_whatever_the_guidance(tmp_path):
+    transformer = dict(num_layers=1, num_single_layers=1, attention_head_dim=16, num_attention_heads=2,
+                       joint_attention_dim=32, pooled_projection_dim=32, in_channels=64, guidance_embeds=True)
+    vae = {"block_out_channels": [8, 8, 16, 16]}
+    for name, cfg in (("transformer", transformer), ("vae", vae)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(cfg))
+    distilled = Signature(256, 256, 512, 4, 3.5, True, "bfloat16")  # what the job writes at guidance 3.5
+    one_row = transformer_flops("flux", transformer, vae, Signature(256, 256, 512, 4, 3.5, False, "bfloat16"))
+    got = flops_per_image(SimpleNamespace(dir=tmp_path, family="flux"), {str(distilled): 2})
+    assert got == one_row.per_image
+
+
+@pytest.mark.slow
+def test_flux_job_and_plain_flux_pipeline_loop_on_a_tiny_folder(tmp_path):
+    from jobs.models.text_encoders import minilm_path
+
+    out, model = tmp_path / "out", tmp_path / "flux"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_job_wall.py"), "--family", "flux", "--build", "--tiny",
+           "--dir", str(model), "--tokenizer", minilm_path(), "--device", "cpu", "--gpus", "none",
+           "--res", "64", "--steps", "2", "--prompts", "3", "--runs", "1", "--modes", "bcg,plain2",
+           "--work", str(tmp_path / "work"), "--out", str(out), "--tag", "cpu"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    index = json.loads((model / "model_index.json").read_text())
+    assert index["_class_name"] == "FluxPipeline"
+    assert index["transformer"] == ["diffusers", "FluxTransformer2DModel"]
+    assert index["text_encoder_2"] == ["transformers", "T5EncoderModel"]
+    assert json.loads((model / "transformer" / "config.json").read_text())["guidance_embeds"] is True
+
+    result = json.loads((out / "job_wall_flux_cpu.json").read_text())
+    assert result["meta"]["family"] == "flux" and result["meta"]["guidance"] == 3.5
+    rows = {r["mode"]: r for r in result["rows"]}
+    assert set(rows) == {"bcg", "plain2"}
+    for row in rows.values():
+        assert row["skipped"] is None and row["runs"] == 1
+        assert row["all_runs"][0]["items"] == 3
+        assert row["wall_images_per_s"] > 0
+        assert row["flops_per_image"] > 0  # jobs/models/flops.py counts Flux: both at T5's 512 tokens
+    assert rows["plain2"]["all_runs"][0]["pipeline"] == "FluxPipeline"
+    assert rows["bcg"]["flops_per_image"] == rows["plain2"]["flops_per_image"]
+    assert (out / "job_wall_flux_cpu.md").read_text().startswith("# job_wall_flux_cpu: Flux.1-dev size, 64²")
