@@ -195,10 +195,7 @@ _SIG = re.compile(r"^(\d+)x(\d+)(?:/f\d+)?/t(\d+)/s(\d+)/(?:cfg([\d.]+)|nocfg)/(
 
 def flops_per_image(a, signatures: dict):
     """The mean model FLOPs of an image over a run's signatures ({str(Signature): items}), or None.
-
-    Flux: one row per step whatever the guidance. The job's signature says cfg3.5 (guidance > 1),
-    but that scale goes into Flux.1-dev's distilled guidance embedding and neither the job nor
-    FluxPipeline (true_cfg_scale 1) runs a negative branch, so the count is taken at cfg=False."""
+    (Flux counts one row a step whatever the signature's cfg: jobs/models/flops.py.)"""
     from jobs.models.flops import transformer_flops
     from jobs.plan import Signature
 
@@ -210,7 +207,7 @@ def flops_per_image(a, signatures: dict):
         if m is None:
             return None
         h, w, t, steps, g, dtype = m.groups()
-        sig = Signature(int(h), int(w), int(t), int(steps), float(g or 1.0), g is not None and family != "flux", dtype)
+        sig = Signature(int(h), int(w), int(t), int(steps), float(g or 1.0), g is not None, dtype)
         count = transformer_flops(family, configs[0], configs[1], sig)
         if count is None:
             return None

@@ -129,3 +129,11 @@ def test_a_mix_of_signatures_is_counted_image_by_image():
     out = flops_summary_mix("sana", {a: 3, b: 1}, 2.0, transformer_config=SANA_TINY)
     assert out["flops_per_image"] == (3 * per[a] + per[b]) / 4
     assert out["tflops"] == round((3 * per[a] + per[b]) / 2.0 / 1e12, 2)
+
+
+def test_flux_guidance_is_one_row_not_cfg():
+    """The plan marks Flux.1-dev's guidance 3.5 as cfg (guidance > 1), but FluxPipeline runs it as an
+    embedding, one transformer row a step: the count must not double it."""
+    one = transformer_flops("flux", dict(FLUX_TINY), None, _signature(64, 64, 8, steps=4))
+    guided = transformer_flops("flux", dict(FLUX_TINY), None, _signature(64, 64, 8, steps=4, cfg=True))
+    assert guided.rows == 1 and guided.per_image == one.per_image == 4 * one.per_forward

@@ -203,8 +203,9 @@ def flux_flops(config: dict, vae_config: Optional[dict], signature) -> FlopCount
              + _linear(n, d, p * p * c_out))
     pooled = int(_get(config, "pooled_projection_dim", 768))
     prompt = _linear(t, int(_get(config, "joint_attention_dim", 4096)), d) + _linear(1, pooled, d) + _linear(1, d, d)
-    return FlopCount(per_forward_image=image, per_forward_prompt=prompt, steps=int(signature.steps),
-                     rows=2 if signature.cfg else 1)
+    # One row whatever signature.cfg says: the plan marks guidance > 1 as CFG, but FluxPipeline runs
+    # Flux.1-dev's guidance as an embedding (true_cfg_scale=1: no negative branch, jobs/models/flux.py).
+    return FlopCount(per_forward_image=image, per_forward_prompt=prompt, steps=int(signature.steps), rows=1)
 
 
 def _vae_scale_kl(vae_config: Optional[dict], default: int) -> int:
