@@ -59,7 +59,7 @@ NORMS = ("norm1", "audio_norm1", "norm2", "audio_norm2", "audio_to_video_norm", 
          "audio_norm3")
 
 
-class _LTX2Attention(Attention, Protocol):
+class LTXAttention(Attention, Protocol):
     """LTX2Attention as LTX2AudioVideoAttnProcessor reads it (its q/k norms are always there)."""
 
     norm_q: nn.Module
@@ -84,12 +84,12 @@ class _Block(Protocol):
     audio_prompt_scale_shift_table: torch.Tensor
     video_a2v_cross_attn_scale_shift_table: torch.Tensor
     audio_a2v_cross_attn_scale_shift_table: torch.Tensor
-    attn1: _LTX2Attention
-    audio_attn1: _LTX2Attention
-    attn2: _LTX2Attention
-    audio_attn2: _LTX2Attention
-    audio_to_video_attn: _LTX2Attention
-    video_to_audio_attn: _LTX2Attention
+    attn1: LTXAttention
+    audio_attn1: LTXAttention
+    attn2: LTXAttention
+    audio_attn2: LTXAttention
+    audio_to_video_attn: LTXAttention
+    video_to_audio_attn: LTXAttention
     norm1: nn.Module
     audio_norm1: nn.Module
     norm2: nn.Module
@@ -142,14 +142,14 @@ def check_block(block: nn.Module) -> str | None:
     return None
 
 
-def _qk(rotations: dict[str, Callable], attn: _LTX2Attention, query, key, q_rope, k_rope):
+def _qk(rotations: dict[str, Callable], attn: LTXAttention, query, key, q_rope, k_rope):
     rotate = rotations.get(attn.rope_type) if q_rope is not None else None
     if rotate is None:  # no RoPE (the text cross-attentions), or a rope_type the processor does not apply
         return attn.norm_q(query), attn.norm_k(key)
     return rotate(query, attn.norm_q, q_rope), rotate(key, attn.norm_k, k_rope if k_rope is not None else q_rope)
 
 
-def _attention(rotations: dict[str, Callable], attn: _LTX2Attention, hidden: torch.Tensor,
+def _attention(rotations: dict[str, Callable], attn: LTXAttention, hidden: torch.Tensor,
                context: torch.Tensor | None, mask: torch.Tensor | None, q_rope, k_rope,
                kv: tuple | None = None) -> torch.Tensor:
     """LTX2AudioVideoAttnProcessor (and LTX2PerturbedAttnProcessor unperturbed), op for op, its q/k norm
