@@ -46,21 +46,24 @@ def tiny_model(dtype, config=None):
     return model.to(dtype).eval().requires_grad_(False)
 
 
-def tiny_inputs(dtype, model, batch=2, text=6, seed=0, mask=False, per_token=False, **kw):
-    """A transformer call as LTX2Pipeline makes it (the connectors' text, a timestep a sample)."""
+def tiny_inputs(dtype, model, batch=2, text=6, seed=0, mask=False, per_token=False, shape=(FRAMES, SIDE, SIDE, AUDIO),
+                **kw):
+    """A transformer call as LTX2Pipeline makes it (the connectors' text, a timestep a sample); `shape`:
+    latent frames, height, width and audio latents."""
     cfg = model.config
     g = torch.Generator().manual_seed(seed)
-    n_video = FRAMES * SIDE * SIDE
+    frames, height, width, audio = shape
+    n_video = frames * height * width
     widths = ((cfg.caption_channels,) * 2 if cfg.use_prompt_embeddings
               else (cfg.num_attention_heads * cfg.attention_head_dim,
                     cfg.audio_num_attention_heads * cfg.audio_attention_head_dim))
     t = torch.full((batch,), 500.0) if not per_token else 500.0 + torch.rand(batch, n_video, generator=g)
     inputs = dict(hidden_states=torch.randn(batch, n_video, cfg.in_channels, generator=g).to(dtype),
-                  audio_hidden_states=torch.randn(batch, AUDIO, cfg.audio_in_channels, generator=g).to(dtype),
+                  audio_hidden_states=torch.randn(batch, audio, cfg.audio_in_channels, generator=g).to(dtype),
                   encoder_hidden_states=torch.randn(batch, text, widths[0], generator=g).to(dtype),
                   audio_encoder_hidden_states=torch.randn(batch, text, widths[1], generator=g).to(dtype),
-                  timestep=t, sigma=torch.full((batch,), 0.5), num_frames=FRAMES, height=SIDE, width=SIDE, fps=24.0,
-                  audio_num_frames=AUDIO, return_dict=False, **kw)
+                  timestep=t, sigma=torch.full((batch,), 0.5), num_frames=frames, height=height, width=width, fps=24.0,
+                  audio_num_frames=audio, return_dict=False, **kw)
     if per_token:
         inputs["audio_timestep"] = torch.full((batch,), 500.0)
     if mask:
