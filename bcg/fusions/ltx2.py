@@ -4,18 +4,19 @@ LTX2AudioVideoAttnProcessor, LTX2Attention).
 
 The block keeps both residual streams in the model dtype (bf16) and its modulation too: every chain
 below is eager's ops rounded where eager stores (the shared bf16 plans). Its eight norms are diffusers
-RMSNorms without a weight, its q/k norms torch.nn.RMSNorms across heads. Per block, eager runs ~180
-elementwise and copy kernels around its 22 GEMMs and six attentions; fused ~40, each chain verified:
+RMSNorms without a weight, its q/k norms torch.nn.RMSNorms across heads. Per block, eager runs ~160
+elementwise and copy kernels (split RoPE, as released; ~180 interleaved) around its 28 GEMMs and six
+attentions; fused ~40 (~48 where aten's q/k norm runs before the rotation), each chain verified:
 
     chain                                  eager kernels -> fused                         where
-    modulation  table[None, None] +        6 a block -> 12 a forward (the six tables:      modulation_video
+    modulation  table[None, None] +        6 a block -> 12 a forward (the six tables:     modulation_video
                 temb.reshape(B, T, n, -1)  a stack and one add each, every block's)        (TableStack)
     norm1 / norm3 + adaLN (each stream)    ~10 -> 2: the variance in aten's mean order,   rms_variance_*,
       RMSNorm(x) * (1 + scale) + shift     then one kernel for the norm and its adaLN     rms_norm_adaln
     norm2 (each stream, no modulation)     7 -> 2                                         the same
-    q / k (self, a2v, v2a; not the text    ~9 -> 1 each (aten's fused-RMSNorm order) or   qk_ltx_interleaved_*,
-      cross-attention, which has no RoPE)  2 (aten's norm, then the rotation); split or   qk_ltx_split_*
-      torch.nn.RMSNorm + RoPE              interleaved as the attention's rope_type says
+    q / k (self, a2v, v2a; not the text    ~7 split, ~9 interleaved -> 1 each (aten's     qk_ltx_split_*,
+      cross-attention, which has no RoPE)  fused-RMSNorm order) or 2 (aten's norm, then   qk_ltx_interleaved_*
+      torch.nn.RMSNorm + RoPE, 8 a block   the rotation), as the attention's rope_type says
     audio_to_video / video_to_audio norms  ~26 -> 6: one variance each, four norm + adaLN  rms_norm_adaln
       and their four adaLNs                kernels (each norm feeds two modulations)
     gated residuals  x + y * gate (attn1,  2 -> 1 each, six a block (eight with LTX-2.3's   gated_residual
