@@ -6,7 +6,7 @@ LTX-2.0 projects the (connector) text once a forward, `caption_projection` for t
 unchanged: K = norm_k(to_k(P)) and V = to_v(P) are the same at every step. An instance forward on
 each projection makes P and every fused block's K/V in one memo break (bcg.memo); each block takes its
 K/V when called with P (seen through the model's `P.view(B, -1, D)`, unedited). 4 GEMMs a block a
-forward fewer (~4% of LTX-2's transformer FLOPs at 480x832x49 with 1024 text tokens), for the K/V of
+forward fewer (~5% of LTX-2's transformer FLOPs at 480x832x49 with 1024 text tokens), for the K/V of
 every block held: ~1.2 GB a batch element in bf16, per graph entry (CFG, STG and modality calls: one
 each).
 
