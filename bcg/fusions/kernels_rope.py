@@ -1,6 +1,8 @@
 """q/k rotary embeddings, after their RMSNorm, written where joint attention reads them (Triton).
 
-One kernel for the RoPE of every family, parameterised by what eager runs before and around it:
+One kernel for the RoPE of every family, parameterised by what eager runs before and around it
+(and, for heads of 128 with adjacent pairs, `_head_rows_kernel`: the same arithmetic over several rows
+a program, its pairs read and written as tiles, its reduction trees as sums over axes of two):
 
     norm     "none"   x is already normalised (aten's norm ran: the fallback)
              "mean"   diffusers' RMSNorm: the variance in aten's mean order (kernels_rms.mean_sq_rows,
