@@ -109,14 +109,22 @@ FLUX_TINY = dict(
 PROMPTS = ROOT / "benchmarks" / "data" / "realistic_prompts.jsonl"
 
 
-def randomize(module, seed: int) -> None:
+def randomize(module, seed: int, on_device: bool = False) -> None:
+    """normal_(0, 0.02) for every float tensor of dim >= 2, biases zero, the rest as built. The draws
+    come from a CPU generator (SANA's folder, as its committed results were built), or with
+    `on_device` from one on the parameters' own device (Flux's 12B: CPU draws would take minutes)."""
     import torch
 
-    g = torch.Generator(device="cpu").manual_seed(seed)
+    g = None
     with torch.no_grad():
         for name, p in module.named_parameters():
+            if g is None:
+                g = torch.Generator(device=p.device if on_device else "cpu").manual_seed(seed)
             if p.dim() >= 2:
-                p.copy_(torch.randn(p.shape, generator=g).mul_(0.02).to(p.dtype))
+                if on_device:
+                    p.normal_(0.0, 0.02, generator=g)
+                else:
+                    p.copy_(torch.randn(p.shape, generator=g).mul_(0.02).to(p.dtype))
             elif name.endswith("bias"):
                 p.zero_()
 
@@ -187,7 +195,7 @@ def build_flux(args) -> None:
                 module = make(cfgs[name]).eval()
         finally:
             torch.set_default_dtype(default)
-        randomize_on_device(module, seed)
+        randomize(module, seed, on_device=True)
         module.save_pretrained(out / name, safe_serialization=True)
         params[name] = round(sum(p.numel() for p in module.parameters()) / 1e9, 3)
         lib = "diffusers" if isinstance(module, diffusers.ModelMixin) else "transformers"
@@ -209,22 +217,6 @@ def build_flux(args) -> None:
     print(json.dumps({"built": str(out), "family": "flux", "tiny": bool(args.tiny), "device": dev,
                       "params_billion": params, "gb_on_disk": round(size / 1e9, 2),
                       "seconds": round(time.perf_counter() - t0, 1)}))
-
-
-def randomize_on_device(module, seed: int) -> None:
-    """`randomize`'s weights (normal(0, 0.02) for dim >= 2, biases zero, the rest as built), drawn
-    on the parameters' own device: 12B CPU draws would take minutes."""
-    import torch
-
-    g = None
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            if g is None:
-                g = torch.Generator(device=p.device).manual_seed(seed)
-            if p.dim() >= 2:
-                p.normal_(0.0, 0.02, generator=g)
-            elif name.endswith("bias"):
-                p.zero_()
 
 
 # -- modes ---------------------------------------------------------------------------------
