@@ -227,6 +227,7 @@ JOB_MODES = {
     # unless its report's `batch` column says it grew (then compare with an off run at that pool).
     "off": ["bcg=off", "bcg.batch_grow=off"],
     "bcg-serial": ["job.overlap=false"],  # stages one after another (the old engine's order)
+    "bcg-always": ["bcg.capture=always"],  # every capturable key captured: the capture policy's check
     "bcg-b16": ["bcg.batch_sizes=[1,2,4,8,16]"],
     "bcg-b32": ["bcg.batch_sizes=[1,2,4,8,16,32]"],
     "off-b16": ["bcg=off", "bcg.batch_sizes=[1,2,4,8,16]"],

@@ -145,9 +145,10 @@ def test_policy_releases_graphs_when_replay_does_not_pay_and_learns_the_ratio():
 
 
 def test_a_batch_that_ran_alone_is_not_the_eager_measurement():
-    """The overlapped pipeline's first batch denoises without a decode beside it; the batches after
-    it share the GPU with one. Its time must not stand for eager, or replay (beside a decode) looks
-    slower than it is: the H200 job once released every key's graphs this way."""
+    """The run's first batch has no previous batch to be timed from, and denoises without a decode
+    beside it; the batches after it share the GPU with one. Its time must not stand for eager, or
+    replay (beside a decode) looks slower than it is: the H200 job once released every key's graphs
+    this way."""
     p = CapturePolicy(prior_ratio=0.9, min_gain=0.02)
     key = (SIG, 8)
     p.observe(key, "eager", 2250.0, alone=True)
@@ -159,16 +160,48 @@ def test_a_batch_that_ran_alone_is_not_the_eager_measurement():
     assert {r["batch"]: (r["decision"], r["eager_ms"], r["batches"]) for r in p.report()} == {8: ("captured", 2500.0, 4)}
 
 
-def test_the_overlapped_pipeline_marks_only_its_first_batch_alone(sana):
+def test_the_pipeline_marks_only_its_first_batch_alone(sana):
     cfg, fam, pipe, padder = sana
     engine = Pipeline(cfg, fam, pipe, padder, None, "cpu")
     batches = [Batch(SIG, items(1, i), 1) for i in range(3)]
-    for overlap, want in ((True, [True, False, False]), (False, [False, False, False])):
+    for overlap in (True, False):
         pipeline = StageScheduler(engine, CaptureDispatcher(None, engine.cfg.bcg), overlap=overlap)
         seen, observe = [], pipeline._observe
         pipeline._observe = lambda sub, wait: (seen.append(sub.alone), observe(sub, wait))
         assert len(list(pipeline.run(batches, stop=lambda: False))) == 3
-        assert seen == want, overlap
+        assert seen == [True, False, False], overlap
+
+
+class _Recording(CaptureDispatcher):
+    """The real dispatcher, keeping what the scheduler told it."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.seen: list = []
+
+    def observed(self, key, mode, denoise_ms, alone):
+        self.seen.append((denoise_ms, alone))
+        super().observed(key, mode, denoise_ms, alone)
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_a_batch_is_timed_from_the_previous_batch_s_denoise_end(sana, overlap):
+    """What a batch costs the run: from the previous batch's denoise end to its own, so the host's
+    gaps between denoises (launching the decode, collecting pixels, encoding in series) count
+    as they do in the job's throughput. A denoise span alone favoured eager on the H200."""
+    cfg, fam, pipe, padder = sana
+    engine = Pipeline(cfg, fam, pipe, padder, None, "cpu")
+    batches = [Batch(SIG, items(1, i), 1) for i in range(3)]
+    subs, submit = [], engine.submit
+    engine.submit = lambda *a: subs.append(submit(*a)) or subs[-1]
+    dispatcher = _Recording(None, engine.cfg.bcg)
+    assert len(list(StageScheduler(engine, dispatcher, overlap=overlap).run(batches, stop=lambda: False))) == 3
+    ends = [s.timer.last_end("denoise") for s in subs]
+    assert dispatcher.seen[0] == (pytest.approx(subs[0].timer.ms("denoise")), True)
+    for k in (1, 2):
+        ms, alone = dispatcher.seen[k]
+        assert not alone and ms == pytest.approx((ends[k] - ends[k - 1]) * 1e3)
+        assert ms > subs[k].timer.ms("denoise")  # more than its span: the stages between count
 
 
 def test_policy_always_captures_every_capturable_key():

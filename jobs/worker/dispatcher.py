@@ -2,7 +2,7 @@
 eager — decided here, once, and handed to the graph runner as a `bcg.Dispatch` that it carries out.
 
     dispatcher.decide(batch, batches_left)  -> Dispatch.CAPTURE | REPLAY | EAGER
-    dispatcher.observed(submitted)          the batch's denoise time, when known (may release graphs)
+    dispatcher.observed(submitted)          the batch's time, when known (may release graphs)
     dispatcher.captured(key, seconds)       a capture's cost, learned
     dispatcher.lock                         held while a graph is captured and while other threads
                                             enqueue GPU work (CUDA forbids both at once)
@@ -18,21 +18,24 @@ A capture costs `warmup_iters` extra eager forwards plus the capture itself; it 
 (eager - replay) on every later call. At kernel-bound shapes (SANA-1.6B at batch 8) replay saves
 about 1%, so a short run, or a tail batch of another size, loses time by capturing (ANCHORS.md).
 
-    first batch of a key      run eager, measure its denoise time (useful work: nothing is wasted)
+    first batch of a key      run eager, measure its time (useful work: nothing is wasted)
     next batch                capture if  calls_left * eager_call * (1 - replay/eager)  >  capture cost,
                               with replay/eager taken from the nearest key measured so far (or a prior)
     second graphed batch      measure replay (the first one also paid for the capture); if it is not
                               `min_gain` faster than eager, release the graphs and run the rest of the
                               run eager
 
-Only like is compared with like. With the stages overlapped (jobs/worker/scheduler.py), every batch's denoise
-shares the GPU with the previous batch's decode, except the job's first batch, which runs alone:
-at SANA-1.6B 1024² batch 8 the decode is ~0.5 s beside a ~2.3 s denoise, and the first batch's
-eager time (2250 ms alone) against a replay beside a decode (2404 ms) once released the graphs of
-every key (the other keys took that ratio). So a batch that ran alone while the others do not is
-not an eager measurement: the key's next batch is measured instead.
+Only like is compared with like: a batch's time is what it adds to the run, from the previous
+batch's denoise end to its own on the main stream (jobs/worker/scheduler.py). Not its denoise alone:
+overlapped, a denoise shares the GPU with the previous batch's decode and the next one's encode. Eager,
+the host launches slower than the GPU runs, and those stages fill its gaps; replayed, the denoise
+runs back to back and they stretch its span. On the H200 at SANA-1.6B size, 512² batch 8, spans
+compared an eager 617 ms with a replay 677 ms and released the graphs; the job then ran eager with
+its GPU busy 61% of the time. (Earlier, spans also compared the job's first batch, alone on the GPU
+at 2250 ms, with replays beside a decode at 2404 ms, and released every key's graphs.) The run's
+first batch has no previous end, so it is no measurement (`alone`): the key's next batch is measured.
 
-Times are device times of whole batches (CUDA events), so one decision costs no host sync beyond
+Times come from CUDA events (or the wall clock on a CPU), so one decision costs no host sync beyond
 waiting for the previous batch's denoise to end, which the next batch's start does anyway.
 Every decision is kept with its numbers for summary.json and logged once.
 """
@@ -55,8 +58,8 @@ Key = Tuple[Signature, int]  # (signature, pool batch size): one captured graph 
 
 @dataclass
 class KeyState:
-    eager_ms: Optional[float] = None  # device ms of one eager batch's denoise
-    replay_ms: Optional[float] = None  # device ms of one replayed batch's denoise
+    eager_ms: Optional[float] = None  # ms one eager batch adds to the run (module docstring)
+    replay_ms: Optional[float] = None  # ms one replayed batch adds to the run
     state: str = "measuring"  # measuring | captured | eager
     reason: str = ""
     batches: int = 0
@@ -96,8 +99,8 @@ class CapturePolicy:
 
     def observe(self, key: Key, mode: str, denoise_ms: float, alone: bool = False) -> bool:
         """Record a finished batch; True when its graphs should be released (replay did not pay).
-        `alone`: its denoise had the GPU to itself while other batches' share it with a decode
-        (the overlapped pipeline's first batch): not comparable, so not the key's eager time."""
+        `alone`: the run's first batch, with no previous batch to time it from: its time is its
+        denoise alone, not comparable with the others', so not the key's eager time."""
         st = self.keys.setdefault(key, KeyState())
         st.batches += 1
         if mode == "eager" and st.eager_ms is None and not alone:

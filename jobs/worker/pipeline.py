@@ -33,7 +33,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Literal, Optional, Tuple, overload
+from typing import Dict, List, Literal, Optional, Tuple, Union, overload
 
 import numpy as np
 import torch
@@ -47,6 +47,8 @@ from jobs.worker.samples import item_fps
 from padding import Padder, TextEmbeds
 
 log = logging.getLogger(__name__)
+
+Mark = Union[torch.cuda.Event, float]  # where a stage ended: a timing CUDA event, or perf_counter on a CPU
 
 
 @dataclass
@@ -84,8 +86,9 @@ class Submitted:
     mode: str
     batch_size: int
     timer: "StageClock"
-    observed: bool = False  # the capture policy has seen its denoise time (jobs/worker/scheduler.py)
-    alone: bool = False  # no other batch was in flight beside its denoise (jobs/worker/scheduler.py)
+    observed: bool = False  # the capture policy has seen its time (jobs/worker/scheduler.py)
+    since: Optional[Mark] = None  # the previous batch's denoise end, where this batch's time starts
+    alone: bool = False  # no batch before it in this run: no time to give the policy (jobs/worker/scheduler.py)
 
 
 class StageClock:
@@ -126,6 +129,26 @@ class StageClock:
         elif not marks[-1][1].query():
             return None
         return sum(a.elapsed_time(b) for a, b in marks)
+
+    def last_end(self, name: str) -> Optional[Mark]:
+        """Where the stage's last run ended: a recorded CUDA event, or a perf_counter reading on a CPU."""
+        marks = self._marks.get(name)
+        return marks[-1][1] if marks else None
+
+    def ms_since(self, since: Mark, name: str, wait: bool = False) -> Optional[float]:
+        """ms from `since` (another batch's `last_end`) to the end of this batch's stage; None while
+        that end is pending (unless wait=True). Both ends are on the stream the stage runs on."""
+        end = self.last_end(name)
+        if end is None:
+            return None
+        if not isinstance(end, torch.cuda.Event) or not isinstance(since, torch.cuda.Event):
+            assert isinstance(end, float) and isinstance(since, float)  # a CPU clock: both perf_counter
+            return (end - since) * 1e3
+        if wait:
+            end.synchronize()
+        elif not end.query():
+            return None
+        return since.elapsed_time(end)
 
     def all_ms(self) -> Dict[str, float]:
         return {k: round(self.ms(k, wait=True), 3) for k in self._marks}

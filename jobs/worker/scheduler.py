@@ -12,7 +12,9 @@ one after another in this thread: the bytes are the same either way (tests/test_
 The scheduler asks the capture dispatcher (jobs/worker/dispatcher.py) before each batch, because
 only the scheduler knows the plan's order: how many batches of a key (signature, batch size) are
 left in its run, when a signature's sorted run ends (its graphs are then released), and when a
-batch's denoise time is known (the dispatcher learns from it).
+batch's time is known (the dispatcher learns from it): from the previous batch's denoise end to its own
+on the main stream, so the time a batch costs the run, with its host gaps and the other stages' share
+of the GPU in it.
 """
 
 from __future__ import annotations
@@ -106,7 +108,7 @@ class StageScheduler:
         index = {id(b): i for i, b in enumerate(batches)}
         source = Prefetcher(self.pipeline, batches, depth=2) if self.overlap else inline(self.pipeline, batches)
         flight: Deque[Submitted] = deque()
-        current, error = None, None
+        current, error, last_end = None, None, None
         try:
             encoded = iter(source)
             while True:
@@ -125,9 +127,11 @@ class StageScheduler:
                     current = batch.signature
                 dispatch = self._decide(batch, left[index[id(batch)]], flight)
                 sub = self._submit(batch, enc, dispatch)
-                # Overlapped, a batch's denoise shares the GPU with the previous batch's decode;
-                # one submitted with nothing in flight had it alone (the capture policy's rule).
-                sub.alone = self.overlap and not flight
+                # A batch's time is from the previous batch's denoise end to its own: what it adds to
+                # the run, with the GPU shared as every later batch shares it. The run's first batch
+                # has no such time (the capture policy's `alone`).
+                sub.since, last_end = last_end, sub.timer.last_end("denoise")
+                sub.alone = sub.since is None
                 flight.append(sub)
                 while len(flight) > self.depth:
                     yield self._collect(flight.popleft())
@@ -158,7 +162,8 @@ class StageScheduler:
     def _observe(self, sub: Submitted, wait: bool) -> None:
         if sub.observed:
             return
-        ms = sub.timer.ms("denoise", wait=wait)
+        ms = (sub.timer.ms("denoise", wait=wait) if sub.since is None
+              else sub.timer.ms_since(sub.since, "denoise", wait=wait))
         if ms is None:
             return
         sub.observed = True
