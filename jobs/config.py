@@ -214,9 +214,13 @@ class BcgConfig(RunnerConfig):
     """[[h, w], ...] allowed for capture; [] = every resolution the plan needs. Others run eager."""
     pad_short_batches: bool = True
     """A batch smaller than every pool size is padded with dummy rows (discarded) to a captured size."""
-    capture: str = "auto"
-    """auto: a (signature, batch size) captures only when its remaining batches pay for the capture,
-    measured on its first batch (jobs/worker/dispatcher.py); always: capture every capturable one."""
+    capture: str = "always"
+    """always (the default): capture every capturable (signature, batch size) on its first batch;
+    auto: capture one only when its remaining batches pay for the capture, measured on an eager
+    batch first (jobs/worker/dispatcher.py). On the H200 at SANA-1.6B size, 512², 200 prompts,
+    always made 4.99 images/s over the wall clock against auto's 4.52 (medians of 3, same call,
+    benchmarks/results/job_wall_h200_512_s28.md): the fused path's eager batches are host-bound,
+    and a capture with fusions costs about 0.2 s."""
     capture_min_gain: float = 0.02
     """auto: release a key's graphs when replay is not this fraction faster than eager."""
     batch_grow: str = "off"
