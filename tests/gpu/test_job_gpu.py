@@ -80,7 +80,7 @@ def test_overlapped_stages_and_the_capture_policy_keep_the_bytes(tmp_path):
     common = [f"dataset.path={data}", "sink=png", "sampling.steps=4", "model.dtype=bfloat16", "job.progress=false",
               "device=cuda", "bcg.batch_sizes=[1,2]", "bcg.batch_grow=off", *encoder_overrides()]
     run_cli(*common, f"output_dir={tmp_path / 'serial'}", "job.overlap=false", "bcg.capture=always")
-    run_cli(*common, f"output_dir={tmp_path / 'auto'}")
+    run_cli(*common, f"output_dir={tmp_path / 'auto'}", "bcg.capture=auto")  # the default is always
     a, b = images(tmp_path / "serial"), images(tmp_path / "auto")
     assert sorted(a) == sorted(b) and len(a) == 40
     for k in a:
