@@ -88,7 +88,11 @@ class Submitted:
     timer: "StageClock"
     observed: bool = False  # the capture policy has seen its time (jobs/worker/scheduler.py)
     since: Optional[Mark] = None  # the previous batch's denoise end, where this batch's time starts
-    alone: bool = False  # no batch before it in this run: no time to give the policy (jobs/worker/scheduler.py)
+
+    @property
+    def alone(self) -> bool:
+        """No batch before it in this run: no time to give the capture policy (jobs/worker/scheduler.py)."""
+        return self.since is None
 
 
 class StageClock:

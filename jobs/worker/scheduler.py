@@ -131,7 +131,6 @@ class StageScheduler:
                 # the run, with the GPU shared as every later batch shares it. The run's first batch
                 # has no such time (the capture policy's `alone`).
                 sub.since, last_end = last_end, sub.timer.last_end("denoise")
-                sub.alone = sub.since is None
                 flight.append(sub)
                 while len(flight) > self.depth:
                     yield self._collect(flight.popleft())
@@ -162,7 +161,7 @@ class StageScheduler:
     def _observe(self, sub: Submitted, wait: bool) -> None:
         if sub.observed:
             return
-        ms = (sub.timer.ms("denoise", wait=wait) if sub.since is None
+        ms = (sub.timer.ms("denoise", wait=wait) if sub.since is None  # alone
               else sub.timer.ms_since(sub.since, "denoise", wait=wait))
         if ms is None:
             return
