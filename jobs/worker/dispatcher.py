@@ -33,9 +33,10 @@ overlapped, a denoise shares the GPU with the previous batch's decode and the ne
 the host launches slower than the GPU runs, and those stages fill its gaps; replayed, the denoise
 runs back to back and they stretch its span. On the H200 at SANA-1.6B size, 512² batch 8, spans
 compared an eager 617 ms with a replay 677 ms and released the graphs; the job then ran eager with
-its GPU busy 61% of the time. (Earlier, spans also compared the job's first batch, alone on the GPU
-at 2250 ms, with replays beside a decode at 2404 ms, and released every key's graphs.) The run's
-first batch has no previous end, so it is no measurement (`alone`): the key's next batch is measured.
+its GPU busy 61% of the time (benchmarks/results/job_wall_h200_spy512_s28.md). Earlier, spans also
+compared the job's first batch, alone on the GPU at 2250 ms, with replays beside a decode at 2404 ms,
+and released every key's graphs. The run's first batch has no previous end, so it is no measurement
+(`alone`): the key's next batch is measured.
 
 Times come from CUDA events (or the wall clock on a CPU), so one decision costs no host sync beyond
 waiting for the previous batch's denoise to end, which the next batch's start does anyway.
