@@ -94,6 +94,17 @@ for dt in (torch.bfloat16, torch.float32):  # fp16 takes the bf16 paths
     v = torch.ones(2, 5, 1)
     kernels_rms.rms_scale(x, v, w, 1e-6, s)
     kernels_rms.rms_residual(x, s, x, v, w, 1e-6)
+    # LTX-2's: RMSNorm without a weight + adaLN (and bare); split RoPE with a set of frequencies a head
+    # (a [B, S, H, D/2] view of its [B, H, S, D/2]), interleaved over the whole row with a batch of freqs
+    kernels_rms.rms_adaln(x, v, None, 1e-6, s, s)
+    kernels_rms.rms_adaln(x, v, w, 1e-6, None, None)
+    cs = torch.randn(2, 3, 20, 64).transpose(1, 2)
+    for mode in ("plain", "fma_bd_ad"):
+        KR.rope(q, (cs, cs), KR.Rope("split", mode))
+        KR.rope(q, (cs, cs), KR.Rope("split", mode), norm="fused", weight=wa, eps=1e-6, across_heads=True)
+    cw = torch.randn(2, 20, 384)
+    KR.rope(q.reshape(2, 20, 1, 384), (cw, cw), KR.Rope("pairs"))
+    KR.rope(q.reshape(2, 20, 1, 384), (cw, cw), KR.Rope("pairs"), norm="fused", weight=wa, eps=1e-6)
     # SANA's
     cl = torch.randn(2, 32, 4, 4).to(dt).contiguous(memory_format=torch.channels_last)
     kernels.bias_silu_(cl, torch.ones(32, dtype=dt))

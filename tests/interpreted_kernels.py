@@ -182,6 +182,18 @@ def rms(dt):
     factor = np.float32(M) / np.float32(M * L)
     check(f"row_variance vec_dec {dt}", kernels_rms.row_variance(x, "vec_dec")[:, 0],
           mean_order(x) * torch.tensor(float(factor)))
+    # after the variance: the norm (with or without its weight) and its modulation (LTX-2's adaLN, Z-Image's scale)
+    B, N, D = 2, 5, 48
+    x = rand(B, N, D, scale=2, dtype=dt)
+    r = kernels_rms.rstd_input(x.float().pow(2).mean(-1, keepdim=True), 1e-6)  # aten's rsqrt (RSTD_IN_KERNEL off)
+    s, t = rand(B, 1, D, scale=0.3, dtype=dt), rand(1, 1, D, dtype=dt)
+    w = (1 + 0.3 * rand(D)).to(dt)
+    n = (x.float() * r).to(dt)
+    nw = (n.float() * w.float()).to(dt)
+    check(f"rms_norm_adaln no weight {dt}", kernels_rms.rms_adaln(x, r, None, 1e-6, s, t), ops.ADALN.reference(n, s, t))
+    check(f"rms_norm_adaln weight {dt}", kernels_rms.rms_adaln(x, r, w, 1e-6, s, t), ops.ADALN.reference(nw, s, t))
+    check(f"rms_norm_adaln no modulation {dt}", kernels_rms.rms_adaln(x, r, None, 1e-6, None, None), n)
+    check(f"rms_norm_scale {dt}", kernels_rms.rms_scale(x, r, w, 1e-6, s), (nw.float() * s.float()).to(dt))
 
 
 # -- RoPE, with and without the norm, into a joint slice ------------------------------------------------
@@ -269,12 +281,51 @@ def head_rows(dt):
         check(f"rope head rows {name} {dt}", out[True], out[False])
 
 
+def rope_ltx(dt):
+    """LTX-2's layouts: a set of frequencies a head (split, rotate-half pairs; as LTX-2's rope module lays
+    them out and as a strided view), and interleaved pairs over the whole width with a batch of freqs."""
+    from bcg.fusions.ops_rope import _split_plan
+
+    KR = kernels_rope
+    B, S, H, D = 2, 7, 4, 16
+    x = rand(B, S, H, D, dtype=dt)
+    ang = torch.rand(B, S, H, D // 2, generator=G) * 30
+    laid = (ang.cos(), ang.sin())  # [B, S, H, D/2] contiguous: LTX-2's rope after its swapaxes is undone
+    strided = tuple(t.transpose(1, 2).contiguous().transpose(1, 2) for t in laid)  # same values, [B, H, S, D/2] memory
+    for mode in ("plain", "fma_bd_ad"):
+        for name, (c, sn) in (("laid out", laid), ("strided", strided)):
+            check(f"rope split {mode} {name} {dt}", KR.rope(x, (c, sn), KR.Rope("split", mode)),
+                  _split_plan(x, c, sn, mode))
+    c, sn = laid
+    w = (1 + 0.3 * rand(D)).to(dt)
+    var = x.float().pow(2).mean(-1, keepdim=True)  # diffusers RMSNorm per head, the variance given
+    r = kernels_rms.rstd_input(var, 1e-6)
+    n = ((x.float() * r).to(dt).float() * w.float()).to(dt)
+    check(f"rope after mean-order norm split per head (given) {dt}",
+          KR.rope(x, (c, sn), KR.Rope("split", "plain"), norm="mean", weight=w, eps=1e-6, var=r),
+          _split_plan(n, c, sn, "plain"))
+    if dt == torch.float16:  # exact squares: the fused order's FMAs are its adds (fused_rms_order)
+        x2 = x.reshape(-1, H * D)
+        wl = (1 + 0.3 * rand(H * D)).to(dt)
+        rr = rsqrt(fused_rms_order(x2) / (H * D) + 1e-6)
+        n = (wl.float() * (rr[:, None] * x2.float())).to(dt).view(x.shape)
+        check(f"rope after fused-order norm split across heads {dt}",
+              KR.rope(x, (c, sn), KR.Rope("split", "plain"), norm="fused", weight=wl, eps=1e-6, across_heads=True),
+              _split_plan(n, c, sn, "plain"))
+    aw = torch.rand(B, S, H * D // 2, generator=G) * 30
+    cw, sw = aw.cos().repeat_interleave(2, -1), aw.sin().repeat_interleave(2, -1)
+    xw = x.reshape(B, S, 1, H * D)
+    check(f"rope pairs batch freqs whole row {dt}", KR.rope(xw, (cw, sw), KR.Rope("pairs")),
+          pairs_plan(xw, cw, sw, KR.FLUX_INDEX))
+
+
 for dt in (torch.float32, torch.float16):
     head_rows(dt)
     elementwise(dt)
     layer_norm(dt)
     rms(dt)
     rope(dt)
+    rope_ltx(dt)
 unaligned()
 print("RESULTS " + json.dumps(RESULTS))
 sys.stdout.flush()

@@ -2,8 +2,10 @@
 to its plan in plain torch, bit for bit (tests/interpreted_kernels.py, one subprocess for all):
 adaLN, gated residuals (SANA's and Wan's fp32 plan), SwiGLU, GELU-tanh into a concatenation (both
 contractions), LayerNorm + adaLN after its statistics (bf16 plan, Wan's fp32 plan, the norm's own
-affine, the gated residual in front), aten's mean order for RMSNorm's variance (row_variance), and
-q/k RoPE (Flux's and Wan's real pairs, the complex product, two streams into one joint tensor)
+affine, the gated residual in front), aten's mean order for RMSNorm's variance (row_variance), the
+RMSNorm after it (with or without its weight) and its modulation (adaLN, scale), and q/k RoPE (Flux's
+and Wan's real pairs, LTX-2's split pairs with a set of frequencies a head in both contractions and
+its interleaved pairs over the whole width, the complex product, two streams into one joint tensor)
 after no norm, after diffusers' RMSNorm (variance given or reduced in the kernel in the mean order)
 and after torch's RMSNorm in the fused kernel's modelled order, per head and across heads. A view
 two bytes off its buffer is not applicable to the LayerNorm kernel and falls back through the
@@ -58,8 +60,14 @@ def test_rms_variance_in_the_mean_order(results):
     assert not bad, bad
 
 
-@pytest.mark.parametrize("prefix", ["rope pairs", "rope complex", "rope after mean-order", "rope after fused-order",
-                                    "rope head rows"])
+@pytest.mark.parametrize("prefix", ["rms_norm_adaln", "rms_norm_scale"])
+def test_rms_norm_kernel_after_its_variance_equals_the_plans(results, prefix):
+    bad = {k: v for k, v in _group(results, prefix).items() if v}
+    assert not bad, bad
+
+
+@pytest.mark.parametrize("prefix", ["rope pairs", "rope complex", "rope split", "rope after mean-order",
+                                    "rope after fused-order", "rope head rows"])
 def test_rope_kernel_equals_its_plans(results, prefix):
     bad = {k: v for k, v in _group(results, prefix).items() if v}
     assert not bad, bad

@@ -15,33 +15,38 @@ Layout, by pattern (each kernel written once, bound to a family's modules by its
     ops*, kernels*   chains (eager / reference plan / fused launcher) and their Triton kernels:
                      ops, kernels            adaLN, gated residuals, SANA's linear attention and GLUMBConv
                      ops_norm, kernels_norm  LayerNorm (+ residual) + adaLN, in aten's Welford order
-                     ops_rms, kernels_rms    RMSNorm in aten's orders, and the chains after it
-                     kernels_rope            q/k (RMSNorm +) RoPE, 1-D / 2-D / 3-D, into joint attention
+                     ops_rms, kernels_rms    RMSNorm in aten's orders, and the chains after it (scale, adaLN)
+                     kernels_rope            q/k (RMSNorm +) RoPE, 1-D / 2-D / 3-D, interleaved or split
+                                             pairs, shared or per-head frequencies, into joint attention
                      ops_act, kernels_act    SwiGLU, GELU-tanh
     verify, guard    first-sight verification of chains and of whole rewritten forwards
     keys, cache      what decides bits; verdicts kept across runs
     registry         rules: module pattern + forward maker
-    sana, sana_prompt, z_image, ...   the families' rules
+    sana, sana_prompt, z_image, ltx2, ltx2_prompt, ...   the families' rules
 Patterns and the families that bind them (one kernel each, parameterised by width, dtype, layout):
 
     pattern                                   kernel                      families
     LayerNorm (+ residual / gated residual)   kernels_norm.ln_adaln        SANA, SANA-Video, Flux, LongCat,
       + x * (1 + scale) + shift                 (bf16 plan; fp32 plan)     Qwen-Image; Wan (fp32 plan)
-    gated residual  x + gate * y              kernels.gated_residual       all of the above (Wan: fp32)
-    RMSNorm (+ * scale, + gated residual)     kernels_rms                  Z-Image
+    gated residual  x + gate * y              kernels.gated_residual       all of the above (Wan: fp32), LTX-2
+    RMSNorm (+ * scale, + adaLN,              kernels_rms                  Z-Image; LTX-2 (adaLN, no weight)
+      + gated residual)
     q/k RMSNorm + RoPE (1-D, 2-D, 3-D),       kernels_rope.rope            Z-Image, Qwen-Image (complex);
-      into joint attention's concatenation                                 Flux, LongCat, Wan (real pairs)
+      into joint attention's concatenation                                 Flux, LongCat, Wan (real pairs);
+                                                                           LTX-2 (split or real pairs)
     GELU-tanh (+ its cat), SwiGLU             kernels_act                  Flux / LongCat single; Z-Image
-    per-block modulation precompute           modulation.TableStack/SameInput  SANA, SANA-Video, Wan; Flux, Qwen
-    prompt memo (text K/V once a batch)       prompt.PromptState + bcg.memo    SANA, Wan
+    per-block modulation precompute           modulation.TableStack/SameInput  SANA, SANA-Video, Wan, LTX-2;
+                                                                               Flux, Qwen
+    prompt memo (text K/V once a batch)       prompt.PromptState + bcg.memo    SANA, Wan, LTX-2.0
 
 What the H200 has proven (benchmarks/results/): the LN kernel's Welford order and rsqrt form
 (ln_diagnosis_h200.json), aten's mean order `vec_dec` for rows of 3840 and 128, libdevice rsqrt ==
 torch.rsqrt, the complex product's fma_ac_ad contraction, expf-based SiLU, SANA's and Z-Image's chains
 and whole forwards. Not yet run on a GPU (each guarded by the verifier, with an aten fallback): the
 new families' rules, the RoPE kernel's real-pair style and joint slices, aten's fused RMSNorm order
-(torch.nn.RMSNorm: Flux, LongCat, Wan), GELU-tanh's contraction, the affine LayerNorm's FMA, and the
-fp32 (Wan) plan of the LN kernel.
+(torch.nn.RMSNorm: Flux, LongCat, Wan, LTX-2), GELU-tanh's contraction, the affine LayerNorm's FMA, the
+fp32 (Wan) plan of the LN kernel, and LTX-2's: the RMSNorm + adaLN kernel without a weight, aten's mean
+order at rows of 4096 and 2048, the split RoPE's contraction (aten's CUDA addcmul: `plain` expected).
 
 A rule only reorganises *which* calls run; every arithmetic op keeps eager's fp32-then-round plan,
 and LayerNorm, GEMMs, convs and attention stay aten's. The verifier guards the rest: a chain that

@@ -2,14 +2,15 @@
 interpreter).
 
 Two RMSNorms reach these models, and aten reduces them in two orders:
-- diffusers' `RMSNorm` (Z-Image, Qwen-Image, SANA's caption norm, SANA-Video's q/k): eager's
+- diffusers' `RMSNorm` (Z-Image, Qwen-Image, SANA's caption norm, SANA-Video's q/k, LTX-2's block
+  norms, most without a weight): eager's
   `x.float().pow(2).mean(-1, keepdim=True)` is aten's CUDA mean kernel (Reduce.cuh), reproduced
   here for rows of a multiple of 128 (`row_variance`, in candidate orders `VAR_MODES`; `mean_sq_rows`
   for a kernel that normalises the row it just reduced). On the H200 (torch 2.11) `vec_dec` equals
   aten's mean for rows of 3840 and of 128 (benchmarks/results/gpu_fusions_z_image_tests_h200.txt).
   The last resort, `rms_sq`, writes the fp32 squares eager's `x.float().pow(2)` writes and aten's
   `.mean(-1, keepdim=True)` reduces them (same op, shape and strides: same bits).
-- `torch.nn.RMSNorm` (Flux's and LongCat's q/k, Wan's q/k across heads) is `F.rms_norm`, on CUDA
+- `torch.nn.RMSNorm` (Flux's and LongCat's q/k, Wan's and LTX-2's q/k across heads) is `F.rms_norm`, on CUDA
   aten's fused `_fused_rms_norm`, the LayerNorm kernel's RMS variant (layer_norm_kernel.cu): 128
   threads a row, each summing the squares of its 4-wide vectors t, t + 128, ... in order (FMAs as
   nvcc contracts `sigma2 + x * x`), a shuffle-down tree within each warp, the 4 warps pairwise, then
@@ -22,8 +23,10 @@ no FMA contraction, `OPTS`). After diffusers' mean the kernels do:
 
     rstd = rsqrt(var + eps)             libdevice rsqrt (equal to torch.rsqrt on the H200), or
                                         aten's tensor when RSTD_IN_KERNEL is False
-    n    = _r(_r(x * rstd) * weight)    `hidden_states.to(weight.dtype) * weight`
-    ...  the modulation, gate and residual that follow, each rounded where eager stores.
+    n    = _r(_r(x * rstd) * weight)    `hidden_states.to(weight.dtype) * weight`; without a weight
+                                        `_r(x * rstd)`, `hidden_states.to(input_dtype)`
+    ...  the modulation (`* scale`, adaLN's `* (1 + scale) + shift`), gate and residual that follow,
+         each rounded where eager stores.
 """
 
 from __future__ import annotations
@@ -247,10 +250,14 @@ def _bcast(t: torch.Tensor | None, B: int, D: int) -> tuple:
     return e, e.stride(0), e.stride(2)
 
 
-# -- RMSNorm (+ modulation scale): _r(_r(_r(x * rstd) * w) * scale) ------------------------------
+# -- RMSNorm, then its modulation: Z-Image's `* scale`, or adaLN's `* (1 + scale) + shift` --------------
+MOD_NONE, MOD_SCALE, MOD_ADALN = 0, 1, 2
+
+
 @triton.jit
-def _rms_scale_kernel(x_ptr, v_ptr, w_ptr, s_ptr, o_ptr, M, D, ROWS_PER_B, s_sb, s_sd, eps,
-                      HAS_SCALE: tl.constexpr, RSTD: tl.constexpr, ROWS: tl.constexpr, BD: tl.constexpr):
+def _rms_mod_kernel(x_ptr, v_ptr, w_ptr, s_ptr, t_ptr, o_ptr, M, D, ROWS_PER_B, s_sb, s_sd, t_sb, t_sd, eps,
+                    HAS_W: tl.constexpr, MOD: tl.constexpr, RSTD: tl.constexpr, ROWS: tl.constexpr,
+                    BD: tl.constexpr):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.program_id(1) * BD + tl.arange(0, BD)
     rm = rows < M
@@ -259,30 +266,54 @@ def _rms_scale_kernel(x_ptr, v_ptr, w_ptr, s_ptr, o_ptr, M, D, ROWS_PER_B, s_sb,
     off = rows.to(tl.int64)[:, None] * D + cols[None, :]
     x = tl.load(x_ptr + off, mask=m).to(tl.float32)
     r = _rstd(tl.load(v_ptr + rows, mask=rm, other=1.0), eps, RSTD)
-    w = tl.load(w_ptr + cols, mask=cm).to(tl.float32)
-    y = _r(_r(x * r[:, None], o_ptr) * w[None, :], o_ptr)
-    if HAS_SCALE:
-        b = rows // ROWS_PER_B
+    y = _r(x * r[:, None], o_ptr)  # `.to(input_dtype)` (no weight) or `.to(weight.dtype)`
+    if HAS_W:
+        w = tl.load(w_ptr + cols, mask=cm).to(tl.float32)
+        y = _r(y * w[None, :], o_ptr)
+    b = rows // ROWS_PER_B
+    if MOD == 1:  # Z-Image: `* scale`, its `1 + scale` made by the caller
         s = tl.load(s_ptr + b[:, None] * s_sb + cols[None, :] * s_sd, mask=m).to(tl.float32)
         y = y * s
+    elif MOD == 2:  # adaLN: `* (1 + scale) + shift`, each op rounded where eager stores it
+        s = tl.load(s_ptr + b[:, None] * s_sb + cols[None, :] * s_sd, mask=m).to(tl.float32)
+        t = tl.load(t_ptr + b[:, None] * t_sb + cols[None, :] * t_sd, mask=m).to(tl.float32)
+        y = _r(y * _r(s + 1.0, o_ptr), o_ptr) + t
     tl.store(o_ptr + off, y.to(o_ptr.dtype.element_ty), mask=m)
+
+
+def _rms_mod(x: torch.Tensor, var: torch.Tensor, weight: torch.Tensor | None, eps: float, mod: int,
+             scale: torch.Tensor | None, shift: torch.Tensor | None) -> torch.Tensor:
+    _check(x.dim() == 3 and x.is_contiguous() and var.is_contiguous() and var.numel() == x.numel() // x.shape[-1],
+           "x must be a contiguous [B, N, D], var one value a row")
+    B, N, D = x.shape
+    _check(weight is None or (weight.shape == (D,) and weight.dtype == x.dtype and weight.is_contiguous()),
+           "weight must be a contiguous [D] of x's dtype")
+    _check(all(t is None or t.dtype == x.dtype for t in (scale, shift)), "scale / shift must have x's dtype")
+    s, s_sb, s_sd = _bcast(scale, B, D)
+    t, t_sb, t_sd = _bcast(shift, B, D)
+    out = torch.empty_like(x)
+    M = B * N
+    rows, bd = _tile(D)
+    grid = (triton.cdiv(M, rows), triton.cdiv(D, bd))
+    _rms_mod_kernel[grid](x, var, weight if weight is not None else x, s if s is not None else x,
+                          t if t is not None else x, out, M, D, N, s_sb, s_sd, t_sb, t_sd, eps,
+                          HAS_W=weight is not None, MOD=mod, RSTD=not RSTD_IN_KERNEL, ROWS=rows, BD=bd, **OPTS)
+    return out
 
 
 def rms_scale(x: torch.Tensor, var: torch.Tensor, weight: torch.Tensor, eps: float,
               scale: torch.Tensor | None) -> torch.Tensor:
     """x [B, N, D] contiguous, var [B, N, 1] (rstd_input of x's variance), weight [D], scale [B|1, 1, D]."""
-    _check(x.dim() == 3 and x.is_contiguous() and var.is_contiguous(), "x must be a contiguous [B, N, D]")
-    B, N, D = x.shape
-    _check(weight.shape == (D,) and weight.dtype == x.dtype, "weight must be [D] of x's dtype")
-    _check(scale is None or scale.dtype == x.dtype, "scale must have x's dtype")
-    s, s_sb, s_sd = _bcast(scale, B, D)
-    out = torch.empty_like(x)
-    M = B * N
-    rows, bd = _tile(D)
-    grid = (triton.cdiv(M, rows), triton.cdiv(D, bd))
-    _rms_scale_kernel[grid](x, var, weight, s if s is not None else x, out, M, D, N, s_sb, s_sd, eps,
-                            HAS_SCALE=s is not None, RSTD=not RSTD_IN_KERNEL, ROWS=rows, BD=bd, **OPTS)
-    return out
+    _check(weight is not None, "Z-Image's norms have a weight")
+    return _rms_mod(x, var, weight, eps, MOD_NONE if scale is None else MOD_SCALE, scale, None)
+
+
+def rms_adaln(x: torch.Tensor, var: torch.Tensor, weight: torch.Tensor | None, eps: float,
+              scale: torch.Tensor | None, shift: torch.Tensor | None) -> torch.Tensor:
+    """RMSNorm(x) [* (1 + scale) + shift] for x [B, N, D] contiguous, var [B, N, 1] (rstd_input of x's
+    variance), weight [D] or None (an RMSNorm without affine), scale and shift [B|1, 1, D] (both or neither)."""
+    _check((scale is None) == (shift is None), "scale comes with shift")
+    return _rms_mod(x, var, weight, eps, MOD_NONE if scale is None else MOD_ADALN, scale, shift)
 
 
 # -- residual: x + gate * RMSNorm(y); optionally the next norm's squares of the result ---------------

@@ -1,7 +1,8 @@
 """Per-forward precompute of what every block derives from the same embedding (the modulation).
 
     TableStack   every block adds its own table to the same timestep embedding (SANA's
-                 `scale_shift_table[None] + t.reshape(B, 6, -1)`, Wan's `scale_shift_table + temb.float()`):
+                 `scale_shift_table[None] + t.reshape(B, 6, -1)`, Wan's `scale_shift_table + temb.float()`,
+                 LTX-2's six tables, two of them slices of one parameter):
                  the first block of a forward makes all the blocks' adds at once (one op, verified
                  like every chain) and the others take their slice
     SameInput    a function every block applies to the same tensor (Flux's and Qwen-Image's SiLU of
@@ -27,10 +28,14 @@ from .ops import Op
 
 class TableStack:
     """`op(tables, t, *args)` for every registered block's table at once; `one(table, t, *args)` is a
-    single block's own add (for a block whose table cannot join the stack)."""
+    single block's own add (for a block whose table cannot join the stack). `table`: the attribute
+    holding a block's table, or a function of the block (a slice of a parameter: its version is the
+    parameter's)."""
 
-    def __init__(self, op: Op, one: Callable, table: str = "scale_shift_table") -> None:
-        self.op, self.one, self.table = op, one, table
+    def __init__(self, op: Op, one: Callable, table: str | Callable[[nn.Module], torch.Tensor] = "scale_shift_table"
+                 ) -> None:
+        self.op, self.one = op, one
+        self.table: Callable[[nn.Module], torch.Tensor] = _attribute(table) if isinstance(table, str) else table
         self.blocks: list[nn.Module] = []
         self.entry: tuple | None = None
 
@@ -48,7 +53,7 @@ class TableStack:
         assert self.entry is not None  # _stale is True while there is none
         index, out = self.entry[2], self.entry[3]
         if id(block) not in index:
-            return self.one(getattr(block, self.table), t, *args)
+            return self.one(self.table(block), t, *args)
         return out[index[id(block)][0]]
 
     def _stale(self, block: nn.Module, t: torch.Tensor, args: tuple) -> bool:
@@ -56,16 +61,20 @@ class TableStack:
         if e is None or e[0] is not t or e[1] != (version(t), args):
             return True  # another forward (a new embedding), or this one edited in place
         stacked = e[2].get(id(block))
-        return stacked is not None and stacked[1] != version(getattr(block, self.table))
+        return stacked is not None and stacked[1] != version(self.table(block))
 
     def _make(self, call: Callable, first: nn.Module, t: torch.Tensor, args: tuple) -> tuple:
-        t0 = getattr(first, self.table)
+        t0 = self.table(first)
         same = [b for b in self.blocks
-                if getattr(b, self.table).shape == t0.shape and getattr(b, self.table).dtype == t0.dtype
-                and getattr(b, self.table).device == t0.device]
-        tables = torch.stack([getattr(b, self.table) for b in same])
-        index = {id(b): (i, version(getattr(b, self.table))) for i, b in enumerate(same)}
+                if self.table(b).shape == t0.shape and self.table(b).dtype == t0.dtype
+                and self.table(b).device == t0.device]
+        tables = torch.stack([self.table(b) for b in same])
+        index = {id(b): (i, version(self.table(b))) for i, b in enumerate(same)}
         return index, call(self.op, tables, t, *args)
+
+
+def _attribute(name: str) -> Callable[[nn.Module], torch.Tensor]:
+    return lambda block: getattr(block, name)
 
 
 class SameInput:

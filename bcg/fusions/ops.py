@@ -342,14 +342,16 @@ MODULATION_F32 = register(Op("modulation_f32", _modulation_f32_eager, _modulatio
                              _modulation_f32_stacked))
 
 
-# -- SANA-Video's modulation, every block at once: scale_shift_table[None, None] + t.reshape(B, T, 6, -1) --
+# -- SANA-Video's and LTX-2's modulation, every block at once: table[None, None] + t.reshape(B, T, n, -1) --
 def _modulation_video_eager(tables, t, batch: int):
-    """tables [L, 6, D] -> [L, B, T, 6, D]: each block's own add, as SanaVideoTransformerBlock writes it."""
-    return torch.stack([tables[i][None, None] + t.reshape(batch, t.shape[1], 6, -1) for i in range(tables.shape[0])])
+    """tables [L, n, D] -> [L, B, T, n, D]: each block's own add, as SanaVideoTransformerBlock writes it
+    (n = 6) and LTX2VideoTransformerBlock.get_mod_params (n = its table's rows)."""
+    n = tables.shape[1]
+    return torch.stack([tables[i][None, None] + t.reshape(batch, t.shape[1], n, -1) for i in range(tables.shape[0])])
 
 
 def _modulation_video_stacked(tables, t, batch: int):
-    return tables[:, None, None] + t.reshape(1, batch, t.shape[1], 6, -1)
+    return tables[:, None, None] + t.reshape(1, batch, t.shape[1], tables.shape[1], -1)
 
 
 MODULATION_VIDEO = register(Op("modulation_video", _modulation_video_eager, _modulation_video_stacked,

@@ -1,5 +1,6 @@
 """RMSNorm chains (diffusers' `RMSNorm`): its variance in aten's reduction orders, and what follows
-it fused: `* scale` (Z-Image's modulation), `x + gate * norm(y)` (Z-Image's residuals), q/k + RoPE.
+it fused: `* scale` (Z-Image's modulation), adaLN's `* (1 + scale) + shift` (LTX-2's, after norms
+with or without a weight), `x + gate * norm(y)` (Z-Image's residuals), q/k + RoPE.
 
 diffusers' RMSNorm: var = x.float().pow(2).mean(-1, keepdim=True); x * rsqrt(var + eps) (fp32);
 .to(weight.dtype) when the weight is half/bf16; * weight. The variance is a chain of its own
@@ -9,11 +10,13 @@ an argument (eager ignores it and runs the module) and fuse everything after the
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import nn
 
 from .applicable import NotApplicable
-from .ops import Op, _r, register
+from .ops import ADALN, Op, _adaln_reference, _r, register
 
 
 def _zk():
@@ -51,21 +54,26 @@ RMS_VARIANCE = tuple(register(Op(f"rms_variance_{m}", _var_eager, _var_reference
 """RMSNorm's variance: the candidate reduction orders first, aten's mean of our squares last."""
 
 
-def _rms_applicable(x: torch.Tensor, norm: nn.Module, eps: float) -> None:
-    if type(norm).__name__ != "RMSNorm" or getattr(norm, "weight", None) is None or norm.bias is not None:
-        raise NotApplicable("not a diffusers RMSNorm with a weight and no bias")
-    if norm.weight.dtype != x.dtype or norm.eps != eps:
+def _rms_applicable(x: torch.Tensor, norm: nn.Module, eps: float, weightless: bool = False) -> None:
+    if type(norm).__name__ != "RMSNorm" or isinstance(norm, nn.RMSNorm) or getattr(norm, "bias", None) is not None:
+        raise NotApplicable("not a diffusers RMSNorm without bias")
+    weight = getattr(norm, "weight", None)
+    if weight is None and not weightless:
+        raise NotApplicable("not a diffusers RMSNorm with a weight")
+    if (weight is not None and weight.dtype != x.dtype) or norm.eps != eps:
         raise NotApplicable("the norm's weight dtype differs from its input's (or eps is not the norm's)")
 
 
-def _rms_plan(x: torch.Tensor, var: torch.Tensor, norm: nn.Module, eps: float) -> torch.Tensor:
-    """RMSNorm(x) given its variance, in fp32 holding storage-dtype values (every kernel's plan)."""
-    _rms_applicable(x, norm, eps)
-    weight = norm.weight
-    assert isinstance(weight, torch.Tensor)  # _rms_applicable: a norm with a weight
+def _rms_plan(x: torch.Tensor, var: torch.Tensor, norm: nn.Module, eps: float,
+              weightless: bool = False) -> torch.Tensor:
+    """RMSNorm(x) given its variance, in fp32 holding storage-dtype values (every kernel's plan);
+    without a weight (`weightless` allows it) the norm's `.to(input_dtype)` is the last rounding."""
+    _rms_applicable(x, norm, eps, weightless)
     dt = x.dtype
-    r = torch.rsqrt(var + eps)
-    return _r(_r(x.float() * r, dt) * weight.float(), dt)
+    n = _r(x.float() * torch.rsqrt(var + eps), dt)
+    weight = getattr(norm, "weight", None)
+    assert weight is None or isinstance(weight, torch.Tensor)  # _rms_applicable: a diffusers RMSNorm
+    return n if weight is None else _r(n * weight.float(), dt)
 
 
 def _mul_r(a: torch.Tensor, b: torch.Tensor | None, dt: torch.dtype) -> torch.Tensor:
@@ -89,6 +97,39 @@ def _rms_scale_fused(x, var, norm, eps, scale):
 
 
 RMS_SCALE = register(Op("rms_norm_scale", _rms_scale_eager, _rms_scale_reference, _rms_scale_fused))
+
+
+# -- norm(x) [* (1 + scale) + shift]: LTX-2's norms (no weight in its releases) and their adaLN ------------
+def _rms_adaln_eager(x, var, norm, eps, scale, shift):
+    y = norm(x)
+    return y if scale is None else y * (1 + scale) + shift
+
+
+def _rms_adaln_reference(x, var, norm, eps, scale, shift):
+    n = _rms_plan(x, var, norm, eps, weightless=True).to(x.dtype)
+    if scale is None:
+        return n
+    if not (scale.dtype == shift.dtype == x.dtype):  # eager would promote: another plan
+        raise NotApplicable("scale / shift must have x's dtype")
+    return _adaln_reference(n, scale, shift)
+
+
+def _rms_adaln_fused(x, var, norm, eps, scale, shift):
+    _rms_applicable(x, norm, eps, weightless=True)
+    k = _zk()
+    return k.rms_adaln(x, k.rstd_input(var, eps), norm.weight, eps, scale, shift)
+
+
+RMS_ADALN = register(Op("rms_norm_adaln", _rms_adaln_eager, _rms_adaln_reference, _rms_adaln_fused))
+
+
+def rms_adaln(call: Callable, x: torch.Tensor, var: torch.Tensor, norm: nn.Module, scale, shift) -> torch.Tensor:
+    """norm(x) * (1 + scale) + shift (norm(x) when scale is None) through the verifier, given x's variance
+    (a chain of RMS_VARIANCE); its fallback is the module's norm, then the elementwise adaLN chain."""
+    def fallback(x, var, norm, eps, scale, shift):
+        return norm(x) if scale is None else call(ADALN, norm(x), scale, shift)
+
+    return call(RMS_ADALN, x, var, norm, norm.eps, scale, shift, fallback=fallback)
 
 
 # -- x + gate * norm(y): the block's two residuals ----------------------------------------------

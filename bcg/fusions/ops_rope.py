@@ -8,13 +8,20 @@ runs it, its plan in plain torch, and the shared kernel (kernels_rope.rope).
                           (complex) per stream, cat [text, image]
     qk_wan_*              torch.nn.RMSNorm across heads, unflatten, Wan's      Wan 2.1 / 2.2
                           interleaved apply_rotary_emb
+    qk_ltx_*              torch.nn.RMSNorm across heads, then                  LTX-2 (rope_type
+                          apply_interleaved_rotary_emb (frequencies over the   "interleaved")
+                          whole width) or apply_split_rotary_emb (rotate-half   "split": the released
+                          pairs, a set of frequencies a head)                   checkpoints)
 
 Each comes as variants the rule tries in order (the verifier keeps the first equal to eager):
 `*_fused` normalises in the kernel in aten's fused-RMSNorm order (unproven: GPU only), `*_mean`
 in aten's mean order (proven on the H200 for rows of 128), `*_aten` lets aten's norm module run
 and fuses the rest (the rotation, the concatenation: exact elementwise fp32). The complex product
 has a contraction mode (kernels_rope.CMUL_MODES): `fma_ac_ad` is the H200's; `plain` is the CPU's
-(the only one with a plain-torch plan), tried last.
+(the only one with a plain-torch plan), tried last. LTX-2's split RoPE has the same two candidates
+the other way round: aten's CUDA `x * cos` then `addcmul_` rounds each product (`plain`, tried
+first); its CPU build contracts the addcmul (`fma_bd_ad`, whose plan adds in float64: exact products,
+one rounding but for a double rounding once in ~2^28 elements).
 """
 
 from __future__ import annotations
@@ -60,10 +67,10 @@ def _joint_out(xs: tuple) -> torch.Tensor:
 
 def _pairs_plan(n: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, index: tuple) -> torch.Tensor:
     """The kernel's rotation in plain torch: even = a*cos[CE] - b*sin[SE], odd = b*cos[CO] + a*sin[SO],
-    for n [B, S, H, D] and cos / sin [S, D], in fp32 (fp32 cos / sin) or each op rounded to n's
-    dtype (cos / sin in it)."""
+    for n [B, S, H, D] and cos / sin [S, D] (or [B|1, S, D]), in fp32 (fp32 cos / sin) or each op rounded
+    to n's dtype (cos / sin in it)."""
     a, b = n.float()[..., 0::2], n.float()[..., 1::2]
-    c, s = cos[None, :, None, :].float(), sin[None, :, None, :].float()
+    c, s = (t[None, :, None, :].float() if t.dim() == 2 else t[:, :, None, :].float() for t in (cos, sin))
     ce, se, co, so = (t[..., i::2] for t, i in zip((c, s, c, s), index))
     if cos.dtype == torch.float32:
         return torch.stack([a * ce - b * se, b * co + a * so], dim=-1).flatten(3).to(n.dtype)
@@ -213,3 +220,81 @@ def _wan_fused(norm: str):
 
 
 QK_WAN = tuple(register(Op(f"qk_wan_{n}", _wan_eager, _wan_reference(n), _wan_fused(n))) for n in ("fused", "aten"))
+
+
+# -- LTX-2: torch.nn.RMSNorm across heads, then LTX2AudioVideoAttnProcessor's interleaved or split RoPE ---
+def _ltx_eager(split: bool):
+    def eager(x: torch.Tensor, norm: nn.Module, freqs: tuple) -> torch.Tensor:
+        from diffusers.models.transformers import transformer_ltx2 as T
+
+        rotate = T.apply_split_rotary_emb if split else T.apply_interleaved_rotary_emb
+        return rotate(norm(x), freqs)
+
+    return eager
+
+
+def _ltx_freqs(x: torch.Tensor, freqs: tuple, split: bool) -> tuple[int, tuple]:
+    """(heads the rotation sees, (cos, sin) as the kernel reads them) for x [B, S, H * D]. Interleaved:
+    cos / sin [B|1, S, H * D] pair adjacent elements anywhere in the row, so the row is one head. Split:
+    [B, H, S, D/2] (a set a head: the token axis moved before the head axis, a view) or [B|1, S, W/2]
+    (one split of the whole row)."""
+    cos, sin = freqs
+    check(x.dim() == 3 and cos.dtype == sin.dtype == torch.float32 and cos.shape == sin.shape,
+          "x must be [B, S, H * D], cos / sin fp32 of one shape (eager computes in fp32)")
+    B, S, W = x.shape
+    if split and cos.dim() == 4:
+        check(cos.shape[0] == B and cos.shape[2] == S and cos.shape[1] * cos.shape[3] * 2 == W,
+              "split cos / sin must be [B, H, S, D/2]")
+        return cos.shape[1], (cos.transpose(1, 2), sin.transpose(1, 2))
+    check(cos.dim() == 3 and cos.shape[0] in (1, B) and cos.shape[1:] == (S, W // 2 if split else W),
+          "cos / sin must be [B|1, S, W] (split: W / 2)")
+    return 1, (cos, sin)
+
+
+def _split_plan(n: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mode: str) -> torch.Tensor:
+    """The kernel's split rotation in plain torch for n [B, S, H, D], cos / sin [B|1, S, H or 1, D/2]:
+    first = a*c - b*s, second = b*c + a*s, each product rounded (`plain`) or the second product exact
+    in the sum (`fma_bd_ad`, in float64)."""
+    y = n.float()
+    a, b = y.chunk(2, dim=-1)
+    if mode == "plain":
+        first, second = a * cos - b * sin, b * cos + a * sin
+    else:
+        first = ((a * cos).double() - b.double() * sin.double()).float()
+        second = ((b * cos).double() + a.double() * sin.double()).float()
+    return torch.cat([first, second], dim=-1).to(n.dtype)
+
+
+def _ltx_reference(split: bool, norm: str, mode: str):
+    def reference(x, n, freqs):
+        check(norm == "aten", "aten's fused RMSNorm order is the GPU's (no plain-torch plan)")
+        heads, (cos, sin) = _ltx_freqs(x, freqs, split)
+        y = n(x).unflatten(2, (heads, -1))
+        if not split:
+            return _pairs_plan(y, cos, sin, (0, 0, 1, 1)).flatten(2)
+        c, s = (t if t.dim() == 4 else t[:, :, None] for t in (cos, sin))
+        return _split_plan(y, c, s, mode).flatten(2)
+
+    return reference
+
+
+def _ltx_fused(split: bool, norm: str, mode: str):
+    def fused(x, n, freqs):
+        kr = _kr()
+        heads, f = _ltx_freqs(x, freqs, split)
+        rope = kr.Rope("split", mode) if split else kr.Rope("pairs", index=kr.FLUX_INDEX)
+        if norm == "fused":
+            w, eps = _torch_rms(n, x)
+            out = kr.rope(x.unflatten(2, (heads, -1)), f, rope, norm="fused", weight=w, eps=eps, across_heads=True)
+        else:
+            out = kr.rope(n(x).unflatten(2, (heads, -1)), f, rope)
+        return out.flatten(2)
+
+    return fused
+
+
+QK_LTX = tuple(register(Op(f"qk_ltx_interleaved_{n}", _ltx_eager(False), _ltx_reference(False, n, "plain"),
+                           _ltx_fused(False, n, "plain"))) for n in ("fused", "aten"))
+QK_LTX_SPLIT = tuple(register(Op(f"qk_ltx_split_{n}_{m}", _ltx_eager(True), _ltx_reference(True, n, m),
+                                 _ltx_fused(True, n, m)))
+                     for n, m in (("fused", "plain"), ("aten", "plain"), ("fused", "fma_bd_ad"), ("aten", "fma_bd_ad")))

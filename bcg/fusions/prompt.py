@@ -7,13 +7,17 @@ and handed to each block's cross-attention as K/V, instead of once per step.
                   attn2 K/V (42 GEMMs a forward at 1.6B)
     Wan 2.1/2.2   condition_embedder.text_embedder, every block's        wan_prompt (wan.py)
                   attn2 K (+ its RMSNorm) and V (60 GEMMs at 1.3B)
-    SANA-Video, LTX-2's text stream: the same pattern, not bound yet.
+    LTX-2.0       caption_projection and audio_caption_projection,      ltx2_prompt (ltx2_prompt.py)
+                  every block's attn2 / audio_attn2 K (+ its RMSNorm)
+                  and V (192 GEMMs a forward at 48 layers)
+    SANA-Video: the same pattern, not bound yet.
     Flux, LongCat-Image, Qwen-Image: none. Their double-stream blocks update the text tokens in every
     block of every step, so nothing in the text path is step-invariant past the input projection.
 
 The results are the same module calls on the same inputs, so the same bits; only when they run
 moves. `PromptState` is the hand-over from the memo to the blocks: each block takes its K/V only
-for that very tensor (unedited since, by version counter), once.
+for that very tensor (or a view of it with its shape and strides: LTX-2 hands its blocks
+`P.view(B, -1, D)`; unedited since, by version counter), once.
 """
 
 from __future__ import annotations
@@ -58,12 +62,20 @@ class PromptState:
     def has_kv(self, attn: nn.Module | Attention, encoder_hidden_states: torch.Tensor) -> bool:
         """Whether `take_kv` would hand this attention its K/V (without taking them)."""
         e = self.normed
-        return (e is not None and e[0] is encoder_hidden_states and e[1] == version(encoder_hidden_states)
-                and id(attn) in self.kv)
+        return e is not None and _same(encoder_hidden_states, *e) and id(attn) in self.kv
 
     def take_kv(self, attn: nn.Module | Attention, encoder_hidden_states: torch.Tensor) -> tuple | None:
-        """(K, V) for this attention if it is called with that very N, unedited."""
+        """(K, V) for this attention if it is called with that very N (or a view of it like it), unedited."""
         e = self.normed
-        if e is None or e[0] is not encoder_hidden_states or e[1] != version(encoder_hidden_states):
+        if e is None or not _same(encoder_hidden_states, *e):
             return None
         return self.kv.pop(id(attn), None)
+
+
+def _same(x: torch.Tensor, held: torch.Tensor, ver: int | None) -> bool:
+    """x is `held`, or a view of it with its shape, strides, dtype and device (the state holds it, so no
+    other tensor lives at its address), and neither was edited since `ver`."""
+    if x is not held and (x.data_ptr() != held.data_ptr() or x.shape != held.shape or x.stride() != held.stride()
+                          or x.dtype != held.dtype or x.device != held.device):
+        return False
+    return version(x) == ver

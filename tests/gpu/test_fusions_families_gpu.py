@@ -1,5 +1,5 @@
-"""Lossless fusions of Flux, LongCat-Image, Qwen-Image and Wan on the GPU: the shared kernels equal
-aten at the real sizes; the modelled orders and contractions that no CPU can check are measured
+"""Lossless fusions of Flux, LongCat-Image, Qwen-Image, Wan, SANA-Video and LTX-2 on the GPU: the shared
+kernels equal aten at the real sizes; the modelled orders and contractions that no CPU can check are measured
 (aten's fused RMSNorm order, GELU-tanh's contraction, the affine LayerNorm's FMA); and the whole fused
 forward equals eager bit for bit under graph replay, for each family's tiny preset and for its real
 architecture cut to 2 + 2 layers, with every block verified as a whole and no rejection outside the
@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bcg import RunnerConfig, apply_graph_runner
-from bcg.fusions import ops, ops_act, ops_norm, ops_rope
+from bcg.fusions import ops, ops_act, ops_norm, ops_rms, ops_rope
 from bcg.fusions.verify import Verifier
 
 pytestmark = pytest.mark.gpu
@@ -25,7 +25,11 @@ pytestmark = pytest.mark.gpu
 # Chains whose plan is a model of aten still to be proven on a GPU: the verifier may reject them
 # (their fallbacks then run). Everything else must verify.
 CANDIDATES = {"qk_pairs_fused", "qk_wan_fused", "gelu_tanh_cat_fma", "gelu_tanh_cat_plain", "ln_affine_f32",
-              "qk_complex_mean_plain", "qk_complex_aten_plain", "qk_complex_mean_fma_ac_ad"}
+              "qk_complex_mean_plain", "qk_complex_aten_plain", "qk_complex_mean_fma_ac_ad",
+              # LTX-2: aten's fused RMSNorm order; the split RoPE's two contractions (aten's CUDA addcmul
+              # rounds each product: `plain` expected); the RMSNorm variance's orders at rows of 4096 and 2048
+              "qk_ltx_interleaved_fused", "qk_ltx_split_fused_plain", "qk_ltx_split_fused_fma_bd_ad",
+              "qk_ltx_split_aten_plain", "qk_ltx_split_aten_fma_bd_ad", "rms_variance_vec_dec", "rms_variance_vec_inc"}
 
 
 def _cuda(obj):
@@ -98,6 +102,55 @@ def chain_cases(dtype):
                                     torch.randn(2, 6, W, device="cuda", generator=g).to(dtype)))]
     cases += [(op, (_rand(2, 1560, W, g=g, dtype=dtype), wn, 12, (wcos, wsin))) for op in ops_rope.QK_WAN]
     return cases
+
+
+def ltx2_chain_cases(dtype):
+    """LTX-2 at 480x832x49 (2730 video tokens, 4096 wide, 32 heads of 128; 51 audio tokens, 2048 wide,
+    32 heads of 64), the CFG batch of 2: its RMSNorm (no weight) + adaLN after aten's variance, the
+    gated residual, every block's modulation in one add, and q/k norm + RoPE, split (a set of
+    frequencies a head, laid out as LTX2AudioVideoRotaryPosEmbed makes them) and interleaved."""
+    from diffusers.models.normalization import RMSNorm
+
+    g = _g(7)
+    cases = []
+    for W, N, heads in ((4096, 2730, 32), (2048, 51, 32)):
+        x, y = _rand(2, N, W, g=g, scale=3, dtype=dtype), _rand(2, N, W, g=g, dtype=dtype)
+        sc, sh, gt = (_rand(2, 1, W, g=g, scale=0.3, dtype=dtype) for _ in range(3))
+        norm = RMSNorm(W, eps=1e-6, elementwise_affine=False).cuda()
+        var = x.float().pow(2).mean(-1, keepdim=True)  # what eager's norm reduces (aten's mean)
+        cases += [(ops_rms.RMS_ADALN, (x, var, norm, 1e-6, sc, sh)),
+                  (ops_rms.RMS_ADALN, (x, var, norm, 1e-6, None, None)), (ops.GATED_RESIDUAL, (x, gt, y))]
+        cases += [(op, (x,)) for op in ops_rms.RMS_VARIANCE if "strided" not in op.name]  # those: rows of 128
+        qn = _norm(nn.RMSNorm, W, dtype, g, eps=1e-6)
+        ang = torch.rand(2, N, heads, W // heads // 2, generator=g, device="cuda") * 50
+        split = (ang.cos().transpose(1, 2), ang.sin().transpose(1, 2))  # [B, H, S, D/2], LTX-2's layout
+        cases += [(op, (x, qn, split)) for op in ops_rope.QK_LTX_SPLIT]
+        whole = torch.rand(2, N, W // 2, generator=g, device="cuda") * 50
+        inter = (whole.cos().repeat_interleave(2, -1), whole.sin().repeat_interleave(2, -1))
+        cases += [(op, (x, qn, inter)) for op in ops_rope.QK_LTX]
+    tables = torch.randn(48, 6, 4096, generator=g, device="cuda").to(dtype)
+    cases.append((ops.MODULATION_VIDEO, (tables, torch.randn(2, 1, 6 * 4096, generator=g, device="cuda").to(dtype), 2)))
+    return cases
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_ltx2_chains_are_bit_exact_at_real_sizes(dtype):
+    fx = Verifier("triton", cache=None)
+    verdicts: dict[str, bool] = {}
+    with torch.no_grad():
+        for op, args in ltx2_chain_cases(dtype):
+            want = op.eager(*args)
+            first, again = fx.call(op, *args), fx.call(op, *args)
+            assert torch.equal(first, want) and torch.equal(again, want) and again.stride() == want.stride(), op.name
+            verdicts[op.name] = verdicts.get(op.name, True) and bool(fx.state.get(fx.key(op, args)))
+    verified = {k for k, v in verdicts.items() if v}
+    print(f"\n[LTX-2 chains {dtype}] verified: {sorted(verified)}; rejected: {fx.counters.rejections}; "
+          f"not applicable {fx.counters.not_applicable}")
+    must = {k for k in verdicts if k not in CANDIDATES}
+    assert must <= verified, must - verified
+    # the split RoPE after aten's norm: one of its two contractions is aten's (plain expected)
+    assert verified & {"qk_ltx_split_aten_plain", "qk_ltx_split_aten_fma_bd_ad"}, verdicts
+    assert "qk_ltx_interleaved_aten" in verified
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -336,3 +389,36 @@ def test_sana_video_fused_forward_equals_eager(size):
     verified = _check_model(model, cases, list(model.transformer_blocks))
     assert {"modulation_video", "ln_adaln", "gated_residual", "res_ln_adaln"} <= verified, verified
 
+
+
+# LTX-2.0 as released (the class defaults but its split RoPE; Lightricks/LTX-2's transformer config),
+# cut to 2 layers; and LTX-2.3's switches (gated attention, text modulation, the perturbed processor)
+# on the tiny geometry
+LTX2_REAL = dict(num_layers=2, rope_type="split")
+
+
+def _ltx2_run(model, kw):
+    video, audio = model(**kw)
+    return torch.cat([video.flatten(), audio.flatten()])
+
+
+@pytest.mark.parametrize("size", ["tiny", "tiny_interleaved", "tiny_ltx23", "real"])
+def test_ltx2_fused_forward_equals_eager(size):
+    from tests import test_fusions_ltx2 as T
+
+    config = {"tiny": T.TINY, "tiny_interleaved": dict(T.TINY, rope_type="interleaved"), "tiny_ltx23": T.LTX23,
+              "real": LTX2_REAL}[size]
+    model = T.tiny_model(torch.bfloat16, config).cuda()
+    if size == "real":  # 3 latent frames of 480x832, 2 s of sound; the connectors' 1024 text tokens
+        cases = [T.tiny_inputs(torch.bfloat16, model, batch=b, text=1024, seed=b, mask=b == 2, shape=(3, 15, 26, 51))
+                 for b in (1, 2)]
+    else:
+        cases = [T.tiny_inputs(torch.bfloat16, model, batch=1, seed=0),
+                 T.tiny_inputs(torch.bfloat16, model, batch=2, text=8, seed=1, mask=True)]
+    verified = _check_model(model, [_cuda(kw) for kw in cases], list(model.transformer_blocks), run=_ltx2_run)
+    assert {"modulation_video", "rms_norm_adaln", "gated_residual"} <= verified, verified
+    assert verified & {op.name for op in ops_rms.RMS_VARIANCE}
+    rope = ops_rope.QK_LTX if size == "tiny_interleaved" else ops_rope.QK_LTX_SPLIT
+    assert verified & {op.name for op in rope}, verified
+    if size == "tiny_ltx23":
+        assert "adaln" in verified

@@ -244,7 +244,8 @@ FUSED_FAMILIES = {"sana": ("SanaTransformerBlock", "SanaTransformer2DModel"),  #
                   "longcat_image": ("LongCatImageTransformerBlock", "LongCatImageSingleTransformerBlock"),
                   "qwen_image": ("QwenImageTransformerBlock",),
                   "wan": ("WanTransformerBlock", "WanTransformer3DModel"),  # blocks; the text memo
-                  "sana_video": ("SanaVideoTransformerBlock",)}
+                  "sana_video": ("SanaVideoTransformerBlock",),
+                  "ltx2": ("LTX2VideoTransformerBlock", "LTX2VideoTransformer3DModel")}  # blocks; the text memo
 SANA_PROMPTS = ("a red fox", "a lighthouse on a cliff at dusk, waves crashing below")
 
 
