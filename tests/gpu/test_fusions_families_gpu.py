@@ -402,6 +402,16 @@ def _ltx2_run(model, kw):
     return torch.cat([video.flatten(), audio.flatten()])
 
 
+def _ltx2_coords(model, kw):
+    """The call as LTX2Pipeline makes it: the positions made once before the loop, on the GPU. (Left to the
+    forward, its `torch.tensor(patch_size, device=...)` copies from pageable host memory, which no CUDA graph
+    can capture: the signature would run eager.)"""
+    batch, device = kw["hidden_states"].shape[0], kw["hidden_states"].device
+    return dict(kw, video_coords=model.rope.prepare_video_coords(batch, kw["num_frames"], kw["height"], kw["width"],
+                                                                 device, fps=kw["fps"]),
+                audio_coords=model.audio_rope.prepare_audio_coords(batch, kw["audio_num_frames"], device))
+
+
 @pytest.mark.parametrize("size", ["tiny", "tiny_interleaved", "tiny_ltx23", "real"])
 def test_ltx2_fused_forward_equals_eager(size):
     from tests import test_fusions_ltx2 as T
@@ -415,7 +425,8 @@ def test_ltx2_fused_forward_equals_eager(size):
     else:
         cases = [T.tiny_inputs(torch.bfloat16, model, batch=1, seed=0),
                  T.tiny_inputs(torch.bfloat16, model, batch=2, text=8, seed=1, mask=True)]
-    verified = _check_model(model, [_cuda(kw) for kw in cases], list(model.transformer_blocks), run=_ltx2_run)
+    cases = [_ltx2_coords(model, _cuda(kw)) for kw in cases]
+    verified = _check_model(model, cases, list(model.transformer_blocks), run=_ltx2_run)
     assert {"modulation_video", "rms_norm_adaln", "gated_residual"} <= verified, verified
     assert verified & {op.name for op in ops_rms.RMS_VARIANCE}
     rope = ops_rope.QK_LTX if size == "tiny_interleaved" else ops_rope.QK_LTX_SPLIT
