@@ -18,10 +18,13 @@ Each comes as variants the rule tries in order (the verifier keeps the first equ
 in aten's mean order (proven on the H200 for rows of 128), `*_aten` lets aten's norm module run
 and fuses the rest (the rotation, the concatenation: exact elementwise fp32). The complex product
 has a contraction mode (kernels_rope.CMUL_MODES): `fma_ac_ad` is the H200's; `plain` is the CPU's
-(the only one with a plain-torch plan), tried last. LTX-2's split RoPE has the same two candidates
-the other way round: aten's CUDA `x * cos` then `addcmul_` rounds each product (`plain`, tried
-first); its CPU build contracts the addcmul (`fma_bd_ad`, whose plan adds in float64: exact products,
-one rounding but for a double rounding once in ~2^28 elements).
+(the only one with a plain-torch plan), tried last. LTX-2's split RoPE runs `x * cos`, then
+`addcmul_(±sin, other half)`, and aten's addcmul at value 1 is one FMA, `fma(t1, t2, self)`, on
+CUDA (ATen/native/cuda/DeviceAddCmulCdiv.cuh) and in the CPU build: `fma_bd_ad` (the sin products
+exact in the sum; its plan adds in float64: exact products, one rounding but for a double rounding
+once in ~2^28 elements) is tried first, `plain` (each product rounded) last. The order matters
+beyond speed: the two differ in ~2 of 10^5 bf16 outputs, so a small first-sight input can pass the
+wrong one, which then differs on a later prompt (the LTX-2 job's item v07 at f0ab108).
 """
 
 from __future__ import annotations
@@ -297,4 +300,4 @@ QK_LTX = tuple(register(Op(f"qk_ltx_interleaved_{n}", _ltx_eager(False), _ltx_re
                            _ltx_fused(False, n, "plain"))) for n in ("fused", "aten"))
 QK_LTX_SPLIT = tuple(register(Op(f"qk_ltx_split_{n}_{m}", _ltx_eager(True), _ltx_reference(True, n, m),
                                  _ltx_fused(True, n, m)))
-                     for n, m in (("fused", "plain"), ("aten", "plain"), ("fused", "fma_bd_ad"), ("aten", "fma_bd_ad")))
+                     for n, m in (("fused", "fma_bd_ad"), ("aten", "fma_bd_ad"), ("fused", "plain"), ("aten", "plain")))
