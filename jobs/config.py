@@ -239,9 +239,10 @@ class BcgConfig(RunnerConfig):
     every row the same way whatever its batch, so a sample's bytes are a function of its row (model,
     row, quality tier, device and software stack), not of the batch size, its neighbours, the pool,
     the partition or a resume. The pool (batch_sizes, pad_short_batches, batch_grow) then leaves the
-    run identity: a run may resume with another pool. Off by default for now: on the CPU it costs a
-    few x the eager forward on the tiny presets, and on the GPU (Triton GEMM) its cost is not yet
-    measured (benchmarks/results/batch_invariance_cpu.md)."""
+    run identity: a run may resume with another pool. Off by default: on the CPU it costs a few x the
+    eager forward on the tiny presets (benchmarks/results/batch_invariance_cpu.md), and on the H200
+    1.46-1.60x in SANA-1.6B's denoise loop and 1.9x in its decode at 512²
+    (benchmarks/results/batch_invariant_h200_quick.md), far over the issue's 5-10% budget."""
 
     def __post_init__(self) -> None:
         try:
