@@ -136,21 +136,21 @@ def main() -> None:
     transformer, te, vae = build(args, dev, dtype)
     rows = []
 
-    def record(component, path, res, fn):
+    def record(component, path, res, probe, *probe_args):
         t0 = time.perf_counter()
-        rows.append(verdict(component, path, res, fn(), time.perf_counter() - t0))
+        rows.append(verdict(component, path, res, probe(*probe_args), time.perf_counter() - t0))
         print(rows[-1], flush=True)
 
-    record("text encoder", "eager", 0, lambda: probe_text(te, dev, g))
+    record("text encoder", "eager", 0, probe_text, te, dev, g)
     resolutions = [64] if args.tiny else [int(r) for r in args.resolutions.split(",")]
     for res in resolutions:
-        record("transformer", "eager", res, lambda: probe_transformer(transformer, res, dev, g, dtype))
-        record("decoder", "eager", res, lambda: probe_decoder(vae, res, dev, g, dtype))
+        record("transformer", "eager", res, probe_transformer, transformer, res, dev, g, dtype)
+        record("decoder", "eager", res, probe_decoder, vae, res, dev, g, dtype)
     from bcg.fusions import install_fusions
 
     fx = install_fusions(transformer, backend="triton" if dev == "cuda" else "reference")
     for res in resolutions:
-        record("transformer", "lossless fusions", res, lambda: probe_transformer(transformer, res, dev, g, dtype))
+        record("transformer", "lossless fusions", res, probe_transformer, transformer, res, dev, g, dtype)
     stats = fx.stats()
     fx.remove()
     notes = [f"Item 0 at each of the {BATCH} positions of a batch of {BATCH} (neighbours: a rotation of items "
