@@ -301,3 +301,57 @@ QK_LTX = tuple(register(Op(f"qk_ltx_interleaved_{n}", _ltx_eager(False), _ltx_re
 QK_LTX_SPLIT = tuple(register(Op(f"qk_ltx_split_{n}_{m}", _ltx_eager(True), _ltx_reference(True, n, m),
                                  _ltx_fused(True, n, m)))
                      for n, m in (("fused", "fma_bd_ad"), ("aten", "fma_bd_ad"), ("fused", "plain"), ("aten", "plain")))
+
+
+# -- GLM-Image: nn.LayerNorm per head over the joint [text, image] q / k, then apply_rotary_emb
+# (use_real_unbind_dim=-2: rotate-half) on the image tokens, written into their slice ----------------
+def _glm_eager(x: torch.Tensor, norm: nn.Module, text: int, freqs: tuple, halves: bool) -> torch.Tensor:
+    # GlmImageAttnProcessor.__call__, op for op (its `.to(dtype)` after the norm: the caller's, a no-op
+    # where the streams share a dtype, which the rule requires)
+    from diffusers.models.embeddings import apply_rotary_emb
+
+    n = norm(x)
+    n[:, text:, :, :] = apply_rotary_emb(n[:, text:, :, :], freqs, sequence_dim=1, use_real_unbind_dim=-2)
+    return n
+
+
+def _glm_freqs(n: torch.Tensor, text: int, freqs: tuple, halves: bool) -> tuple:
+    """(cos, sin) [1, S, D/2] views of GLM's [S, D] tables: rotate-half reads cos[j] for element j and
+    cos[j + D/2] for element j + D/2; with equal halves (GlmImageRotaryPosEmbed's `cat([f, f])`; the
+    caller checks the values: `halves`) that is one value a pair, the kernel's split layout."""
+    cos, sin = freqs
+    B, S, H, D = n.shape
+    check(halves, "cos / sin halves differ (one value a pair does not hold)")
+    check(cos.dtype == sin.dtype == torch.float32 and cos.shape == sin.shape == (S - text, D),
+          "cos / sin must be fp32 [S_image, D]")
+    cos, sin = cos.to(n.device), sin.to(n.device)  # as apply_rotary_emb moves them (the model makes a host table)
+    return cos[None, :, : D // 2], sin[None, :, : D // 2]
+
+
+def _glm_reference(mode: str):
+    def reference(x, norm, text, freqs, halves):
+        check(mode == "plain", f"the {mode} contraction has no plain-torch plan here")
+        n = norm(x)
+        cos, sin = _glm_freqs(n, text, freqs, halves)
+        out = n.clone()
+        out[:, text:] = _split_plan(n[:, text:], cos[:, :, None], sin[:, :, None], "plain")
+        return out
+
+    return reference
+
+
+def _glm_fused(mode: str):
+    def fused(x, norm, text, freqs, halves):
+        kr = _kr()
+        n = norm(x)  # aten's LayerNorm (no kernel of ours has its order per head): a new contiguous tensor
+        cos, sin = _glm_freqs(n, text, freqs, halves)
+        check(n.is_contiguous(), "the norm's output must be contiguous")
+        # the image rows, contiguous (a copy but for batch 1, where the kernel rotates them in place:
+        # each pair is read and written by one program), rotated into their slice of n
+        kr.rope(n[:, text:].contiguous(), (cos, sin), kr.Rope("split", mode), n, text)
+        return n
+
+    return fused
+
+
+QK_GLM = tuple(register(Op(f"qk_glm_split_{m}", _glm_eager, _glm_reference(m), _glm_fused(m))) for m in ("plain",))
