@@ -11,19 +11,21 @@ attention; fused ~16, each chain verified on first sight:
     chain                                    eager kernels -> fused                     where
     norm1 (each stream)  LN(x) * (1 + scale)  4 -> 1 each (kernels_norm)                 ln_adaln
                          + shift
-    q / k  LayerNorm per head, then           ~10 -> 3 each: aten's LayerNorm, the       qk_glm_split_plain
-      apply_rotary_emb(use_real_unbind_dim=   image rows made contiguous (in place at
-      -2) on the image slice, written back    batch 1), one rotation kernel into their
-                                              slice (kernels_rope, split pairs)
+    q / k  LayerNorm per head, then           ~11 -> 5 each (bf16; ~8 in fp32): aten's   qk_glm_split_plain
+      apply_rotary_emb(use_real_unbind_dim=   LayerNorm, the image rows made contiguous
+      -2) on the image slice, written back    (a view at batch 1), the rotation kernel
+                                              (kernels_rope, split pairs) once a half,
+                                              the first halves copied over the second's
     residual + norm2 (each stream)            5 -> 1 each                                gated_res_ln_adaln
       h + y * gate; LN(h) * (1 + s) + t
     residual  h + ff * gate (each stream)     2 -> 1 each                                gated_residual
     norm_out  LN(x) * (1 + scale) + shift     4 -> 1 (once a forward)                    ln_adaln
 
-The rotation kernel reads one cos / sin a rotate-half pair (j, j + D/2), where eager reads cos[j] and
-cos[j + D/2]: GlmImageRotaryPosEmbed's tables repeat their first half (`cat([freqs, freqs])`), so
-the two are equal; the rule checks it on the values, bit for bit, once per table (a host sync outside
-any capture; a table first seen inside a capture, or with halves that differ, runs eager's rotation).
+The rotation kernel reads one cos / sin a rotate-half pair (j, j + D/2), where eager reads cos[j] for
+element j and cos[j + D/2] for element j + D/2: one call with the tables' first halves gives the
+first elements, one with their second halves the second elements, whatever the values (the model's
+own tables repeat their halves; a graph replays whatever table it is handed, so nothing may rest on
+that).
 
 Left as the module's own calls: every GEMM (the Linear modules, the modulation linear included), the
 concatenation of the streams, the q / k LayerNorms (aten's; no kernel of ours has its order), the
@@ -46,7 +48,7 @@ from .ops import ADALN, GATED_RESIDUAL
 from .ops_norm import GRES_LN_ADALN, LN_ADALN, gated_res_ln_adaln, ln_adaln
 from .ops_rope import QK_GLM
 from .protocols import Attention
-from .verify import Verifier, capturing, chain
+from .verify import Verifier, chain
 
 
 class _Norm1(Protocol):
@@ -93,34 +95,6 @@ def check_block(block: nn.Module) -> str | None:
     return None
 
 
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.view(torch.int32) if t.dtype == torch.float32 else t
-
-
-class Halves:
-    """Whether a rotary table's (cos, sin) repeat their first half bit for bit: checked once per pair of
-    tensors (unedited), outside any capture (the comparison reads the values back to the host)."""
-
-    def __init__(self) -> None:
-        self.entry: tuple | None = None
-
-    def __call__(self, freqs: tuple) -> bool:
-        cos, sin = freqs
-        e = self.entry
-        if e is not None and e[0] is cos and e[1] is sin and e[2] == (cos._version, sin._version):
-            return e[3]
-        if capturing((cos, sin)):
-            return False  # no host read inside a capture: eager's rotation
-        ok = all(t.dim() == 2 and t.shape[1] % 2 == 0 and t.dtype == torch.float32
-                 and torch.equal(_bits(t[:, : t.shape[1] // 2]), _bits(t[:, t.shape[1] // 2:])) for t in (cos, sin))
-        self.entry = (cos, sin, (cos._version, sin._version), ok)
-        return ok
-
-
-def _halves(fx: Verifier) -> Halves:
-    return fx.shared.setdefault("glm_image_rope_halves", Halves())
-
-
 def _text_mask(mask: torch.Tensor, batch: int, text: int, image: int, like: torch.Tensor) -> torch.Tensor:
     """GlmImageAttnProcessor's joint mask from the text mask, op for op."""
     assert mask.dim() == 2, "the shape of text_attn_mask should be (batch_size, text_seq_length)"
@@ -132,7 +106,7 @@ def _text_mask(mask: torch.Tensor, batch: int, text: int, image: int, like: torc
     return (attn_mask_matrix > 0).unsqueeze(1).to(like.dtype)
 
 
-def _attention(qk: Callable, halves: Halves, attn: Attention, hidden: torch.Tensor, context: torch.Tensor,
+def _attention(qk: Callable, attn: Attention, hidden: torch.Tensor, context: torch.Tensor,
                mask: torch.Tensor | None, rotary: tuple | None) -> tuple[torch.Tensor, torch.Tensor]:
     """GlmImageAttnProcessor without a KV cache, op for op, its q / k norm + RoPE fused."""
     from diffusers.models.attention_dispatch import dispatch_attention_fn
@@ -143,9 +117,8 @@ def _attention(qk: Callable, halves: Halves, attn: Attention, hidden: torch.Tens
     query, key, value = (t.unflatten(2, (attn.heads, -1)) for t in (attn.to_q(joint), attn.to_k(joint),
                                                                       attn.to_v(joint)))
     if rotary is not None:
-        ok = halves(rotary)
-        query = qk(query, attn.norm_q, text, rotary, ok)
-        key = qk(key, attn.norm_k, text, rotary, ok)
+        query = qk(query, attn.norm_q, text, rotary)
+        key = qk(key, attn.norm_k, text, rotary)
     else:
         query, key = cast(nn.Module, attn.norm_q)(query), cast(nn.Module, attn.norm_k)(key)
     if mask is not None:
@@ -164,19 +137,10 @@ def block_forward(block: nn.Module, fx: Verifier) -> Callable:
     call = fx.call
     b = cast(_Block, block)  # check_block pinned its children (nn.Module types them Tensor | Module)
     qk = chain(call, QK_GLM)
-    halves = _halves(fx)
     class_forward = type(block).forward
     attn = b.attn1
 
-    def forward(hidden_states, encoder_hidden_states, temb=None, image_rotary_emb=None, attention_mask=None,
-                attention_kwargs=None, kv_cache=None):
-        rotary_ok = image_rotary_emb is None or (
-            isinstance(image_rotary_emb, tuple) and len(image_rotary_emb) == 2
-            and all(isinstance(t, torch.Tensor) for t in image_rotary_emb))
-        if (attention_kwargs or kv_cache is not None or temb is None or not rotary_ok or not inlinable(attn)
-                or encoder_hidden_states.dtype != hidden_states.dtype):
-            return class_forward(block, hidden_states, encoder_hidden_states, temb, image_rotary_emb, attention_mask,
-                                 attention_kwargs, kv_cache=kv_cache)
+    def forward(hidden_states, encoder_hidden_states, temb, image_rotary_emb, attention_mask):
         # 1. Timestep conditioning (GlmImageAdaLayerNormZero: its linear, then each stream's LN + adaLN)
         (shift_msa, c_shift_msa, scale_msa, c_scale_msa, gate_msa, c_gate_msa, shift_mlp, c_shift_mlp, scale_mlp,
          c_scale_mlp, gate_mlp, c_gate_mlp) = b.norm1.linear(temb).chunk(12, dim=1)
@@ -185,7 +149,7 @@ def block_forward(block: nn.Module, fx: Verifier) -> Callable:
                           c_shift_msa.unsqueeze(1))
 
         # 2. Joint attention
-        attn_h, attn_c = _attention(qk, halves, attn, norm_h, norm_c, attention_mask, image_rotary_emb)
+        attn_h, attn_c = _attention(qk, attn, norm_h, norm_c, attention_mask, image_rotary_emb)
 
         # 3. The residuals, norm2 and its modulation: one kernel a stream; the feed-forward and its residual
         hidden_states, norm_h = gated_res_ln_adaln(call, attn_h, gate_msa.unsqueeze(1), hidden_states, b.norm2,
@@ -200,7 +164,24 @@ def block_forward(block: nn.Module, fx: Verifier) -> Callable:
                                      ff_output_context)
         return hidden_states, encoder_hidden_states
 
-    return guarded("glm_image_block", block, forward, fx)
+    verified = guarded("glm_image_block", block, forward, fx)
+
+    def route(hidden_states, encoder_hidden_states, temb=None, image_rotary_emb=None, attention_mask=None,
+              attention_kwargs=None, kv_cache=None):
+        """Calls the fused forward covers go to it (verified as a whole); the others to the class's forward,
+        once (not through the guard, which would run it twice: a KV cache would store twice)."""
+        rotary_ok = image_rotary_emb is None or (
+            isinstance(image_rotary_emb, tuple) and len(image_rotary_emb) == 2
+            and all(isinstance(t, torch.Tensor) for t in image_rotary_emb))
+        if (attention_kwargs or kv_cache is not None or temb is None or not rotary_ok or not inlinable(attn)
+                or encoder_hidden_states.dtype != hidden_states.dtype):
+            return class_forward(block, hidden_states, encoder_hidden_states, temb, image_rotary_emb, attention_mask,
+                                 attention_kwargs, kv_cache=kv_cache)
+        return verified(hidden_states, encoder_hidden_states, temb, image_rotary_emb, attention_mask)
+
+    route.__bcg_fusion__ = "glm_image_block"  # type: ignore[attr-defined]
+    route.__wrapped__ = forward  # type: ignore[attr-defined]
+    return route
 
 
 def check_norm_out(norm: nn.Module) -> str | None:

@@ -305,7 +305,7 @@ QK_LTX_SPLIT = tuple(register(Op(f"qk_ltx_split_{n}_{m}", _ltx_eager(True), _ltx
 
 # -- GLM-Image: nn.LayerNorm per head over the joint [text, image] q / k, then apply_rotary_emb
 # (use_real_unbind_dim=-2: rotate-half) on the image tokens, written into their slice ----------------
-def _glm_eager(x: torch.Tensor, norm: nn.Module, text: int, freqs: tuple, halves: bool) -> torch.Tensor:
+def _glm_eager(x: torch.Tensor, norm: nn.Module, text: int, freqs: tuple) -> torch.Tensor:
     # GlmImageAttnProcessor.__call__, op for op (its `.to(dtype)` after the norm: the caller's, a no-op
     # where the streams share a dtype, which the rule requires)
     from diffusers.models.embeddings import apply_rotary_emb
@@ -315,40 +315,49 @@ def _glm_eager(x: torch.Tensor, norm: nn.Module, text: int, freqs: tuple, halves
     return n
 
 
-def _glm_freqs(n: torch.Tensor, text: int, freqs: tuple, halves: bool) -> tuple:
-    """(cos, sin) [1, S, D/2] views of GLM's [S, D] tables: rotate-half reads cos[j] for element j and
-    cos[j + D/2] for element j + D/2; with equal halves (GlmImageRotaryPosEmbed's `cat([f, f])`; the
-    caller checks the values: `halves`) that is one value a pair, the kernel's split layout."""
+def _glm_halves(n: torch.Tensor, text: int, freqs: tuple) -> tuple:
+    """((cos, sin) of the first halves, (cos, sin) of the second halves), each [1, S, D/2], of GLM's
+    [S, D] tables: rotate-half's first element of a pair (j) reads cos[j] / sin[j], its second (j + D/2)
+    cos[j + D/2] / sin[j + D/2]. The kernel's split layout reads one value a pair, so each half is a call
+    (no assumption on the values: GlmImageRotaryPosEmbed's halves repeat, a table passed in need not)."""
     cos, sin = freqs
     B, S, H, D = n.shape
-    check(halves, "cos / sin halves differ (one value a pair does not hold)")
-    check(cos.dtype == sin.dtype == torch.float32 and cos.shape == sin.shape == (S - text, D),
-          "cos / sin must be fp32 [S_image, D]")
+    check(isinstance(cos, torch.Tensor) and isinstance(sin, torch.Tensor) and cos.dtype == sin.dtype == torch.float32
+          and cos.shape == sin.shape == (S - text, D), "cos / sin must be fp32 [S_image, D]")
     cos, sin = cos.to(n.device), sin.to(n.device)  # as apply_rotary_emb moves them (the model makes a host table)
-    return cos[None, :, : D // 2], sin[None, :, : D // 2]
+    h = D // 2
+    return (cos[None, :, :h], sin[None, :, :h]), (cos[None, :, h:], sin[None, :, h:])
 
 
 def _glm_reference(mode: str):
-    def reference(x, norm, text, freqs, halves):
+    def reference(x, norm, text, freqs):
         check(mode == "plain", f"the {mode} contraction has no plain-torch plan here")
         n = norm(x)
-        cos, sin = _glm_freqs(n, text, freqs, halves)
+        first, second = _glm_halves(n, text, freqs)
+        h = n.shape[3] // 2
+        y = n[:, text:]
         out = n.clone()
-        out[:, text:] = _split_plan(n[:, text:], cos[:, :, None], sin[:, :, None], "plain")
+        out[:, text:, :, :h] = _split_plan(y, first[0][:, :, None], first[1][:, :, None], "plain")[..., :h]
+        out[:, text:, :, h:] = _split_plan(y, second[0][:, :, None], second[1][:, :, None], "plain")[..., h:]
         return out
 
     return reference
 
 
 def _glm_fused(mode: str):
-    def fused(x, norm, text, freqs, halves):
+    def fused(x, norm, text, freqs):
         kr = _kr()
         n = norm(x)  # aten's LayerNorm (no kernel of ours has its order per head): a new contiguous tensor
-        cos, sin = _glm_freqs(n, text, freqs, halves)
-        check(n.is_contiguous(), "the norm's output must be contiguous")
-        # the image rows, contiguous (a copy but for batch 1, where the kernel rotates them in place:
-        # each pair is read and written by one program), rotated into their slice of n
-        kr.rope(n[:, text:].contiguous(), (cos, sin), kr.Rope("split", mode), n, text)
+        first, second = _glm_halves(n, text, freqs)
+        check(n.dim() == 4 and n.is_contiguous(), "the norm's output must be a contiguous [B, S, H, D]")
+        h = n.shape[3] // 2
+        rope = kr.Rope("split", mode)
+        y = n[:, text:].contiguous()  # the image rows (a copy, but at batch 1 a view of n)
+        lo = kr.rope(y, first, rope)  # its first halves are eager's (a new tensor: y is read unedited)
+        # the second halves, written into n's image slice (at batch 1 in place: each pair is read and
+        # written by one program), then the first halves over them
+        kr.rope(y, second, rope, n, text)
+        n[:, text:, :, :h] = lo[..., :h]
         return n
 
     return fused
