@@ -21,11 +21,11 @@ TINY = dict(patch_size=2, in_channels=4, out_channels=4, num_layers=2, attention
             text_embed_dim=32, time_embed_dim=16, condition_dim=8, prior_vq_quantizer_codebook_size=64)
 
 
-def tiny_model(dtype):
+def tiny_model(dtype, config=None):
     from diffusers import GlmImageTransformer2DModel
 
     torch.manual_seed(0)
-    model = GlmImageTransformer2DModel(**TINY)
+    model = GlmImageTransformer2DModel(**(TINY if config is None else config))
     # every LayerNorm of the DiT is affine-free (the blocks', the q / k norms, norm_out's): no norm
     # weight to randomise; the rule's check requires it
     assert not any("norm" in n and n.endswith(("norm.weight", "norm_q.weight", "norm_k.weight"))
@@ -33,17 +33,18 @@ def tiny_model(dtype):
     return model.to(dtype).eval().requires_grad_(False)
 
 
-def tiny_inputs(dtype, batch=2, text=5, side=8, seed=0, mask=False, **kw):
-    """A DiT call as GlmImagePipeline makes it: latents [B, C, H, W], glyph embeddings, the prior's
+def tiny_inputs(dtype, batch=2, text=5, side=8, seed=0, mask=False, config=None, **kw):
+    """A DiT call as GlmImagePipeline makes it: latents [B, C, side, side], glyph embeddings, the prior's
     tokens (upsampled to the DiT's patch grid) with a drop mask (the unconditional branch drops them),
-    the timestep, target size and crop coordinates."""
+    the timestep, target size and crop coordinates. `config`: the model's (default: TINY)."""
+    c = TINY if config is None else config
     g = torch.Generator().manual_seed(seed)
-    n = (side // TINY["patch_size"]) ** 2
+    n = (side // c["patch_size"]) ** 2
     drop = torch.zeros(batch, n, dtype=torch.bool)
     drop[batch // 2:] = True
-    inputs = dict(hidden_states=torch.randn(batch, TINY["in_channels"], side, side, generator=g).to(dtype),
-                  encoder_hidden_states=torch.randn(batch, text, TINY["text_embed_dim"], generator=g).to(dtype),
-                  prior_token_id=torch.randint(0, TINY["prior_vq_quantizer_codebook_size"], (batch, n), generator=g),
+    inputs = dict(hidden_states=torch.randn(batch, c["in_channels"], side, side, generator=g).to(dtype),
+                  encoder_hidden_states=torch.randn(batch, text, c["text_embed_dim"], generator=g).to(dtype),
+                  prior_token_id=torch.randint(0, c["prior_vq_quantizer_codebook_size"], (batch, n), generator=g),
                   prior_token_drop=drop, timestep=torch.full((batch,), 500.0),
                   target_size=torch.tensor([[side * 8.0, side * 8.0]] * batch), crop_coords=torch.zeros(batch, 2),
                   return_dict=False, **kw)
