@@ -12,6 +12,10 @@ runs it, its plan in plain torch, and the shared kernel (kernels_rope.rope).
                           apply_interleaved_rotary_emb (frequencies over the   "interleaved")
                           whole width) or apply_split_rotary_emb (rotate-half   "split": the released
                           pairs, a set of frequencies a head)                   checkpoints)
+    qk_glm_*              nn.LayerNorm per head (aten's), then apply_rotary_emb GLM-Image
+                          (use_real_unbind_dim=-2: rotate-half) on the image
+                          slice of the joint [text, image] q / k: the split
+                          kernel once a half of the [S, D] tables
 
 Each comes as variants the rule tries in order (the verifier keeps the first equal to eager):
 `*_fused` normalises in the kernel in aten's fused-RMSNorm order (unproven: GPU only), `*_mean`
