@@ -6,7 +6,7 @@ CogView4's block shape: two streams (text, image) in the model dtype, one modula
 (12 chunks), affine-free LayerNorms, joint attention over [text, image] with per-head LayerNorm q / k
 norms and rotate-half RoPE on the image tokens, gated residuals, one GELU-tanh feed-forward run on
 each stream. Per block, eager runs ~45 elementwise and copy kernels around its 10 GEMMs and one
-attention; fused ~16, each chain verified on first sight:
+attention; fused ~16 (~18 at batch > 1), each chain verified on first sight:
 
     chain                                    eager kernels -> fused                     where
     norm1 (each stream)  LN(x) * (1 + scale)  4 -> 1 each (kernels_norm)                 ln_adaln
@@ -16,8 +16,8 @@ attention; fused ~16, each chain verified on first sight:
       -2) on the image slice, written back    (a view at batch 1), the rotation kernel
                                               (kernels_rope, split pairs) once a half,
                                               the first halves copied over the second's
-    residual + norm2 (each stream)            5 -> 1 each                                gated_res_ln_adaln
-      h + y * gate; LN(h) * (1 + s) + t
+    residual + norm2 (each stream)            5 -> 1 each (2: the attention output's     gated_res_ln_adaln
+      h + y * gate; LN(h) * (1 + s) + t       slice made contiguous, at batch > 1)
     residual  h + ff * gate (each stream)     2 -> 1 each                                gated_residual
     norm_out  LN(x) * (1 + scale) + shift     4 -> 1 (once a forward)                    ln_adaln
 
@@ -130,7 +130,9 @@ def _attention(qk: Callable, attn: Attention, hidden: torch.Tensor, context: tor
     out = out.flatten(2, 3).to(query.dtype)
     out = attn.to_out[1](attn.to_out[0](out))
     context_out, hidden_out = out.split([text, out.size(1) - text], dim=1)
-    return hidden_out, context_out
+    # each stream's rows contiguous (a copy at batch > 1, the same bits): the residual + norm2 kernel reads
+    # contiguous rows; on the slices it would not apply, and eager's three kernels would run instead
+    return hidden_out.contiguous(), context_out.contiguous()
 
 
 def block_forward(block: nn.Module, fx: Verifier) -> Callable:
