@@ -196,3 +196,53 @@ def test_fused_glm_image_captures_and_replays_on_the_tape():
     assert stats["hits"] >= 2 and c.forwards_unverified_in_capture == 0 and c.unverified_in_capture == 0, (stats, c)
     assert c.forwards_rejected == 0 and c.rejected == 0 and c.not_applicable == 0, (c, fx.verifier.state)
     assert {e["breaks"] for e in stats["entries"]} == {TINY["num_layers"]}
+
+
+_INTERPRETED = """
+import json, torch
+from bcg.fusions import Fusions, kernels_rope
+from tests.test_fusions_glm_image import tiny_inputs, tiny_model
+kernels_rope.EXPLICIT_TREE = True
+model = tiny_model(torch.float32)
+cases = [tiny_inputs(torch.float32, mask=True)]
+with torch.no_grad():
+    refs = [model(**kw)[0] for kw in cases]
+    fx = Fusions(model, "triton")
+    fx.verifier.cache = None  # no verdicts written to the user's cache
+    fx.install()
+    outs = [model(**kw)[0] for kw in cases + cases]
+    fx.remove()
+c = fx.counters
+print("RESULT " + json.dumps(dict(equal=[torch.equal(o, r) for o, r in zip(outs, refs + refs)],
+                                  not_applicable=c.not_applicable, forwards_rejected=c.forwards_rejected,
+                                  forwards_verified=c.forwards_verified,
+                                  rejected=sorted({r.split()[0] for r in c.rejections}),
+                                  verified=sorted({k[0] for k, ok in fx.verifier.state.items() if ok}))))
+"""
+
+
+@pytest.mark.slow
+def test_the_triton_launchers_apply_under_the_interpreter():
+    """The GPU path's launchers (backend "triton") under Triton's CPU interpreter on the tiny model, batch 2
+    with a text mask: every launcher applies to the layouts the forward hands it (none is
+    "not applicable": the attention output's slices, the q / k image rows), the rotation equals eager, the
+    output eager's bits. The LayerNorm kernel models aten's CUDA order, so on the CPU it differs from aten's
+    CPU LayerNorm and is rejected (its fallback, the adaLN kernel after aten's norm, verifies)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("triton")
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
+    r = subprocess.run([sys.executable, "-c", _INTERPRETED], env=env, cwd=root, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-4000:]
+    got = json.loads(next(x for x in r.stdout.splitlines() if x.startswith("RESULT "))[len("RESULT "):])
+    assert all(got["equal"]) and got["not_applicable"] == 0 and got["forwards_rejected"] == 0, got
+    assert got["forwards_verified"] == 3, got
+    assert set(got["rejected"]) <= {"ln_adaln", "gated_res_ln_adaln"}, got
+    assert {"qk_glm_split_plain", "gated_residual", "adaln"} <= set(got["verified"]), got
