@@ -319,6 +319,28 @@ def rope_ltx(dt):
           pairs_plan(xw, cw, sw, KR.FLUX_INDEX))
 
 
+def rope_glm(dt):
+    """GLM-Image's q / k chain as its fused plan runs it: aten's LayerNorm per head over [text, image],
+    the image rows rotated (rotate-half, the split kernel once a half of the [S, D] tables) into their
+    slice; batch 2 (a copy of the rows) and batch 1 (in place), tables whose halves repeat (the model's)
+    or not; equal to the plan and, in fp32, to eager."""
+    from bcg.fusions.ops_rope import QK_GLM
+
+    op = QK_GLM[0]
+    T, S, H, D = 3, 6, 2, 16
+    norm = torch.nn.LayerNorm(D, elementwise_affine=False, eps=1e-5)
+    ang = torch.rand(S, D // 4, generator=G) * 30
+    ang = torch.cat([ang, ang], -1)
+    tables = {"repeated": torch.cat([ang, ang], -1), "distinct": torch.rand(S, D, generator=G) * 30}
+    for B in (2, 1):
+        for name, a in tables.items():
+            x = rand(B, T + S, H, D, dtype=dt)
+            freqs = (a.cos(), a.sin())
+            got = op.fused(x, norm, T, freqs)
+            check(f"rope split glm {name} B={B} {dt}", got, op.reference(x, norm, T, freqs))
+            if dt == torch.float32:
+                check(f"rope split glm {name} eager B={B} {dt}", got, op.eager(x, norm, T, freqs))
+
 for dt in (torch.float32, torch.float16):
     head_rows(dt)
     elementwise(dt)
@@ -326,6 +348,7 @@ for dt in (torch.float32, torch.float16):
     rms(dt)
     rope(dt)
     rope_ltx(dt)
+    rope_glm(dt)
 unaligned()
 print("RESULTS " + json.dumps(RESULTS))
 sys.stdout.flush()

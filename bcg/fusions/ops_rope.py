@@ -12,6 +12,10 @@ runs it, its plan in plain torch, and the shared kernel (kernels_rope.rope).
                           apply_interleaved_rotary_emb (frequencies over the   "interleaved")
                           whole width) or apply_split_rotary_emb (rotate-half   "split": the released
                           pairs, a set of frequencies a head)                   checkpoints)
+    qk_glm_*              nn.LayerNorm per head (aten's), then apply_rotary_emb GLM-Image
+                          (use_real_unbind_dim=-2: rotate-half) on the image
+                          slice of the joint [text, image] q / k: the split
+                          kernel once a half of the [S, D] tables
 
 Each comes as variants the rule tries in order (the verifier keeps the first equal to eager):
 `*_fused` normalises in the kernel in aten's fused-RMSNorm order (unproven: GPU only), `*_mean`
@@ -301,3 +305,66 @@ QK_LTX = tuple(register(Op(f"qk_ltx_interleaved_{n}", _ltx_eager(False), _ltx_re
 QK_LTX_SPLIT = tuple(register(Op(f"qk_ltx_split_{n}_{m}", _ltx_eager(True), _ltx_reference(True, n, m),
                                  _ltx_fused(True, n, m)))
                      for n, m in (("fused", "fma_bd_ad"), ("aten", "fma_bd_ad"), ("fused", "plain"), ("aten", "plain")))
+
+
+# -- GLM-Image: nn.LayerNorm per head over the joint [text, image] q / k, then apply_rotary_emb
+# (use_real_unbind_dim=-2: rotate-half) on the image tokens, written into their slice ----------------
+def _glm_eager(x: torch.Tensor, norm: nn.Module, text: int, freqs: tuple) -> torch.Tensor:
+    # GlmImageAttnProcessor.__call__, op for op (its `.to(dtype)` after the norm: the caller's, a no-op
+    # where the streams share a dtype, which the rule requires)
+    from diffusers.models.embeddings import apply_rotary_emb
+
+    n = norm(x)
+    n[:, text:, :, :] = apply_rotary_emb(n[:, text:, :, :], freqs, sequence_dim=1, use_real_unbind_dim=-2)
+    return n
+
+
+def _glm_halves(n: torch.Tensor, text: int, freqs: tuple) -> tuple:
+    """((cos, sin) of the first halves, (cos, sin) of the second halves), each [1, S, D/2], of GLM's
+    [S, D] tables: rotate-half's first element of a pair (j) reads cos[j] / sin[j], its second (j + D/2)
+    cos[j + D/2] / sin[j + D/2]. The kernel's split layout reads one value a pair, so each half is a call
+    (no assumption on the values: GlmImageRotaryPosEmbed's halves repeat, a table passed in need not)."""
+    cos, sin = freqs
+    B, S, H, D = n.shape
+    check(isinstance(cos, torch.Tensor) and isinstance(sin, torch.Tensor) and cos.dtype == sin.dtype == torch.float32
+          and cos.shape == sin.shape == (S - text, D), "cos / sin must be fp32 [S_image, D]")
+    cos, sin = cos.to(n.device), sin.to(n.device)  # as apply_rotary_emb moves them (the model makes a host table)
+    h = D // 2
+    return (cos[None, :, :h], sin[None, :, :h]), (cos[None, :, h:], sin[None, :, h:])
+
+
+def _glm_reference(mode: str):
+    def reference(x, norm, text, freqs):
+        check(mode == "plain", f"the {mode} contraction has no plain-torch plan here")
+        n = norm(x)
+        first, second = _glm_halves(n, text, freqs)
+        h = n.shape[3] // 2
+        y = n[:, text:]
+        out = n.clone()
+        out[:, text:, :, :h] = _split_plan(y, first[0][:, :, None], first[1][:, :, None], "plain")[..., :h]
+        out[:, text:, :, h:] = _split_plan(y, second[0][:, :, None], second[1][:, :, None], "plain")[..., h:]
+        return out
+
+    return reference
+
+
+def _glm_fused(mode: str):
+    def fused(x, norm, text, freqs):
+        kr = _kr()
+        n = norm(x)  # aten's LayerNorm (no kernel of ours has its order per head): a new contiguous tensor
+        first, second = _glm_halves(n, text, freqs)
+        check(n.dim() == 4 and n.is_contiguous(), "the norm's output must be a contiguous [B, S, H, D]")
+        h = n.shape[3] // 2
+        rope = kr.Rope("split", mode)
+        y = n[:, text:].contiguous()  # the image rows (a copy, but at batch 1 a view of n)
+        lo = kr.rope(y, first, rope)  # its first halves are eager's (a new tensor: y is read unedited)
+        # the second halves, written into n's image slice (at batch 1 in place: each pair is read and
+        # written by one program), then the first halves over them
+        kr.rope(y, second, rope, n, text)
+        n[:, text:, :, :h] = lo[..., :h]
+        return n
+
+    return fused
+
+
+QK_GLM = tuple(register(Op(f"qk_glm_split_{m}", _glm_eager, _glm_reference(m), _glm_fused(m))) for m in ("plain",))

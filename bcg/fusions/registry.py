@@ -46,7 +46,7 @@ def get(name: str) -> Rule:
 
 
 def _builtin() -> None:
-    from . import flux, ltx2, ltx2_prompt, ops_norm, qwen_image, sana, sana_video, wan, z_image
+    from . import flux, glm_image, ltx2, ltx2_prompt, ops_norm, qwen_image, sana, sana_video, wan, z_image
 
     register(Rule("sana_prompt", "SanaTransformer2DModel", sana.check_prompt, sana.prompt_forwards, ()))
     register(Rule("sana_block", "SanaTransformerBlock", sana.check_block, sana.block_forward,
@@ -66,6 +66,10 @@ def _builtin() -> None:
     register(Rule("ltx2_prompt", "LTX2VideoTransformer3DModel", ltx2_prompt.check_model, ltx2_prompt.prompt_forwards,
                   ()))
     register(Rule("ltx2_block", "LTX2VideoTransformerBlock", ltx2.check_block, ltx2.block_forward, ltx2.OPS))
+    register(Rule("glm_image_block", "GlmImageTransformerBlock", glm_image.check_block, glm_image.block_forward,
+                  glm_image.OPS))
+    register(Rule("glm_image_norm_out", "GlmImageAdaLayerNormContinuous", glm_image.check_norm_out,
+                  glm_image.norm_out_forward, glm_image.NORM_OUT_OPS))
     for prefix in flux.FAMILIES:  # Flux.1 and LongCat-Image: one forward each for both block kinds
         name = prefix.lower()
         register(Rule(f"{name}_block", f"{prefix}TransformerBlock", flux.check_block, flux.block_forward, flux.OPS))

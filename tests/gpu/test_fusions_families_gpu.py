@@ -1,4 +1,4 @@
-"""Lossless fusions of Flux, LongCat-Image, Qwen-Image, Wan, SANA-Video and LTX-2 on the GPU: the shared
+"""Lossless fusions of Flux, LongCat-Image, Qwen-Image, Wan, SANA-Video, LTX-2 and GLM-Image on the GPU: the shared
 kernels equal aten at the real sizes; the modelled orders and contractions that no CPU can check are measured
 (aten's fused RMSNorm order, GELU-tanh's contraction, the affine LayerNorm's FMA); and the whole fused
 forward equals eager bit for bit under graph replay, for each family's tiny preset and for its real
@@ -101,6 +101,15 @@ def chain_cases(dtype):
               (ops.MODULATION_F32, (torch.randn(30, 1, 6, W, device="cuda", generator=g).to(dtype),
                                     torch.randn(2, 6, W, device="cuda", generator=g).to(dtype)))]
     cases += [(op, (_rand(2, 1560, W, g=g, dtype=dtype), wn, 12, (wcos, wsin))) for op in ops_rope.QK_WAN]
+    # GLM-Image at 1024x1024, the CFG pair's batch (16 glyph + 4096 image tokens, 64 heads of 40): the
+    # per-head LayerNorm, then rotate-half on the image slice; a table whose halves differ (the rule
+    # rotates each half with its own, so it must be exact for any values) and the model's own
+    gq = _rand(2, 16 + 4096, 64, 40, g=g, scale=3, dtype=dtype)
+    gln = nn.LayerNorm(40, elementwise_affine=False, eps=1e-5).cuda()
+    gang = torch.rand(4096, 40, generator=g, device="cuda") * 100
+    own = torch.cat([gang[:, :20], gang[:, :20]], -1)
+    for table in (gang, own):
+        cases += [(op, (gq, gln, 16, (table.cos(), table.sin()))) for op in ops_rope.QK_GLM]
     return cases
 
 
@@ -434,3 +443,33 @@ def test_ltx2_fused_forward_equals_eager(size):
     assert verified & {op.name for op in rope}, verified
     if size == "tiny_ltx23":
         assert "adaln" in verified
+
+
+# GLM-Image's DiT as released: GlmImageTransformer2DModel's defaults (2560 wide, 64 heads of 40, glyph
+# embeddings 1472 wide), cut to 2 layers
+GLM_IMAGE_REAL = dict(num_layers=2)
+
+
+@pytest.mark.parametrize("size", ["tiny", "real"])
+def test_glm_image_fused_forward_equals_eager(size):
+    """With the family's graph-friendly calls, as the job loads the DiT (jobs/models/glm_image.py: the
+    prior-drop index as `where`, the rotary table made once per grid on the device, passed in): the
+    fused blocks and final norm equal eager under graph replay. Real: 1024x1024 at batch 1 with one
+    glyph row (the job's unquoted prompt), 512x512 at batch 2 with 16 glyph rows, prior tokens dropped
+    for the second sample (the unconditional branch)."""
+    import types
+
+    from jobs.models.glm_image import GlmImageFamily
+    from tests import test_fusions_glm_image as T
+
+    model = T.tiny_model(torch.bfloat16, None if size == "tiny" else GLM_IMAGE_REAL).cuda()
+    GlmImageFamily().patch(types.SimpleNamespace(transformer=model))
+    cfg = dict(model.config)
+    if size == "tiny":
+        cases = [T.tiny_inputs(torch.bfloat16, batch=1, text=5, side=8, config=cfg),
+                 T.tiny_inputs(torch.bfloat16, batch=2, text=7, side=16, seed=1, mask=True, config=cfg)]
+    else:
+        cases = [T.tiny_inputs(torch.bfloat16, batch=1, text=1, side=128, config=cfg),
+                 T.tiny_inputs(torch.bfloat16, batch=2, text=16, side=64, seed=1, config=cfg)]
+    verified = _check_model(model, [_cuda(kw) for kw in cases], list(model.transformer_blocks) + [model.norm_out])
+    assert {"ln_adaln", "gated_res_ln_adaln", "gated_residual", "qk_glm_split_plain"} <= verified, verified

@@ -245,7 +245,8 @@ FUSED_FAMILIES = {"sana": ("SanaTransformerBlock", "SanaTransformer2DModel"),  #
                   "qwen_image": ("QwenImageTransformerBlock",),
                   "wan": ("WanTransformerBlock", "WanTransformer3DModel"),  # blocks; the text memo
                   "sana_video": ("SanaVideoTransformerBlock",),
-                  "ltx2": ("LTX2VideoTransformerBlock", "LTX2VideoTransformer3DModel")}  # blocks; the text memo
+                  "ltx2": ("LTX2VideoTransformerBlock", "LTX2VideoTransformer3DModel"),  # blocks; the text memo
+                  "glm_image": ("GlmImageTransformerBlock", "GlmImageAdaLayerNormContinuous")}  # blocks; the final norm
 SANA_PROMPTS = ("a red fox", "a lighthouse on a cliff at dusk, waves crashing below")
 
 
