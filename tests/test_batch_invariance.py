@@ -253,3 +253,20 @@ def test_cpu_attention_row_is_its_call_alone_whatever_the_key_padding(cross):
     want = q.clone().requires_grad_()
     torch.nn.functional.scaled_dot_product_attention(want, k, v).sum().backward()
     assert inv.calls["cpu.sdpa.fallback"] == 1 and torch.equal(qg.grad, want.grad)
+
+
+def test_trace_judges_an_in_place_op_on_its_inputs_before_it_ran():
+    # LTX-2's split RoPE writes into slices with addcmul_: read after it ran, its `self` already held
+    # its result, so wherever a difference reached it from upstream the isolation re-ran it on that
+    # result and called it an origin (32 false origins in LTX-2's trace). The scale is the origin here.
+    x = torch.randn(16, 8, generator=torch.Generator().manual_seed(0))
+
+    def fn(a):
+        y = a * float(a.shape[0]) / 3.0  # row 0's bits depend on the batch size: an origin
+        y[:, :4].addcmul_(y[:, 4:], y[:, 4:])
+        return y
+
+    rep = compare_rows(fn, x[:1], x)
+    assert not rep.outputs_equal and rep.first_difference is not None
+    assert "aten.addcmul_.default" not in rep.origin_ops(), rep.origin_ops()
+    assert rep.origins and rep.origins[0].index == rep.first_difference[0]
