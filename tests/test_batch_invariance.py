@@ -18,7 +18,10 @@ from bcg.invariant import cpu as inv_cpu
 from tests.helpers import tiny_pipeline
 from tests.invariance_rows import PROMPTS, request, run_transformer, take_rows, transformer_inputs
 
-FAMILIES = ["sana_tiny", "flux_tiny", "qwen_image_tiny", "z_image_tiny", "longcat_image_tiny", "sana_video_tiny"]
+FAMILIES = ["sana_tiny", "flux_tiny", "qwen_image_tiny", "z_image_tiny", "longcat_image_tiny", "sana_video_tiny",
+            # video + audio: a row's output is both, side by side (run_transformer); GLM-Image runs CFG
+            # as two calls, so its captured batch is the 16 conditional rows
+            "ltx2_tiny", "glm_image_tiny", "minimax_h3_tiny"]
 #: the families whose forward the op-by-op trace can follow from batch 1 to 16: Z-Image's loops over
 #: its rows in Python (patchify, the unified sequence), so batch 1 and 16 run other op sequences
 TRACED = [f for f in FAMILIES if f != "z_image_tiny"]
