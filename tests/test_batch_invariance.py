@@ -76,6 +76,9 @@ def test_with_the_mode_off_only_replaced_ops_change_a_row(built, preset):
     # same row differently is one the mode replaces: nothing else in these models depends on the batch.
     cfg, fam, pipe, args, kw, batch = built(preset)
     tr = fam.transformer(pipe)
+    # one plain call first: Qwen-Image caches its RoPE tables (lru_cache), and run alone (-k) this test
+    # traced a cold reference against a warm batch 16, whose op sequences part at op 38
+    run_transformer(tr, *take_rows((args, kw), [0], batch))
     rep = compare_rows(lambda a: run_transformer(tr, *a), take_rows((args, kw), [0], batch),
                        take_rows((args, kw), list(range(16)), batch))
     assert rep.sequence_break is None, rep.sequence_break
