@@ -170,6 +170,31 @@ def test_vae_decode_row_is_the_same_in_any_batch(built, preset):
         assert torch.equal(decode(z[[2, 1]])[1:], full[1:2])  # another batch, another position
 
 
+#: the video + audio families' decoders (their classes are new): the video VAE, LTX-2's audio VAE (to a
+#: mel spectrogram) and vocoder, MiniMax-H3's audio VAE; one row's latent shape (as the probe's)
+DECODERS = {("ltx2_tiny", "vae"): (8, 3, 8, 8), ("ltx2_tiny", "audio_vae"): (2, 14, 2),
+            ("ltx2_tiny", "vocoder"): (2, 53, 8), ("minimax_h3_tiny", "vae"): (4, 5, 4, 4),
+            ("minimax_h3_tiny", "audio_vae"): (4, 8)}
+
+
+@pytest.mark.parametrize("preset,part", list(DECODERS))
+def test_video_and_audio_decoder_row_is_the_same_in_any_batch(built, preset, part):
+    cfg, fam, pipe, *_ = built(preset)
+    module = getattr(pipe, part)
+    z = torch.randn(4, *DECODERS[preset, part], generator=torch.Generator().manual_seed(1))
+
+    def decode(x):
+        with torch.inference_mode():
+            return module(x) if part == "vocoder" else module.decode(x, return_dict=False)[0]
+
+    with batch_invariant() as inv:
+        full = decode(z)
+        for r in (0, 3):
+            assert torch.equal(decode(z[r:r + 1]), full[r:r + 1]), f"{preset} {part}: row {r}"
+        assert torch.equal(decode(z[[2, 1]])[1:], full[1:2])  # another batch, another position
+    assert inv.calls["cpu.convolution"] > 0
+
+
 # -- the mechanism ------------------------------------------------------------------------------
 
 def test_cpu_gemm_rows_are_computed_alone():
