@@ -29,14 +29,33 @@ from tests.helpers import tiny_pipeline  # noqa: E402
 from tests.invariance_rows import PROMPTS, run_transformer, take_rows, transformer_inputs  # noqa: E402
 
 PRESETS = ["sana_tiny", "flux_tiny", "qwen_image_tiny", "wan_tiny", "z_image_tiny", "longcat_image_tiny",
-           "sana_video_tiny"]
+           "sana_video_tiny", "ltx2_tiny", "glm_image_tiny", "minimax_h3_tiny"]
 SIZES = (2, 3, 8, 16)
 
 
 def latent_shape(preset: str):
     return {"sana_tiny": (8, 16, 16), "flux_tiny": (4, 16, 16), "z_image_tiny": (4, 16, 16),
             "longcat_image_tiny": (16, 16, 16), "qwen_image_tiny": (4, 1, 16, 16), "wan_tiny": (16, 3, 8, 8),
-            "sana_video_tiny": (16, 3, 8, 8)}[preset]
+            "sana_video_tiny": (16, 3, 8, 8), "ltx2_tiny": (8, 3, 8, 8), "glm_image_tiny": (4, 8, 8),
+            "minimax_h3_tiny": (4, 5, 4, 4)}[preset]
+
+
+def decoders(preset: str, pipe) -> list:
+    """[(json key, module, decode fn, one row's latent shape)]: the VAE, and the families' other decoder
+    calls (LTX-2: the audio VAE to a mel spectrogram, then the vocoder; MiniMax-H3: the audio VAE), each
+    on random latents of the shape the tiny preset's pipeline hands it (MiniMax-H3: one 17-frame video
+    chunk, 8 audio latents, not the whole 5 s clip: the trace clones every op's tensors)."""
+    vae = pipe.vae
+    if preset == "ltx2_tiny":  # decode(z, temb): no timestep conditioning in the tiny VAE
+        out = [("vae", vae, lambda x: vae.decode(x, None, return_dict=False)[0], latent_shape(preset))]
+    else:
+        out = [("vae", vae, lambda x: vae.decode(x, return_dict=False)[0], latent_shape(preset))]
+    if preset == "ltx2_tiny":
+        out += [("audio_vae", pipe.audio_vae, lambda x: pipe.audio_vae.decode(x, return_dict=False)[0], (2, 14, 2)),
+                ("vocoder", pipe.vocoder, lambda x: pipe.vocoder(x), (2, 53, 8))]
+    if preset == "minimax_h3_tiny":  # [rows x audio channels, latent channels, latents]
+        out += [("audio_vae", pipe.audio_vae, lambda x: pipe.audio_vae.decode(x, return_dict=False)[0], (4, 8))]
+    return out
 
 
 def row_equal(fn, make, sizes=SIZES) -> dict:
@@ -98,17 +117,20 @@ def probe(preset: str) -> dict:
     def tmake(rows):
         return take_rows((args, kw), rows, batch)
 
-    vae = pipe.vae
-    z = torch.randn(16, *latent_shape(preset), generator=torch.Generator().manual_seed(0))
+    decs = []
+    for key, module, dec, shape in decoders(preset, pipe):
+        z = torch.randn(16, *shape, generator=torch.Generator().manual_seed(0))
 
-    def vfn(x):
-        with torch.inference_mode():
-            return vae.decode(x, return_dict=False)[0]
+        def vfn(x, dec=dec):
+            with torch.inference_mode():
+                return dec(x)
 
-    def vmake(rows):
-        return z[torch.tensor(rows)].contiguous()
+        def vmake(rows, z=z):
+            return z[torch.tensor(rows)].contiguous()
 
-    res = {"preset": preset, "transformer": type(tr).__name__, "vae": type(vae).__name__,
+        decs.append((key, type(module).__name__, vfn, vmake))
+
+    res = {"preset": preset, "transformer": type(tr).__name__, **{k: name for k, name, _, _ in decs},
            "captured_batch": batch}
     for mode in ("off", "on"):
         ctx = batch_invariant() if mode == "on" else None
@@ -117,8 +139,9 @@ def probe(preset: str) -> dict:
         try:
             res[f"transformer_{mode}"] = row_equal(tfn, tmake)
             res[f"transformer_origins_{mode}"] = origins(tfn, tmake)
-            res[f"vae_{mode}"] = row_equal(vfn, vmake)
-            res[f"vae_origins_{mode}"] = origins(vfn, vmake, n=8)
+            for key, _, vfn, vmake in decs:
+                res[f"{key}_{mode}"] = row_equal(vfn, vmake)
+                res[f"{key}_origins_{mode}"] = origins(vfn, vmake, n=8)
             if ctx:
                 res["calls_on"] = dict(ctx.calls)
         finally:
@@ -146,7 +169,8 @@ def main() -> None:
             results.append({"preset": p, "error": f"{type(exc).__name__}: {exc}"[:500]})
             print(json.dumps(results[-1]), flush=True)
     meta = {"date": time.strftime("%Y-%m-%d"), "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "cpu": platform.processor() or platform.machine(), "capability": torch.backends.cpu.get_cpu_capability(),
+            "cpu": platform.processor() or platform.machine(), "cpu_model": _cpu_model(),
+            "capability": torch.backends.cpu.get_cpu_capability(),
             "commit": _commit(), "command": " ".join(["python", *sys.argv])}
     path = Path(a.out, "batch_invariance_cpu.json")
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -158,6 +182,14 @@ def main() -> None:
         kept = [fresh.pop(r["preset"], r) for r in old["results"]]
         results, meta = kept + list(fresh.values()), old["meta"]
     path.write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+
+
+def _cpu_model() -> str:
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return "unknown"
+    return next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), "unknown")
 
 
 def _commit() -> str:

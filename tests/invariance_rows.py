@@ -32,9 +32,15 @@ def request(fam, pipe, cfg, rows: Sequence[int], steps: int = 1, guidance: float
     idx = torch.tensor(list(rows))
     s = cfg.sampling
     return DenoiseRequest(positive=_rows(pos, idx), negative=_rows(neg, idx) if neg is not None else None,
-                          seeds=[100 + r for r in rows], height=s.height, width=s.width, steps=steps,
+                          seeds=[100 + r for r in rows], height=s.height, width=s.width,
+                          steps=max(steps, MIN_STEPS.get(fam.name, 1)),
                           guidance_scale=guidance if fam.guidance else 1.0,
-                          num_frames=getattr(s, "num_frames", 1) or 1)
+                          num_frames=getattr(s, "num_frames", 1) or 1, fps=float(getattr(s, "fps", 16.0) or 16.0),
+                          prompts=[prompts[r] for r in rows])  # GLM-Image's prior reads the text
+
+
+#: MiniMaxH3Scheduler.set_timesteps refuses one step (the first transformer call is all that is taken)
+MIN_STEPS = {"minimax_h3": 2}
 
 
 _ENCODED: dict = {}
@@ -104,13 +110,21 @@ def take_rows(obj: Any, rows: List[int], batch: int) -> Any:
     if isinstance(obj, (list, tuple)):
         return type(obj)(take_rows(o, rows, batch) for o in obj)
     if isinstance(obj, dict):
-        return {k: take_rows(v, rows, batch) for k, v in obj.items()}
+        return {k: v if k in NOT_PER_ROW else take_rows(v, rows, batch) for k, v in obj.items()}
     return obj
+
+
+#: keyword arguments that are per token, never per row, whatever their first dimension: GLM-Image's
+#: rotary table at 64 px is [16 tokens, 8], the same first dimension as a captured batch of 16
+NOT_PER_ROW = {"image_rotary_emb"}
 
 
 def run_transformer(tr, args, kwargs) -> torch.Tensor:
     with torch.inference_mode():
         out = tr(*args, **{**kwargs, "return_dict": False})
+    if isinstance(out, tuple) and len(out) > 1 and all(isinstance(o, torch.Tensor) for o in out):
+        # LTX-2 and MiniMax-H3 return (video, audio): a row's output is both, flattened side by side
+        return torch.cat([o.flatten(1) for o in out], dim=1)
     out = out[0] if isinstance(out, (tuple, list)) else out
     # Z-Image's transformer returns a list of per-row outputs, all of one shape: stacked, row-first
     return torch.stack(out) if isinstance(out, list) else out

@@ -96,10 +96,11 @@ class _Recorder(TorchDispatchMode):
         self.ops: list = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        pre = _inputs_before(func, args, kwargs)
         out = func(*args, **(kwargs or {}))
         name = str(func)
         if name not in _SKIP:
-            self.ops.append((name, [t.detach().clone() for t in _tensors((args, kwargs))],
+            self.ops.append((name, pre if pre is not None else [t.detach().clone() for t in _tensors((args, kwargs))],
                              [t.detach().clone() for t in _tensors(out)]))
         return out
 
@@ -110,9 +111,10 @@ class _Comparer(TorchDispatchMode):
         self.ref, self.report, self.i, self.max_origins, self.isolate = ref_ops, report, 0, max_origins, isolate
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        rep = self.report
+        pre = _inputs_before(func, args, kwargs) if rep.sequence_break is None else None
         out = func(*args, **(kwargs or {}))
         name = str(func)
-        rep = self.report
         if name in _SKIP or rep.sequence_break is not None:
             return out
         i, self.i = self.i, self.i + 1
@@ -122,7 +124,8 @@ class _Comparer(TorchDispatchMode):
                                  f"{self.ref[i][0] if i < len(self.ref) else 'nothing'}"
             return out
         _, ref_in, ref_out = self.ref[i]
-        big_in, big_out = _tensors((args, kwargs)), _tensors(out)
+        live = _tensors((args, kwargs))
+        big_in, big_out = (pre if pre is not None else live), _tensors(out)
         shared = [shared_rows(b, r) for r, b in zip(ref_in, big_in)]
         ins_equal = len(ref_in) == len(big_in) and all(
             s is not None and bitwise_equal(s, r) for s, r in zip(shared, ref_in))
@@ -133,7 +136,7 @@ class _Comparer(TorchDispatchMode):
         if not ins_equal and self.isolate and len(ref_in) == len(big_in) and all(s is not None for s in shared):
             # The op handed other rows: run it again on its own inputs with the shared rows put
             # back to the reference's, so it is judged on what it computes, not on what it was given.
-            patched = {id(b): _patch(b, r) for r, b in zip(ref_in, big_in)}
+            patched = {id(t): _patch(b, r) for r, b, t in zip(ref_in, big_in, live)}
             a2, k2 = tree_map(lambda t: patched.get(id(t), t) if isinstance(t, torch.Tensor) else t, (args, kwargs))
             diff = self._first_diff(ref_out, _tensors(func(*a2, **(k2 or {}))), count=False)
             isolated = ins_equal = True
@@ -154,6 +157,15 @@ class _Comparer(TorchDispatchMode):
                 diff = (s - r) if s.is_complex() else (s.double() - r.double())  # complex: rotary tables
                 return float(diff.abs().double().nan_to_num(float("inf")).max())
         return None
+
+
+def _inputs_before(func, args, kwargs) -> Optional[List[torch.Tensor]]:
+    """An in-place op's (or an out= op's) tensors as they were before it ran, else None (read after).
+    Read after it ran, an in-place op's `self` already holds its result: LTX-2's split RoPE
+    (`addcmul_` into a slice) looked like an origin wherever a difference reached it from upstream."""
+    if not func._schema.is_mutable:
+        return None
+    return [t.detach().clone() for t in _tensors((args, kwargs))]
 
 
 def _patch(big: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
