@@ -115,3 +115,27 @@ def test_grown_pool_replays_and_keeps_the_bytes(tmp_path):
     for k in g:
         assert g[k][1]["batch_size"] == e[k][1]["batch_size"]
         assert np.array_equal(g[k][0], e[k][0]), f"{k}: grown-pool replay differs from eager"
+
+
+def test_at_one_batch_shape_a_key_keeps_its_bytes_whatever_its_neighbours_and_position(tmp_path):
+    """Issue 30's cheap form on the GPU, graphs and lossless fusions on: with one pool size every batch of
+    every stage has one shape (a short tail padded with dummy rows), and a key's latents and pixels are
+    the same alone, at another position and beside other rows (tests/test_job_fixed_shape.py: the CPU,
+    partitions and resume too)."""
+    words = "a small red circle on a blue background".split()
+    rows_ = [{"key": f"f{i:03d}", "prompt": " ".join(words) + f" {i}"} for i in range(12)]  # one signature
+    common = ["sink=png", "sampling.steps=4", "model.dtype=bfloat16", "job.progress=false", "device=cuda",
+              "bcg.batch_sizes=[4]", "bcg.batch_grow=off", "bcg.capture=always", *encoder_overrides()]
+    runs = {"all": rows_, "alone": rows_[5:6], "shifted": rows_[3:]}  # f005: position 1, 0 (+3 dummies), 2
+    got = {}
+    for name, rs in runs.items():
+        run_cli(f"dataset.path={write_jsonl(tmp_path / f'{name}.jsonl', rs)}", *common,
+                f"output_dir={tmp_path / name}")
+        got[name] = images(tmp_path / name)
+    for name in ("alone", "shifted"):
+        for k, (pixels, meta) in got[name].items():
+            ref_pixels, ref_meta = got["all"][k]
+            assert meta["latent_sha256"] == ref_meta["latent_sha256"], f"{name}: {k}'s latents differ"
+            assert np.array_equal(pixels, ref_pixels), f"{name}: {k}'s pixels differ"
+            assert meta["batch_size"] == 4 and meta["mode"] == "replay", meta
+    assert len(got["shifted"]) == 9 and "f005" in got["alone"]
