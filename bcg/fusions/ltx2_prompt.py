@@ -22,10 +22,9 @@ from typing import Callable, Protocol, cast
 import torch
 from torch import nn
 
-from ..breaks import memo_on_graph
 from . import ltx2
 from .guard import guarded
-from .prompt import PromptState
+from .prompt import PromptState, projection_memo
 from .verify import Verifier
 
 PROJECTIONS = {"caption_projection": "attn2", "audio_caption_projection": "audio_attn2"}
@@ -64,24 +63,7 @@ def text_kv(attn: ltx2.LTXAttention, text: torch.Tensor) -> tuple[torch.Tensor, 
 
 def _projection_forward(rule: str, proj: nn.Module, attns: list[ltx2.LTXAttention], state: PromptState,
                         fx: Verifier) -> Callable:
-    proj_forward = type(proj).forward
-
-    def params() -> list[torch.Tensor]:
-        mods = [proj] + [m for a in attns for m in (a.to_k, a.to_v, a.norm_k)]
-        return [p for m in mods for p in m.parameters()]
-
-    def text_state(caption: torch.Tensor) -> tuple:
-        projected = proj_forward(proj, caption)
-        return (projected, *(t for a in attns for t in text_kv(a, projected)))
-
-    memo = memo_on_graph(text_state, params)
-
-    def forward(caption: torch.Tensor) -> torch.Tensor:
-        projected, *kv = memo(caption)
-        state.put_direct(projected, {id(a): (kv[2 * i], kv[2 * i + 1]) for i, a in enumerate(attns)})
-        return projected
-
-    return guarded(rule, proj, forward, fx)
+    return guarded(rule, proj, projection_memo(proj, attns, state, text_kv), fx)
 
 
 def prompt_forwards(model: nn.Module, fx: Verifier) -> dict[str, Callable]:

@@ -22,9 +22,12 @@ for that very tensor (or a view of it with its shape and strides: LTX-2 hands it
 
 from __future__ import annotations
 
+from typing import Any, Callable, Sequence
+
 import torch
 from torch import nn
 
+from ..breaks import memo_on_graph
 from ..memo import version
 from .protocols import Attention
 
@@ -79,3 +82,30 @@ def _same(x: torch.Tensor, held: torch.Tensor, ver: int | None) -> bool:
                           or x.dtype != held.dtype or x.device != held.device):
         return False
     return version(x) == ver
+
+
+def projection_memo(proj: nn.Module, attns: Sequence[Any], state: PromptState,
+                    text_kv: Callable[[Any, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+                    ) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A forward for a text projection whose output P every one of `attns` reads as its cross-attention
+    text (Wan's and LTX-2's path): P and each attention's `text_kv(attn, P)` made in one memo break
+    (bcg.memo), the K/V handed to `state` for the blocks to take. `text_kv` reads each attention's
+    to_k, to_v and norm_k: the memo re-runs when one of their parameters changes (a LoRA fused in)."""
+    proj_forward = type(proj).forward
+
+    def params() -> list[torch.Tensor]:
+        mods = [proj] + [m for a in attns for m in (a.to_k, a.to_v, a.norm_k)]
+        return [p for m in mods for p in m.parameters()]
+
+    def text_state(text: torch.Tensor) -> tuple:
+        projected = proj_forward(proj, text)
+        return (projected, *(t for a in attns for t in text_kv(a, projected)))
+
+    memo = memo_on_graph(text_state, params)
+
+    def forward(text: torch.Tensor) -> torch.Tensor:
+        projected, *kv = memo(text)
+        state.put_direct(projected, {id(a): (kv[2 * i], kv[2 * i + 1]) for i, a in enumerate(attns)})
+        return projected
+
+    return forward

@@ -27,14 +27,13 @@ from typing import Callable, Protocol, cast
 import torch
 from torch import nn
 
-from ..breaks import memo_on_graph
 from .guard import guarded
 from .inline import inlinable, kernel_breaks
 from .modulation import TableStack
 from .ops import GATED_RESIDUAL_F32, MODULATION_F32
 from .ops_norm import LN_ADALN_F32, LN_AFFINE_F32, RES_LN_ADALN_F32
 from .ops_rope import QK_WAN
-from .prompt import PromptState
+from .prompt import PromptState, projection_memo
 from .protocols import Attention
 from .verify import Verifier, chain
 
@@ -194,24 +193,8 @@ def prompt_forwards(model: nn.Module, fx: Verifier) -> dict[str, Callable]:
     proj = wan.condition_embedder.text_embedder
     attns = [cast(_WanAttention, b.attn2) for b in wan.blocks if check_block(b) is None]
     state = fx.shared.setdefault("wan_prompt", PromptState())
-    proj_forward = type(proj).forward
-
-    def params() -> list[torch.Tensor]:
-        mods = [proj] + [m for a in attns for m in (a.to_k, a.to_v, a.norm_k)]
-        return [p for m in mods for p in m.parameters()]
-
-    def text_state(text: torch.Tensor) -> tuple:
-        projected = proj_forward(proj, text)
-        return (projected, *(t for a in attns for t in text_kv(a, projected)))
-
-    memo = memo_on_graph(text_state, params)
-
-    def text_embedder(text: torch.Tensor) -> torch.Tensor:
-        projected, *kv = memo(text)
-        state.put_direct(projected, {id(a): (kv[2 * i], kv[2 * i + 1]) for i, a in enumerate(attns)})
-        return projected
-
-    return {"condition_embedder.text_embedder": guarded("wan_prompt", proj, text_embedder, fx)}
+    forward = projection_memo(proj, attns, state, text_kv)
+    return {"condition_embedder.text_embedder": guarded("wan_prompt", proj, forward, fx)}
 
 
 OPS = ("modulation_f32", "gated_residual_f32", *(op.name for op in QK_WAN), LN_ADALN_F32.name,
