@@ -20,6 +20,18 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 _SCRIPT = textwrap.dedent("""
+    import numpy as np
+    # The interpreter's tl.dot is numpy's matmul on whole tiles: the premise is that it gives a row the
+    # same bytes wherever it sits in a tile. Some BLAS kernels do not (OpenBLAS's Haswell sgemm runs
+    # rows in groups, each group's tail its own code): then nothing here can be judged.
+    rng = np.random.default_rng(0)
+    ta, tb = rng.standard_normal((32, 72)).astype(np.float32), rng.standard_normal((72, 32)).astype(np.float32)
+    tile = ta @ tb
+    moved = [r for r in range(32) if not np.array_equal(np.pad(ta[r:r + 1], ((0, 31), (0, 0))) @ tb, np.pad(
+        tile[r:r + 1], ((0, 31), (0, 0))))]
+    if moved:
+        print("NUMPY_ROWS_MOVE", moved)
+        raise SystemExit(0)
     import torch
     from bcg.invariant.gemm_triton import VERDICTS, Tile, canonical_tile, matmul, tile_for
     from bcg.invariant.reduce_triton import row_sum
@@ -121,4 +133,9 @@ def test_triton_kernels_under_the_interpreter_are_row_invariant():
     r = subprocess.run([sys.executable, "-c", _SCRIPT], env=env, cwd=ROOT, capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
+    if "NUMPY_ROWS_MOVE" in r.stdout:
+        pytest.skip(f"numpy's matmul (the interpreter's tl.dot) gives a tile's row other bytes by its position on "
+                    f"this machine (OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', 'unset')}; rows "
+                    f"{r.stdout.split('NUMPY_ROWS_MOVE')[1].strip()[:60]}): the kernels' row invariance cannot be "
+                    "judged under the interpreter here; tests/gpu/test_batch_invariance_gpu.py judges it on the GPU")
     assert "BAD []" in r.stdout, r.stdout[-3000:]
