@@ -143,3 +143,49 @@ def test_other_processors_keep_the_module_forward():
     assert RULES["minimax_h3_block"].check(blk) is None
     blk.attn.processor = type("OtherProcessor", (), {"__call__": lambda *a, **k: None})()
     assert "MiniMaxH3AttnProcessor" in RULES["minimax_h3_block"].check(blk)
+
+
+_INTERPRETED = """
+import json, torch
+from bcg.fusions import Fusions
+from tests.test_fusions_minimax_h3 import tiny_inputs, tiny_model
+model = tiny_model(torch.float32)
+cases = [tiny_inputs(torch.float32)]
+with torch.no_grad():
+    refs = [model(**kw) for kw in cases]
+    fx = Fusions(model, "triton")
+    fx.verifier.cache = None  # no verdicts written to the user's cache
+    fx.install()
+    outs = [model(**kw) for kw in cases + cases]
+    fx.remove()
+c = fx.counters
+print("RESULT " + json.dumps(dict(equal=[all(torch.equal(a, b) for a, b in zip(o, r))
+                                         for o, r in zip(outs, refs + refs)],
+                                  not_applicable=c.not_applicable, forwards_rejected=c.forwards_rejected,
+                                  forwards_verified=c.forwards_verified, rejected=c.rejected,
+                                  verified=sorted({k[0] for k, ok in fx.verifier.state.items() if ok}))))
+"""
+
+
+@pytest.mark.slow
+def test_the_triton_launchers_apply_under_the_interpreter():
+    """The GPU path's launchers (backend "triton") under Triton's CPU interpreter on the tiny model in fp32 at
+    batch 1: the adaLN and gated-residual kernels apply to the per-row [S, 1, D] views, the split RoPE kernel
+    to the leading channels of each head, none is "not applicable" or rejected, the output eager's bits."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("triton")
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
+    r = subprocess.run([sys.executable, "-c", _INTERPRETED], env=env, cwd=root, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-4000:]
+    got = json.loads(next(x for x in r.stdout.splitlines() if x.startswith("RESULT "))[len("RESULT "):])
+    assert all(got["equal"]) and got["not_applicable"] == 0 and got["forwards_rejected"] == 0, got
+    assert got["rejected"] == 0 and got["forwards_verified"] == TINY["num_layers"] + 1, got
+    assert {"adaln", "gated_residual", "qk_minimax_split_plain"} <= set(got["verified"]), got

@@ -102,12 +102,19 @@ def _per_row(x: torch.Tensor, *mods: torch.Tensor) -> bool:
             and all(m.shape == x.shape[1:] and m.dtype == x.dtype and m.is_contiguous() for m in mods))
 
 
+def _row(m: torch.Tensor) -> torch.Tensor:
+    """[S, D] as [S, 1, D] with a zero token stride: the kernels' "broadcast over tokens" layout (one row
+    an item), the same elements."""
+    S, D = m.shape
+    return m.as_strided((S, 1, D), (D, 0, 1))
+
+
 def adaln_rows(call: Callable, x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
     """x * (1 + scale) + shift for per-row scale / shift [S, D] (eager's `1.0 + scale`: the same add)."""
     if not _per_row(x, scale, shift):
         return x * (1.0 + scale) + shift
     _, S, D = x.shape
-    return call(ADALN, x.view(S, 1, D), scale.view(S, 1, D), shift.view(S, 1, D)).view(1, S, D)
+    return call(ADALN, x.view(S, 1, D), _row(scale), _row(shift)).view(1, S, D)
 
 
 def gated_residual_rows(call: Callable, h: torch.Tensor, gate: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -115,7 +122,7 @@ def gated_residual_rows(call: Callable, h: torch.Tensor, gate: torch.Tensor, y: 
     if not (_per_row(h, gate) and y.shape == h.shape and y.dtype == h.dtype and y.is_contiguous()):
         return h + gate * y
     _, S, D = h.shape
-    return call(GATED_RESIDUAL, h.view(S, 1, D), gate.view(S, 1, D), y.view(S, 1, D)).view(1, S, D)
+    return call(GATED_RESIDUAL, h.view(S, 1, D), _row(gate), y.view(S, 1, D)).view(1, S, D)
 
 
 def _attention(qk: Callable, attn: _MiniMaxAttention, hidden: torch.Tensor, rotary: tuple | None,
