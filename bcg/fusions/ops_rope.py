@@ -16,6 +16,10 @@ runs it, its plan in plain torch, and the shared kernel (kernels_rope.rope).
                           (use_real_unbind_dim=-2: rotate-half) on the image
                           slice of the joint [text, image] q / k: the split
                           kernel once a half of the [S, D] tables
+    qk_minimax_*          torch.nn.RMSNorm per head (aten's), then             MiniMax-H3 (fp32:
+                          _apply_rotary_emb: rotate-half on the leading R      in bf16 eager's
+                          channels of each head, the rest passed through:      products round to
+                          the split kernel once a half of the [S, R] tables    bf16; no kernel)
 
 Each comes as variants the rule tries in order (the verifier keeps the first equal to eager):
 `*_fused` normalises in the kernel in aten's fused-RMSNorm order (unproven: GPU only), `*_mean`
