@@ -343,31 +343,33 @@ def rope_glm(dt):
 
 
 def rope_minimax(dt):
-    """MiniMax-H3's q / k chain as its fused plan runs it (fp32 only: eager's bf16 products round to bf16):
-    aten's RMSNorm per head (with a weight), the leading R channels of each head rotated (rotate-half, the
-    split kernel once a half of the [S, R] tables), the rest passed through; R < D and R = D, tables whose
-    halves repeat (the model's) or not; equal to the plan and to eager."""
-    from bcg.fusions.ops_rope import QK_MINIMAX
+    """MiniMax-H3's q / k chain as its fused plans run it: aten's RMSNorm per head (with a weight), the
+    leading R channels of each head rotated (rotate-half), the rest passed through; R < D and R = D, tables
+    whose halves repeat (the model's) or not. The split kernel once a half of the [S, R] tables (fp32 only:
+    its tables are fp32) and the real-pair kernel on the rotary channels laid out as adjacent pairs (the
+    tables cast to x's dtype, as eager casts them); equal to the plans and to eager."""
+    from bcg.fusions.ops_rope import QK_MINIMAX, QK_MINIMAX_PAIRS
 
-    if dt != torch.float32:
-        return
-    op = QK_MINIMAX[0]
     g = torch.Generator().manual_seed(24)  # its own: the checks after it keep their inputs
     S, H, D = 6, 2, 24
     norm = torch.nn.RMSNorm(D, eps=1e-5)
     with torch.no_grad():
         norm.weight.copy_(1 + 0.25 * torch.randn(D, generator=g))
+    norm = norm.to(dt)
+    ops = [("rope split minimax", QK_MINIMAX[0])] if dt == torch.float32 else []
+    ops.append(("rope pairs minimax", QK_MINIMAX_PAIRS[0]))
     for R in (16, 24):
         ang = torch.rand(S, R // 2, generator=g) * 30
         tables = {"repeated": torch.cat([ang, ang], -1), "distinct": torch.rand(S, R, generator=g) * 30}
         for B in (2, 1):
             for name, a in tables.items():
-                x = torch.randn(B, S, H, D, generator=g)
+                x = (torch.randn(B, S, H, D, generator=g) * 3).to(dt)
                 freqs = (a.cos(), a.sin())
-                with torch.no_grad():
-                    got = op.fused(x, norm, freqs)
-                    check(f"rope split minimax {name} R={R} B={B} {dt}", got, op.reference(x, norm, freqs))
-                    check(f"rope split minimax {name} eager R={R} B={B} {dt}", got, op.eager(x, norm, freqs))
+                for label, op in ops:
+                    with torch.no_grad():
+                        got = op.fused(x, norm, freqs)
+                        check(f"{label} {name} R={R} B={B} {dt}", got, op.reference(x, norm, freqs))
+                        check(f"{label} {name} eager R={R} B={B} {dt}", got, op.eager(x, norm, freqs))
 
 
 for dt in (torch.float32, torch.float16):

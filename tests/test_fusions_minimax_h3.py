@@ -101,8 +101,8 @@ def test_fused_blocks_equal_eager_and_leave_model_code(dtype, grad_mode):
     assert c.forwards_verified == 2 * len(_fused(model)) and c.forwards_rejected == 0, c.rejections
     assert c.rejected == 0 and c.not_applicable == 0 and c.fused_calls > 0, c
     verified, not_here = _verdicts(fx)
-    # batch 1: the per-row modulation chains; fp32: the rotation (bf16's products are eager's own)
-    want = {"adaln", "gated_residual"} | ({"qk_minimax_split_plain"} if dtype == torch.float32 else set())
+    # batch 1: the per-row modulation chains; the rotation: fp32 the split kernel, bf16 the real-pair one
+    want = {"adaln", "gated_residual", "qk_minimax_split_plain" if dtype == torch.float32 else "qk_minimax_pairs"}
     assert want <= verified, verified
     assert not not_here, not_here
     # the rules list every chain their forwards ran
@@ -110,19 +110,21 @@ def test_fused_blocks_equal_eager_and_leave_model_code(dtype, grad_mode):
     assert ops <= set(OPS) and verified - {"forward"} <= ops
 
 
-def test_a_rotary_table_whose_halves_differ_stays_exact():
-    """The kernel reads one cos / sin a rotate-half pair; the op calls it once a half, so a table whose halves
-    differ (not MiniMaxH3RotaryPosEmbed's, whose halves repeat) is as exact as the model's own."""
-    model = tiny_model(torch.float32)
+@pytest.mark.parametrize("dtype, op", [(torch.float32, "qk_minimax_split_plain"), (torch.bfloat16, "qk_minimax_pairs")])
+def test_a_rotary_table_whose_halves_differ_stays_exact(dtype, op):
+    """The split kernel reads one cos / sin a rotate-half pair (the op calls it once a half), the pairs' layout
+    interleaves both halves' values: a table whose halves differ (not MiniMaxH3RotaryPosEmbed's, whose halves
+    repeat) is as exact as the model's own."""
+    model = tiny_model(dtype)
     block = model.transformer_blocks[0]
-    kw = tiny_inputs(torch.float32)
+    kw = tiny_inputs(dtype)
     S, D = kw["position_ids"].shape[0], TINY["hidden_size"]
     cos, sin = model.rope(kw["position_ids"])
     h = cos.shape[1] // 2
     assert torch.equal(cos[:, :h], cos[:, h:])
     g = torch.Generator().manual_seed(3)
     odd = (cos + 0.25 * torch.rand(cos.shape, generator=g), sin - 0.25 * torch.rand(sin.shape, generator=g))
-    hidden = torch.randn(1, S, D, generator=g)
+    hidden = torch.randn(1, S, D, generator=g).to(dtype)
     temb = torch.randn(2, TINY["time_embed_dim"], generator=g)
     idx = kw["timestep_indices"] * 3 + kw["token_tags"]
     with torch.no_grad():
@@ -134,7 +136,7 @@ def test_a_rotary_table_whose_halves_differ_stays_exact():
     c = fx.counters
     assert c.forwards_verified == 1 and c.forwards_rejected == 0 and c.rejected == 0 and c.eager_calls == 0, c
     verified, not_here = _verdicts(fx)
-    assert "qk_minimax_split_plain" in verified and not not_here
+    assert op in verified and not not_here
 
 
 def test_other_processors_keep_the_module_forward():

@@ -40,8 +40,9 @@ Patterns and the families that bind them (one kernel each, parameterised by widt
                                                                            LTX-2 (split or real pairs);
                                                                            GLM-Image (split, after aten's
                                                                            per-head LayerNorm, once a half);
-                                                                           MiniMax-H3 (split on each head's
-                                                                           leading channels, fp32 only)
+                                                                           MiniMax-H3 (each head's leading
+                                                                           channels: split in fp32, real
+                                                                           pairs of a copy in bf16)
     GELU-tanh (+ its cat), SwiGLU             kernels_act                  Flux / LongCat single; Z-Image
     per-block modulation precompute           modulation.TableStack/SameInput  SANA, SANA-Video, Wan, LTX-2;
                                                                                Flux, Qwen
@@ -58,7 +59,7 @@ order at rows of 4096 and 2048, the split RoPE's contraction (aten's CUDA addcmu
 GLM-Image's rule (the LN kernel at rows of 2560, the split RoPE at heads of 40 into the image slice of
 aten's per-head LayerNorm: eager's rotation is separate mul / mul / add kernels, `plain` expected); and
 MiniMax-H3's rule (adaLN and gated residuals on per-row [S, 1, D] views at rows of 5376, the split RoPE on
-the leading 96 channels of heads of 128 in fp32, `plain` expected).
+the leading 96 channels of heads of 128 in fp32, `plain` expected; the real-pair kernel with bf16 tables).
 
 A rule only reorganises *which* calls run; every arithmetic op keeps eager's fp32-then-round plan,
 and LayerNorm, GEMMs, convs and attention stay aten's. The verifier guards the rest: a chain that

@@ -13,19 +13,25 @@ feed-forward. Chains fused, each verified on first sight:
     adaLN after norm1 / norm2                  3 -> 1 each (the norm: aten's)           adaln
       n * (1 + scale[idx]) + shift[idx]
     gated residuals  h + gate[idx] * y         2 -> 1 each                              gated_residual
-    q / k  RMSNorm per head, then              ~6 -> 4 each (fp32 only): aten's norm,   qk_minimax_split_plain
-      _apply_rotary_emb (rotate-half on the    the rotary channels made contiguous,
-      leading R channels, fp32 tables cast     the split kernel (kernels_rope) once a
-      to x's dtype, separate mul/mul/add)      half of the tables, one cat
+    q / k  RMSNorm per head, then              ~8 -> 4 each: aten's norm, the rotary    qk_minimax_split_plain
+      _apply_rotary_emb (rotate-half on the    channels made contiguous, the split      (fp32),
+      leading R channels, fp32 tables cast     kernel (kernels_rope) once a half of
+      to x's dtype, separate mul/mul/add)      the tables, one cat;
+                                               any dtype: the rotary channels copied    qk_minimax_pairs
+                                               as adjacent pairs (x1_j, x2_j), the      (bf16, fp16; fp32's
+                                               real-pair kernel with the tables cast    fallback)
+                                               to x's dtype and laid out alike (each
+                                               product and the sum rounded to x's
+                                               dtype, as eager's bf16 ops), one cat
     norm_out  norm(x) * (1 + scale[idx])       3 -> 1 (the norm: aten's)                adaln
       + shift[idx]
 
 Where the fused chains apply: the modulation kernels read one [D] row per item of a [B, N, D] input
 (`scale` broadcast over tokens); a per-token table fits that only at batch 1, where x [1, S, D] is
-viewed as [S, 1, D] (the same elements, the same arithmetic): batch > 1 runs eager's three ops. The
-rotation in bf16 rounds each product to bf16 (eager casts the tables to x's dtype); the split kernel
-reads fp32 tables (each product rounded to fp32), so bf16 runs eager's rotation. The released model
-runs bf16: there only the batch-1 modulation chains are fused.
+viewed as [S, 1, D] with a zero token stride (the same elements, the same arithmetic): batch > 1 runs
+eager's three ops. The rotation in bf16 rounds each product to bf16 (eager casts the tables to x's
+dtype); the split kernel reads fp32 tables only, the real-pair kernel takes tables in x's dtype and
+rounds as eager does, on adjacent pairs: hence the pair layout's copy there.
 
 Left as the module's own calls: every GEMM (the Linear modules, the modulation projection included),
 the torch.nn.RMSNorms (aten's fused RMSNorm; no kernel of ours has its order with a weight and adaLN
@@ -47,7 +53,7 @@ from torch import nn
 from .guard import guarded
 from .inline import inlinable, kernel_breaks
 from .ops import ADALN, GATED_RESIDUAL
-from .ops_rope import QK_MINIMAX
+from .ops_rope import QK_MINIMAX, QK_MINIMAX_PAIRS
 from .protocols import Attention
 from .verify import Verifier, chain
 
@@ -125,23 +131,21 @@ def gated_residual_rows(call: Callable, h: torch.Tensor, gate: torch.Tensor, y: 
     return call(GATED_RESIDUAL, h.view(S, 1, D), _row(gate), y.view(S, 1, D)).view(1, S, D)
 
 
-def _attention(qk: Callable, attn: _MiniMaxAttention, hidden: torch.Tensor, rotary: tuple | None,
+def _attention(qk: dict[bool, Callable], attn: _MiniMaxAttention, hidden: torch.Tensor, rotary: tuple | None,
                mask: torch.Tensor | None) -> torch.Tensor:
-    """MiniMaxH3AttnProcessor, op for op, its q / k norm + RoPE fused (fp32)."""
+    """MiniMaxH3AttnProcessor, op for op, its q / k norm + RoPE fused (`qk[fp32]`: the chain for the dtype)."""
     from diffusers.models.attention_dispatch import dispatch_attention_fn
-    from diffusers.models.transformers.transformer_minimax_h3 import _apply_rotary_emb
 
     if attn.fused_projections:
         query, key, value = attn.to_qkv(hidden).chunk(3, dim=-1)
     else:
         query, key, value = attn.to_q(hidden), attn.to_k(hidden), attn.to_v(hidden)
     query, key, value = (t.unflatten(-1, (attn.heads, -1)) for t in (query, key, value))
-    if rotary is not None and query.dtype == torch.float32:
-        query, key = qk(query, attn.norm_q, rotary), qk(key, attn.norm_k, rotary)
-    else:  # bf16: eager's rotation (its products rounded to bf16: no shared kernel has that plan)
+    if rotary is not None:
+        rotate = qk[query.dtype == torch.float32]
+        query, key = rotate(query, attn.norm_q, rotary), rotate(key, attn.norm_k, rotary)
+    else:
         query, key = attn.norm_q(query), attn.norm_k(key)
-        if rotary is not None:
-            query, key = _apply_rotary_emb(query, *rotary), _apply_rotary_emb(key, *rotary)
     proc = attn.processor
     with kernel_breaks(attn):
         out = dispatch_attention_fn(query, key, value, attn_mask=mask, dropout_p=0.0, is_causal=False,
@@ -153,7 +157,8 @@ def _attention(qk: Callable, attn: _MiniMaxAttention, hidden: torch.Tensor, rota
 def block_forward(block: nn.Module, fx: Verifier) -> Callable:
     call = fx.call
     b = cast(_Block, block)  # check_block pinned its children (nn.Module types them Tensor | Module)
-    qk = chain(call, QK_MINIMAX)
+    # fp32: the split kernel (no copy of the rotary channels into pairs) first; bf16 / fp16: the pairs' plan only
+    qk = {True: chain(call, QK_MINIMAX + QK_MINIMAX_PAIRS), False: chain(call, QK_MINIMAX_PAIRS)}
     class_forward = type(block).forward
     attn = b.attn
 
@@ -210,5 +215,5 @@ def norm_out_forward(module: nn.Module, fx: Verifier) -> Callable:
     return guarded("minimax_h3_norm_out", module, forward, fx)
 
 
-OPS = (ADALN.name, GATED_RESIDUAL.name, *(op.name for op in QK_MINIMAX))
+OPS = (ADALN.name, GATED_RESIDUAL.name, *(op.name for op in QK_MINIMAX + QK_MINIMAX_PAIRS))
 NORM_OUT_OPS = (ADALN.name,)

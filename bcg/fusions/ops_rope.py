@@ -16,10 +16,13 @@ runs it, its plan in plain torch, and the shared kernel (kernels_rope.rope).
                           (use_real_unbind_dim=-2: rotate-half) on the image
                           slice of the joint [text, image] q / k: the split
                           kernel once a half of the [S, D] tables
-    qk_minimax_*          torch.nn.RMSNorm per head (aten's), then             MiniMax-H3 (fp32:
-                          _apply_rotary_emb: rotate-half on the leading R      in bf16 eager's
-                          channels of each head, the rest passed through:      products round to
-                          the split kernel once a half of the [S, R] tables    bf16; no kernel)
+    qk_minimax_*          torch.nn.RMSNorm per head (aten's), then             MiniMax-H3
+                          _apply_rotary_emb: rotate-half on the leading R
+                          channels of each head, the rest passed through: the
+                          split kernel once a half of the [S, R] tables (fp32),
+                          or the real-pair kernel on the channels copied as
+                          adjacent pairs, tables in x's dtype (bf16's rounded
+                          products, as eager's `.to(dtype)` tables give)
 
 Each comes as variants the rule tries in order (the verifier keeps the first equal to eager):
 `*_fused` normalises in the kernel in aten's fused-RMSNorm order (unproven: GPU only), `*_mean`
@@ -429,3 +432,46 @@ def _minimax_fused(mode: str):
 
 QK_MINIMAX = tuple(register(Op(f"qk_minimax_split_{m}", _minimax_eager, _minimax_reference(m), _minimax_fused(m)))
                    for m in ("plain",))
+
+
+# -- MiniMax-H3 in any dtype: the same chain through the kernel's real-pair style, the rotary channels laid
+# out as adjacent pairs (x1_j, x2_j) (one copy) and the tables' cast to x's dtype (eager's `.to(dtype)`)
+# interleaved alike: each product and the sum rounded to x's dtype (fp32 tables: to fp32), as eager's
+# separate mul / mul / add do; rotate-half's `x1 * c + (-x2) * s` is `a*c - b*s`, bit for bit ----------------
+def _minimax_pairs_layout(n: torch.Tensor, freqs: tuple) -> tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(R, the rotary channels as adjacent pairs [B, S, H, R] contiguous, cos, sin [S, R] of n's dtype, each
+    pair's (j, j + R/2) values adjacent)."""
+    cos, sin = freqs
+    check(n.dim() == 4 and isinstance(cos, torch.Tensor) and isinstance(sin, torch.Tensor)
+          and cos.dtype == sin.dtype == torch.float32 and cos.dim() == 2 and cos.shape == sin.shape
+          and cos.shape[0] == n.shape[1] and cos.shape[1] % 2 == 0 and 0 < cos.shape[1] <= n.shape[3]
+          and cos.device == n.device, "cos / sin must be fp32 [S, R], R even, R <= D")
+    R = cos.shape[1]
+    h = R // 2
+
+    def pairs(t: torch.Tensor) -> torch.Tensor:
+        return t.unflatten(-1, (2, h)).transpose(-1, -2).flatten(-2)
+
+    y = n[..., :R].unflatten(-1, (2, h)).transpose(-1, -2).contiguous().flatten(-2)
+    return R, y, pairs(cos.to(n.dtype)), pairs(sin.to(n.dtype))
+
+
+def _minimax_unpair(out: torch.Tensor, n: torch.Tensor, R: int) -> torch.Tensor:
+    o = out.unflatten(-1, (R // 2, 2))
+    return torch.cat([o[..., 0], o[..., 1], n[..., R:]], dim=-1)
+
+
+def _minimax_pairs_reference(x, norm, freqs):
+    n = norm(x)
+    R, y, c, s = _minimax_pairs_layout(n, freqs)
+    return _minimax_unpair(_pairs_plan(y, c, s, (0, 0, 1, 1)), n, R)
+
+
+def _minimax_pairs_fused(x, norm, freqs):
+    kr = _kr()
+    n = norm(x)
+    R, y, c, s = _minimax_pairs_layout(n, freqs)
+    return _minimax_unpair(kr.rope(y, (c[None], s[None]), kr.Rope("pairs", index=kr.FLUX_INDEX)), n, R)
+
+
+QK_MINIMAX_PAIRS = (register(Op("qk_minimax_pairs", _minimax_eager, _minimax_pairs_reference, _minimax_pairs_fused)),)

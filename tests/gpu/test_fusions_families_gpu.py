@@ -477,27 +477,32 @@ def test_glm_image_fused_forward_equals_eager(size):
 
 def test_minimax_h3_chains_are_bit_exact_at_real_sizes():
     """MiniMax-H3 as released (5376 wide, 56 heads of 128, RoPE on each head's leading 96 channels): the q / k
-    RMSNorm + partial rotate-half in fp32 (the split kernel once a half of the [S, 96] tables: the model's,
-    whose halves repeat, and one whose halves differ), batch 1 and 2; and in bf16 the per-row adaLN and gated
-    residual at batch 1 (one [S, D] row a token, as [S, 1, D] with a zero token stride), against eager's ops."""
+    RMSNorm + partial rotate-half in fp32 (the split kernel once a half of the [S, 96] tables) and in fp32 and
+    bf16 through the real-pair kernel (the rotary channels as adjacent pairs, the tables in x's dtype: eager's
+    bf16 products), tables whose halves repeat (the model's) or differ, batch 1 and 2; and in bf16 the per-row
+    adaLN and gated residual at batch 1 (one [S, D] row a token, as [S, 1, D] with a zero token stride),
+    against eager's ops."""
+    import itertools
+
     from bcg.fusions import minimax_h3
 
     fx = Verifier("triton", cache=None)
     g = _g(11)
     S, H, D, R, W = 4096, 56, 128, 96, 5376
-    norm = _norm(nn.RMSNorm, D, torch.float32, g, eps=1e-5)
     ang = torch.rand(S, R // 2, generator=g, device="cuda") * 100
     tables = [torch.cat([ang, ang], -1), torch.rand(S, R, generator=g, device="cuda") * 100]
+    cases = [(torch.float32, ops_rope.QK_MINIMAX + ops_rope.QK_MINIMAX_PAIRS),
+             (torch.bfloat16, ops_rope.QK_MINIMAX_PAIRS)]
     with torch.no_grad():
-        for B in (1, 2):
-            x = _rand(B, S, H, D, g=g, scale=3, dtype=torch.float32)
-            for table in tables:
-                freqs = (table.cos(), table.sin())
-                for op in ops_rope.QK_MINIMAX:
-                    want = op.eager(x, norm, freqs)
-                    first, again = fx.call(op, x, norm, freqs), fx.call(op, x, norm, freqs)
-                    assert torch.equal(first, want) and torch.equal(again, want), op.name
-                    assert again.stride() == want.stride() and fx.state.get(fx.key(op, (x, norm, freqs))), op.name
+        for (dtype, chain_ops), B, table in itertools.product(cases, (1, 2), tables):
+            norm = _norm(nn.RMSNorm, D, dtype, g, eps=1e-5)
+            x = _rand(B, S, H, D, g=g, scale=3, dtype=dtype)
+            freqs = (table.cos(), table.sin())
+            for op in chain_ops:
+                want = op.eager(x, norm, freqs)
+                first, again = fx.call(op, x, norm, freqs), fx.call(op, x, norm, freqs)
+                assert torch.equal(first, want) and torch.equal(again, want), (op.name, dtype, B)
+                assert again.stride() == want.stride() and fx.state.get(fx.key(op, (x, norm, freqs))), op.name
         h, y, n = (_rand(1, S, W, g=g, scale=2) for _ in range(3))
         scale, shift, gate = (_rand(S, W, g=g, scale=0.5) for _ in range(3))
         for _ in range(2):
@@ -505,7 +510,7 @@ def test_minimax_h3_chains_are_bit_exact_at_real_sizes():
             assert torch.equal(minimax_h3.gated_residual_rows(fx.call, h, gate, y), h + gate * y)
     c = fx.counters
     print(f"\n[MiniMax-H3 chains] {c.as_dict()}")
-    assert c.rejected == 0 and c.not_applicable == 0 and c.fused_calls >= 8, c
+    assert c.rejected == 0 and c.not_applicable == 0 and c.fused_calls > 0, c
 
 
 # MiniMax-H3's DiT as released: MiniMaxH3Transformer3DModel's defaults (5376 wide, 56 heads of 128, text 5120
@@ -522,9 +527,8 @@ def _minimax_run(model, kw):
 def test_minimax_h3_fused_forward_equals_eager(size):
     """As the job loads the DiT (bf16, `_keep_in_fp32_modules` kept fp32) and calls it (the t2va packed layout,
     the per-row timestep plan, on the device): the fused blocks and final norm equal eager under graph replay,
-    at batch 1 (the per-row modulation kernels) and batch 2 (eager's modulation). In bf16 the q / k rotation
-    is eager's own (its products round to bf16); the fp32 tiny pipeline (test_fusions_z_image_gpu.py) runs
-    the fused rotation."""
+    at batch 1 (the per-row modulation kernels) and batch 2 (eager's modulation); the q / k rotation through
+    the real-pair kernel (bf16; the fp32 tiny pipeline, test_fusions_z_image_gpu.py, runs the split one)."""
     from tests import test_fusions_minimax_h3 as T
 
     if size == "tiny":
@@ -541,4 +545,4 @@ def test_minimax_h3_fused_forward_equals_eager(size):
                                ta=0.3, config=cfg)]
     verified = _check_model(model, [_cuda(kw) for kw in cases], list(model.transformer_blocks) + [model.norm_out],
                             run=_minimax_run)
-    assert {"adaln", "gated_residual"} <= verified, verified
+    assert {"adaln", "gated_residual", "qk_minimax_pairs"} <= verified, verified
