@@ -191,3 +191,29 @@ def test_the_triton_launchers_apply_under_the_interpreter():
     assert all(got["equal"]) and got["not_applicable"] == 0 and got["forwards_rejected"] == 0, got
     assert got["rejected"] == 0 and got["forwards_verified"] == TINY["num_layers"] + 1, got
     assert {"adaln", "gated_residual", "qk_minimax_split_plain"} <= set(got["verified"]), got
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_minimax_h3_captures_and_replays_on_the_tape(dtype):
+    """Under bcg's CPU op tape (the CUDA graph's stand-in), as the job calls the DiT (no attention breaks:
+    the preset's break_policy none): capture after eager warm-ups, replays, every output eager's bits, the
+    chains fused and verified before any capture."""
+    from bcg import RunnerConfig, apply_graph_runner
+
+    model = tiny_model(dtype)
+    cases = [tiny_inputs(dtype, seed=s) for s in range(2)]
+    with torch.no_grad():
+        refs = _run(model, cases)
+        fx = install_fusions(model, backend="reference")
+        runner = apply_graph_runner(model, RunnerConfig(backend="tape", fusions="off"), break_policy="none")
+        try:
+            outs = _run(model, cases + cases)
+            stats = runner.stats()
+        finally:
+            runner.remove()
+            fx.remove()
+    for got, ref in zip(outs, refs + refs):
+        assert all(torch.equal(o, r) for o, r in zip(got, ref))
+    c = fx.counters
+    assert stats["hits"] >= 2 and c.forwards_unverified_in_capture == 0 and c.unverified_in_capture == 0, (stats, c)
+    assert c.forwards_rejected == 0 and c.rejected == 0 and c.not_applicable == 0 and c.fused_calls > 0, c
