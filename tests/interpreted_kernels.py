@@ -341,6 +341,37 @@ def rope_glm(dt):
             if dt == torch.float32:
                 check(f"rope split glm {name} eager B={B} {dt}", got, op.eager(x, norm, T, freqs))
 
+
+def rope_minimax(dt):
+    """MiniMax-H3's q / k chain as its fused plans run it: aten's RMSNorm per head (with a weight), the
+    leading R channels of each head rotated (rotate-half), the rest passed through; R < D and R = D, tables
+    whose halves repeat (the model's) or not. The split kernel once a half of the [S, R] tables (fp32 only:
+    its tables are fp32) and the real-pair kernel on the rotary channels laid out as adjacent pairs (the
+    tables cast to x's dtype, as eager casts them); equal to the plans and to eager."""
+    from bcg.fusions.ops_rope import QK_MINIMAX, QK_MINIMAX_PAIRS
+
+    g = torch.Generator().manual_seed(24)  # its own: the checks after it keep their inputs
+    S, H, D = 6, 2, 24
+    norm = torch.nn.RMSNorm(D, eps=1e-5)
+    with torch.no_grad():
+        norm.weight.copy_(1 + 0.25 * torch.randn(D, generator=g))
+    norm = norm.to(dt)
+    ops = [("rope split minimax", QK_MINIMAX[0])] if dt == torch.float32 else []
+    ops.append(("rope pairs minimax", QK_MINIMAX_PAIRS[0]))
+    for R in (16, 24):
+        ang = torch.rand(S, R // 2, generator=g) * 30
+        tables = {"repeated": torch.cat([ang, ang], -1), "distinct": torch.rand(S, R, generator=g) * 30}
+        for B in (2, 1):
+            for name, a in tables.items():
+                x = (torch.randn(B, S, H, D, generator=g) * 3).to(dt)
+                freqs = (a.cos(), a.sin())
+                for label, op in ops:
+                    with torch.no_grad():
+                        got = op.fused(x, norm, freqs)
+                        check(f"{label} {name} R={R} B={B} {dt}", got, op.reference(x, norm, freqs))
+                        check(f"{label} {name} eager R={R} B={B} {dt}", got, op.eager(x, norm, freqs))
+
+
 for dt in (torch.float32, torch.float16):
     head_rows(dt)
     elementwise(dt)
@@ -349,6 +380,7 @@ for dt in (torch.float32, torch.float16):
     rope(dt)
     rope_ltx(dt)
     rope_glm(dt)
+    rope_minimax(dt)
 unaligned()
 print("RESULTS " + json.dumps(RESULTS))
 sys.stdout.flush()

@@ -6,7 +6,8 @@ affine, the gated residual in front), aten's mean order for RMSNorm's variance (
 RMSNorm after it (with or without its weight) and its modulation (adaLN, scale), and q/k RoPE (Flux's
 and Wan's real pairs, LTX-2's split pairs with a set of frequencies a head in both contractions and
 its interleaved pairs over the whole width, GLM-Image's split pairs into the image slice of its
-LayerNorm'd joint q / k, the complex product, two streams into one joint tensor)
+LayerNorm'd joint q / k, MiniMax-H3's split pairs on the leading channels of each RMSNorm'd head, the
+complex product, two streams into one joint tensor)
 after no norm, after diffusers' RMSNorm (variance given or reduced in the kernel in the mean order)
 and after torch's RMSNorm in the fused kernel's modelled order, per head and across heads. A view
 two bytes off its buffer is not applicable to the LayerNorm kernel and falls back through the

@@ -22,20 +22,27 @@ Layout, by pattern (each kernel written once, bound to a family's modules by its
     verify, guard    first-sight verification of chains and of whole rewritten forwards
     keys, cache      what decides bits; verdicts kept across runs
     registry         rules: module pattern + forward maker
-    sana, sana_prompt, z_image, ltx2, ltx2_prompt, glm_image, ...   the families' rules
+    sana, sana_prompt, z_image, ltx2, ltx2_prompt, glm_image, minimax_h3, ...   the families' rules
 Patterns and the families that bind them (one kernel each, parameterised by width, dtype, layout):
 
     pattern                                   kernel                      families
     LayerNorm (+ residual / gated residual)   kernels_norm.ln_adaln        SANA, SANA-Video, Flux, LongCat,
       + x * (1 + scale) + shift                 (bf16 plan; fp32 plan)     Qwen-Image, GLM-Image; Wan (fp32)
-    gated residual  x + gate * y              kernels.gated_residual       all of the above (Wan: fp32), LTX-2
+    gated residual  x + gate * y              kernels.gated_residual       all of the above (Wan: fp32), LTX-2,
+                                                                           MiniMax-H3 (per-row, batch 1)
+    adaLN  x * (1 + scale) + shift            kernels.adaln                SANA, LTX-2.3 (text K/V); MiniMax-H3
+                                                                           (per-row, batch 1, after aten's
+                                                                           torch.nn.RMSNorm)
     RMSNorm (+ * scale, + adaLN,              kernels_rms                  Z-Image; LTX-2 (adaLN, no weight)
       + gated residual)
     q/k RMSNorm + RoPE (1-D, 2-D, 3-D),       kernels_rope.rope            Z-Image, Qwen-Image (complex);
       into joint attention's concatenation                                 Flux, LongCat, Wan (real pairs);
                                                                            LTX-2 (split or real pairs);
                                                                            GLM-Image (split, after aten's
-                                                                           per-head LayerNorm, once a half)
+                                                                           per-head LayerNorm, once a half);
+                                                                           MiniMax-H3 (each head's leading
+                                                                           channels: split in fp32, real
+                                                                           pairs of a copy in bf16)
     GELU-tanh (+ its cat), SwiGLU             kernels_act                  Flux / LongCat single; Z-Image
     per-block modulation precompute           modulation.TableStack/SameInput  SANA, SANA-Video, Wan, LTX-2;
                                                                                Flux, Qwen
@@ -50,7 +57,9 @@ new families' rules, the RoPE kernel's real-pair style and joint slices, aten's 
 fp32 (Wan) plan of the LN kernel, and LTX-2's: the RMSNorm + adaLN kernel without a weight, aten's mean
 order at rows of 4096 and 2048, the split RoPE's contraction (aten's CUDA addcmul: `plain` expected); and
 GLM-Image's rule (the LN kernel at rows of 2560, the split RoPE at heads of 40 into the image slice of
-aten's per-head LayerNorm: eager's rotation is separate mul / mul / add kernels, `plain` expected).
+aten's per-head LayerNorm: eager's rotation is separate mul / mul / add kernels, `plain` expected); and
+MiniMax-H3's rule (adaLN and gated residuals on per-row [S, 1, D] views at rows of 5376, the split RoPE on
+the leading 96 channels of heads of 128 in fp32, `plain` expected; the real-pair kernel with bf16 tables).
 
 A rule only reorganises *which* calls run; every arithmetic op keeps eager's fp32-then-round plan,
 and LayerNorm, GEMMs, convs and attention stay aten's. The verifier guards the rest: a chain that

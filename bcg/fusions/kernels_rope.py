@@ -24,8 +24,8 @@ a program, its pairs read and written as tiles, its reduction trees as sums over
                         in the storage dtype (Wan's rope buffers after a whole-model .to(bf16)) round
                         each product and the sum, as eager's bf16 ops do
              "split"    rotate-half pairs (j, j + D/2) of each head with fp32 cos / sin, one value a pair
-                        (LTX-2's apply_split_rotary_emb; GLM-Image's rotate-half, one call a half of
-                        its tables): the complex product's arithmetic (`CMUL_MODES`:
+                        (LTX-2's apply_split_rotary_emb; GLM-Image's and MiniMax-H3's rotate-half,
+                        one call a half of its tables): the complex product's arithmetic (`CMUL_MODES`:
                         `x * cos` then aten's `addcmul_`, an FMA on CUDA and the CPU, is `fma_bd_ad`)
     freqs    one set for all heads, or a set a head ([.., S, H, W]: LTX-2's, whose frequencies span
              the whole width)

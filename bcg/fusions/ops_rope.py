@@ -16,6 +16,13 @@ runs it, its plan in plain torch, and the shared kernel (kernels_rope.rope).
                           (use_real_unbind_dim=-2: rotate-half) on the image
                           slice of the joint [text, image] q / k: the split
                           kernel once a half of the [S, D] tables
+    qk_minimax_*          torch.nn.RMSNorm per head (aten's), then             MiniMax-H3
+                          _apply_rotary_emb: rotate-half on the leading R
+                          channels of each head, the rest passed through: the
+                          split kernel once a half of the [S, R] tables (fp32),
+                          or the real-pair kernel on the channels copied as
+                          adjacent pairs, tables in x's dtype (bf16's rounded
+                          products, as eager's `.to(dtype)` tables give)
 
 Each comes as variants the rule tries in order (the verifier keeps the first equal to eager):
 `*_fused` normalises in the kernel in aten's fused-RMSNorm order (unproven: GPU only), `*_mean`
@@ -368,3 +375,103 @@ def _glm_fused(mode: str):
 
 
 QK_GLM = tuple(register(Op(f"qk_glm_split_{m}", _glm_eager, _glm_reference(m), _glm_fused(m))) for m in ("plain",))
+
+
+# -- MiniMax-H3: torch.nn.RMSNorm per head (aten's), then _apply_rotary_emb: rotate-half on the leading
+# `rotary_dim` channels of each head (cos / sin [S, rotary_dim], cast to x's dtype), the rest passed through ---
+def _minimax_eager(x: torch.Tensor, norm: nn.Module, freqs: tuple) -> torch.Tensor:
+    from diffusers.models.transformers.transformer_minimax_h3 import _apply_rotary_emb
+
+    return _apply_rotary_emb(norm(x), *freqs)
+
+
+def _minimax_halves(n: torch.Tensor, freqs: tuple) -> tuple[int, tuple, tuple]:
+    """(rotary_dim, (cos, sin) of the tables' first halves, of their second halves), each [1, S, R/2].
+    Eager casts the tables to x's dtype and runs `x * cos + rotated * sin` as separate ops: in fp32 each
+    product and the sum rounded to fp32, the kernel's `plain` split; in bf16 each product rounded to
+    bf16, which no shared kernel's split does (its tables are fp32): not applicable."""
+    cos, sin = freqs
+    check(n.dim() == 4 and n.dtype == torch.float32, "x must be an fp32 [B, S, H, D] (bf16 products: no kernel)")
+    B, S, H, D = n.shape
+    check(isinstance(cos, torch.Tensor) and isinstance(sin, torch.Tensor) and cos.dtype == sin.dtype == torch.float32
+          and cos.dim() == 2 and cos.shape == sin.shape and cos.shape[0] == S and cos.shape[1] % 2 == 0
+          and 0 < cos.shape[1] <= D and cos.device == n.device, "cos / sin must be fp32 [S, R], R even, R <= D")
+    R = cos.shape[1]
+    h = R // 2
+    return R, (cos[None, :, :h], sin[None, :, :h]), (cos[None, :, h:], sin[None, :, h:])
+
+
+def _minimax_reference(mode: str):
+    def reference(x, norm, freqs):
+        check(mode == "plain", f"the {mode} contraction has no plain-torch plan here")
+        n = norm(x)
+        R, first, second = _minimax_halves(n, freqs)
+        h = R // 2
+        y = n[..., :R]
+        lo = _split_plan(y, first[0][:, :, None], first[1][:, :, None], "plain")[..., :h]
+        hi = _split_plan(y, second[0][:, :, None], second[1][:, :, None], "plain")[..., h:]
+        return torch.cat([lo, hi, n[..., R:]], dim=-1)
+
+    return reference
+
+
+def _minimax_fused(mode: str):
+    def fused(x, norm, freqs):
+        kr = _kr()
+        n = norm(x)  # aten's RMSNorm over the whole head (the rotation covers only its leading R channels)
+        R, first, second = _minimax_halves(n, freqs)
+        h = R // 2
+        rope = kr.Rope("split", mode)
+        y = n[..., :R].contiguous()  # the rotary channels (a copy: the kernel reads contiguous heads)
+        lo = kr.rope(y, first, rope)  # first halves: eager's; second halves from the tables' second halves
+        hi = kr.rope(y, second, rope)
+        return torch.cat([lo[..., :h], hi[..., h:], n[..., R:]], dim=-1)
+
+    return fused
+
+
+QK_MINIMAX = tuple(register(Op(f"qk_minimax_split_{m}", _minimax_eager, _minimax_reference(m), _minimax_fused(m)))
+                   for m in ("plain",))
+
+
+# -- MiniMax-H3 in any dtype: the same chain through the kernel's real-pair style, the rotary channels laid
+# out as adjacent pairs (x1_j, x2_j) (one copy) and the tables' cast to x's dtype (eager's `.to(dtype)`)
+# interleaved alike: each product and the sum rounded to x's dtype (fp32 tables: to fp32), as eager's
+# separate mul / mul / add do; rotate-half's `x1 * c + (-x2) * s` is `a*c - b*s`, bit for bit ----------------
+def _minimax_pairs_layout(n: torch.Tensor, freqs: tuple) -> tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(R, the rotary channels as adjacent pairs [B, S, H, R] contiguous, cos, sin [S, R] of n's dtype, each
+    pair's (j, j + R/2) values adjacent)."""
+    cos, sin = freqs
+    check(n.dim() == 4 and isinstance(cos, torch.Tensor) and isinstance(sin, torch.Tensor)
+          and cos.dtype == sin.dtype == torch.float32 and cos.dim() == 2 and cos.shape == sin.shape
+          and cos.shape[0] == n.shape[1] and cos.shape[1] % 2 == 0 and 0 < cos.shape[1] <= n.shape[3]
+          and cos.device == n.device, "cos / sin must be fp32 [S, R], R even, R <= D")
+    R = cos.shape[1]
+    h = R // 2
+
+    def pairs(t: torch.Tensor) -> torch.Tensor:
+        return t.unflatten(-1, (2, h)).transpose(-1, -2).flatten(-2)
+
+    y = n[..., :R].unflatten(-1, (2, h)).transpose(-1, -2).contiguous().flatten(-2)
+    return R, y, pairs(cos.to(n.dtype)), pairs(sin.to(n.dtype))
+
+
+def _minimax_unpair(out: torch.Tensor, n: torch.Tensor, R: int) -> torch.Tensor:
+    o = out.unflatten(-1, (R // 2, 2))
+    return torch.cat([o[..., 0], o[..., 1], n[..., R:]], dim=-1)
+
+
+def _minimax_pairs_reference(x, norm, freqs):
+    n = norm(x)
+    R, y, c, s = _minimax_pairs_layout(n, freqs)
+    return _minimax_unpair(_pairs_plan(y, c, s, (0, 0, 1, 1)), n, R)
+
+
+def _minimax_pairs_fused(x, norm, freqs):
+    kr = _kr()
+    n = norm(x)
+    R, y, c, s = _minimax_pairs_layout(n, freqs)
+    return _minimax_unpair(kr.rope(y, (c[None], s[None]), kr.Rope("pairs", index=kr.FLUX_INDEX)), n, R)
+
+
+QK_MINIMAX_PAIRS = (register(Op("qk_minimax_pairs", _minimax_eager, _minimax_pairs_reference, _minimax_pairs_fused)),)

@@ -46,7 +46,7 @@ def get(name: str) -> Rule:
 
 
 def _builtin() -> None:
-    from . import flux, glm_image, ltx2, ltx2_prompt, ops_norm, qwen_image, sana, sana_video, wan, z_image
+    from . import flux, glm_image, ltx2, ltx2_prompt, minimax_h3, ops_norm, qwen_image, sana, sana_video, wan, z_image
 
     register(Rule("sana_prompt", "SanaTransformer2DModel", sana.check_prompt, sana.prompt_forwards, ()))
     register(Rule("sana_block", "SanaTransformerBlock", sana.check_block, sana.block_forward,
@@ -70,6 +70,10 @@ def _builtin() -> None:
                   glm_image.OPS))
     register(Rule("glm_image_norm_out", "GlmImageAdaLayerNormContinuous", glm_image.check_norm_out,
                   glm_image.norm_out_forward, glm_image.NORM_OUT_OPS))
+    register(Rule("minimax_h3_block", "MiniMaxH3TransformerBlock", minimax_h3.check_block, minimax_h3.block_forward,
+                  minimax_h3.OPS))
+    register(Rule("minimax_h3_norm_out", "MiniMaxH3AdaLayerNormOut", minimax_h3.check_norm_out,
+                  minimax_h3.norm_out_forward, minimax_h3.NORM_OUT_OPS))
     for prefix in flux.FAMILIES:  # Flux.1 and LongCat-Image: one forward each for both block kinds
         name = prefix.lower()
         register(Rule(f"{name}_block", f"{prefix}TransformerBlock", flux.check_block, flux.block_forward, flux.OPS))

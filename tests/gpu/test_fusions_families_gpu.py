@@ -1,7 +1,7 @@
-"""Lossless fusions of Flux, LongCat-Image, Qwen-Image, Wan, SANA-Video, LTX-2 and GLM-Image on the GPU: the shared
-kernels equal aten at the real sizes; the modelled orders and contractions that no CPU can check are measured
-(aten's fused RMSNorm order, GELU-tanh's contraction, the affine LayerNorm's FMA); and the whole fused
-forward equals eager bit for bit under graph replay, for each family's tiny preset and for its real
+"""Lossless fusions of Flux, LongCat-Image, Qwen-Image, Wan, SANA-Video, LTX-2, GLM-Image and MiniMax-H3 on the
+GPU: the shared kernels equal aten at the real sizes; the modelled orders and contractions that no CPU can
+check are measured (aten's fused RMSNorm order, GELU-tanh's contraction, the affine LayerNorm's FMA); and the
+whole fused forward equals eager bit for bit under graph replay, for each family's tiny preset and for its real
 architecture cut to 2 + 2 layers, with every block verified as a whole and no rejection outside the
 known candidates. (The tiny pipelines, eager against bcg with fusions: test_fusions_z_image_gpu.py's
 test_tiny_pipeline_with_fusions_equals_eager, for every family with a rule.)
@@ -473,3 +473,76 @@ def test_glm_image_fused_forward_equals_eager(size):
                  T.tiny_inputs(torch.bfloat16, batch=2, text=16, side=64, seed=1, config=cfg)]
     verified = _check_model(model, [_cuda(kw) for kw in cases], list(model.transformer_blocks) + [model.norm_out])
     assert {"ln_adaln", "gated_res_ln_adaln", "gated_residual", "qk_glm_split_plain"} <= verified, verified
+
+
+def test_minimax_h3_chains_are_bit_exact_at_real_sizes():
+    """MiniMax-H3 as released (5376 wide, 56 heads of 128, RoPE on each head's leading 96 channels): the q / k
+    RMSNorm + partial rotate-half in fp32 (the split kernel once a half of the [S, 96] tables) and in fp32 and
+    bf16 through the real-pair kernel (the rotary channels as adjacent pairs, the tables in x's dtype: eager's
+    bf16 products), tables whose halves repeat (the model's) or differ, batch 1 and 2; and in bf16 the per-row
+    adaLN and gated residual at batch 1 (one [S, D] row a token, as [S, 1, D] with a zero token stride),
+    against eager's ops."""
+    import itertools
+
+    from bcg.fusions import minimax_h3
+
+    fx = Verifier("triton", cache=None)
+    g = _g(11)
+    S, H, D, R, W = 4096, 56, 128, 96, 5376
+    ang = torch.rand(S, R // 2, generator=g, device="cuda") * 100
+    tables = [torch.cat([ang, ang], -1), torch.rand(S, R, generator=g, device="cuda") * 100]
+    cases = [(torch.float32, ops_rope.QK_MINIMAX + ops_rope.QK_MINIMAX_PAIRS),
+             (torch.bfloat16, ops_rope.QK_MINIMAX_PAIRS)]
+    with torch.no_grad():
+        for (dtype, chain_ops), B, table in itertools.product(cases, (1, 2), tables):
+            norm = _norm(nn.RMSNorm, D, dtype, g, eps=1e-5)
+            x = _rand(B, S, H, D, g=g, scale=3, dtype=dtype)
+            freqs = (table.cos(), table.sin())
+            for op in chain_ops:
+                want = op.eager(x, norm, freqs)
+                first, again = fx.call(op, x, norm, freqs), fx.call(op, x, norm, freqs)
+                assert torch.equal(first, want) and torch.equal(again, want), (op.name, dtype, B)
+                assert again.stride() == want.stride() and fx.state.get(fx.key(op, (x, norm, freqs))), op.name
+        h, y, n = (_rand(1, S, W, g=g, scale=2) for _ in range(3))
+        scale, shift, gate = (_rand(S, W, g=g, scale=0.5) for _ in range(3))
+        for _ in range(2):
+            assert torch.equal(minimax_h3.adaln_rows(fx.call, n, scale, shift), n * (1.0 + scale) + shift)
+            assert torch.equal(minimax_h3.gated_residual_rows(fx.call, h, gate, y), h + gate * y)
+    c = fx.counters
+    print(f"\n[MiniMax-H3 chains] {c.as_dict()}")
+    assert c.rejected == 0 and c.not_applicable == 0 and c.fused_calls > 0, c
+
+
+# MiniMax-H3's DiT as released: MiniMaxH3Transformer3DModel's defaults (5376 wide, 56 heads of 128, text 5120
+# wide, 2 refiner layers), cut to 2 layers
+MINIMAX_H3_REAL = dict(num_layers=2)
+
+
+def _minimax_run(model, kw):
+    video, audio = model(**kw)
+    return torch.cat([video.flatten(), audio.flatten()])
+
+
+@pytest.mark.parametrize("size", ["tiny", "real"])
+def test_minimax_h3_fused_forward_equals_eager(size):
+    """As the job loads the DiT (bf16, `_keep_in_fp32_modules` kept fp32) and calls it (the t2va packed layout,
+    the per-row timestep plan, on the device): the fused blocks and final norm equal eager under graph replay,
+    at batch 1 (the per-row modulation kernels) and batch 2 (eager's modulation); the q / k rotation through
+    the real-pair kernel (bf16; the fp32 tiny pipeline, test_fusions_z_image_gpu.py, runs the split one)."""
+    from tests import test_fusions_minimax_h3 as T
+
+    if size == "tiny":
+        model = T.tiny_model(torch.bfloat16).cuda()
+        cfg = dict(T.TINY)
+        cases = [T.tiny_inputs(torch.bfloat16, config=cfg),
+                 T.tiny_inputs(torch.bfloat16, batch=2, text=3, side=2, audio=2, seed=1, t=0.4, ta=0.3, config=cfg)]
+    else:
+        with torch.device("cuda"):
+            model = T.tiny_model(torch.bfloat16, MINIMAX_H3_REAL)
+        cfg = dict(model.config)
+        cases = [T.tiny_inputs(torch.bfloat16, text=64, frames=4, side=32, audio=40, config=cfg),
+                 T.tiny_inputs(torch.bfloat16, batch=2, text=16, frames=2, side=16, audio=20, seed=1, t=0.4,
+                               ta=0.3, config=cfg)]
+    verified = _check_model(model, [_cuda(kw) for kw in cases], list(model.transformer_blocks) + [model.norm_out],
+                            run=_minimax_run)
+    assert {"adaln", "gated_residual", "qk_minimax_pairs"} <= verified, verified

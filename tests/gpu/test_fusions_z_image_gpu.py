@@ -246,7 +246,8 @@ FUSED_FAMILIES = {"sana": ("SanaTransformerBlock", "SanaTransformer2DModel"),  #
                   "wan": ("WanTransformerBlock", "WanTransformer3DModel"),  # blocks; the text memo
                   "sana_video": ("SanaVideoTransformerBlock",),
                   "ltx2": ("LTX2VideoTransformerBlock", "LTX2VideoTransformer3DModel"),  # blocks; the text memo
-                  "glm_image": ("GlmImageTransformerBlock", "GlmImageAdaLayerNormContinuous")}  # blocks; the final norm
+                  "glm_image": ("GlmImageTransformerBlock", "GlmImageAdaLayerNormContinuous"),  # blocks; the final norm
+                  "minimax_h3": ("MiniMaxH3TransformerBlock", "MiniMaxH3AdaLayerNormOut")}  # blocks; the final norm
 SANA_PROMPTS = ("a red fox", "a lighthouse on a cliff at dusk, waves crashing below")
 
 
