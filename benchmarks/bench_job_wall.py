@@ -35,7 +35,12 @@ Rows are written after every run; the table is printed last.
 FLUX.1-dev folder, ~34 GB), e.g.
 
     python benchmarks/bench_job_wall.py --family flux --build --dir /tmp/flux --res 1024 --prompts 200 \
-        --runs 3 --modes bcg,off,plain1 --steps 4 --gpus 0 --out benchmarks/results
+        --runs 3 --modes bcg,off,plain8 --once off --bytes-against off --steps 4 --gpus 0 \
+        --work /tmp/fw --out /tmp/fres --resume
+
+Its runs take longer than one 10-minute device call: run the same command again while the machine is
+warm (`--resume` keeps --work's outputs and caches and the runs already in --out's JSON, and runs
+only what is missing), then copy --out's files back.
 
 The job is `model=flux` (conf/model/flux.yaml: T5 at max_sequence_length 512, guidance 3.5 into the
 distilled guidance embedding, no negative branch); plainN is FluxPipeline.from_pretrained(DIR) called
@@ -76,7 +81,8 @@ FAMILIES = {
     "flux": dict(title="Flux.1-dev", pipeline="FluxPipeline", guidance=3.5, call={}),
 }
 COLUMNS = ["mode", "resolution", "prompts", "batch", "runs", "wall_images_per_s", "wall_images_per_s_min",
-           "wall_images_per_s_max", "images_per_s", "first_batch_s", "tflops", "peak_fraction", "wall_s", "fixed_s", "skipped"]
+           "wall_images_per_s_max", "images_per_s", "first_batch_s", "tflops", "peak_fraction", "wall_s", "fixed_s",
+           "bytes_equal", "skipped"]
 
 PLAIN_LOOP = r'''
 import json, sys, time
@@ -223,6 +229,18 @@ class Results:
         self.a, self.meta, self.lock = a, meta, threading.Lock()
         self.runs: dict = {}  # (mode, prompts) -> [run dicts]
         self.skipped: dict = {}
+        self.bytes: dict = {}  # (mode, prompts) -> the verdict of jobs.verify --against the --bytes-against mode
+
+    def resume(self, path: Path) -> int:
+        """Take the runs of an earlier call of the same command from its JSON (`--resume`): the device
+        lends a machine for 10 minutes a call, so 3 runs of 3 modes of a 12B model span several calls.
+        Returns the number of runs taken."""
+        if not path.exists():
+            return 0
+        for row in json.loads(path.read_text())["rows"]:
+            for run in row.get("all_runs") or []:
+                self.runs.setdefault((row["mode"], row["prompts"]), []).append(run)
+        return sum(map(len, self.runs.values()))
 
     def add(self, mode: str, prompts: int, run: dict) -> None:
         with self.lock:
@@ -259,7 +277,7 @@ class Results:
                            flops_per_image=fpi, tflops=round(tflops, 1) if tflops else None,
                            peak_fraction=round(tflops / H200_PEAK_TFLOPS, 4) if tflops else None,
                            wall_s=round(statistics.median(r["wall_s"] for r in runs), 1), fixed_s=_fixed(runs),
-                           all_runs=[{k: v for k, v in r.items() if k != "signatures"} for r in runs])
+                           bytes_equal=self.bytes.get(key), all_runs=runs)
             out.append(row)
         return out
 
@@ -322,10 +340,12 @@ def one_run(a, mode: str, prompts: int, data: Path, gpu, i: int, results: Result
 
 def lane(a, modes: list, gpu, results: Results, t_start: float, bcg_done: threading.Event) -> None:
     modes = sorted(modes, key=lambda m: m != "bcg")  # plain-picked may wait for bcg's first run: never in its own lane
-    last: dict = {}
+    last: dict = {key: runs[-1]["wall_s"] for key, runs in results.runs.items()}  # an earlier call's (--resume)
     for prompts, data in a.datasets:
         for i in range(a.runs):
             for mode in modes:
+                if len(results.runs.get((mode, prompts), [])) > i or (i and mode in a.once):
+                    continue  # done in an earlier call (--resume), or a mode run once (--once)
                 if mode == "plain-picked":
                     bcg_done.wait()
                     picked = results.picked_batch(prompts)
@@ -346,7 +366,7 @@ def lane(a, modes: list, gpu, results: Results, t_start: float, bcg_done: thread
                 except RuntimeError as e:  # a failing mode is a row, not a crash of the others
                     results.skip(mode, prompts, f"error: {str(e).splitlines()[0][:300]}")
                 finally:
-                    if mode == "bcg" and i == 0:
+                    if mode == "bcg":
                         bcg_done.set()
                 last[(mode, prompts)] = time.perf_counter() - t0
     bcg_done.set()  # a lane without bcg never holds the others
@@ -354,11 +374,36 @@ def lane(a, modes: list, gpu, results: Results, t_start: float, bcg_done: thread
 
 def _estimate(last: dict, mode: str, prompts: int) -> float:
     """Seconds the next run of (mode, prompts) should take: its last run, else a smaller count's
-    last run scaled by the prompts (fixed costs scaled too: an overestimate), else 0 (run it)."""
+    last run scaled by the prompts (fixed costs scaled too: an overestimate), else the slowest other
+    mode's last run at this count (a first run of a 12B model must not start with too little left
+    of a device call), else 0 (run it)."""
     if (mode, prompts) in last:
         return last[(mode, prompts)]
     smaller = [(n, s) for (m, n), s in last.items() if m == mode and n < prompts]
-    return max(smaller)[1] * prompts / max(smaller)[0] if smaller else 0.0
+    if smaller:
+        return max(smaller)[1] * prompts / max(smaller)[0]
+    return max((s for (m, n), s in last.items() if n == prompts), default=0.0)
+
+
+def compare_bytes(a, results: Results) -> None:
+    """Each job mode's last output against --bytes-against's, key by key (jobs/output/compare.py):
+    'N/N identical' or what differs, into its row as bytes_equal."""
+    from jobs.output.compare import compare_outputs
+
+    for prompts, _ in a.datasets:
+        there = a.work / f"out-{a.bytes_against}-{prompts}"
+        for mode in a.mode_order:
+            here = a.work / f"out-{mode}-{prompts}"
+            if mode == a.bytes_against or mode.startswith("plain") or not (here / "summary.json").exists():
+                continue
+            if not (there / "summary.json").exists():
+                results.bytes[(mode, prompts)] = f"no {a.bytes_against} output to compare with"
+                continue
+            c = compare_outputs(here, there)
+            results.bytes[(mode, prompts)] = (f"{len(c.identical)}/{len(c.identical)} identical" if c.same
+                                              else c.verdict())
+            print(f"bytes, {mode} against {a.bytes_against} at {prompts} prompts: {results.bytes[(mode, prompts)]}",
+                  flush=True)
 
 
 def write_prompts(path: Path, n: int) -> Path:
@@ -412,6 +457,14 @@ def main() -> None:
     p.add_argument("--tag", default=None, help="result file job_wall_<tag> (default: the GPU, e.g. h200; "
                                                "job_wall_flux_<tag> for --family flux)")
     p.add_argument("--out", default="benchmarks/results")
+    p.add_argument("--resume", action="store_true",
+                   help="keep --work (its output folders and caches) and the runs already in --out's JSON of this tag; "
+                        "run only the runs missing up to --runs (a benchmark spread over several device calls)")
+    p.add_argument("--once", default="", help="comma list of modes run once, not --runs times (a bytes reference such "
+                                              "as off, where device time is short)")
+    p.add_argument("--bytes-against", default=None, metavar="MODE",
+                   help="after the runs, compare each other job mode's last output with MODE's, key by key "
+                        "(jobs.verify --against: latent_sha256 and every member's bytes), e.g. off")
     p.add_argument("--pyspy", type=Path, default=None, help="profile every run with py-spy into this folder "
                                                            "(stacks and logs; its timings are not results)")
     p.add_argument("--pyspy-format", choices=["raw", "speedscope"], default="raw")
@@ -423,12 +476,14 @@ def main() -> None:
         os.environ.update(BENCH_PYSPY_DIR=str(a.pyspy), BENCH_PYSPY_FORMAT=a.pyspy_format)
     t_start = time.perf_counter()
     a.mode_order = a.modes.split(",")
+    a.once = set(filter(None, a.once.split(",")))
     for m in a.mode_order:
         if not (m in JOB_MODES or m == "bcg" or re.fullmatch(r"plain(\d+|-picked)(-compile)?", m)):
             raise SystemExit(f"--modes: unknown mode {m!r}; use bcg, {', '.join(JOB_MODES)}, plainN, plain-picked, "
                              f"plainN-compile")
-    shutil.rmtree(a.work, ignore_errors=True)
-    a.work.mkdir(parents=True)
+    if not a.resume:
+        shutil.rmtree(a.work, ignore_errors=True)
+    a.work.mkdir(parents=True, exist_ok=True)
     build(a)
     warm_s = warm_page_cache(Path(a.dir))
     a.datasets = [(n, write_prompts(a.work / f"prompts_{n}.jsonl", n)) for n in map(int, a.prompts.split(","))]
@@ -447,11 +502,13 @@ def main() -> None:
     if a.family != "sana":  # never over SANA's results of the same tag: job_wall_flux_<tag>
         a.tag = f"{a.family}_{a.tag}"
     results = Results(a, meta)
+    if a.resume:
+        meta["resumed_runs"] = results.resume(Path(a.out) / f"job_wall_{a.tag}.json")
     gpus = [None] if a.gpus == "none" else a.gpus.split(",")
     lanes = [a.mode_order[i::len(gpus)] for i in range(len(gpus))]
     meta["lanes"] = {str(g): modes for modes, g in zip(lanes, gpus) if modes}
     bcg_done = threading.Event()
-    if "bcg" not in a.mode_order:
+    if "bcg" not in a.mode_order or any(m == "bcg" for m, _ in results.runs):
         bcg_done.set()
     threads = [threading.Thread(target=lane, args=(a, modes, g, results, t_start, bcg_done))
                for modes, g in zip(lanes, gpus) if modes]
@@ -459,6 +516,8 @@ def main() -> None:
         t.start()
     for t in threads:
         t.join()
+    if a.bytes_against:
+        compare_bytes(a, results)
     results.write()
     print((Path(a.out) / f"job_wall_{a.tag}.md").read_text(), flush=True)
 

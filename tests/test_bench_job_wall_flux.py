@@ -42,10 +42,17 @@ def test_flux_job_and_plain_flux_pipeline_loop_on_a_tiny_folder(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_job_wall.py"), "--family", "flux", "--build", "--tiny",
            "--dir", str(model), "--tokenizer", minilm_path(), "--device", "cpu", "--gpus", "none",
-           "--res", "64", "--steps", "2", "--prompts", "3", "--runs", "1", "--modes", "bcg,plain2",
+           "--res", "64", "--steps", "2", "--prompts", "3", "--modes", "bcg,off,plain2",
            "--work", str(tmp_path / "work"), "--out", str(out), "--tag", "cpu"]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([*cmd, "--runs", "1"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    first = {r["mode"]: r["all_runs"] for r in json.loads((out / "job_wall_flux_cpu.json").read_text())["rows"]}
+    # A second call (the device lends 10 minutes a call) keeps the first call's runs and adds run 2 of each
+    # mode, then compares the job's bytes with bcg=off's, key by key.
+    proc = subprocess.run([*cmd, "--runs", "2", "--resume", "--bytes-against", "off"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "bytes, bcg against off at 3 prompts: 3/3 identical" in proc.stdout
 
     index = json.loads((model / "model_index.json").read_text())
     assert index["_class_name"] == "FluxPipeline"
@@ -56,12 +63,15 @@ def test_flux_job_and_plain_flux_pipeline_loop_on_a_tiny_folder(tmp_path):
     result = json.loads((out / "job_wall_flux_cpu.json").read_text())
     assert result["meta"]["family"] == "flux" and result["meta"]["guidance"] == 3.5
     rows = {r["mode"]: r for r in result["rows"]}
-    assert set(rows) == {"bcg", "plain2"}
-    for row in rows.values():
-        assert row["skipped"] is None and row["runs"] == 1
-        assert row["all_runs"][0]["items"] == 3
+    assert set(rows) == {"bcg", "off", "plain2"}
+    assert result["meta"]["resumed_runs"] == 3
+    for mode, row in rows.items():
+        assert row["skipped"] is None and row["runs"] == 2
+        assert row["all_runs"][0] == first[mode][0]  # taken over, not run again
+        assert [r["items"] for r in row["all_runs"]] == [3, 3]
         assert row["wall_images_per_s"] > 0
         assert row["flops_per_image"] > 0  # jobs/models/flops.py counts Flux: both at T5's 512 tokens
     assert rows["plain2"]["all_runs"][0]["pipeline"] == "FluxPipeline"
     assert rows["bcg"]["flops_per_image"] == rows["plain2"]["flops_per_image"]
+    assert rows["bcg"]["bytes_equal"] == "3/3 identical" and rows["off"]["bytes_equal"] is None
     assert (out / "job_wall_flux_cpu.md").read_text().startswith("# job_wall_flux_cpu: Flux.1-dev size, 64²")
