@@ -237,7 +237,17 @@ class Results:
         Returns the number of runs taken."""
         if not path.exists():
             return 0
-        for row in json.loads(path.read_text())["rows"]:
+        earlier = json.loads(path.read_text())
+        mine = {"family": self.a.family, "steps": self.a.steps, "guidance": self.a.guidance, "commit": self.meta["commit"]}
+        theirs = {k: earlier["meta"].get(k) for k in mine}
+        theirs["resolution"] = next((r["resolution"] for r in earlier["rows"]), self.a.res)
+        mine["resolution"] = self.a.res
+        differ = {k: (theirs[k], mine[k]) for k in mine if theirs[k] != mine[k]}
+        if differ:  # runs of another setting (or tree) are not more runs of this one
+            raise SystemExit(f"--resume: {path} holds runs of another setting: "
+                             + ", ".join(f"{k} {a!r} there, {b!r} here" for k, (a, b) in differ.items())
+                             + "; pass another --tag, or leave out --resume")
+        for row in earlier["rows"]:
             for run in row.get("all_runs") or []:
                 self.runs.setdefault((row["mode"], row["prompts"]), []).append(run)
         return sum(map(len, self.runs.values()))
@@ -258,7 +268,8 @@ class Results:
 
     def rows(self) -> list:
         out = []
-        for key in sorted(set(self.runs) | set(self.skipped), key=lambda k: (k[1], self.a.mode_order.index(k[0]))):
+        order = {m: i for i, m in enumerate(self.a.mode_order)}  # a resumed mode not asked for again: last
+        for key in sorted(set(self.runs) | set(self.skipped), key=lambda k: (k[1], order.get(k[0], len(order)), k[0])):
             mode, prompts = key
             runs = self.runs.get(key, [])
             row = {"mode": mode, "resolution": self.a.res, "prompts": prompts, "runs": len(runs),

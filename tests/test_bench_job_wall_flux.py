@@ -53,6 +53,11 @@ def test_flux_job_and_plain_flux_pipeline_loop_on_a_tiny_folder(tmp_path):
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "bytes, bcg against off at 3 prompts: 3/3 identical" in proc.stdout
+    # Runs at another step count are not more runs of these: refused, naming what differs.
+    other = [*cmd[:cmd.index("--steps")], "--steps", "3", *cmd[cmd.index("--steps") + 2:]]
+    proc = subprocess.run([*other, "--runs", "3", "--resume"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode != 0 and "holds runs of another setting: steps 2 there, 3 here" in proc.stderr
 
     index = json.loads((model / "model_index.json").read_text())
     assert index["_class_name"] == "FluxPipeline"
