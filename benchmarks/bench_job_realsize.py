@@ -231,6 +231,10 @@ JOB_MODES = {
     "bcg-b16": ["bcg.batch_sizes=[1,2,4,8,16]"],
     "bcg-b32": ["bcg.batch_sizes=[1,2,4,8,16,32]"],
     "off-b16": ["bcg=off", "bcg.batch_sizes=[1,2,4,8,16]"],
+    # Issue 30's contract over the whole job: the batch-invariant kernels (every stage), and the
+    # fixed-shape form (one pool size, short tails padded: neighbours and position no longer matter).
+    "bcg-invariant": ["bcg.invariant=true"],
+    "bcg-fixed8": ["bcg.batch_sizes=[8]"],
 }
 
 
