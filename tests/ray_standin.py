@@ -32,10 +32,12 @@ class StandIn:
         self.started = time.time()
         try:
             while True:
+                # Stamped before the ask: asking is what publishes the pick (warm() returns) and lets the
+                # pool start the others, while the unit itself may come after they started.
+                self.asked = self.asked or time.time()
                 info = self.feed.next_unit(None)
                 if info is None:
                     break
-                self.asked = self.asked or time.time()
                 if self.done_dir and (self.done_dir / str(info.id)).exists():  # finished by a process that died
                     self.done.append(info.id)  # before its call returned: done, as the real actor's scan finds
                     self.feed.release(info.id)
