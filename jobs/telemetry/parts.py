@@ -100,6 +100,7 @@ def merge_stats(records: list, parts: int) -> JobStats:
         merged.started = min(filter(None, (merged.started, r.get("started", ""))), default="")  # ISO: sorts as time
         merged.ended = max(merged.ended, r.get("ended", ""))
         merged.invariant = _merged_invariant(merged.invariant, r.get("invariant", {}))
+        merged.library_warnings = _add(merged.library_warnings, r.get("library_warnings", {}))
     merged.flops = _merged_flops([r.get("flops", {}) for r in records])
     busy = [r["gpu_busy"] for r in records if r.get("gpu_busy") is not None]
     merged.gpu_busy = sum(busy) / len(busy) if busy else None

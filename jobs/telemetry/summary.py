@@ -51,6 +51,8 @@ class JobStats:
     batching: dict = field(default_factory=dict)  # the pool used and how it was chosen (jobs/worker/batch_sizer.py)
     invariant: dict = field(default_factory=dict)  # bcg.invariant: enabled, devices, kernel calls (bcg/invariant)
     flops: dict = field(default_factory=dict)  # model FLOPs per image, TFLOP/s, peak fraction (jobs/models/flops.py)
+    # a pipeline's per-batch warning (reason -> batches it was said on), logged once (library_warnings.py)
+    library_warnings: Dict[str, int] = field(default_factory=dict)
     device: str = ""
     model: str = ""
     output_dir: str = ""
@@ -122,6 +124,8 @@ class JobStats:
             f"  shards: {self.shards} committed this run; bad rows {self.bad_rows}; truncated prompts "
             f"{self.truncated_prompts}; NaN/Inf images {len(self.nonfinite_keys)}; OOM splits {self.oom_splits}",
         ]
+        out += [f"  said once, on {n} batch{'es' if n != 1 else ''} in all: {reason}"
+                for reason, n in sorted(self.library_warnings.items())]
         return out
 
     def _flops_line(self) -> str:

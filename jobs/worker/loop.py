@@ -22,6 +22,7 @@ from bcg import GraphRunner
 from jobs.errors import EnvironmentFailure
 from jobs.output.claim import run_id
 from jobs.output.layout import PLAN_DIR
+from jobs.telemetry.library_warnings import RepeatedWarnings
 from jobs.telemetry.summary import JobStats, StageTimer
 from jobs.telemetry.watch import Watch
 from jobs.worker.batch_sizer import choose as choose_batch_sizes
@@ -45,6 +46,7 @@ class Loaded:
     runner: Optional[GraphRunner]  # None with bcg.enabled=false
     dispatcher: CaptureDispatcher
     stages: StageScheduler
+    warned: RepeatedWarnings  # the pipeline's per-batch warnings, said once and counted
 
 
 def generate_all(prep: Prepared, stats: JobStats, timer: StageTimer, stop: StopFlag) -> None:
@@ -92,6 +94,7 @@ def _generate(prep: Prepared, stats: JobStats, timer: StageTimer, stop: StopFlag
     finally:
         watch.close()
         loaded.dispatcher.end_run()
+        loaded.warned.uninstall()
         _record(stats, loaded, watch, prep)
 
 
@@ -100,18 +103,24 @@ def _load(prep: Prepared, stats: JobStats, timer: StageTimer) -> Loaded:
     with timer("load"):
         pipe = load_pipeline(prep.family, cfg, prep.device)
         runner = attach_runner(prep.family, pipe, cfg)
+    warned = RepeatedWarnings().install(pipe)  # batch sizing's probes encode real prompts too
     dispatcher = CaptureDispatcher(runner, cfg.bcg)
     pipeline = Pipeline(cfg, prep.family, pipe, prep.padder, runner, prep.device, gpu_lock=dispatcher.lock)
     with timer("batch_sizing"):
-        pick = choose_batch_sizes(cfg, prep.manifest, prep.output_dir / PLAN_DIR, pipeline, run_id(prep.output_dir),
-                                  on_published=prep.sink.shards.on_plan_file, lineage=prep.sink.lineage)
+        try:
+            pick = choose_batch_sizes(cfg, prep.manifest, prep.output_dir / PLAN_DIR, pipeline,
+                                      run_id(prep.output_dir), on_published=prep.sink.shards.on_plan_file,
+                                      lineage=prep.sink.lineage)
+        except BaseException:
+            warned.uninstall()
+            raise
     prep.plan.settings.batch_sizes = pick.sizes
     dispatcher.set_pool(pick.sizes)
     stats.batching = pick.to_json()
     overlap = cfg.job.overlap if cfg.job.overlap is not None else prep.device.type == "cuda"
     stats.overlap = overlap
     stages = StageScheduler(pipeline, dispatcher, overlap=overlap)
-    return Loaded(pipeline=pipeline, runner=runner, dispatcher=dispatcher, stages=stages)
+    return Loaded(pipeline=pipeline, runner=runner, dispatcher=dispatcher, stages=stages, warned=warned)
 
 
 def _watch(prep: Prepared) -> Watch:
@@ -157,3 +166,4 @@ def _record(stats: JobStats, loaded: Loaded, watch: Watch, prep: Prepared) -> No
     stats.gpu_busy = watch.gpu_busy()
     stats.sink = prep.sink.stats()
     stats.shards = len(prep.sink.records)
+    stats.library_warnings = loaded.warned.report()
