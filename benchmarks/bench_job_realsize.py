@@ -223,8 +223,9 @@ def build_flux(args) -> None:
 JOB_MODES = {
     "bcg": [],  # the default job: overlapped stages, capture every key (always), fused kernels, the pool as configured
     "bcg-nofuse": ["bcg.fusions=off"],  # the job around the denoiser alone (issue 9's 1.1x target)
-    # The pool as configured: bytes are compared with `bcg`, whose measured pool is [1, 2, 4, 8]
-    # unless its report's `batch` column says it grew (then compare with an off run at that pool).
+    # The pool as configured: bytes are compared with `bcg`, whose pool is the default [8] (up to
+    # session 31: [1, 2, 4, 8]) unless its report's `batch` column says it grew (then compare with
+    # an off run at that pool).
     "off": ["bcg=off", "bcg.batch_grow=off"],
     "bcg-serial": ["job.overlap=false"],  # stages one after another (the old engine's order)
     "bcg-auto": ["bcg.capture=auto"],  # captures only what its measurement says pays (the default before s28)
@@ -232,9 +233,11 @@ JOB_MODES = {
     "bcg-b32": ["bcg.batch_sizes=[1,2,4,8,16,32]"],
     "off-b16": ["bcg=off", "bcg.batch_sizes=[1,2,4,8,16]"],
     # Issue 30's contract over the whole job: the batch-invariant kernels (every stage), and the
-    # fixed-shape form (one pool size, short tails padded: neighbours and position no longer matter).
+    # fixed-shape form (one pool size, short tails padded: neighbours and position no longer matter),
+    # the default since session 31; bcg-pool1248 is the default before it.
     "bcg-invariant": ["bcg.invariant=true"],
     "bcg-fixed8": ["bcg.batch_sizes=[8]"],
+    "bcg-pool1248": ["bcg.batch_sizes=[1,2,4,8]"],
 }
 
 
@@ -277,7 +280,7 @@ def _batch_sizes(overrides):
     for e in reversed(overrides):
         if e.startswith("bcg.batch_sizes="):
             return [int(v) for v in e.split("=", 1)[1].strip("[]").split(",")]
-    return [1, 2, 4, 8]
+    return [8]  # the image presets' default pool (jobs/config.py BcgConfig.batch_sizes)
 
 
 def run_plain(args, batch: int, limit: int) -> dict:

@@ -162,7 +162,7 @@ def run_job(a, mode: str, data: Path, out: Path, env: dict, log: Path) -> dict:
     s = json.loads((out / "summary.json").read_text())
     firsts = [e["start"] + e["t"] for p in (out / "_timeline").glob("*.jsonl")
               for e in map(json.loads, filter(str.strip, p.read_text().splitlines()))]
-    sizes = (s.get("batching") or {}).get("sizes") or [1, 2, 4, 8]
+    sizes = (s.get("batching") or {}).get("sizes") or [8]  # the image presets' default pool
     return {"wall_s": wall, "items": s["items_written"], "images_per_s": s["images_per_s"],
             "first_batch_s": min(firsts) - start if firsts else None, "batch": max(int(b) for b in sizes),
             "signatures": s.get("signatures", {}), "gpu_busy": s.get("gpu_busy"),

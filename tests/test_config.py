@@ -11,8 +11,27 @@ from tests.helpers import compose_cfg
 def test_default_config_composes_typed():
     cfg = compose_cfg(["output_dir=/tmp/x"])
     assert cfg.model.name == "sana_tiny" and cfg.model.family == "sana"
-    assert cfg.sampling.height == 128 and cfg.bcg.batch_sizes == [1, 2, 4, 8]
+    assert cfg.sampling.height == 128 and cfg.bcg.batch_sizes == [8]
     assert cfg.sink.format == "jpg"
+
+
+IMAGE_PRESETS = ["sana", "sana_tiny", "flux", "flux_tiny", "qwen_image", "z_image", "longcat_image", "glm_image"]
+VIDEO_PRESETS = ["wan", "wan_tiny", "sana_video", "sana_video_tiny", "ltx2", "ltx2_tiny", "minimax_h3",
+                 "minimax_h3_tiny"]
+
+
+@pytest.mark.parametrize("bcg", ["on", "off"])
+def test_default_pool_is_one_shape_for_images_and_four_sizes_for_video(bcg):
+    """Issue 30: an image job runs every batch at one shape by default, so a sample's bytes do not
+    depend on its neighbours, the partition or a resume; graphs off keeps that pool (on and off give
+    the same bytes). A video preset keeps [1, 2, 4, 8]: one video would otherwise denoise 8."""
+    for preset in IMAGE_PRESETS + VIDEO_PRESETS:
+        cfg = compose_cfg([f"model={preset}", f"bcg={bcg}", "output_dir=/tmp/x", "model.path=/m"])
+        want = [1, 2, 4, 8] if preset in VIDEO_PRESETS else [8]
+        assert cfg.bcg.batch_sizes == want, preset
+    # an override on the command line still wins over a preset's pool
+    cfg = compose_cfg(["model=wan_tiny", f"bcg={bcg}", "bcg.batch_sizes=[1]", "output_dir=/tmp/x"])
+    assert cfg.bcg.batch_sizes == [1]
 
 
 def test_typo_in_key_fails_at_compose():
