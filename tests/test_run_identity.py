@@ -35,6 +35,23 @@ def test_a_resume_with_other_batch_sizes_is_refused_naming_the_field(tmp_path):
     open_run(tmp_path, identity_of("bcg.batch_sizes=[1,2,4,8]"), overwrite=False)  # the same run resumes
 
 
+def test_a_run_of_the_old_default_pool_is_told_how_to_resume(tmp_path):
+    """Session 31 changed the image presets' pool from [1, 2, 4, 8] to [8]: a plain rerun of an older
+    run is refused, and the refusal gives the overrides that resume it; they do."""
+    open_run(tmp_path, identity_of("bcg.batch_sizes=[1,2,4,8]"), overwrite=False)
+    with pytest.raises(UserError) as e:
+        open_run(tmp_path, identity_of(), overwrite=False)
+    msg = str(e.value)
+    assert "batching.batch_sizes: [1, 2, 4, 8] -> [8]" in msg
+    hint = msg.split("pass its batching back: ", 1)[1].split()
+    assert hint == ["bcg.batch_sizes=[1,2,4,8]"]
+    open_run(tmp_path, identity_of(*hint), overwrite=False)
+    # no hint when more than the batching differs: passing the pool back would not resume it
+    with pytest.raises(UserError) as e:
+        open_run(tmp_path, identity_of("sampling.steps=3"), overwrite=False)
+    assert "pass its batching back" not in str(e.value)
+
+
 def test_settings_that_do_not_change_bytes_stay_out_of_the_identity():
     assert identity_of("job.progress=false", "bcg.enabled=false") == identity_of()
 

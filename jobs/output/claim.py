@@ -44,6 +44,19 @@ def _differences(old: dict, new: dict, prefix: str = "") -> List[str]:
     return out
 
 
+def _batching_hint(old: dict, new: dict) -> str:
+    """The overrides that resume `old`'s run when only its batching differs (the pool is a config
+    default that changed in session 31: [1, 2, 4, 8] became [8] for the image presets)."""
+    a, b = old.get("batching"), new.get("batching")
+    if not isinstance(a, dict) or not isinstance(b, dict) or a == b:
+        return ""
+    if {k: v for k, v in old.items() if k != "batching"} != {k: v for k, v in new.items() if k != "batching"}:
+        return ""
+    cli = lambda v: (json.dumps(v, separators=(",", ":")) if not isinstance(v, str) else v)  # noqa: E731
+    args = " ".join(f"bcg.{k}={cli(v)}" for k, v in sorted(a.items()) if b.get(k) != v)
+    return f"\nTo resume that run, pass its batching back: {args}"
+
+
 def _short(v) -> str:
     s = json.dumps(v, default=str)
     return s if len(s) <= 80 else s[:77] + "..."
@@ -102,7 +115,8 @@ def _claim_locked(output_dir: Path, identity: dict, overwrite: bool, shard_glob:
             raise UserError(
                 f"output_dir={shown!r} holds a run with a different dataset or config:\n  "
                 + "\n  ".join(diff[:20])
-                + "\nUse another output_dir, or job.overwrite=true to delete its shards and start over.")
+                + "\nUse another output_dir, or job.overwrite=true to delete its shards and start over."
+                + _batching_hint(old, identity))
         wipe(output_dir, shard_glob)
     elif shards and not overwrite:
         raise UserError(f"output_dir={shown!r} holds {shards} shard(s) but no {RUN_FILE}: they were "
