@@ -52,8 +52,10 @@ def inspected(tmp_path_factory):
     rows[3]["key"] = ODD_KEY
     data = write_jsonl(tmp / "prompts.jsonl", rows)
     out, view = tmp / "out", tmp / "view"
+    # The pool of four sizes, so each signature's 3 rows are cut 2 + 1: the timeline then has batches
+    # of two sizes a signature (the image presets' default, [8], would pad each run to one batch).
     run_cli(f"dataset.path={data}", f"output_dir={out}", "sink.maxcount=4", "bcg.backend=tape",
-            "bcg.capture=always", *FAST)
+            "bcg.capture=always", "bcg.batch_sizes=[1,2,4,8]", *FAST)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.run([sys.executable, "-m", "jobs.inspect", str(out), "--out", str(view), "--samples",
                            str(SAMPLES)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
