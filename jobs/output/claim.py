@@ -45,16 +45,21 @@ def _differences(old: dict, new: dict, prefix: str = "") -> List[str]:
 
 
 def _batching_hint(old: dict, new: dict) -> str:
-    """The overrides that resume `old`'s run when only its batching differs (the pool is a config
-    default that changed in session 31: [1, 2, 4, 8] became [8] for the image presets)."""
+    """The `bcg.*` overrides that resume `old`'s run when its batching is all that differs: the pool
+    is a default a user rarely sets, so a rerun after the default changed (the image presets' [1, 2,
+    4, 8] became [8]) would otherwise be refused with no way back but the old value."""
     a, b = old.get("batching"), new.get("batching")
     if not isinstance(a, dict) or not isinstance(b, dict) or a == b:
         return ""
     if {k: v for k, v in old.items() if k != "batching"} != {k: v for k, v in new.items() if k != "batching"}:
         return ""
-    cli = lambda v: (json.dumps(v, separators=(",", ":")) if not isinstance(v, str) else v)  # noqa: E731
-    args = " ".join(f"bcg.{k}={cli(v)}" for k, v in sorted(a.items()) if b.get(k) != v)
+    args = " ".join(f"bcg.{k}={_override_value(v)}" for k, v in sorted(a.items()) if b.get(k) != v)
     return f"\nTo resume that run, pass its batching back: {args}"
+
+
+def _override_value(v) -> str:
+    """A value as a command-line override spells it: [1,2,4,8] (no spaces), true, off."""
+    return v if isinstance(v, str) else json.dumps(v, separators=(",", ":"))
 
 
 def _short(v) -> str:
