@@ -13,6 +13,8 @@ Real jobs through the CLI on the trained sana_tiny at 64x64, 2 steps, one thread
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from jobs.output.compare import compare_outputs
@@ -62,3 +64,19 @@ def test_at_one_shape_a_key_is_the_same_bytes_whatever_its_neighbours_position_p
     # every batch of every run had the one shape
     for name in out:
         assert {m["batch_size"] for m in jsons(out[name]).values()} == {4}, name
+
+
+@pytest.mark.slow
+def test_the_summary_counts_the_padding_rows_one_shape_costs(runs):
+    """What one shape costs a short job is said where a user reads: summary.json's `padding_rows`,
+    and the closing block's batch sizes line (the rows every stage ran and the sink dropped)."""
+    out, done = runs["out"], runs["done"]
+    # eight: two full batches; one: its key beside 3 dummies; shifted: 7 keys, a tail of 3;
+    # part: units of 3, 3 and 2, each cut alone (merged over the three parts' summaries)
+    for name, padding, line in (("eight", 0, "no padding rows"), ("one", 3, "3 padding rows of 4 run (75%)"),
+                                ("shifted", 1, "1 padding row of 8 run (12%)"), ("part", 4, None)):
+        summary = json.loads((out[name] / "summary.json").read_text())
+        assert summary["padding_rows"] == padding, (name, summary["padding_rows"])
+        if line is not None:
+            closing = next(x for x in done[name][1].splitlines() if "batch sizes:" in x)
+            assert closing.endswith(f"; {line}"), (name, closing)

@@ -82,6 +82,7 @@ def merge_stats(records: list, parts: int) -> JobStats:
         for name in ("items_planned", "items_written", "items_skipped_done", "truncated_prompts", "oom_splits",
                      "shards"):
             setattr(merged, name, getattr(merged, name) + r[name])
+        merged.padding_rows += r.get("padding_rows", 0)  # a summary written before session 32 has none
         merged.bad_rows = max(merged.bad_rows, r["bad_rows"])  # every part read the same dataset
         merged.plan_items = max(merged.plan_items, r.get("plan_items", 0))  # and joined the same plan
         merged.nonfinite_keys += r["nonfinite_keys"]

@@ -37,6 +37,9 @@ class JobStats:
     truncated_prompts: int = 0
     nonfinite_keys: List[str] = field(default_factory=list)
     oom_splits: int = 0
+    # dummy rows in the batches cut from the leased units: one batch shape pads a signature's short
+    # tail (bcg.pad_short_batches), and every stage runs them; what the contract's default costs a job
+    padding_rows: int = 0
     modes: Counter = field(default_factory=Counter)  # replay / eager / mixed, per item
     kinds: Counter = field(default_factory=Counter)  # image / video, per item written (`sample_kind`)
     signatures: Dict[str, int] = field(default_factory=dict)
@@ -141,4 +144,13 @@ class JobStats:
         if not b:
             return "  batch sizes: -"
         grown = f", grown by {b['grown']} in {b['seconds']:.1f}s" if b.get("grown") else ""
-        return f"  batch sizes: {b['sizes']} ({b['source']}{grown}; {b['reason']})"
+        return f"  batch sizes: {b['sizes']} ({b['source']}{grown}; {b['reason']}); {self._padding()}"
+
+    def _padding(self) -> str:
+        """'16 padding rows of 216 run (7%)': the rows one batch shape adds to short tails, of every
+        row the stages ran for this run's items (an OOM split's halves carry their padding along)."""
+        if not self.padding_rows:
+            return "no padding rows"
+        rows = self.items_planned + self.padding_rows
+        return f"{self.padding_rows} padding row{'s' if self.padding_rows != 1 else ''} of {rows} run " \
+               f"({self.padding_rows / rows:.0%})"

@@ -48,6 +48,7 @@ class LeasedPlan:
         self.planned = 0
         self.skipped_done = 0
         self.truncated = 0
+        self.padding_rows = 0  # dummy rows the cut added to short tails: every stage runs them, the sink drops them
         self.leased: List[int] = []
         self.signature_counts: Dict[Signature, int] = {}
         self._last: Optional[Signature] = None
@@ -82,5 +83,7 @@ class LeasedPlan:
         log.info("unit %d: %d items of %s%s", info.id, len(todo), info.signature,
                  f" ({len(committed)} already committed)" if committed else "")
         self.sink.begin_unit(info.id, [it.key for it in todo], prior)
-        return [Batch(signature=info.signature, items=chunk, size=size)
-                for chunk, size in cut_batches(todo, self.settings.batch_sizes, self.settings.pad_short)]
+        batches = [Batch(signature=info.signature, items=chunk, size=size)
+                   for chunk, size in cut_batches(todo, self.settings.batch_sizes, self.settings.pad_short)]
+        self.padding_rows += sum(b.n_dummy for b in batches)
+        return batches

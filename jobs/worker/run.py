@@ -94,6 +94,7 @@ def record_plan(stats: JobStats, prep: Prepared, timer: StageTimer, count_done_a
     stats.items_planned = plan.planned
     stats.items_skipped_done = plan.skipped_done + (plan.done_at_start if count_done_at_start else 0)
     stats.truncated_prompts = plan.truncated
+    stats.padding_rows = plan.padding_rows
     stats.signatures = {str(s): n for s, n in plan.signature_counts.items()}
     stats.flops = _flops(prep, plan.signature_counts, stats.stage_seconds.get("generate", 0.0))
 
