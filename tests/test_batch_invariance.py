@@ -91,8 +91,9 @@ def test_glm_image_misses_one_shape_only_through_the_cpu_flash_attention(built):
     # position at batch 8. The cause is torch's CPU flash-attention kernel: at head dim 8 and an odd
     # sequence of 9 to 31 tokens (GLM-Image tiny: 1 glyph token and 16 image tokens), a (batch, head)
     # item's bytes depend on how the items are shared among threads; on one thread, or at the other
-    # head dims tried (4, and 12 to 128; the released GLM-Image's is 40), no item's did. So through the math backend, at any thread
-    # count, every row keeps its bytes: nothing else in the model depends on its position.
+    # head dims tried (4, and 12 to 128; the released GLM-Image's is 40), no item's did. So through
+    # the math backend, at any thread count, every row keeps its bytes: nothing else in the model
+    # depends on its position.
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     cfg, fam, pipe, args, kw, batch = built("glm_image_tiny")
