@@ -3,8 +3,8 @@ cheap form). With one pool size (`bcg.batch_sizes=[4]`; `bcg.pad_short_batches`,
 short tail with dummy rows) every batch of every stage (encode, denoise, decode) has 4 rows, so a row's
 bytes rest only on kernels computing each row of a fixed shape the same way wherever it sits and
 whatever sits beside it. Then the same key has the same latents (`latent_sha256`) and JPEG bytes alone
-(beside its own dummies), among other neighbours at another position, partitioned 3 ways, and resumed
-after a kill. benchmarks/results/fixed_batch_h200.md shows the same of SANA-1.6B's stages at batch 8
+(beside its own dummies), among other neighbours at another position, in a job of 300 prompts,
+partitioned 3 ways, and resumed after a kill. benchmarks/results/fixed_batch_h200.md shows the same of SANA-1.6B's stages at batch 8
 on the H200. What it does not give, and the mode does (tests/test_job_contract.py): the same bytes at
 another pool.
 
@@ -32,10 +32,11 @@ def runs(tmp_path_factory):
     eight = write_jsonl(tmp / "eight.jsonl", prompts(8))  # k005: position 1 of the second batch
     one = write_jsonl(tmp / "one.jsonl", [r for r in prompts(8) if r["key"] == KEY])  # beside 3 dummies
     shifted = write_jsonl(tmp / "shifted.jsonl", prompts(10)[3:])  # k005: position 2, beside k003, k004, k006
-    out = {name: tmp / name for name in ("eight", "one", "shifted", "part", "resumed")}
+    many = write_jsonl(tmp / "many.jsonl", prompts(300))  # a job of 300: k005 in a plan of 75 batches
+    out = {name: tmp / name for name in ("eight", "one", "shifted", "many", "part", "resumed")}
     chain = [f"dataset.path={eight}", f"output_dir={out['resumed']}", *FIXED, "sink.maxcount=3"]
     jobs = {name: [f"dataset.path={data}", *FIXED, f"output_dir={out[name]}"]
-            for name, data in (("eight", eight), ("one", one), ("shifted", shifted))}
+            for name, data in (("eight", eight), ("one", one), ("shifted", shifted), ("many", many))}
     jobs["killed"] = chain  # killed in its second batch, after one committed shard of 3
     done = _two_at_a_time(jobs, env={"killed": {"BCGEN_TEST_KILL_AT": "batch:2"}})
     # units of 3, 3 and 2 items (k005: position 2, beside k003 and k004 and a dummy), three workers
@@ -56,8 +57,9 @@ def test_every_job_ran(runs):
 @pytest.mark.slow
 def test_at_one_shape_a_key_is_the_same_bytes_whatever_its_neighbours_position_partition_or_resume(runs):
     out = runs["out"]
-    # keys in common with the run of eight: one (k005), shifted (k003..k007), the partitioned and resumed (all)
-    for name, common in (("one", 1), ("shifted", 5), ("part", 8), ("resumed", 8)):
+    # keys in common with the run of eight: one (k005), shifted (k003..k007), the job of 300 (k000..k007),
+    # the partitioned and resumed (all)
+    for name, common in (("one", 1), ("shifted", 5), ("many", 8), ("part", 8), ("resumed", 8)):
         cmp = compare_outputs(out["eight"], out[name])
         assert not cmp.differing and len(cmp.identical) == common, (name, cmp.lines())  # latent_sha256, members
     assert compare_outputs(out["eight"], out["one"]).identical.first == (KEY,)
