@@ -5,8 +5,8 @@ bytes rest only on kernels computing each row of a fixed shape the same way wher
 whatever sits beside it. Then the same key has the same latents (`latent_sha256`) and JPEG bytes alone
 (beside its own dummies), among other neighbours at another position, in a job of 300 prompts,
 partitioned 3 ways, and resumed after a kill. benchmarks/results/fixed_batch_h200.md shows the same of
-SANA-1.6B's stages at batch 8 on the H200. What it does not give, and the mode does (tests/test_job_contract.py): the same bytes at
-another pool.
+SANA-1.6B's stages at batch 8 on the H200. What it does not give, and the mode does
+(tests/test_job_contract.py): the same bytes at another pool.
 
 Real jobs through the CLI on the trained sana_tiny at 64x64, 2 steps, one thread each.
 """
