@@ -1,0 +1,140 @@
+"""Where the model load goes, and what loading straight onto the GPU saves (issue 28's first batch).
+
+The job's first batch waits for the model load: 9.4 s at SANA-1.6B size on the H200 against the
+plain loop's 6.7 s (job_wall_h200_512_1000_s32.md). This probe times, each variant in a fresh
+process (imports done before the clock starts), alternated, `--reps` times:
+
+    to           Pipeline.from_pretrained(dir, dtype) then .to("cuda"): the plain loop's load
+    device_map   Pipeline.from_pretrained(dir, dtype, device_map="cuda"): each tensor is read
+                 from the safetensors file straight into device memory
+    job          the job's own load: the composed config, `load_pipeline` then `attach_runner`
+                 (jobs/worker/model.py), split into its parts
+
+Every variant reports a checksum of every parameter's bytes, so a faster load is also the same
+weights.
+
+    python benchmarks/probe_load.py --dir /tmp/sana16 --reps 3 --out benchmarks/results
+    python benchmarks/probe_load.py --dir /tmp/tiny --device cpu --reps 1 --out /tmp/probe   # smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+CHILD = r'''
+import json, sys, time
+variant, path, device, pipeline = sys.argv[1:]
+t_imp = time.perf_counter()
+import torch
+import diffusers
+imports = time.perf_counter() - t_imp
+dtype = torch.bfloat16 if device == "cuda" else torch.float32
+sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+parts = {}
+t0 = time.perf_counter()
+if variant == "job":
+    sys.path.insert(0, ".")
+    from tests.helpers import compose_cfg
+    from jobs.models.registry import get_family
+    from jobs.worker.model import attach_runner, load_pipeline
+    cfg = compose_cfg(["model=sana", f"model.path={path}", "output_dir=/tmp/probe_load_out", f"device={device}"])
+    fam = get_family(cfg.model.family)
+    parts["config"] = time.perf_counter() - t0
+    t = time.perf_counter()
+    pipe = load_pipeline(fam, cfg, torch.device(device))
+    sync()
+    parts["load_pipeline"] = time.perf_counter() - t
+    t = time.perf_counter()
+    attach_runner(fam, pipe, cfg)
+    sync()
+    parts["attach_runner"] = time.perf_counter() - t
+else:
+    cls = getattr(diffusers, pipeline)
+    extra = {"device_map": device} if variant == "device_map" else {}
+    pipe = cls.from_pretrained(path, torch_dtype=dtype, local_files_only=True, **extra)
+    sync()
+    parts["from_pretrained"] = time.perf_counter() - t0
+    if variant == "to":
+        t = time.perf_counter()
+        pipe = pipe.to(device)
+        sync()
+        parts["to"] = time.perf_counter() - t
+total = time.perf_counter() - t0
+check = {}
+for name, m in pipe.components.items():
+    if isinstance(m, torch.nn.Module):
+        s = 0
+        for p in list(m.parameters()) + list(m.buffers()):
+            s += int(p.detach().contiguous().view(-1).view(torch.uint8).to(torch.int64).sum())
+        check[name] = [s, str(next(m.parameters()).device)]
+print("LOAD " + json.dumps({"variant": variant, "imports_s": round(imports, 2), "load_s": round(total, 2),
+                           "parts": {k: round(v, 2) for k, v in parts.items()}, "checksum": check}))
+'''
+
+VARIANTS = ("to", "device_map", "job")
+
+
+def run(variant: str, a) -> dict:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", CHILD, variant, str(a.dir), a.device, a.pipeline], cwd=ROOT, env=env,
+                          capture_output=True, text=True)
+    if proc.returncode:
+        raise RuntimeError(f"{variant} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+    r = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("LOAD "))[5:])
+    r["process_s"] = round(time.perf_counter() - t0, 2)
+    return r
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dir", type=Path, required=True, help="a saved pipeline folder (bench_job_realsize.py build)")
+    p.add_argument("--pipeline", default="SanaPipeline")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--tag", default="", help="the results' file stem after load_ (default: the device)")
+    a = p.parse_args()
+    from bench_job_wall import warm_page_cache
+    from common import device_tag, environment, write_results
+
+    warm_s = warm_page_cache(a.dir)
+    variants = a.variants.split(",")
+    runs = {v: [] for v in variants}
+    for _ in range(a.reps):
+        for v in variants:
+            runs[v].append(run(v, a))
+            print(json.dumps(runs[v][-1]), flush=True)
+    sums = {v: json.dumps({k: c[0] for k, c in rs[0]["checksum"].items()}, sort_keys=True) for v, rs in runs.items()}
+    rows = []
+    for v, rs in runs.items():
+        loads = [r["load_s"] for r in rs]
+        parts = {k: round(statistics.median(r["parts"][k] for r in rs), 2) for k in rs[0]["parts"]}
+        rows.append({"variant": v, "runs": len(rs), "load_s": round(statistics.median(loads), 2),
+                     "load_s_min": min(loads), "load_s_max": max(loads),
+                     "imports_s": round(statistics.median(r["imports_s"] for r in rs), 2),
+                     "parts": ", ".join(f"{k} {s}" for k, s in parts.items()),
+                     "same_weights": sums[v] == sums[variants[0]]})
+    cols = ["variant", "runs", "load_s", "load_s_min", "load_s_max", "imports_s", "parts", "same_weights"]
+    notes = [f"page cache warmed first ({warm_s:.1f} s); each run a fresh process, variants alternated; "
+             "load_s: from the first from_pretrained call to the weights on the device (synchronised), imports before it; "
+             "same_weights: every parameter's and buffer's byte sum equals the first variant's"]
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    meta = environment() | {"commit": commit.stdout.strip() or "unknown"}
+    notes.append(f"commit `{meta['commit']}`")
+    write_results(a.out, f"load_{a.tag or device_tag()}", rows, cols, notes=notes, meta=meta)
+
+
+if __name__ == "__main__":
+    main()
