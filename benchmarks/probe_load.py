@@ -128,7 +128,8 @@ def main() -> None:
                      "same_weights": sums[v] == sums[variants[0]]})
     cols = ["variant", "runs", "load_s", "load_s_min", "load_s_max", "imports_s", "parts", "same_weights"]
     notes = [f"page cache warmed first ({warm_s:.1f} s); each run a fresh process, variants alternated; "
-             "load_s: from the first from_pretrained call to the weights on the device (synchronised), imports before it; "
+             "load_s: from the first from_pretrained call to the weights on the device (synchronised), "
+             "imports before it; "
              "same_weights: every parameter's and buffer's byte sum equals the first variant's"]
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     meta = environment() | {"commit": commit.stdout.strip() or "unknown"}
