@@ -189,8 +189,16 @@ def test_z_image_row_is_the_same_among_longer_captions(built):
         assert not torch.equal(outputs(tr, args, kw, batch, [2, 1])[1:2], outputs(tr, args, kw, batch, [1]))
 
 
-def test_sana_latents_and_pixels_do_not_depend_on_the_batch(built):
-    cfg, fam, pipe, *_ = built("sana_tiny")
+#: the families whose whole path (denoise, then decode) is checked row by row at batch sizes 1 to 16:
+#: issue 30's "SANA and at least two more families", in latents and in image bytes
+WHOLE_PATH = ["sana_tiny", "flux_tiny", "qwen_image_tiny", "z_image_tiny"]
+
+
+@pytest.mark.parametrize("preset", WHOLE_PATH)
+def test_latents_and_pixels_do_not_depend_on_the_batch(built, preset):
+    # The job's own stages (fam.denoise, fam.decode), 2 steps: rows 0 and 5 alone, then in batches of
+    # 2, 3, 8 and 16 at other positions, among other neighbours.
+    cfg, fam, pipe, *_ = built(preset)
     with batch_invariant():
         with torch.inference_mode():
             def run(rows):
@@ -199,12 +207,12 @@ def test_sana_latents_and_pixels_do_not_depend_on_the_batch(built):
                 return lat, fam.decode(pipe, lat, req)
 
             alone = {r: run([r]) for r in (0, 5)}
-            for rows in ([5, 0], [1, 2, 0, 5]):
+            for rows in ([5, 0], [1, 5, 0], [7, 6, 5, 4, 3, 2, 1, 0], list(range(16))):
                 lat, px = run(rows)
                 for r in alone:
                     i = rows.index(r)
-                    assert torch.equal(lat[i:i + 1], alone[r][0]), f"latents of row {r} at {i} of {len(rows)}"
-                    assert torch.equal(px[i:i + 1], alone[r][1]), f"pixels of row {r} at {i} of {len(rows)}"
+                    assert torch.equal(lat[i:i + 1], alone[r][0]), f"{preset}: latents of row {r} at {i} of {len(rows)}"
+                    assert torch.equal(px[i:i + 1], alone[r][1]), f"{preset}: pixels of row {r} at {i} of {len(rows)}"
 
 
 # one preset a VAE class: Z-Image and LongCat-Image decode with Flux's AutoencoderKL, SANA-Video with
