@@ -15,7 +15,9 @@ def test_default_config_composes_typed():
     assert cfg.sink.format == "jpg"
 
 
-IMAGE_PRESETS = ["sana", "sana_tiny", "flux", "flux_tiny", "qwen_image", "z_image", "longcat_image", "glm_image"]
+IMAGE_PRESETS = ["sana", "sana_tiny", "flux", "flux_tiny", "qwen_image", "longcat_image", "glm_image"]
+#: image presets whose signature is the exact caption length: one row a batch, so nothing is padded
+ONE_ROW_PRESETS = ["z_image", "z_image_tiny"]
 VIDEO_PRESETS = ["wan", "wan_tiny", "sana_video", "sana_video_tiny", "ltx2", "ltx2_tiny", "minimax_h3",
                  "minimax_h3_tiny"]
 
@@ -24,10 +26,11 @@ VIDEO_PRESETS = ["wan", "wan_tiny", "sana_video", "sana_video_tiny", "ltx2", "lt
 def test_default_pool_is_one_shape_for_images_and_four_sizes_for_video(bcg):
     """Issue 30: an image job runs every batch at one shape by default, so a sample's bytes do not
     depend on its neighbours, the partition or a resume; graphs off keeps that pool (on and off give
-    the same bytes). A video preset keeps [1, 2, 4, 8]: one video would otherwise denoise 8."""
-    for preset in IMAGE_PRESETS + VIDEO_PRESETS:
+    the same bytes). A video preset keeps [1, 2, 4, 8]: one video would otherwise denoise 8. Z-Image
+    runs [1]: a signature a caption length, so [8] would pad most batches."""
+    for preset in IMAGE_PRESETS + ONE_ROW_PRESETS + VIDEO_PRESETS:
         cfg = compose_cfg([f"model={preset}", f"bcg={bcg}", "output_dir=/tmp/x", "model.path=/m"])
-        want = [1, 2, 4, 8] if preset in VIDEO_PRESETS else [8]
+        want = [1, 2, 4, 8] if preset in VIDEO_PRESETS else [1] if preset in ONE_ROW_PRESETS else [8]
         assert cfg.bcg.batch_sizes == want, preset
     # an override on the command line still wins over a preset's pool
     cfg = compose_cfg(["model=wan_tiny", f"bcg={bcg}", "bcg.batch_sizes=[1]", "output_dir=/tmp/x"])

@@ -82,3 +82,31 @@ def test_the_summary_counts_the_padding_rows_one_shape_costs(runs):
         if line is not None:
             closing = next(x for x in done[name][1].splitlines() if "batch sizes:" in x)
             assert closing.endswith(f"; {line}"), (name, closing)
+
+
+@pytest.fixture(scope="module")
+def z_image_runs(tmp_path_factory):
+    """Z-Image's preset runs one row a batch (conf/model/z_image_tiny.yaml says why): its jobs of 8
+    prompts (8 caption lengths, so 8 signatures) and of one, at the preset's own pool."""
+    tmp = tmp_path_factory.mktemp("z_image")
+    eight = write_jsonl(tmp / "eight.jsonl", prompts(8))
+    one = write_jsonl(tmp / "one.jsonl", [r for r in prompts(8) if r["key"] == KEY])
+    out = {name: tmp / name for name in ("eight", "one")}
+    jobs = {name: ["model=z_image_tiny", f"dataset.path={data}", *FAST, f"output_dir={out[name]}"]
+            for name, data in (("eight", eight), ("one", one))}
+    return out, _two_at_a_time(jobs, env={})
+
+
+@pytest.mark.slow
+def test_z_image_runs_one_row_a_batch_so_nothing_is_padded(z_image_runs):
+    # At the image presets' [8] these 8 keys (8 signatures) would run 64 rows; at [1] they run 8, and
+    # a key alone has the bytes it has among the others.
+    out, done = z_image_runs
+    for name, (rc, log) in done.items():
+        assert rc == 0, f"{name}: exit {rc}\n{log}"
+        assert "batch sizes: [1] (configured; bcg.batch_grow=off); no padding rows" in log, log
+        assert json.loads((out[name] / "summary.json").read_text())["padding_rows"] == 0
+        assert {m["batch_size"] for m in jsons(out[name]).values()} == {1}
+    cmp = compare_outputs(out["eight"], out["one"])
+    assert not cmp.differing and cmp.identical.first == (KEY,) and len(cmp.identical) == 1, cmp.lines()
+    assert len(json.loads((out["eight"] / "_plan" / "plan.json").read_text())["signatures"]) == 8
