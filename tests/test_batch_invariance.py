@@ -211,8 +211,9 @@ def test_latents_and_pixels_do_not_depend_on_the_batch(built, preset):
                 lat, px = run(rows)
                 for r in alone:
                     i = rows.index(r)
-                    assert torch.equal(lat[i:i + 1], alone[r][0]), f"{preset}: latents of row {r} at {i} of {len(rows)}"
-                    assert torch.equal(px[i:i + 1], alone[r][1]), f"{preset}: pixels of row {r} at {i} of {len(rows)}"
+                    where = f"{preset}: row {r} at {i} of {len(rows)}"
+                    assert torch.equal(lat[i:i + 1], alone[r][0]), f"{where}: latents"
+                    assert torch.equal(px[i:i + 1], alone[r][1]), f"{where}: pixels"
 
 
 # one preset a VAE class: Z-Image and LongCat-Image decode with Flux's AutoencoderKL, SANA-Video with

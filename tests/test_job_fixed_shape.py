@@ -8,7 +8,8 @@ partitioned 3 ways, and resumed after a kill. benchmarks/results/fixed_batch_h20
 SANA-1.6B's stages at batch 8 on the H200. What it does not give, and the mode does
 (tests/test_job_contract.py): the same bytes at another pool.
 
-Real jobs through the CLI on the trained sana_tiny at 64x64, 2 steps, one thread each.
+Real jobs through the CLI on the trained sana_tiny at 64x64, 2 steps, one thread each; and Z-Image's
+preset, whose one shape is one row a batch.
 """
 
 from __future__ import annotations
