@@ -83,6 +83,10 @@ def test_the_summary_counts_the_padding_rows_one_shape_costs(runs):
         if line is not None:
             closing = next(x for x in done[name][1].splitlines() if "batch sizes:" in x)
             assert closing.endswith(f"; {line}"), (name, closing)
+    # where a quarter of the rows or more were padding, the summary names the pool that pads nothing
+    hint = "padding: 1 signature(s) for 1 items, each short tail padded to the batch size; bcg.batch_sizes=[1] pads"
+    assert hint in done["one"][1], done["one"][1]
+    assert all("bcg.batch_sizes=[1] pads nothing" not in done[name][1] for name in ("eight", "shifted", "many"))
 
 
 @pytest.fixture(scope="module")

@@ -123,6 +123,7 @@ class JobStats:
             + (f", prompt state reused {g['memo_reuses']} / made {g['memo_runs']} times on replay"
                if g.get("memo_reuses") or g.get("memo_runs") else ""),
             self._batching_line(),
+            *self._padding_hint(),
             self._flops_line(),
             f"  shards: {self.shards} committed this run; bad rows {self.bad_rows}; truncated prompts "
             f"{self.truncated_prompts}; NaN/Inf images {len(self.nonfinite_keys)}; OOM splits {self.oom_splits}",
@@ -145,6 +146,20 @@ class JobStats:
             return "  batch sizes: -"
         grown = f", grown by {b['grown']} in {b['seconds']:.1f}s" if b.get("grown") else ""
         return f"  batch sizes: {b['sizes']} ({b['source']}{grown}; {b['reason']}); {self._padding()}"
+
+    #: the padding share from which the summary says how to pad nothing (a quarter of the rows run)
+    PADDING_HINT_SHARE = 0.25
+
+    def _padding_hint(self) -> List[str]:
+        """A line naming the pool that pads nothing, where one batch size padded much: each signature's
+        short tail is padded to that size, so a plan of many small signatures (Z-Image's caption
+        lengths, many image sizes in one dataset) pads most of its rows."""
+        rows = self.items_planned + self.padding_rows
+        if not rows or self.padding_rows / rows < self.PADDING_HINT_SHARE:
+            return []
+        return [f"  padding: {len(self.signatures)} signature(s) for {self.items_planned} items, each short tail "
+                f"padded to the batch size; bcg.batch_sizes=[1] pads nothing and keeps one batch shape, at "
+                f"batch 1's speed (README: a sample is a function of its row)"]
 
     def _padding(self) -> str:
         """'16 padding rows of 216 run (7%)': the rows one batch shape adds to short tails, of every
