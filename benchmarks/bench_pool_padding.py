@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT))
 
 PRESETS = ["sana_tiny", "flux_tiny", "qwen_image_tiny", "longcat_image_tiny", "z_image_tiny", "glm_image_tiny"]
 DATA = ROOT / "benchmarks" / "data" / "realistic_prompts.jsonl"
@@ -46,18 +46,22 @@ def plan(preset: str, data: Path, out: Path) -> dict:
     return json.loads((out / "_plan" / "plan.json").read_text())
 
 
-def powers_of_two(n: int) -> int:
-    """Batches a tail of n rows is cut into at the pool [1, 2, 4, 8]: full 8s, then 4, 2, 1."""
-    return n // 8 + bin(n % 8).count("1")
+def pool_cost(units: list, pool: list) -> tuple:
+    """(rows, batches) the stages run for units of these item counts at `pool`, cut as the job cuts
+    them (jobs.plan.cut_batches, short tails padded)."""
+    from jobs.plan import cut_batches
+
+    batches = [b for n in units for b in cut_batches(range(n), pool, pad_short=True)]
+    return sum(size for _, size in batches), len(batches)
 
 
 def row(preset: str, prompts: int, manifest: dict) -> dict:
-    sizes = [int(u["count"]) for u in manifest["units"]]
-    rows8 = sum(math.ceil(n / 8) * 8 for n in sizes)
-    return {"preset": preset, "prompts": prompts, "signatures": len(manifest["signatures"]), "units": len(sizes),
-            "rows_at_8": rows8, "padding_rows_at_8": rows8 - sum(sizes),
-            "padding_share_at_8": round((rows8 - sum(sizes)) / rows8, 3), "batches_at_8": rows8 // 8,
-            "batches_at_1": sum(sizes), "batches_at_1248": sum(powers_of_two(n) for n in sizes)}
+    units = [int(u["count"]) for u in manifest["units"]]
+    (rows8, batches8), (_, batches1), (_, batches1248) = (pool_cost(units, p) for p in ([8], [1], [1, 2, 4, 8]))
+    return {"preset": preset, "prompts": prompts, "signatures": len(manifest["signatures"]), "units": len(units),
+            "rows_at_8": rows8, "padding_rows_at_8": rows8 - sum(units),
+            "padding_share_at_8": round((rows8 - sum(units)) / rows8, 3), "batches_at_8": batches8,
+            "batches_at_1": batches1, "batches_at_1248": batches1248}
 
 
 def main() -> None:

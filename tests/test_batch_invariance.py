@@ -19,6 +19,7 @@ import torch
 
 from bcg.invariant import InvariantConfig, active, batch_invariant, compare_rows, install_batch_invariance
 from bcg.invariant import cpu as inv_cpu
+from jobs.worker.outputs import tensors_of
 from tests.helpers import tiny_pipeline
 from tests.invariance_rows import PROMPTS, request, run_transformer, take_rows, transformer_inputs
 
@@ -221,15 +222,12 @@ def test_latents_and_pixels_do_not_depend_on_the_batch(built, preset):
 
 
 def leaves(out) -> list:
-    """A stage's output flattened: tensors and arrays, through tuples, lists, dicts and dataclasses
-    (the video and sound families return several, beside generators and geometry)."""
-    if isinstance(out, (tuple, list)):
-        return [x for o in out for x in leaves(o)]
-    if isinstance(out, dict):
-        return [x for k in sorted(out) for x in leaves(out[k])]
+    """A stage's output flattened: the tensors the job hashes into `latent_sha256` (`tensors_of`:
+    through tuples and lists, past generators and geometry), and a decode's `Decoded` fields,
+    tensors or arrays."""
     if dataclasses.is_dataclass(out):
         return [x for f in dataclasses.fields(out) for x in leaves(getattr(out, f.name))]
-    return [out] if isinstance(out, (torch.Tensor, np.ndarray)) else []
+    return [out] if isinstance(out, np.ndarray) else tensors_of(out)
 
 
 def rows_equal(batch_out, i: int, n: int, alone_out) -> bool:
