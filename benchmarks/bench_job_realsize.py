@@ -238,6 +238,8 @@ JOB_MODES = {
     "bcg-invariant": ["bcg.invariant=true"],
     "bcg-fixed8": ["bcg.batch_sizes=[8]"],
     "bcg-pool1248": ["bcg.batch_sizes=[1,2,4,8]"],
+    # the default job before session 34: the VAE decoder's blocks unfused (bcg/fusions/dc_ae.py)
+    "bcg-nodecfuse": ["bcg.decoder_fusions=false"],
 }
 
 

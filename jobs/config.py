@@ -241,6 +241,12 @@ class BcgConfig(RunnerConfig):
     batch_grow_memory_fraction: float = 0.8
     """Grow only while the predicted peak stays under this fraction of device memory (the rest is for
     captured graphs' pools and fragmentation)."""
+    decoder_fusions: bool = True
+    """The lossless tier's fused chains in the VAE decoder too, where a rule knows its blocks (SANA's
+    DC-AE: bcg/fusions/dc_ae.py), each verified against eager on first sight like the transformer's, so
+    the bytes stay eager's; on CUDA with bcg.enabled and bcg.fusions=lossless only. A speed setting: at
+    1024², batch 8, on the H200 the decode's elementwise work was over half its GPU time
+    (benchmarks/results/vae_decode_h200_s34.md)."""
     invariant: bool = False
     """The batch-invariant mode (bcg/invariant, issue 30): the worker installs kernels that compute
     every row the same way whatever its batch, so a sample's bytes are a function of its row (model,

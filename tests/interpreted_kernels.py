@@ -30,7 +30,7 @@ libdevice.tanh = _np_unary(np.tanh)
 libdevice.exp = _np_unary(np.exp)
 libdevice.rsqrt = lambda v: tl.rsqrt(v)
 
-from bcg.fusions import kernels, kernels_act, kernels_norm, kernels_rms, kernels_rope, ops  # noqa: E402
+from bcg.fusions import kernels, kernels_act, kernels_channel, kernels_norm, kernels_rms, kernels_rope, ops  # noqa: E402
 from bcg.fusions.applicable import NotApplicable  # noqa: E402
 
 kernels_rms.RSTD_IN_KERNEL = False  # the kernels read aten's rsqrt(var + eps) unless they reduce themselves
@@ -372,7 +372,38 @@ def rope_minimax(dt):
                         check(f"{label} {name} eager R={R} B={B} {dt}", got, op.eager(x, norm, freqs))
 
 
+# -- DC-AE's per-channel chains, on both dense image layouts ------------------------------------------
+def channel(dt):
+    B, C, H, W = 2, 8, 3, 5
+    for layout in ("nchw", "channels_last"):
+        fmt = torch.contiguous_format if layout == "nchw" else torch.channels_last
+
+        def img(*shape, scale=1.0):
+            return rand(*shape, scale=scale, dtype=dt).contiguous(memory_format=fmt)
+
+        y, b = img(B, C, H, W, scale=2), rand(C, dtype=dt)
+        want = np_silu((y.float() + b.float().view(1, -1, 1, 1)).to(dt).float()).to(dt)
+        check(f"channel bias_silu {layout} {dt}", kernels.bias_silu_(y.clone(), b), want)
+        h, x = img(B, C, H, W, scale=2), img(B, C, H, W)
+        view = h.movedim(1, -1)
+        check(f"channel squares {layout} {dt}", kernels_rms.rms_sq(view), view.float().pow(2))
+        var = view.float().pow(2).mean(-1, keepdim=True)
+        w, bb = rand(C, dtype=dt), rand(C, dtype=dt)
+        n = (view.float() * rsqrt(var + 1e-5)).to(dt).float()
+        n = ((n * w.float()).to(dt).float() + bb.float()).to(dt).movedim(-1, 1)
+        check(f"channel rms {layout} {dt}", kernels_channel.channel_rms(h, var, w, bb, 1e-5), n)
+        check(f"channel rms residual {layout} {dt}", kernels_channel.channel_rms(h, var, w, bb, 1e-5, x),
+              (n.float() + x.float()).to(dt))
+        for repeats, cin in ((2, 2 * C), (4, C)):  # DCUpBlock2d's repeats = 4 C_out / C_in
+            src, c = img(B, cin, H, W), img(B, C, 2 * H, 2 * W, scale=2)
+            shortcut = torch.nn.functional.pixel_shuffle(src.repeat_interleave(repeats, dim=1), 2)
+            want = ((c.float() + b.float().view(1, -1, 1, 1)).to(dt).float() + shortcut.float()).to(dt)
+            got = kernels_channel.up_shortcut_add_(c.clone(), b, src, repeats)
+            check(f"channel up_shortcut R={repeats} {layout} {dt}", got.contiguous(memory_format=fmt), want.contiguous(memory_format=fmt))
+
+
 for dt in (torch.float32, torch.float16):
+    channel(dt)
     head_rows(dt)
     elementwise(dt)
     layer_norm(dt)

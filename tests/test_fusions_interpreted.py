@@ -57,6 +57,13 @@ def test_layer_norm_kernel_after_its_statistics_equals_the_plans(results, prefix
     assert not bad, bad
 
 
+def test_dc_ae_channel_kernels_equal_their_plans(results):
+    """bias + SiLU, the squares, RMSNorm over channels (+ residual) and the up-block's bias + shortcut,
+    on contiguous and channels-last images."""
+    bad = {k: v for k, v in _group(results, "channel ").items() if v}
+    assert not bad, bad
+
+
 def test_rms_variance_in_the_mean_order(results):
     bad = {k: v for k, v in _group(results, "row_variance").items() if v}
     assert not bad, bad

@@ -116,21 +116,41 @@ def gated_residual(h: torch.Tensor, gate: torch.Tensor, y: torch.Tensor,
 
 # -- GLUMBConv: conv bias + SiLU (in place), conv bias + GLU gate -----------------------------
 @triton.jit
-def _bias_silu_kernel(y_ptr, b_ptr, numel, C, BLOCK: tl.constexpr):
+def _bias_silu_kernel(y_ptr, b_ptr, numel, C, HW, CL: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = offs < numel
+    c = _channel(offs, C, HW, CL)
     y = tl.load(y_ptr + offs, mask=m).to(tl.float32)
-    y = _r(y + tl.load(b_ptr + offs % C, mask=m).to(tl.float32), y_ptr)
+    y = _r(y + tl.load(b_ptr + c, mask=m).to(tl.float32), y_ptr)
     tl.store(y_ptr + offs, _silu(y).to(y_ptr.dtype.element_ty), mask=m)
 
 
+@triton.jit
+def _channel(offs, C, HW, CL: tl.constexpr):
+    """The channel of flat offset `offs` in a dense [B, C, H, W]: channels-last, or NCHW (contiguous)."""
+    if CL:
+        return offs % C
+    return (offs // HW) % C
+
+
+def image_layout(t: torch.Tensor) -> bool:
+    """True for a channels-last [B, C, H, W], False for a contiguous one (NotApplicable for any other):
+    the two dense layouts the per-channel kernels walk in memory order."""
+    _check(t.dim() == 4, "a [B, C, H, W] image tensor")
+    if t.is_contiguous(memory_format=torch.channels_last):
+        return True
+    _check(t.is_contiguous(), "the image must be contiguous or channels-last")
+    return False
+
+
 def bias_silu_(y: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """In place on a channels-last conv output y [B, C, H, W]: silu(y + bias[c])."""
-    _check(y.dim() == 4 and y.is_contiguous(memory_format=torch.channels_last), "y must be channels-last")
-    C = y.shape[1]
+    """In place on a conv output y [B, C, H, W] (channels-last, as SANA's GLUMBConv runs, or contiguous,
+    as DC-AE's ResBlocks may): silu(y + bias[c])."""
+    cl = image_layout(y)
+    B, C, H, W = y.shape
     _check(bias.shape == (C,) and bias.dtype == y.dtype, "bias must be [C] of y's dtype")
     n = y.numel()
-    _bias_silu_kernel[(triton.cdiv(n, BLOCK),)](y, bias, n, C, BLOCK=BLOCK, **OPTS)
+    _bias_silu_kernel[(triton.cdiv(n, BLOCK),)](y, bias, n, C, H * W, CL=cl, BLOCK=BLOCK, **OPTS)
     return y
 
 

@@ -63,8 +63,11 @@ def _sq_kernel(x_ptr, o_ptr, numel, BLOCK: tl.constexpr):
 
 
 def rms_sq(x: torch.Tensor) -> torch.Tensor:
-    _check(x.is_contiguous(), "x must be contiguous")
-    out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
+    """x.float().pow(2) for a dense x of any order of dimensions (a contiguous one, or DC-AE's
+    `movedim(1, -1)` view of a contiguous image), with the strides eager's kernels give it (x's), so
+    that aten's mean over it reduces the very tensor eager's mean reduces."""
+    out = torch.empty_like(x, dtype=torch.float32)  # preserve_format: x's strides where x is dense
+    _check(out.stride() == x.stride(), "x must be dense (contiguous up to an order of its dimensions)")
     n = x.numel()
     _sq_kernel[(triton.cdiv(n, BLOCK),)](x, out, n, BLOCK=BLOCK, **OPTS)
     return out

@@ -46,7 +46,20 @@ def get(name: str) -> Rule:
 
 
 def _builtin() -> None:
-    from . import flux, glm_image, ltx2, ltx2_prompt, minimax_h3, ops_norm, qwen_image, sana, sana_video, wan, z_image
+    from . import (
+        dc_ae,
+        flux,
+        glm_image,
+        ltx2,
+        ltx2_prompt,
+        minimax_h3,
+        ops_norm,
+        qwen_image,
+        sana,
+        sana_video,
+        wan,
+        z_image,
+    )
 
     register(Rule("sana_prompt", "SanaTransformer2DModel", sana.check_prompt, sana.prompt_forwards, ()))
     register(Rule("sana_block", "SanaTransformerBlock", sana.check_block, sana.block_forward,
@@ -79,6 +92,10 @@ def _builtin() -> None:
         register(Rule(f"{name}_block", f"{prefix}TransformerBlock", flux.check_block, flux.block_forward, flux.OPS))
         register(Rule(f"{name}_single_block", f"{prefix}SingleTransformerBlock", flux.check_single,
                       flux.single_forward, flux.OPS))
+    # SANA's DC-AE decoder (the worker installs the tier on the VAE too: jobs/worker/model.py)
+    register(Rule("dc_ae_resblock", "ResBlock", dc_ae.check_resblock, dc_ae.resblock_forward,
+                  ("conv_bias_silu", "channel_rms", *(op.name for op in dc_ae.RMS_VARIANCE))))
+    register(Rule("dc_ae_up_block", "DCUpBlock2d", dc_ae.check_up_block, dc_ae.up_block_forward, ("up_shortcut",)))
 
 
 _builtin()

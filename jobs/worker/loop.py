@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from bcg import GraphRunner
+from bcg.rewrites import Rewrite
 from jobs.errors import EnvironmentFailure
 from jobs.output.claim import run_id
 from jobs.output.layout import PLAN_DIR
@@ -28,7 +29,7 @@ from jobs.telemetry.watch import Watch
 from jobs.worker.batch_sizer import choose as choose_batch_sizes
 from jobs.worker.dispatcher import CaptureDispatcher
 from jobs.worker.handoff import Handoff
-from jobs.worker.model import attach_runner, batch_invariance, invariance_report, load_pipeline
+from jobs.worker.model import attach_decoder_fusions, attach_runner, batch_invariance, invariance_report, load_pipeline
 from jobs.worker.pipeline import Pipeline
 from jobs.worker.prepare import Prepared
 from jobs.worker.scheduler import StageScheduler
@@ -47,6 +48,7 @@ class Loaded:
     dispatcher: CaptureDispatcher
     stages: StageScheduler
     warned: RepeatedWarnings  # the pipeline's per-batch warnings, said once and counted
+    decoder_fusions: Optional[Rewrite] = None  # the VAE's fused blocks (bcg.decoder_fusions), when any
 
 
 def generate_all(prep: Prepared, stats: JobStats, timer: StageTimer, stop: StopFlag) -> None:
@@ -103,6 +105,7 @@ def _load(prep: Prepared, stats: JobStats, timer: StageTimer) -> Loaded:
     with timer("load"):
         pipe = load_pipeline(prep.family, cfg, prep.device)
         runner = attach_runner(prep.family, pipe, cfg)
+        decoder_fusions = attach_decoder_fusions(pipe, cfg, prep.device)
     warned = RepeatedWarnings().install(pipe)  # batch sizing's probes encode real prompts too
     dispatcher = CaptureDispatcher(runner, cfg.bcg)
     pipeline = Pipeline(cfg, prep.family, pipe, prep.padder, runner, prep.device, gpu_lock=dispatcher.lock)
@@ -120,7 +123,8 @@ def _load(prep: Prepared, stats: JobStats, timer: StageTimer) -> Loaded:
     overlap = cfg.job.overlap if cfg.job.overlap is not None else prep.device.type == "cuda"
     stats.overlap = overlap
     stages = StageScheduler(pipeline, dispatcher, overlap=overlap)
-    return Loaded(pipeline=pipeline, runner=runner, dispatcher=dispatcher, stages=stages, warned=warned)
+    return Loaded(pipeline=pipeline, runner=runner, dispatcher=dispatcher, stages=stages, warned=warned,
+                  decoder_fusions=decoder_fusions)
 
 
 def _watch(prep: Prepared) -> Watch:
@@ -161,6 +165,8 @@ def _record(stats: JobStats, loaded: Loaded, watch: Watch, prep: Prepared) -> No
     runner = loaded.runner
     stats.oom_splits = loaded.pipeline.oom_splits
     stats.graph = runner.stats() if runner else {}
+    if loaded.decoder_fusions is not None:
+        stats.graph["decoder_fusions"] = loaded.decoder_fusions.stats()
     stats.gpu_stage_ms = {k: round(v, 1) for k, v in loaded.stages.stage_ms.items()}
     stats.capture_policy = loaded.dispatcher.report()
     stats.gpu_busy = watch.gpu_busy()

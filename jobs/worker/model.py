@@ -16,6 +16,7 @@ from bcg import GraphRunner, apply_graph_runner
 from bcg.breaks import unknown_names
 from bcg.config import POLICIES, BreakPolicy
 from bcg.invariant import BatchInvariance, batch_invariant
+from bcg.rewrites import Rewrite, rewrite_for
 from jobs.config import GenerateConfig
 from jobs.errors import UserError
 from jobs.models.base import ModelFamily
@@ -65,6 +66,25 @@ def attach_runner(family: ModelFamily, pipe, cfg: GenerateConfig) -> Optional[Gr
         if problem:
             raise UserError(f"model.{problem[len('bcg.'):]} (preset {cfg.model.name})")
     return apply_graph_runner(family.transformer(pipe), cfg.bcg, break_policy=policy)
+
+
+def attach_decoder_fusions(pipe, cfg: GenerateConfig, device: torch.device) -> Optional[Rewrite]:
+    """The lossless tier's rewrites on the pipeline's VAE as well (bcg.decoder_fusions): only rules whose
+    blocks it has apply (bcg/fusions/dc_ae.py: SANA's DC-AE), each chain and each rewritten block verified
+    bit for bit against eager on first sight. The decode runs no graph, so this is the rewrite alone.
+    None where the knob, the tier or the device says no, or no rule applies."""
+    vae = getattr(pipe, "vae", None)
+    if vae is None or not (cfg.bcg.enabled and cfg.bcg.decoder_fusions and cfg.bcg.tier == "lossless"
+                           and device.type == "cuda"):
+        return None
+    install = rewrite_for("lossless")
+    fused = install(vae) if install is not None else None
+    if fused is None or not fused.stats().get("modules"):
+        if fused is not None:
+            fused.remove()
+        return None
+    log.info("bcg.decoder_fusions: %d %s block(s) of the VAE fused", fused.stats()["modules"], type(vae).__name__)
+    return fused
 
 
 def batch_invariance(cfg: GenerateConfig) -> "contextlib.AbstractContextManager[Optional[BatchInvariance]]":

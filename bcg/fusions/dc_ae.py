@@ -1,0 +1,103 @@
+"""SANA's DC-AE (diffusers' `AutoencoderDC`): its decoder's ResBlocks and up-sampling blocks, fused.
+
+The decode is not a graph's work (it runs eager, a batch at a time, beside the denoiser), but its
+elementwise chains dominate it: at 1024², batch 8, on the H200, eager's RMSNorm over the channels
+took 18.1 ms a ResBlock against 10.1 ms for the block's two convs, and the decoder ran 41% of its GPU
+time in aten's elementwise kernels and 20% in copies (benchmarks/results/vae_decode_h200_s34.md).
+
+    ResBlock      x + norm(conv2(silu(conv1(x))))   conv1 + bias + SiLU: ops.CONV_BIAS_SILU;
+                                                    norm + residual: ops_channel.CHANNEL_RMS, its
+                                                    variance a chain of ops_rms.RMS_VARIANCE
+    DCUpBlock2d   conv(interpolate(x)) + shortcut(x)  ops_channel.UP_SHORTCUT
+
+The convs and the nearest interpolation stay aten's. Each chain is verified against eager on first
+sight (verify.py) and each rewritten forward against the block's own (guard.py).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Protocol, cast
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .guard import guarded
+from .ops import CONV_BIAS_SILU
+from .ops_channel import CHANNEL_RMS, UP_SHORTCUT
+from .ops_rms import RMS_VARIANCE
+from .verify import Verifier, chain
+
+_MODULE = "diffusers.models.autoencoders.autoencoder_dc"
+
+
+class _ResBlock(Protocol):  # what check_resblock pins (nn.Module types children as Tensor | Module)
+    conv1: nn.Conv2d
+    conv2: nn.Conv2d
+    norm: nn.Module
+
+
+class _UpBlock(Protocol):  # what check_up_block pins
+    conv: nn.Conv2d
+    repeats: int
+    factor: int
+    interpolation_mode: str
+
+
+def _dc_ae(m: nn.Module) -> str | None:
+    if type(m).__module__ != _MODULE:
+        return f"{type(m).__module__}.{type(m).__name__} is not DC-AE's"
+    if m.training:
+        return "DC-AE block in training mode"
+    return None
+
+
+def check_resblock(m: nn.Module) -> str | None:
+    why = _dc_ae(m)
+    if why is not None:
+        return why
+    norm = getattr(m, "norm", None)
+    if getattr(m, "norm_type", None) != "rms_norm" or type(norm).__name__ != "RMSNorm":
+        return "DC-AE ResBlock without its RMSNorm over channels"
+    if getattr(norm, "weight", None) is None or getattr(norm, "bias", None) is None:
+        return "DC-AE ResBlock whose RMSNorm has no weight or no bias"
+    if not isinstance(getattr(m, "nonlinearity", None), nn.SiLU) or getattr(m.conv1, "bias", None) is None:
+        return "DC-AE ResBlock without conv1's bias + SiLU"
+    return None
+
+
+def resblock_forward(block: nn.Module, fx: Verifier) -> Callable:
+    call = fx.call
+    variance = chain(call, RMS_VARIANCE)
+    b = cast(_ResBlock, block)
+    conv1, conv2, norm = b.conv1, b.conv2, b.norm
+    eps = float(norm.eps)  # type: ignore[arg-type]  # diffusers' RMSNorm: a float
+
+    def forward(hidden_states: torch.Tensor) -> torch.Tensor:
+        h = conv2(call(CONV_BIAS_SILU, hidden_states, conv1))
+        return call(CHANNEL_RMS, h, variance(h.movedim(1, -1)), norm, eps, hidden_states)
+
+    return guarded("dc_ae_resblock", block, forward, fx)
+
+
+def check_up_block(m: nn.Module) -> str | None:
+    why = _dc_ae(m)
+    if why is not None:
+        return why
+    if not (getattr(m, "interpolate", False) and getattr(m, "shortcut", False)) or getattr(m, "factor", 0) != 2:
+        return "DC-AE up block without interpolation and shortcut at factor 2"
+    if getattr(m.conv, "bias", None) is None:
+        return "DC-AE up block whose conv has no bias"
+    return None
+
+
+def up_block_forward(block: nn.Module, fx: Verifier) -> Callable:
+    call = fx.call
+    b = cast(_UpBlock, block)
+    conv, repeats, factor, mode = b.conv, b.repeats, b.factor, b.interpolation_mode
+
+    def forward(hidden_states: torch.Tensor) -> torch.Tensor:
+        up = F.interpolate(hidden_states, scale_factor=factor, mode=mode)
+        return call(UP_SHORTCUT, up, hidden_states, conv, repeats)
+
+    return guarded("dc_ae_up_block", block, forward, fx)
