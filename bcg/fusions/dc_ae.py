@@ -5,10 +5,14 @@ elementwise chains dominate it: at 1024², batch 8, on the H200, eager's RMSNorm
 took 18.1 ms a ResBlock against 10.1 ms for the block's two convs, and the decoder ran 41% of its GPU
 time in aten's elementwise kernels and 20% in copies (benchmarks/results/vae_decode_h200_s34.md).
 
-    ResBlock      x + norm(conv2(silu(conv1(x))))   conv1 + bias + SiLU: ops.CONV_BIAS_SILU;
-                                                    norm + residual: ops_channel.CHANNEL_RMS, its
-                                                    variance a chain of ops_rms.RMS_VARIANCE
-    DCUpBlock2d   conv(interpolate(x)) + shortcut(x)  ops_channel.UP_SHORTCUT
+    ResBlock          x + norm(conv2(silu(conv1(x))))   conv1 + bias + SiLU: ops.CONV_BIAS_SILU;
+                                                        norm + residual: ops_channel.CHANNEL_RMS, its
+                                                        variance a chain of ops_rms.RMS_VARIANCE
+    DCUpBlock2d       conv(interpolate(x)) + shortcut(x)  ops_channel.UP_SHORTCUT
+    EfficientViTBlock conv_out(attn(x)): its GLUMBConv  x + norm(conv_point(glu(conv_depth(silu(
+                                                        conv_inverted(x)))))): CONV_BIAS_SILU,
+                                                        ops.CONV_BIAS_GLU, CHANNEL_RMS; the attention
+                                                        as the module runs it
 
 The convs and the nearest interpolation stay aten's. Each chain is verified against eager on first
 sight (verify.py) and each rewritten forward against the block's own (guard.py).
@@ -23,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .guard import guarded
-from .ops import CONV_BIAS_SILU
+from .ops import CONV_BIAS_GLU, CONV_BIAS_SILU
 from .ops_channel import CHANNEL_RMS, UP_SHORTCUT
 from .ops_rms import RMS_VARIANCE
 from .verify import Verifier, chain
@@ -35,6 +39,18 @@ class _ResBlock(Protocol):  # what check_resblock pins (nn.Module types children
     conv1: nn.Conv2d
     conv2: nn.Conv2d
     norm: nn.Module
+
+
+class _GLUMBConv(Protocol):  # what check_efficientvit pins of the block's conv_out
+    conv_inverted: nn.Conv2d
+    conv_depth: nn.Conv2d
+    conv_point: nn.Conv2d
+    norm: nn.Module
+
+
+class _EfficientViT(Protocol):
+    attn: nn.Module
+    conv_out: _GLUMBConv
 
 
 class _UpBlock(Protocol):  # what check_up_block pins
@@ -101,3 +117,35 @@ def up_block_forward(block: nn.Module, fx: Verifier) -> Callable:
         return call(UP_SHORTCUT, up, hidden_states, conv, repeats)
 
     return guarded("dc_ae_up_block", block, forward, fx)
+
+
+def check_efficientvit(m: nn.Module) -> str | None:
+    # The block, not its GLUMBConv, is the pattern: the transformer's GLUMBConvs (no norm, no residual)
+    # are the same class and belong to sana_block.
+    why = _dc_ae(m)
+    if why is not None:
+        return why
+    ff = m.get_submodule("conv_out") if hasattr(m, "conv_out") else None
+    if ff is None or type(ff).__name__ != "GLUMBConv" or getattr(ff, "norm_type", None) != "rms_norm" \
+            or not getattr(ff, "residual_connection", False) or type(getattr(ff, "norm", None)).__name__ != "RMSNorm":
+        return "DC-AE EfficientViT block without its GLUMBConv's RMSNorm and residual"
+    convs = cast(_GLUMBConv, ff)
+    if not isinstance(ff.nonlinearity, nn.SiLU) or convs.conv_inverted.bias is None or convs.conv_depth.bias is None:
+        return "DC-AE EfficientViT block whose GLUMBConv has no conv biases or no SiLU"
+    return None
+
+
+def efficientvit_forward(block: nn.Module, fx: Verifier) -> Callable:
+    call = fx.call
+    variance = chain(call, RMS_VARIANCE)
+    b = cast(_EfficientViT, block)
+    attn, ff = b.attn, b.conv_out
+    eps = float(ff.norm.eps)  # type: ignore[arg-type]  # diffusers' RMSNorm: a float
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        x = attn(x)
+        h = call(CONV_BIAS_GLU, call(CONV_BIAS_SILU, x, ff.conv_inverted), ff.conv_depth)
+        h = ff.conv_point(h)
+        return call(CHANNEL_RMS, h, variance(h.movedim(1, -1)), ff.norm, eps, x)
+
+    return guarded("dc_ae_efficientvit", block, forward, fx)

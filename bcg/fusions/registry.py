@@ -96,6 +96,8 @@ def _builtin() -> None:
     register(Rule("dc_ae_resblock", "ResBlock", dc_ae.check_resblock, dc_ae.resblock_forward,
                   ("conv_bias_silu", "channel_rms", *(op.name for op in dc_ae.RMS_VARIANCE))))
     register(Rule("dc_ae_up_block", "DCUpBlock2d", dc_ae.check_up_block, dc_ae.up_block_forward, ("up_shortcut",)))
+    register(Rule("dc_ae_efficientvit", "EfficientViTBlock", dc_ae.check_efficientvit, dc_ae.efficientvit_forward,
+                  ("conv_bias_silu", "conv_bias_glu", "channel_rms", *(op.name for op in dc_ae.RMS_VARIANCE))))
 
 
 _builtin()
