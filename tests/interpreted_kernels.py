@@ -384,6 +384,14 @@ def channel(dt):
         y, b = img(B, C, H, W, scale=2), rand(C, dtype=dt)
         want = np_silu((y.float() + b.float().view(1, -1, 1, 1)).to(dt).float()).to(dt)
         check(f"channel bias_silu {layout} {dt}", kernels.bias_silu_(y.clone(), b), want)
+        d = img(B, 2 * C, H, W, scale=2)
+        b2 = rand(2 * C, dtype=dt)
+        for bias in (None, b2):
+            got = kernels.bias_glu(d, bias)
+            d32 = d.float() if bias is None else (d.float() + bias.float().view(1, -1, 1, 1)).to(dt).float()
+            v, g = d32.chunk(2, dim=1)
+            check(f"channel bias_glu {'bias' if bias is not None else 'no bias'} {layout} {dt}", got,
+                  (v * np_silu(g).to(dt).float()).to(dt).contiguous(memory_format=fmt))
         h, x = img(B, C, H, W, scale=2), img(B, C, H, W)
         view = h.movedim(1, -1)
         check(f"channel squares {layout} {dt}", kernels_rms.rms_sq(view), view.float().pow(2))

@@ -155,14 +155,22 @@ def bias_silu_(y: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _bias_glu_kernel(d_ptr, b_ptr, o_ptr, numel, Hc, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+def _bias_glu_kernel(d_ptr, b_ptr, o_ptr, numel, Hc, HW, HAS_BIAS: tl.constexpr, CL: tl.constexpr,
+                     BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = offs < numel
-    p = offs // Hc  # pixel
-    j = offs % Hc  # channel of the value half
-    src = p * (2 * Hc) + j
+    if CL:
+        p = offs // Hc  # pixel
+        j = offs % Hc  # channel of the value half
+        src = p * (2 * Hc) + j
+        half = Hc  # the gate's offset from its value
+    else:  # NCHW: out[b, j, p] from d[b, j, p] and d[b, Hc + j, p]
+        rem = offs % (Hc * HW)
+        j = rem // HW
+        src = (offs // (Hc * HW)) * (2 * Hc * HW) + rem
+        half = Hc * HW
     x = tl.load(d_ptr + src, mask=m).to(tl.float32)
-    g = tl.load(d_ptr + src + Hc, mask=m).to(tl.float32)
+    g = tl.load(d_ptr + src + half, mask=m).to(tl.float32)
     if HAS_BIAS:
         x = _r(x + tl.load(b_ptr + j, mask=m).to(tl.float32), o_ptr)
         g = _r(g + tl.load(b_ptr + j + Hc, mask=m).to(tl.float32), o_ptr)
@@ -170,17 +178,19 @@ def _bias_glu_kernel(d_ptr, b_ptr, o_ptr, numel, Hc, HAS_BIAS: tl.constexpr, BLO
 
 
 def bias_glu(d: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """d [B, 2H, h, w] channels-last -> x * silu(gate) [B, H, h, w] channels-last, where
+    """d [B, 2H, h, w] -> x * silu(gate) [B, H, h, w] in d's layout (channels-last, as SANA's GLUMBConv
+    runs, or contiguous, as DC-AE's may: eager's product of the two chunks keeps it), where
     x, gate = (d + bias).chunk(2, dim=1)."""
-    _check(d.dim() == 4 and d.is_contiguous(memory_format=torch.channels_last), "d must be channels-last")
+    cl = image_layout(d)
     B, C2, Hh, Ww = d.shape
     _check(C2 % 2 == 0, "even channels")
     if bias is not None:
         _check(bias.shape == (C2,) and bias.dtype == d.dtype, "bias must be [C] of d's dtype")
-    out = torch.empty((B, C2 // 2, Hh, Ww), dtype=d.dtype, device=d.device, memory_format=torch.channels_last)
+    fmt = torch.channels_last if cl else torch.contiguous_format
+    out = torch.empty((B, C2 // 2, Hh, Ww), dtype=d.dtype, device=d.device, memory_format=fmt)
     n = out.numel()
-    _bias_glu_kernel[(triton.cdiv(n, BLOCK),)](d, bias if bias is not None else d, out, n, C2 // 2,
-                                              HAS_BIAS=bias is not None, BLOCK=BLOCK, **OPTS)
+    _bias_glu_kernel[(triton.cdiv(n, BLOCK),)](d, bias if bias is not None else d, out, n, C2 // 2, Hh * Ww,
+                                              HAS_BIAS=bias is not None, CL=cl, BLOCK=BLOCK, **OPTS)
     return out
 
 
