@@ -100,6 +100,11 @@ def kinds(fn) -> tuple[dict, list]:
             [(name[:90], round(ms, 2), calls) for name, (ms, calls) in top])
 
 
+def layout(t: torch.Tensor) -> str:
+    return "channels-last" if t.is_contiguous(memory_format=torch.channels_last) and not t.is_contiguous() \
+        else "NCHW" if t.is_contiguous() else f"strides {t.stride()}"
+
+
 def stage_times(dec, z: torch.Tensor, reps: int) -> list[tuple[str, float]]:
     """Decoder.forward cut into its stages (diffusers 0.42's order), each timed on its real input."""
     steps = []
@@ -119,7 +124,7 @@ def stage_times(dec, z: torch.Tensor, reps: int) -> list[tuple[str, float]]:
     out, h = [], z
     for name, fn in steps:
         x = h
-        out.append((f"{name} {tuple(x.shape[1:])}", med(timed(lambda: fn(x), reps))))
+        out.append((f"{name} {tuple(x.shape[1:])} {layout(x)}", med(timed(lambda: fn(x), reps))))
         h = fn(x)
     return out
 
@@ -170,7 +175,7 @@ def op_rows(dec, z: torch.Tensor, reps: int) -> list[tuple[str, float]]:
         x = inputs.get(id(m))
         if x is None:
             continue
-        key = (type(m).__name__, tuple(x.shape[1:]))
+        key = (type(m).__name__, f"{tuple(x.shape[1:])} {layout(x)}")
         if key in seen:
             continue
         seen.add(key)

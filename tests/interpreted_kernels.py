@@ -402,6 +402,8 @@ def channel(dt):
         check(f"channel rms {layout} {dt}", kernels_channel.channel_rms(h, var, w, bb, 1e-5), n)
         check(f"channel rms residual {layout} {dt}", kernels_channel.channel_rms(h, var, w, bb, 1e-5, x),
               (n.float() + x.float()).to(dt))
+        check(f"channel rms relu {layout} {dt}", kernels_channel.channel_rms(h, var, w, bb, 1e-5, relu=True),
+              torch.relu(n))
         for repeats, cin in ((2, 2 * C), (4, C)):  # DCUpBlock2d's repeats = 4 C_out / C_in
             src, c = img(B, cin, H, W), img(B, C, 2 * H, 2 * W, scale=2)
             shortcut = torch.nn.functional.pixel_shuffle(src.repeat_interleave(repeats, dim=1), 2)

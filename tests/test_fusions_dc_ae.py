@@ -32,8 +32,8 @@ def _norm(C: int, dtype) -> nn.Module:
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-@pytest.mark.parametrize("residual", [True, False])
-def test_channel_rms_plan_equals_eager(layout, dtype, residual):
+@pytest.mark.parametrize("residual,relu", [(True, False), (False, False), (False, True)])
+def test_channel_rms_plan_equals_eager(layout, dtype, residual, relu):
     torch.manual_seed(0)
     B, C, H, W = 2, 32, 5, 7
     h = (3 * torch.randn(B, C, H, W)).to(dtype).contiguous(memory_format=LAYOUTS[layout])
@@ -41,8 +41,8 @@ def test_channel_rms_plan_equals_eager(layout, dtype, residual):
     norm = _norm(C, dtype)
     var = h.movedim(1, -1).float().pow(2).mean(-1, keepdim=True)  # what the variance chain hands over
     with torch.no_grad():
-        want = CHANNEL_RMS.eager(h, var, norm, norm.eps, x)
-        got = CHANNEL_RMS.reference(h, var, norm, norm.eps, x)
+        want = CHANNEL_RMS.eager(h, var, norm, norm.eps, x, relu)
+        got = CHANNEL_RMS.reference(h, var, norm, norm.eps, x, relu)
     assert torch.equal(got, want) and got.stride() == want.stride() and got.dtype == want.dtype
 
 
@@ -94,16 +94,16 @@ def test_the_rules_keep_the_decode_bytes(dtype, tmp_path):
         first, again = (vae.decode(z, return_dict=False)[0] for _ in range(2))
     assert torch.equal(first, want) and torch.equal(again, want)
     rules = [rule for rule, _, _ in fx.installed]
-    # the decoder's 3 ResBlocks, 3 up blocks and EfficientViT block, and the encoder's (the same classes)
-    assert (rules.count("dc_ae_resblock"), rules.count("dc_ae_up_block"), rules.count("dc_ae_efficientvit")) \
-        == (6, 3, 2), rules
+    # the decoder, its 3 ResBlocks, 3 up blocks and EfficientViT block, and the encoder's (the same classes)
+    assert (rules.count("dc_ae_decoder"), rules.count("dc_ae_resblock"), rules.count("dc_ae_up_block"),
+            rules.count("dc_ae_efficientvit")) == (1, 6, 3, 2), rules
     c = fx.counters
-    assert c.forwards_verified == 7 and c.forwards_rejected == 0, c.rejections  # the decoder's blocks ran
+    assert c.forwards_verified == 8 and c.forwards_rejected == 0, c.rejections  # the decoder's blocks ran
     # On the CPU oneDNN adds a conv's bias inside the conv, so the three conv chains differ from eager and
     # run eager for good; the norm chain is the CPU's own aten ops in eager's order, and runs fused.
     assert all(r.startswith(("conv_bias_silu", "conv_bias_glu", "up_shortcut")) for r in c.rejections), c.rejections
     assert c.verified > 0 and c.fused_calls > 0
-    assert fx.remove() == 11
+    assert fx.remove() == 12
     with torch.no_grad():
         assert torch.equal(vae.decode(z, return_dict=False)[0], want)
 

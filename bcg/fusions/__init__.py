@@ -110,7 +110,8 @@ class Fusions:
         rules = list(RULES.values()) if rules is None else rules
         by_target = {r.target: r for r in rules}
         for _qname, sub in self.model.named_modules():
-            rule = by_target.get(type(sub).__name__)
+            cls = type(sub)  # a rule names its class by name, or by module and name where the name is common
+            rule = by_target.get(f"{cls.__module__}.{cls.__qualname__}") or by_target.get(cls.__name__)
             if rule is None:
                 continue
             why = rule.check(sub)

@@ -9,6 +9,8 @@ time in aten's elementwise kernels and 20% in copies (benchmarks/results/vae_dec
                                                         norm + residual: ops_channel.CHANNEL_RMS, its
                                                         variance a chain of ops_rms.RMS_VARIANCE
     DCUpBlock2d       conv(interpolate(x)) + shortcut(x)  ops_channel.UP_SHORTCUT
+    Decoder           its head relu(norm_out(h))           CHANNEL_RMS (with the ReLU); the blocks before
+                                                        it as installed above
     EfficientViTBlock conv_out(attn(x)): its GLUMBConv  x + norm(conv_point(glu(conv_depth(silu(
                                                         conv_inverted(x)))))): CONV_BIAS_SILU,
                                                         ops.CONV_BIAS_GLU, CHANNEL_RMS; the attention
@@ -53,6 +55,15 @@ class _EfficientViT(Protocol):
     conv_out: _GLUMBConv
 
 
+class _Decoder(Protocol):  # what check_decoder pins
+    conv_in: nn.Conv2d
+    in_shortcut: bool
+    in_shortcut_repeats: int
+    up_blocks: nn.ModuleList
+    norm_out: nn.Module
+    conv_out: nn.Conv2d
+
+
 class _UpBlock(Protocol):  # what check_up_block pins
     conv: nn.Conv2d
     repeats: int
@@ -60,8 +71,13 @@ class _UpBlock(Protocol):  # what check_up_block pins
     interpolation_mode: str
 
 
+def qualified(name: str) -> str:
+    """A rule's target: DC-AE's class of that name (other libraries have a `ResBlock` and a `Decoder`)."""
+    return f"{_MODULE}.{name}"
+
+
 def _dc_ae(m: nn.Module) -> str | None:
-    if type(m).__module__ != _MODULE:
+    if type(m).__module__ != _MODULE:  # the rules target qualified names; a direct call may pass anything
         return f"{type(m).__module__}.{type(m).__name__} is not DC-AE's"
     if m.training:
         return "DC-AE block in training mode"
@@ -149,3 +165,38 @@ def efficientvit_forward(block: nn.Module, fx: Verifier) -> Callable:
         return call(CHANNEL_RMS, h, variance(h.movedim(1, -1)), ff.norm, eps, x)
 
     return guarded("dc_ae_efficientvit", block, forward, fx)
+
+
+def check_decoder(m: nn.Module) -> str | None:
+    why = _dc_ae(m)
+    if why is not None:
+        return why
+    if type(getattr(m, "norm_out", None)).__name__ != "RMSNorm" \
+            or not isinstance(getattr(m, "conv_act", None), nn.ReLU):
+        return "DC-AE decoder whose head is not RMSNorm + ReLU"
+    if not isinstance(getattr(m, "conv_out", None), nn.Conv2d):
+        return "DC-AE decoder whose output is an up block (layers_per_block[0] = 0)"
+    return None
+
+
+def decoder_forward(decoder: nn.Module, fx: Verifier) -> Callable:
+    """Decoder.forward (diffusers 0.42) with its head's RMSNorm + ReLU fused; its up blocks' own forwards
+    are the other rules' where they apply."""
+    call = fx.call
+    variance = chain(call, RMS_VARIANCE)
+    d = cast(_Decoder, decoder)
+    eps = float(d.norm_out.eps)  # type: ignore[arg-type]  # diffusers' RMSNorm: a float
+
+    def forward(hidden_states: torch.Tensor) -> torch.Tensor:
+        if d.in_shortcut:
+            repeats = d.in_shortcut_repeats
+            x = hidden_states.repeat_interleave(repeats, dim=1, output_size=hidden_states.shape[1] * repeats)
+            hidden_states = d.conv_in(hidden_states) + x
+        else:
+            hidden_states = d.conv_in(hidden_states)
+        for up_block in reversed(d.up_blocks):
+            hidden_states = up_block(hidden_states)
+        h = call(CHANNEL_RMS, hidden_states, variance(hidden_states.movedim(1, -1)), d.norm_out, eps, None, True)
+        return d.conv_out(h)
+
+    return guarded("dc_ae_decoder", decoder, forward, fx)

@@ -8,7 +8,8 @@ contraction (`OPTS`).
 
     channel_rms      diffusers' RMSNorm over the channels (ResBlock's `norm(h.movedim(1, -1))
                      .movedim(-1, 1)`, with its weight and bias) given the variance, then the block's
-                     residual add: r(r(r(r(h * rstd) * w) + b) + x), rstd = rsqrt(var + eps)
+                     residual add: r(r(r(r(h * rstd) * w) + b) + x), rstd = rsqrt(var + eps); or, for
+                     the decoder's head, ReLU instead of the residual
     up_shortcut_add_ DCUpBlock2d's tail, in place on its conv's output c (run without bias):
                      r(r(c + bias) + y), y = pixel_shuffle(h.repeat_interleave(R, dim=1), 2) read
                      straight from h (a copy in eager: no rounding)
@@ -27,7 +28,7 @@ from .kernels import BLOCK, OPTS, _channel, _r, image_layout
 
 @triton.jit
 def _channel_rms_kernel(h_ptr, v_ptr, w_ptr, b_ptr, x_ptr, o_ptr, numel, C, HW, eps,
-                        CL: tl.constexpr, HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+                        CL: tl.constexpr, HAS_RES: tl.constexpr, RELU: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = offs < numel
     c = _channel(offs, C, HW, CL)
@@ -41,14 +42,17 @@ def _channel_rms_kernel(h_ptr, v_ptr, w_ptr, b_ptr, x_ptr, o_ptr, numel, C, HW, 
     n = _r(n * tl.load(w_ptr + c, mask=m).to(tl.float32), o_ptr)
     n = _r(n + tl.load(b_ptr + c, mask=m).to(tl.float32), o_ptr)
     if HAS_RES:
-        n = n + tl.load(x_ptr + offs, mask=m).to(tl.float32)
+        n = _r(n + tl.load(x_ptr + offs, mask=m).to(tl.float32), o_ptr)
+    if RELU:  # aten's clamp_min(0) on a stored value: NaN stays NaN
+        n = tl.where((n > 0.0) | (n != n), n, 0.0)
     tl.store(o_ptr + offs, n.to(o_ptr.dtype.element_ty), mask=m)
 
 
 def channel_rms(h: torch.Tensor, var: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
-                res: torch.Tensor | None = None) -> torch.Tensor:
+                res: torch.Tensor | None = None, relu: bool = False) -> torch.Tensor:
     """RMSNorm over the channels of h [B, C, H, W] given var (eager's `mean(-1, keepdim=True)` of the
-    `movedim(1, -1)` view: [B, H, W, 1]), * weight + bias, + res (same layout as h) when given."""
+    `movedim(1, -1)` view: [B, H, W, 1]), * weight + bias, + res (same layout as h) when given, then
+    ReLU when asked."""
     cl = image_layout(h)
     B, C, H, W = h.shape
     _check(var.shape == (B, H, W, 1) and var.dtype == torch.float32, "var must be the fp32 [B, H, W, 1] mean")
@@ -61,7 +65,8 @@ def channel_rms(h: torch.Tensor, var: torch.Tensor, weight: torch.Tensor, bias: 
     out = torch.empty_like(h)  # h's layout: eager's ops on the movedim view keep it
     n = h.numel()
     _channel_rms_kernel[(triton.cdiv(n, BLOCK),)](h, v, weight, bias, res if res is not None else h, out, n, C,
-                                                 H * W, eps, CL=cl, HAS_RES=res is not None, BLOCK=BLOCK, **OPTS)
+                                                 H * W, eps, CL=cl, HAS_RES=res is not None, RELU=relu,
+                                                 BLOCK=BLOCK, **OPTS)
     return out
 
 

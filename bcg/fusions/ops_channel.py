@@ -1,7 +1,8 @@
 """Per-channel chains of image tensors: what SANA's DC-AE decoder runs between its convolutions.
 
     channel_rms          ResBlock's `norm(h.movedim(1, -1)).movedim(-1, 1) + x` (diffusers' RMSNorm over
-                         the channels, with weight and bias), given its variance: a chain of
+                         the channels, with weight and bias; or the decoder's head, `relu(norm(...))`),
+                         given its variance: a chain of
                          ops_rms.RMS_VARIANCE on the movedim view (aten's row order where the image is
                          channels-last; aten's mean of our squares, same strides, where it is NCHW)
     up_shortcut          DCUpBlock2d's `conv(up) + pixel_shuffle(x.repeat_interleave(R, dim=1), 2)`: the
@@ -37,23 +38,25 @@ def _norm_applicable(h: torch.Tensor, norm: nn.Module, eps: float) -> None:
         raise NotApplicable("the norm's weight and bias must have h's dtype (and eps the norm's)")
 
 
-# -- ResBlock: norm over the channels (+ the residual) ----------------------------------------
-def _crms_eager(h, var, norm, eps, res):
+# -- ResBlock: norm over the channels (+ the residual); the decoder's head: norm, then ReLU -------
+def _crms_eager(h, var, norm, eps, res, relu=False):
     y = norm(h.movedim(1, -1)).movedim(-1, 1)
-    return y if res is None else y + res
+    y = y if res is None else y + res
+    return F.relu(y) if relu else y
 
 
-def _crms_reference(h, var, norm, eps, res):
+def _crms_reference(h, var, norm, eps, res, relu=False):
     _norm_applicable(h, norm, eps)
     dt = h.dtype
     n = _r(h.movedim(1, -1).float() * torch.rsqrt(var + eps), dt)
     n = _r(_r(n * norm.weight.float(), dt) + norm.bias.float(), dt).movedim(-1, 1)
-    return (n if res is None else _r(n + res.float(), dt)).to(dt)
+    n = n if res is None else _r(n + res.float(), dt)
+    return (F.relu(n) if relu else n).to(dt)
 
 
-def _crms_fused(h, var, norm, eps, res):
+def _crms_fused(h, var, norm, eps, res, relu=False):
     _norm_applicable(h, norm, eps)
-    return _kc().channel_rms(h, var, norm.weight, norm.bias, eps, res)
+    return _kc().channel_rms(h, var, norm.weight, norm.bias, eps, res, relu)
 
 
 CHANNEL_RMS = register(Op("channel_rms", _crms_eager, _crms_reference, _crms_fused))

@@ -19,7 +19,9 @@ from .verify import Verifier
 class Rule:
     name: str
     target: str
-    """Class name of the modules the rule applies to."""
+    """Class name of the modules the rule applies to, or `module.ClassName` for a name other libraries
+    use too (DC-AE's `ResBlock`, `Decoder`): modules of another class are not the rule's business, so
+    they are not reported as skipped."""
     check: Callable[[nn.Module], "str | None"]
     """Why a matching module cannot take the rule (None: it can)."""
     make_forward: Callable[[nn.Module, Verifier], "Callable | dict[str, Callable]"]
@@ -93,11 +95,15 @@ def _builtin() -> None:
         register(Rule(f"{name}_single_block", f"{prefix}SingleTransformerBlock", flux.check_single,
                       flux.single_forward, flux.OPS))
     # SANA's DC-AE decoder (the worker installs the tier on the VAE too: jobs/worker/model.py)
-    register(Rule("dc_ae_resblock", "ResBlock", dc_ae.check_resblock, dc_ae.resblock_forward,
-                  ("conv_bias_silu", "channel_rms", *(op.name for op in dc_ae.RMS_VARIANCE))))
-    register(Rule("dc_ae_up_block", "DCUpBlock2d", dc_ae.check_up_block, dc_ae.up_block_forward, ("up_shortcut",)))
-    register(Rule("dc_ae_efficientvit", "EfficientViTBlock", dc_ae.check_efficientvit, dc_ae.efficientvit_forward,
-                  ("conv_bias_silu", "conv_bias_glu", "channel_rms", *(op.name for op in dc_ae.RMS_VARIANCE))))
+    var = tuple(op.name for op in dc_ae.RMS_VARIANCE)
+    for name, cls, check, forward, ops in (
+            ("dc_ae_resblock", "ResBlock", dc_ae.check_resblock, dc_ae.resblock_forward,
+             ("conv_bias_silu", "channel_rms", *var)),
+            ("dc_ae_up_block", "DCUpBlock2d", dc_ae.check_up_block, dc_ae.up_block_forward, ("up_shortcut",)),
+            ("dc_ae_decoder", "Decoder", dc_ae.check_decoder, dc_ae.decoder_forward, ("channel_rms", *var)),
+            ("dc_ae_efficientvit", "EfficientViTBlock", dc_ae.check_efficientvit, dc_ae.efficientvit_forward,
+             ("conv_bias_silu", "conv_bias_glu", "channel_rms", *var))):
+        register(Rule(name, dc_ae.qualified(cls), check, forward, ops))
 
 
 _builtin()
