@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from bcg import RunnerConfig, apply_graph_runner
-from bcg.fusions import RULES, ops_act, ops_rms
+from bcg.fusions import RULES, dc_ae, ops_act, ops_rms
 from bcg.fusions.applicable import NotApplicable
 from bcg.fusions.verify import Verifier
 
@@ -251,8 +251,15 @@ FUSED_FAMILIES = {"sana": ("SanaTransformerBlock", "SanaTransformer2DModel"),  #
 SANA_PROMPTS = ("a red fox", "a lighthouse on a cliff at dusk, waves crashing below")
 
 
+# The VAE decoders' rules (the worker installs the tier on the VAE too): tests/gpu/test_fusions_dc_ae_gpu.py
+# runs them on the released DC-AE config and the tiny preset's VAE.
+FUSED_DECODERS = {"sana (DC-AE)": tuple(dc_ae.qualified(c) for c in ("ResBlock", "DCUpBlock2d", "Decoder",
+                                                                    "EfficientViTBlock"))}
+
+
 def test_every_rule_has_a_family_here():
-    assert {r.target for r in RULES.values()} <= {t for targets in FUSED_FAMILIES.values() for t in targets}
+    covered = {t for targets in (*FUSED_FAMILIES.values(), *FUSED_DECODERS.values()) for t in targets}
+    assert {r.target for r in RULES.values()} <= covered
 
 
 def _offline_minilm(name: str) -> list[str]:
