@@ -77,8 +77,8 @@ def med(ts: list[float]) -> float:
     return round(statistics.median(ts), 3)
 
 
-def kinds(fn) -> tuple[dict, list]:
-    """GPU ms by kind of kernel and the 12 heaviest kernels of one call of fn."""
+def kinds(fn, n: int = 12) -> tuple[dict, list]:
+    """GPU ms by kind of kernel and the n heaviest kernels of one call of fn."""
     from torch.profiler import ProfilerActivity, profile
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
@@ -95,7 +95,7 @@ def kinds(fn) -> tuple[dict, list]:
         by_kind[kind_of(e.name)] = by_kind.get(kind_of(e.name), 0.0) + us / 1e3
         n, c = by_name.get(e.name, (0.0, 0))
         by_name[e.name] = (n + us / 1e3, c + 1)
-    top = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:12]
+    top = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:n]
     return ({k: round(v, 2) for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])},
             [(name[:90], round(ms, 2), calls) for name, (ms, calls) in top])
 
@@ -244,6 +244,22 @@ def variants(vae, z: torch.Tensor, reps: int, compile_too: bool) -> list[dict]:
     return rows
 
 
+def fused_profile_rows(vae, z: torch.Tensor, case: str, reps: int) -> list[dict]:
+    """What the lossless tier leaves: the fused decode's GPU time by kind, its heaviest kernels and its stages."""
+    from bcg.fusions import install_fusions
+
+    fv = copy.deepcopy(vae)
+    install_fusions(fv)
+    fv.decode(z, return_dict=False)  # the first call verifies every chain against eager
+    by_kind, top = kinds(lambda: fv.decode(z, return_dict=False)[0], n=30)
+    total = sum(by_kind.values())
+    rows = [dict(case=case, part="fused kind", name=k, ms=ms, note=f"{100 * ms / total:.1f}% of {total:.1f} GPU ms")
+            for k, ms in by_kind.items()]
+    rows += [dict(case=case, part="fused kernel", name=name, ms=ms, note=f"{calls} calls") for name, ms, calls in top]
+    rows += [dict(case=case, part="fused stage", name=name, ms=ms) for name, ms in stage_times(fv.decoder, z, reps)]
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default="benchmarks/results")
@@ -251,6 +267,8 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--compile", action="store_true", help="also time torch.compile(decoder)")
     p.add_argument("--tag", default="")
+    p.add_argument("--fused-profile", action="store_true",
+                   help="also profile the fused decode (kinds, heaviest kernels, stages): what the tier leaves")
     a = p.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     vae = build_vae(device)
@@ -273,10 +291,13 @@ def main() -> None:
                 rows.append(dict(case=case, part="stage", name=name, ms=ms))
             for name, ms in op_rows(vae.decoder, z, a.reps):
                 rows.append(dict(case=case, part="op", name=name, ms=ms))
+            if a.fused_profile and torch.cuda.is_available():
+                rows += fused_profile_rows(vae, z, case, a.reps)
             del z
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
     notes.append("variant rows: bytes_equal compares the decoded tensor with the eager decode of the same latents")
+    notes.append("fused rows (--fused-profile): the same for the decode with the lossless tier installed")
     notes.append("kind/kernel rows: one profiled eager call; stage/op rows: median of --reps calls, each op on its real input")
     cols = ["case", "part", "name", "ms", "ms_min", "ms_max", "bytes_equal", "max_abs_diff", "setup_s", "note"]
     stem = f"vae_decode_{device_tag()}" + (f"_{a.tag}" if a.tag else "")
