@@ -15,7 +15,7 @@ from torch import nn
 from bcg.fusions import dc_ae, install_fusions
 from bcg.fusions.applicable import NotApplicable
 from bcg.fusions.cache import VerdictCache
-from bcg.fusions.ops_channel import CHANNEL_RMS, UP_SHORTCUT
+from bcg.fusions.ops_channel import CHANNEL_RMS, UP_NEAREST, UP_SHORTCUT
 from tests.helpers import compose_cfg
 
 LAYOUTS = {"nchw": torch.contiguous_format, "channels_last": torch.channels_last}
@@ -70,6 +70,14 @@ def test_up_shortcut_plan_equals_the_cudnn_order_chain(layout, dtype, cin, cout)
         want = c + F.pixel_shuffle(x.repeat_interleave(repeats, dim=1), 2)
         got = UP_SHORTCUT.reference(up, x, conv, repeats)
     assert torch.equal(got, want) and got.dtype == want.dtype
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_up_nearest_plan_equals_eager(layout, dtype):
+    x = torch.randn(2, 6, 3, 5).to(dtype).contiguous(memory_format=LAYOUTS[layout])
+    want, got = UP_NEAREST.eager(x), UP_NEAREST.reference(x)
+    assert torch.equal(got, want) and got.stride() == want.stride()
 
 
 def _tiny_vae(dtype):

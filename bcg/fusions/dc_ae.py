@@ -8,7 +8,8 @@ time in aten's elementwise kernels and 20% in copies (benchmarks/results/vae_dec
     ResBlock          x + norm(conv2(silu(conv1(x))))   conv1 + bias + SiLU: ops.CONV_BIAS_SILU;
                                                         norm + residual: ops_channel.CHANNEL_RMS, its
                                                         variance a chain of ops_rms.RMS_VARIANCE
-    DCUpBlock2d       conv(interpolate(x)) + shortcut(x)  ops_channel.UP_SHORTCUT
+    DCUpBlock2d       conv(interpolate(x)) + shortcut(x)  the nearest x2 interpolation: UP_NEAREST;
+                                                        conv + bias + shortcut: ops_channel.UP_SHORTCUT
     Decoder           its head relu(norm_out(h))           CHANNEL_RMS (with the ReLU); the blocks before
                                                         it as installed above
     EfficientViTBlock conv_out(attn(x)): its GLUMBConv  x + norm(conv_point(glu(conv_depth(silu(
@@ -16,7 +17,7 @@ time in aten's elementwise kernels and 20% in copies (benchmarks/results/vae_dec
                                                         ops.CONV_BIAS_GLU, CHANNEL_RMS; the attention
                                                         as the module runs it
 
-The convs and the nearest interpolation stay aten's. Each chain is verified against eager on first
+The convs stay aten's (cuDNN's). Each chain is verified against eager on first
 sight (verify.py) and each rewritten forward against the block's own (guard.py).
 """
 
@@ -30,7 +31,7 @@ from torch import nn
 
 from .guard import guarded
 from .ops import CONV_BIAS_GLU, CONV_BIAS_SILU
-from .ops_channel import CHANNEL_RMS, UP_SHORTCUT
+from .ops_channel import CHANNEL_RMS, UP_NEAREST, UP_SHORTCUT
 from .ops_rms import RMS_VARIANCE
 from .verify import Verifier, chain
 
@@ -129,7 +130,10 @@ def up_block_forward(block: nn.Module, fx: Verifier) -> Callable:
     conv, repeats, factor, mode = b.conv, b.repeats, b.factor, b.interpolation_mode
 
     def forward(hidden_states: torch.Tensor) -> torch.Tensor:
-        up = F.interpolate(hidden_states, scale_factor=factor, mode=mode)
+        if mode == "nearest":  # check_up_block pins factor 2
+            up = call(UP_NEAREST, hidden_states)
+        else:
+            up = F.interpolate(hidden_states, scale_factor=factor, mode=mode)
         return call(UP_SHORTCUT, up, hidden_states, conv, repeats)
 
     return guarded("dc_ae_up_block", block, forward, fx)

@@ -13,6 +13,9 @@ contraction (`OPTS`).
     up_shortcut_add_ DCUpBlock2d's tail, in place on its conv's output c (run without bias):
                      r(r(c + bias) + y), y = pixel_shuffle(h.repeat_interleave(R, dim=1), 2) read
                      straight from h (a copy in eager: no rounding)
+    nearest2x        DCUpBlock2d's `F.interpolate(x, scale_factor=2, mode="nearest")`: a copy, each
+                     output pixel (Y, X) the input's (Y // 2, X // 2), in x's layout. aten's NHWC kernel
+                     ran at about 420 GB/s on the H200 (12.9 ms for the last up block at 1024², batch 8)
 """
 
 from __future__ import annotations
@@ -104,3 +107,50 @@ def up_shortcut_add_(c: torch.Tensor, bias: torch.Tensor, h: torch.Tensor, repea
     _up_shortcut_kernel[(triton.cdiv(n, BLOCK),)](c, bias, h, n, C, H2, W2, repeats, *h.stride(), CL=cl,
                                                  BLOCK=BLOCK, **OPTS)
     return c
+
+
+@triton.jit
+def _nearest2x_cl_kernel(x_ptr, o_ptr, NPIX, C, H, W, BP: tl.constexpr, BC: tl.constexpr):
+    # channels-last: memory [B, 2H, 2W, C]; one tile of BP output pixels x BC channels
+    pix = tl.program_id(0).to(tl.int64) * BP + tl.arange(0, BP)  # b * 4HW + Y * 2W + X
+    c = tl.program_id(1) * BC + tl.arange(0, BC)
+    W2 = 2 * W
+    X = pix % W2
+    Y = (pix // W2) % (2 * H)
+    b = pix // (4 * H * W)
+    src = (b * H + Y // 2) * W + X // 2
+    m = (pix < NPIX)[:, None] & (c < C)[None, :]
+    v = tl.load(x_ptr + src[:, None] * C + c[None, :], mask=m)
+    tl.store(o_ptr + pix[:, None] * C + c[None, :], v, mask=m)
+
+
+@triton.jit
+def _nearest2x_nchw_kernel(x_ptr, o_ptr, H, W, BW: tl.constexpr):
+    # contiguous: one output row (plane, Y) a program along axis 0, BW columns along axis 1
+    row = tl.program_id(0).to(tl.int64)  # plane * 2H + Y
+    X = tl.program_id(1) * BW + tl.arange(0, BW)
+    plane = row // (2 * H)
+    Y = row % (2 * H)
+    m = X < 2 * W
+    v = tl.load(x_ptr + (plane * H + Y // 2) * W + X // 2, mask=m)
+    tl.store(o_ptr + row * (2 * W) + X, v, mask=m)
+
+
+def nearest2x(x: torch.Tensor) -> torch.Tensor:
+    """x [B, C, H, W] (channels-last or contiguous) -> [B, C, 2H, 2W] in x's layout: nearest x2."""
+    cl = image_layout(x)
+    B, C, H, W = x.shape
+    fmt = torch.channels_last if cl else torch.contiguous_format
+    out = torch.empty((B, C, 2 * H, 2 * W), dtype=x.dtype, device=x.device, memory_format=fmt)
+    if out.numel() == 0:
+        return out
+    if cl:
+        BC = min(128, triton.next_power_of_2(C))
+        BP = max(1, 4096 // BC)
+        npix = B * 4 * H * W
+        _nearest2x_cl_kernel[(triton.cdiv(npix, BP), triton.cdiv(C, BC))](x, out, npix, C, H, W, BP=BP, BC=BC,
+                                                                           **OPTS)
+    else:
+        BW = min(1024, triton.next_power_of_2(2 * W))
+        _nearest2x_nchw_kernel[(B * C * 2 * H, triton.cdiv(2 * W, BW))](x, out, H, W, BW=BW, **OPTS)
+    return out

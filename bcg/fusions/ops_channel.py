@@ -8,6 +8,8 @@
     up_shortcut          DCUpBlock2d's `conv(up) + pixel_shuffle(x.repeat_interleave(R, dim=1), 2)`: the
                          conv without its bias (cuDNN's bias add is a separate kernel in eager), then one
                          kernel for the bias, the shortcut's gather and the add
+    up_nearest           DCUpBlock2d's `F.interpolate(x, scale_factor=2, mode="nearest")`: a copy kernel
+                         (aten's NHWC upsample ran at a tenth of the H200's bandwidth)
 
 ResBlock's `silu(conv1(x))` is ops.CONV_BIAS_SILU, whose kernel takes either layout.
 """
@@ -90,3 +92,22 @@ def _up_fused(up, x, conv, repeats):
 
 
 UP_SHORTCUT = register(Op("up_shortcut", _up_eager, _up_reference, _up_fused))
+
+
+# -- DCUpBlock2d: the nearest x2 up-sampling before its conv -------------------------------------
+def _nearest_eager(x):
+    return F.interpolate(x, scale_factor=2, mode="nearest")
+
+
+def _nearest_reference(x):
+    # output (Y, X) = input (Y // 2, X // 2): aten's nearest index floor(dst * 0.5) at scale factor 2
+    fmt = torch.channels_last if x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous() \
+        else torch.contiguous_format
+    return x.repeat_interleave(2, dim=2).repeat_interleave(2, dim=3).contiguous(memory_format=fmt)
+
+
+def _nearest_fused(x):
+    return _kc().nearest2x(x)
+
+
+UP_NEAREST = register(Op("up_nearest", _nearest_eager, _nearest_reference, _nearest_fused))

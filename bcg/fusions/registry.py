@@ -99,7 +99,8 @@ def _builtin() -> None:
     for name, cls, check, forward, ops in (
             ("dc_ae_resblock", "ResBlock", dc_ae.check_resblock, dc_ae.resblock_forward,
              ("conv_bias_silu", "channel_rms", *var)),
-            ("dc_ae_up_block", "DCUpBlock2d", dc_ae.check_up_block, dc_ae.up_block_forward, ("up_shortcut",)),
+            ("dc_ae_up_block", "DCUpBlock2d", dc_ae.check_up_block, dc_ae.up_block_forward,
+             ("up_nearest", "up_shortcut")),
             ("dc_ae_decoder", "Decoder", dc_ae.check_decoder, dc_ae.decoder_forward, ("channel_rms", *var)),
             ("dc_ae_efficientvit", "EfficientViTBlock", dc_ae.check_efficientvit, dc_ae.efficientvit_forward,
              ("conv_bias_silu", "conv_bias_glu", "channel_rms", *var))):
