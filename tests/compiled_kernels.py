@@ -53,7 +53,7 @@ def _compile_only(self, *args, grid, warmup, **kwargs):
 
 JITFunction.run = _compile_only
 
-from bcg.fusions import kernels, kernels_act, kernels_norm, kernels_rms  # noqa: E402
+from bcg.fusions import kernels, kernels_act, kernels_channel, kernels_linear, kernels_norm, kernels_rms  # noqa: E402
 from bcg.fusions import kernels_rope as KR  # noqa: E402
 
 for dt in (torch.bfloat16, torch.float32):  # fp16 takes the bf16 paths
@@ -114,6 +114,15 @@ for dt in (torch.bfloat16, torch.float32):  # fp16 takes the bf16 paths
     kernels.dwconv_glu(cl, torch.ones(32, 1, 3, 3, dtype=dt), torch.ones(32, dtype=dt), False)
     if dt == torch.bfloat16:
         kernels.silu_dwconv_glu(cl, torch.ones(32, dtype=dt), torch.ones(32, 1, 3, 3, dtype=dt), torch.ones(32, dtype=dt))
+    xq = torch.randn(2, 6, 64).to(dt)
+    kernels_linear.linear_attention_fma(xq, xq, xq, 2, 1e-15)
+    # SANA's DC-AE decoder's (both dense layouts)
+    for img in (cl, cl.contiguous()):
+        v4 = torch.ones(2, 4, 4, 1)
+        kernels_channel.channel_rms(img, v4, torch.ones(32, dtype=dt), torch.ones(32, dtype=dt), 1e-5, img)
+        kernels_channel.channel_rms(img, v4, torch.ones(32, dtype=dt), torch.ones(32, dtype=dt), 1e-5, relu=True)
+        kernels_channel.up_shortcut_add_(torch.empty_like(img), torch.ones(32, dtype=dt), img[:, :16, :2, :2], 8)
+        kernels_channel.nearest2x(img)
 KR.cmul(freqs, freqs, "fma_ac_ad")
 kernels_rms.rsqrt(torch.ones(8))
 print("RESULTS " + json.dumps(RESULTS))

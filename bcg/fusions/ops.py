@@ -147,6 +147,17 @@ def _lin_fused(query, key, value, heads: int):
 LINEAR_ATTENTION = register(Op("linear_attention", _lin_eager, _lin_reference, _lin_fused))
 
 
+def _lin_fma_fused(query, key, value, heads: int):
+    from . import kernels_linear
+
+    return kernels_linear.linear_attention_fma(query, key, value, heads, _EPS)
+
+
+# The whole attention in two kernels, its products FMA chains in k order: equal to eager only where
+# cuBLAS's fp32 kernel sums in that order, so it runs first in a chain whose fallback is the op above.
+LINEAR_ATTENTION_FMA = register(Op("linear_attention_fma", _lin_eager, _lin_reference, _lin_fma_fused))
+
+
 # -- GLUMBConv ----------------------------------------------------------------------------
 def _conv_nobias(x, conv: nn.Conv2d):
     return F.conv2d(x, conv.weight, None, conv.stride, conv.padding, conv.dilation, conv.groups)

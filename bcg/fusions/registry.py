@@ -65,8 +65,8 @@ def _builtin() -> None:
 
     register(Rule("sana_prompt", "SanaTransformer2DModel", sana.check_prompt, sana.prompt_forwards, ()))
     register(Rule("sana_block", "SanaTransformerBlock", sana.check_block, sana.block_forward,
-                  ("modulation", "adaln", "linear_attention", "gated_residual_linear", "gated_residual",
-                   "rescale_residual", "conv_bias_silu", "conv_bias_glu", "glu", "dwconv_glu_rows",
+                  ("modulation", "adaln", "linear_attention_fma", "linear_attention", "gated_residual_linear",
+                   "gated_residual", "rescale_residual", "conv_bias_silu", "conv_bias_glu", "glu", "dwconv_glu_rows",
                    "dwconv_glu_cols", "silu_dwconv_glu") + ops_norm.OP_NAMES))
     register(Rule("z_image_block", "ZImageTransformerBlock", z_image.check_block, z_image.block_forward,
                   (*(op.name for op in z_image.RMS_VARIANCE), "rms_norm_scale",

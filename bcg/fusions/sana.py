@@ -7,7 +7,9 @@ its chains verified one by one:
     modulation        table + timestep embedding       1 kernel a block -> 2 a forward (stack + add)
     adaLN x2          LN(x) * (1 + scale) + shift      3 kernels -> 1 (LayerNorm in aten's order,
                       kernels_norm.py; the cross-attention residual joins norm2's kernel)
-    linear attention  relu, .float(), pad, two reshape copies; divide, cast   ~9 -> 2
+    linear attention  relu, .float(), pad, two reshape copies; divide, cast   ~9 -> 2; or the whole
+                      attention, its two fp32 products too, in 2 (kernels_linear.py), where that
+                      equals cuBLAS's products
     residual 1        to_out bias, gate *, +            3 -> 1 (to_out's matmul stays aten)
     cross-attention   the mask prepared once a forward (not once a block); `/ 1.0` dropped
     GLUMBConv         conv bias + SiLU; conv bias + chunk + x * silu(gate)   5 -> 2; or, after the
@@ -44,6 +46,7 @@ from .ops import (
     GATED_RESIDUAL_LINEAR,
     GLU,
     LINEAR_ATTENTION,
+    LINEAR_ATTENTION_FMA,
     MODULATION,
     RESCALE_RESIDUAL,
     SILU_DWCONV_GLU,
@@ -51,7 +54,7 @@ from .ops import (
 from .ops_norm import gated_res_ln_adaln, ln_adaln, res_ln_adaln
 from .protocols import Attention, GLUMBConv
 from .sana_prompt import PromptState, caption_forwards, check_model
-from .verify import Verifier
+from .verify import Verifier, chain
 
 # The one-pass depthwise conv + bias + GLU kernel (ops.DWCONV_GLU_ROWS) is bit-exact with cuDNN
 # on the H200 in bf16 and fp16 (cuDNN sums the 9 taps row-major). Timed inside CUDA graphs (no
@@ -235,6 +238,7 @@ def block_forward(block: nn.Module, fx: Verifier) -> Callable:
     modulation.add(block)
     handoff = fx.shared.setdefault("sana_norm_handoff", NormHandoff())
     prompt = fx.shared.setdefault("sana_prompt", PromptState())
+    linear_attention = chain(call, (LINEAR_ATTENTION_FMA, LINEAR_ATTENTION))
     SanaAttnProcessor2_0: type | None
     try:
         from diffusers.models.transformers.sana_transformer import SanaAttnProcessor2_0
@@ -294,7 +298,7 @@ def block_forward(block: nn.Module, fx: Verifier) -> Callable:
                 query = attn1.norm_q(query)
             if attn1.norm_k is not None:
                 key = attn1.norm_k(key)
-            attn_output = call(LINEAR_ATTENTION, query, key, value, attn1.heads)
+            attn_output = linear_attention(query, key, value, attn1.heads)
             if attn_output.dtype == torch.float16:  # the processor clips fp16 after to_out
                 attn_output = attn1.to_out[1](attn1.to_out[0](attn_output)).clip(-65504, 65504)
                 hidden_states = call(GATED_RESIDUAL, hidden_states, gate_msa, attn_output)
