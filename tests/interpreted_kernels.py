@@ -416,7 +416,24 @@ def channel(dt):
             check(f"channel nearest2x {shape} {layout} {dt}", kernels_channel.nearest2x(src), want)
 
 
+# -- SANA's linear attention in two kernels (kernels_linear.py) -------------------------------------
+def linear(dt):
+    """Small integers: every product and partial sum is exact in fp32, so any summation order gives
+    eager's sums, and the check is of the layouts, relu, the ones row, the masking of the token tail
+    and the division (the interpreter's tl.dot is NumPy's, not the GPU's FMA chain; the order is the
+    H200 test's, tests/gpu/test_fusions_gpu.py)."""
+    from bcg.fusions import kernels_linear
+    from bcg.fusions.ops import _EPS, _lin_eager
+
+    for B, N, heads, C in ((2, 70, 3, 32), (1, 33, 2, 16), (3, 64, 1, 32)):
+        q, k, v = (torch.randint(-3, 4, (B, N, heads * C), generator=G).to(dt) for _ in range(3))
+        k[0, : N // 2] = -1  # a head whose first tokens relu to zero
+        got = kernels_linear.linear_attention_fma(q, k, v, heads, _EPS)
+        check(f"linear_fma B={B} N={N} C={C} {dt}", got, _lin_eager(q, k, v, heads))
+
+
 for dt in (torch.float32, torch.float16):
+    linear(dt)
     channel(dt)
     head_rows(dt)
     elementwise(dt)
