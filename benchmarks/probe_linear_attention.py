@@ -16,6 +16,7 @@ the batches a job runs (CFG doubles them). Also names the cuBLAS kernels eager r
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
 from pathlib import Path
@@ -78,6 +79,25 @@ def one_shape(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, rep
     return row
 
 
+def sweep(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, reps: int) -> list[dict]:
+    """The fma kernels' speed settings at one shape: each timed, and its bits checked against eager."""
+    out = []
+    B, N, _ = q.shape
+    with torch.no_grad():
+        want = LINEAR_ATTENTION.eager(q, k, v, heads)
+        for bk in (16, 32, 64):
+            for bn in (64, 128):
+                for warps in (2, 4, 8):
+                    fn = functools.partial(kernels_linear.linear_attention_fma, q, k, v, heads, _EPS, bk=bk, bn=bn,
+                                           warps=warps)
+                    got = fn()
+                    out.append(dict(dtype=f"sweep bk={bk} bn={bn} warps={warps}", batch=B, tokens=N,
+                                    fma_ms=round(statistics.median(timed(fn, reps)), 4),
+                                    fma_equal=bool(torch.equal(got, want) and got.stride() == want.stride())))
+                    print(out[-1], flush=True)
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default="benchmarks/results")
@@ -88,6 +108,8 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--dtypes", default="bfloat16,float16")
     p.add_argument("--tag", default="")
+    p.add_argument("--sweep", default="16x1024,16x256",
+                   help="shapes at which the fma kernels' tilings (token blocks, warps) are timed, bf16")
     a = p.parse_args()
     rows = []
     D = a.heads * a.head_dim
@@ -100,6 +122,11 @@ def main() -> None:
             row = dict(dtype=dt_name, batch=B, tokens=N, **one_shape(q, k, v, a.heads, a.reps))
             rows.append(row)
             print(row, flush=True)
+    for shape in filter(None, a.sweep.split(",")):
+        B, N = (int(x) for x in shape.split("x"))
+        g = torch.Generator(device="cuda").manual_seed(B * 7919 + N)
+        q, k, v = (torch.randn(B, N, D, generator=g, device="cuda").to(torch.bfloat16) for _ in range(3))
+        rows += sweep(q, k, v, a.heads, a.reps)
     cols = ["dtype", "batch", "tokens", "eager_ms", "fused_ms", "fma_ms", "eager_equal", "fused_equal", "fma_equal",
             "cublas"]
     notes = [f"{a.heads} heads of {a.head_dim}; ms: median of {a.reps} calls (CUDA events) after 3; "

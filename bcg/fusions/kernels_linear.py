@@ -35,7 +35,7 @@ import triton.language as tl
 from .applicable import check as _check
 from .kernels import OPTS
 
-BM = 64  # the C + 1 = 33 rows of pad(v) / scores, padded to a dot's block
+ONES = tl.constexpr(16)  # the ones row of pad(v), the normaliser row of scores: a dot of its own, the smallest block
 
 
 @triton.jit
@@ -44,57 +44,71 @@ def _relu(x):
 
 
 @triton.jit
-def _scores_kernel(k_ptr, v_ptr, s_ptr, N, D, HEADS, C: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr):
-    # k, v: [B, N, D] contiguous, d = head * C + c; s: [B * HEADS, C + 1, C] fp32
+def _scores_kernel(k_ptr, v_ptr, s_ptr, N, D, HEADS, C: tl.constexpr, BK: tl.constexpr):
+    # k, v: [B, N, D] contiguous, d = head * C + c; s: [B * HEADS, C + 1, C] fp32.
+    # Rows c < C of s: v^T @ relu(k); row C: ones @ relu(k), F.pad's row, as a dot of ONES equal rows
+    # (each the same FMA chain fma(1, k, acc) that cuBLAS runs on the padded operand), not a 64-row
+    # block for 33 rows. Tiles are loaded token-major, channels contiguous (coalesced), then transposed.
     pid = tl.program_id(0).to(tl.int64)  # b * HEADS + head
     b = pid // HEADS
     col0 = (pid % HEADS) * C
-    rows = tl.arange(0, BM)
     cols = tl.arange(0, C)
-    acc = tl.zeros((BM, C), dtype=tl.float32)
+    acc = tl.zeros((C, C), dtype=tl.float32)
+    acc1 = tl.zeros((ONES, C), dtype=tl.float32)
+    ones = tl.full((ONES, BK), 1.0, tl.float32)
     for n0 in range(0, N, BK):
         n = n0 + tl.arange(0, BK)
         nm = n < N
         tok = (b * N + n) * D + col0
-        va = tl.load(v_ptr + tok[None, :] + rows[:, None], mask=(rows[:, None] < C) & nm[None, :],
-                     other=0.0).to(tl.float32)
-        va = tl.where((rows[:, None] == C) & nm[None, :], 1.0, va)  # F.pad's ones row
+        vt = tl.load(v_ptr + tok[:, None] + cols[None, :], mask=nm[:, None], other=0.0).to(tl.float32)
         kb = _relu(tl.load(k_ptr + tok[:, None] + cols[None, :], mask=nm[:, None], other=0.0).to(tl.float32))
-        acc = tl.dot(va, kb, acc, input_precision="ieee")
-    tl.store(s_ptr + (pid * (C + 1) + rows[:, None]) * C + cols[None, :], acc, mask=rows[:, None] <= C)
+        acc = tl.dot(tl.trans(vt), kb, acc, input_precision="ieee")
+        # past N the ones meet k's zeros: fma(1, 0, acc) == acc (acc is never -0: it starts at +0)
+        acc1 = tl.dot(ones, kb, acc1, input_precision="ieee")
+    base = s_ptr + pid * (C + 1) * C
+    tl.store(base + cols[:, None] * C + cols[None, :], acc)
+    one_rows = tl.arange(0, ONES)
+    tl.store(base + C * C + one_rows[:, None] * 0 + cols[None, :], acc1, mask=one_rows[:, None] == 0)
 
 
 @triton.jit
-def _out_kernel(q_ptr, s_ptr, o_ptr, N, D, HEADS, eps, C: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+def _out_kernel(q_ptr, s_ptr, o_ptr, N, D, HEADS, eps, C: tl.constexpr, BN: tl.constexpr):
     # q: [B, N, D]; s: [B * HEADS, C + 1, C] fp32; o: [B, D, N] storage dtype
     pid = tl.program_id(0).to(tl.int64)
     b = pid // HEADS
     col0 = (pid % HEADS) * C
-    rows = tl.arange(0, BM)
     cols = tl.arange(0, C)
-    s = tl.load(s_ptr + (pid * (C + 1) + rows[:, None]) * C + cols[None, :], mask=rows[:, None] <= C, other=0.0)
+    one_rows = tl.arange(0, ONES)
+    base = s_ptr + pid * (C + 1) * C
+    s = tl.load(base + cols[:, None] * C + cols[None, :])
+    s1 = tl.load(base + C * C + one_rows[:, None] * 0 + cols[None, :])  # row C, ONES times
     n = tl.program_id(1) * BN + tl.arange(0, BN)
     nm = n < N
-    qb = _relu(tl.load(q_ptr + ((b * N + n) * D + col0)[None, :] + cols[:, None], mask=nm[None, :],
-                       other=0.0).to(tl.float32))
-    hs = tl.dot(s, qb, input_precision="ieee")  # [BM, BN]: rows < C numerators, row C the normaliser
-    den = tl.sum(tl.where(rows[:, None] == C, hs, 0.0), axis=0)  # row C alone: x + 0 + ... + 0 == x
-    out = tl.div_rn(hs, (den + eps)[None, :])
-    tl.store(o_ptr + (b * D + col0 + rows[:, None]) * N + n[None, :], out.to(o_ptr.dtype.element_ty),
-             mask=(rows[:, None] < C) & nm[None, :])
+    qt = _relu(tl.load(q_ptr + ((b * N + n) * D + col0)[:, None] + cols[None, :], mask=nm[:, None],
+                       other=0.0).to(tl.float32))  # [BN, C], channels contiguous
+    q = tl.trans(qt)
+    num = tl.dot(s, q, input_precision="ieee")  # [C, BN]
+    den = tl.dot(s1, q, input_precision="ieee")  # [ONES, BN], every row the normaliser
+    den = tl.sum(tl.where(one_rows[:, None] == 0, den, 0.0), axis=0)  # row 0 alone: x + 0 + ... + 0 == x
+    out = tl.div_rn(num, (den + eps)[None, :])
+    tl.store(o_ptr + (b * D + col0 + cols[:, None]) * N + n[None, :], out.to(o_ptr.dtype.element_ty),
+             mask=nm[None, :])
 
 
-def linear_attention_fma(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, eps: float) -> torch.Tensor:
-    """q, k, v [B, N, D] contiguous, one dtype -> [B, N, D] in that dtype (memory [B, D, N])."""
+def linear_attention_fma(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, eps: float,
+                         bk: int = 32, bn: int = 64, warps: int = 4) -> torch.Tensor:
+    """q, k, v [B, N, D] contiguous, one dtype -> [B, N, D] in that dtype (memory [B, D, N]). bk, bn
+    and warps are speed settings (the token block of each kernel, the warps a program): the bits do
+    not depend on them (each output is one chain in k order whatever the tiling)."""
     _check(q.dim() == 3 and all(t.is_contiguous() and t.shape == q.shape and t.dtype == q.dtype
                                 for t in (q, k, v)), "q, k, v must be contiguous [B, N, D] of one dtype")
     B, N, D = q.shape
     C = D // heads
-    _check(C * heads == D and C in (16, 32), "head dim must be 16 or 32 (C + 1 rows fit the block)")
+    _check(C * heads == D and C in (16, 32, 64), "head dim must be 16, 32 or 64")
     _check(N > 0, "no tokens")
     scores = torch.empty((B * heads, C + 1, C), dtype=torch.float32, device=q.device)
-    _scores_kernel[(B * heads,)](k, v, scores, N, D, heads, C=C, BM=BM, BK=32, **OPTS)
+    _scores_kernel[(B * heads,)](k, v, scores, N, D, heads, C=C, BK=bk, num_warps=warps, **OPTS)
     out = torch.empty((B, D, N), dtype=q.dtype, device=q.device)
-    BN = 64
-    _out_kernel[(B * heads, triton.cdiv(N, BN))](q, scores, out, N, D, heads, eps, C=C, BM=BM, BN=BN, **OPTS)
+    _out_kernel[(B * heads, triton.cdiv(N, bn))](q, scores, out, N, D, heads, eps, C=C, BN=bn, num_warps=warps,
+                                                 **OPTS)
     return out.transpose(1, 2)
