@@ -93,8 +93,8 @@ def kinds(fn, n: int = 12) -> tuple[dict, list]:
             continue
         us = e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
         by_kind[kind_of(e.name)] = by_kind.get(kind_of(e.name), 0.0) + us / 1e3
-        n, c = by_name.get(e.name, (0.0, 0))
-        by_name[e.name] = (n + us / 1e3, c + 1)
+        ms, c = by_name.get(e.name, (0.0, 0))
+        by_name[e.name] = (ms + us / 1e3, c + 1)
     top = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:n]
     return ({k: round(v, 2) for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])},
             [(name[:90], round(ms, 2), calls) for name, (ms, calls) in top])
