@@ -19,6 +19,9 @@ Layout, by pattern (each kernel written once, bound to a family's modules by its
                      kernels_rope            q/k (RMSNorm +) RoPE, 1-D / 2-D / 3-D, interleaved or split
                                              pairs, shared or per-head frequencies, into joint attention
                      ops_act, kernels_act    SwiGLU, GELU-tanh
+                     kernels_linear          SANA's linear attention, its fp32 products as FMA chains
+                     ops_channel, kernels_channel  DC-AE's per-channel chains (RMSNorm over channels,
+                                             the up block's shortcut, nearest x2)
     verify, guard    first-sight verification of chains and of whole rewritten forwards
     keys, cache      what decides bits; verdicts kept across runs
     registry         rules: module pattern + forward maker
