@@ -129,6 +129,26 @@ def kernel_profile(fn, steps: int) -> dict:
     }
 
 
+def timed(fn, reps: int, warm: int = 2) -> list[float]:
+    """ms of each of `reps` calls of fn (CUDA events on the GPU, the wall clock on the CPU)."""
+    for _ in range(warm):
+        fn()
+    out = []
+    for _ in range(reps):
+        if torch.cuda.is_available():
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            out.append(a.elapsed_time(b))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            out.append((time.perf_counter() - t0) * 1e3)
+    return out
+
+
 def graph_ms(fn) -> float:
     """GPU ms of one call of fn replayed in a CUDA graph (as bcg replays the denoiser), the median of
     Triton's reps: no launch overhead, which for a Triton launch (~40 us of Python) would swamp a

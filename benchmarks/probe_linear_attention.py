@@ -27,24 +27,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from common import device_tag, environment, write_results  # noqa: E402
+from common import device_tag, environment, timed, write_results  # noqa: E402
 
 from bcg.fusions import kernels_linear  # noqa: E402
 from bcg.fusions.ops import _EPS, LINEAR_ATTENTION  # noqa: E402
-
-
-def timed(fn, reps: int) -> list[float]:
-    for _ in range(3):
-        fn()
-    out = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b))
-    return out
 
 
 def gemm_kernels(fn) -> list[str]:
@@ -71,7 +57,7 @@ def one_shape(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, rep
                 row[f"{name}_ms"] = None
                 row[f"{name}_equal"] = f"{type(exc).__name__}: {exc}"[:80]
                 continue
-            row[f"{name}_ms"] = round(statistics.median(timed(fn, reps)), 4)
+            row[f"{name}_ms"] = round(statistics.median(timed(fn, reps, warm=3)), 4)
             same = torch.equal(got, want) and got.stride() == want.stride()
             diff = float((got.float() - want.float()).abs().max())
             row[f"{name}_equal"] = same or f"{int((got != want).sum())}/{want.numel()} differ, max {diff:.3g}"
@@ -92,7 +78,7 @@ def sweep(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, reps: i
                                            warps=warps)
                     got = fn()
                     out.append(dict(dtype=f"sweep bk={bk} bn={bn} warps={warps}", batch=B, tokens=N,
-                                    fma_ms=round(statistics.median(timed(fn, reps)), 4),
+                                    fma_ms=round(statistics.median(timed(fn, reps, warm=3)), 4),
                                     fma_equal=bool(torch.equal(got, want) and got.stride() == want.stride())))
                     print(out[-1], flush=True)
     return out

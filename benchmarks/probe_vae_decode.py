@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_job_realsize import DC_AE_F32C32_SANA  # noqa: E402
-from common import device_tag, environment, write_results  # noqa: E402
+from common import device_tag, environment, timed, write_results  # noqa: E402
 from kernel_kinds import kind_of  # noqa: E402
 
 
@@ -51,26 +51,6 @@ def build_vae(device: str):
             elif name.endswith("bias"):
                 p.zero_()
     return vae
-
-
-def timed(fn, reps: int, warm: int = 2) -> list[float]:
-    """ms of each of `reps` calls of fn (CUDA events on the GPU, the wall clock on the CPU)."""
-    for _ in range(warm):
-        fn()
-    out = []
-    for _ in range(reps):
-        if torch.cuda.is_available():
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            out.append(a.elapsed_time(b))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            out.append((time.perf_counter() - t0) * 1e3)
-    return out
 
 
 def med(ts: list[float]) -> float:
