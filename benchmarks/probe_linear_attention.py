@@ -5,7 +5,11 @@
     fused      ops.LINEAR_ATTENTION's fused form, the job's today: one kernel for the layouts, cuBLAS's
                two products, one kernel for the division
     fma        kernels_linear.linear_attention_fma: two Triton kernels, each product one FMA chain per
-               output in k order (equal to eager only where cuBLAS's kernel sums in that order)
+               output in k order (equal to eager only where cuBLAS's kernel sums in that order), at
+               kernels_linear.tiling_for the shape
+
+--sweep SHAPES times each of the two kernels alone over its settings (kernels_linear.Tiling), from which
+tiling_for's table is picked.
 
 At SANA-1.6B's width (70 heads of 32) and token counts of 512² and 1024² (256, 1024) and more, at
 the batches a job runs (CFG doubles them). Also names the cuBLAS kernels eager ran at each shape.
@@ -66,21 +70,42 @@ def one_shape(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, rep
 
 
 def sweep(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, reps: int) -> list[dict]:
-    """The fma kernels' speed settings at one shape: each timed, and its bits checked against eager."""
+    """Each kernel's speed settings at one shape, timed alone (the scores kernel; the out kernel on the
+    scores it needs), and every setting's bits checked against eager with the other kernel at the
+    shape's default (the bits do not depend on the tiling: each output is one FMA chain in k order)."""
     out = []
     B, N, _ = q.shape
+    base = kernels_linear.tiling_for(B * heads, N)
     with torch.no_grad():
         want = LINEAR_ATTENTION.eager(q, k, v, heads)
-        for bk in (16, 32, 64):
-            for bn in (64, 128):
-                for warps in (2, 4, 8):
-                    fn = functools.partial(kernels_linear.linear_attention_fma, q, k, v, heads, _EPS, bk=bk, bn=bn,
-                                           warps=warps)
-                    got = fn()
-                    out.append(dict(dtype=f"sweep bk={bk} bn={bn} warps={warps}", batch=B, tokens=N,
-                                    fma_ms=round(statistics.median(timed(fn, reps, warm=3)), 4),
-                                    fma_equal=bool(torch.equal(got, want) and got.stride() == want.stride())))
-                    print(out[-1], flush=True)
+        s = kernels_linear.scores(k, v, heads, base)
+
+        def row(kernel: str, t, fn, whole) -> None:
+            try:
+                fn()
+                got = whole()
+            except Exception as exc:  # noqa: BLE001 - a setting Triton cannot compile (registers, shared memory)
+                out.append(dict(dtype=f"{kernel} {t}", batch=B, tokens=N, fma_ms=None,
+                                fma_equal=f"{type(exc).__name__}: {exc}"[:80]))
+                print(out[-1], flush=True)
+                return
+            out.append(dict(dtype=f"{kernel} {t}", batch=B, tokens=N,
+                            fma_ms=round(statistics.median(timed(fn, reps, warm=3)), 4),
+                            fma_equal=bool(torch.equal(got, want) and got.stride() == want.stride())))
+            print(out[-1], flush=True)
+
+        for bk in (16, 32, 64, 128):
+            for warps in (1, 2, 4):
+                for stages in (2, 3, 4):
+                    t = base._replace(bk=bk, scores_warps=warps, scores_stages=stages)
+                    row("scores", t, functools.partial(kernels_linear.scores, k, v, heads, t),
+                        functools.partial(kernels_linear.linear_attention_fma, q, k, v, heads, _EPS, t))
+        for bn in (32, 64, 128, 256):
+            for warps in (1, 2, 4, 8):
+                for tiles in (1, 4):
+                    t = base._replace(bn=bn, out_warps=warps, out_tiles=tiles)
+                    row("out", t, functools.partial(kernels_linear.attend, q, s, heads, _EPS, t),
+                        functools.partial(kernels_linear.linear_attention_fma, q, k, v, heads, _EPS, t))
     return out
 
 
@@ -95,7 +120,7 @@ def main() -> None:
     p.add_argument("--dtypes", default="bfloat16,float16")
     p.add_argument("--tag", default="")
     p.add_argument("--sweep", default="16x1024,16x256",
-                   help="shapes at which the fma kernels' tilings (token blocks, warps) are timed, bf16")
+                   help="shapes at which each fma kernel's tilings (token blocks, warps, stages) are timed, bf16")
     a = p.parse_args()
     rows = []
     D = a.heads * a.head_dim

@@ -21,12 +21,14 @@ reorders it, which is what an FFMA tile does with one accumulator per output. Th
 kernel at a given shape does exactly this is not assumed: the verifier compares with eager on
 first sight of each key, and ops.LINEAR_ATTENTION (cuBLAS's products) stays the fallback.
 
-    linear_attention_scores   [B * heads, C + 1, C] fp32: pad(v)^T-side product, the whole N reduced
-    linear_attention_out      the second product, the division and the cast, written as eager's
+    scores (_scores_kernel)   [B * heads, C + 1, C] fp32: pad(v)^T-side product, the whole N reduced
+    attend (_out_kernel)      the second product, the division and the cast, written as eager's
                               `.flatten(1, 2).transpose(1, 2).to(dtype)` leaves it (memory [B, D, N])
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple, Optional
 
 import torch
 import triton
@@ -72,8 +74,9 @@ def _scores_kernel(k_ptr, v_ptr, s_ptr, N, D, HEADS, C: tl.constexpr, BK: tl.con
 
 
 @triton.jit
-def _out_kernel(q_ptr, s_ptr, o_ptr, N, D, HEADS, eps, C: tl.constexpr, BN: tl.constexpr):
-    # q: [B, N, D]; s: [B * HEADS, C + 1, C] fp32; o: [B, D, N] storage dtype
+def _out_kernel(q_ptr, s_ptr, o_ptr, N, D, HEADS, eps, C: tl.constexpr, BN: tl.constexpr, TILES: tl.constexpr):
+    # q: [B, N, D]; s: [B * HEADS, C + 1, C] fp32; o: [B, D, N] storage dtype. A program serves TILES
+    # token blocks of BN in turn, loading its head's scores once.
     pid = tl.program_id(0).to(tl.int64)
     b = pid // HEADS
     col0 = (pid % HEADS) * C
@@ -82,33 +85,75 @@ def _out_kernel(q_ptr, s_ptr, o_ptr, N, D, HEADS, eps, C: tl.constexpr, BN: tl.c
     base = s_ptr + pid * (C + 1) * C
     s = tl.load(base + cols[:, None] * C + cols[None, :])
     s1 = tl.load(base + C * C + one_rows[:, None] * 0 + cols[None, :])  # row C, ONES times
-    n = tl.program_id(1) * BN + tl.arange(0, BN)
-    nm = n < N
-    qt = _relu(tl.load(q_ptr + ((b * N + n) * D + col0)[:, None] + cols[None, :], mask=nm[:, None],
-                       other=0.0).to(tl.float32))  # [BN, C], channels contiguous
-    q = tl.trans(qt)
-    num = tl.dot(s, q, input_precision="ieee")  # [C, BN]
-    den = tl.dot(s1, q, input_precision="ieee")  # [ONES, BN], every row the normaliser
-    den = tl.sum(tl.where(one_rows[:, None] == 0, den, 0.0), axis=0)  # row 0 alone: x + 0 + ... + 0 == x
-    out = tl.div_rn(num, (den + eps)[None, :])
-    tl.store(o_ptr + (b * D + col0 + cols[:, None]) * N + n[None, :], out.to(o_ptr.dtype.element_ty),
-             mask=nm[None, :])
+    for t in tl.static_range(TILES):
+        n = (tl.program_id(1) * TILES + t) * BN + tl.arange(0, BN)
+        nm = n < N
+        qt = _relu(tl.load(q_ptr + ((b * N + n) * D + col0)[:, None] + cols[None, :], mask=nm[:, None],
+                           other=0.0).to(tl.float32))  # [BN, C], channels contiguous
+        q = tl.trans(qt)
+        num = tl.dot(s, q, input_precision="ieee")  # [C, BN]
+        den = tl.dot(s1, q, input_precision="ieee")  # [ONES, BN], every row the normaliser
+        den = tl.sum(tl.where(one_rows[:, None] == 0, den, 0.0), axis=0)  # row 0 alone: x + 0 + ... + 0 == x
+        out = tl.div_rn(num, (den + eps)[None, :])
+        tl.store(o_ptr + (b * D + col0 + cols[:, None]) * N + n[None, :], out.to(o_ptr.dtype.element_ty),
+                 mask=nm[None, :])
+
+
+class Tiling(NamedTuple):
+    """The two kernels' speed settings. The bits do not depend on them: each output is one FMA chain
+    in k order whatever the tiles (benchmarks/results/linear_attention_h200_s35b.md: equal at all 18
+    tilings swept)."""
+
+    bk: int  # scores: tokens a loop step
+    scores_warps: int
+    scores_stages: int  # scores: the loop's software pipeline depth
+    bn: int  # out: tokens a block
+    out_warps: int
+    out_tiles: int = 1  # out: token blocks a program (its head's scores loaded once for them)
+
+
+# Picked on the H200 by benchmarks/probe_linear_attention.py --kernel-sweep, per kernel, at SANA's width
+# (70 heads of 32; results/linear_attention_h200_s36.md). A few (batch x heads) programs leave most of
+# the chip idle, where a kernel's latency decides; many fill it, where its throughput does.
+FEW_PROGRAMS = 4 * 70  # up to batch 2 with CFG at SANA's 70 heads
+FEW = Tiling(bk=32, scores_warps=4, scores_stages=3, bn=64, out_warps=4)
+MANY = Tiling(bk=16, scores_warps=2, scores_stages=3, bn=64, out_warps=2)
+
+
+def tiling_for(programs: int, tokens: int) -> Tiling:
+    """The tiling for `programs` (batch x heads) heads of `tokens` tokens."""
+    return FEW if programs <= FEW_PROGRAMS else MANY
+
+
+def scores(k: torch.Tensor, v: torch.Tensor, heads: int, t: Tiling) -> torch.Tensor:
+    """[B * heads, C + 1, C] fp32: pad(v) @ relu(k) per head, each output one chain over the tokens."""
+    B, N, D = k.shape
+    C = D // heads
+    out = torch.empty((B * heads, C + 1, C), dtype=torch.float32, device=k.device)
+    _scores_kernel[(B * heads,)](k, v, out, N, D, heads, C=C, BK=t.bk, num_warps=t.scores_warps,
+                                 num_stages=t.scores_stages, **OPTS)
+    return out
+
+
+def attend(q: torch.Tensor, s: torch.Tensor, heads: int, eps: float, t: Tiling) -> torch.Tensor:
+    """scores @ relu(q), divided by its normaliser row, in q's dtype: memory [B, D, N], returned [B, N, D]."""
+    B, N, D = q.shape
+    C = D // heads
+    out = torch.empty((B, D, N), dtype=q.dtype, device=q.device)
+    grid = (B * heads, triton.cdiv(N, t.bn * t.out_tiles))
+    _out_kernel[grid](q, s, out, N, D, heads, eps, C=C, BN=t.bn, TILES=t.out_tiles, num_warps=t.out_warps, **OPTS)
+    return out.transpose(1, 2)
 
 
 def linear_attention_fma(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, eps: float,
-                         bk: int = 32, bn: int = 64, warps: int = 4) -> torch.Tensor:
-    """q, k, v [B, N, D] contiguous, one dtype -> [B, N, D] in that dtype (memory [B, D, N]). bk, bn
-    and warps are speed settings (the token block of each kernel, the warps a program): the bits do
-    not depend on them (each output is one chain in k order whatever the tiling)."""
+                         tiling: Optional[Tiling] = None) -> torch.Tensor:
+    """q, k, v [B, N, D] contiguous, one dtype -> [B, N, D] in that dtype (memory [B, D, N]). `tiling`
+    (default: tiling_for the shape) changes the speed, not the bits."""
     _check(q.dim() == 3 and all(t.is_contiguous() and t.shape == q.shape and t.dtype == q.dtype
                                 for t in (q, k, v)), "q, k, v must be contiguous [B, N, D] of one dtype")
     B, N, D = q.shape
     C = D // heads
     _check(C * heads == D and C in (16, 32, 64), "head dim must be 16, 32 or 64")
     _check(N > 0, "no tokens")
-    scores = torch.empty((B * heads, C + 1, C), dtype=torch.float32, device=q.device)
-    _scores_kernel[(B * heads,)](k, v, scores, N, D, heads, C=C, BK=bk, num_warps=warps, **OPTS)
-    out = torch.empty((B, D, N), dtype=q.dtype, device=q.device)
-    _out_kernel[(B * heads, triton.cdiv(N, bn))](q, scores, out, N, D, heads, eps, C=C, BN=bn, num_warps=warps,
-                                                 **OPTS)
-    return out.transpose(1, 2)
+    t = tiling or tiling_for(B * heads, N)
+    return attend(q, scores(k, v, heads, t), heads, eps, t)
