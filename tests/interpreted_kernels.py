@@ -428,8 +428,12 @@ def linear(dt):
     for B, N, heads, C in ((2, 70, 3, 32), (1, 33, 2, 16), (3, 64, 1, 32)):
         q, k, v = (torch.randint(-3, 4, (B, N, heads * C), generator=G).to(dt) for _ in range(3))
         k[0, : N // 2] = -1  # a head whose first tokens relu to zero
-        got = kernels_linear.linear_attention_fma(q, k, v, heads, _EPS)
-        check(f"linear_fma B={B} N={N} C={C} {dt}", got, _lin_eager(q, k, v, heads))
+        want = _lin_eager(q, k, v, heads)
+        check(f"linear_fma B={B} N={N} C={C} {dt}", kernels_linear.linear_attention_fma(q, k, v, heads, _EPS), want)
+        # the table's other tiling, and token blocks a program (the last block past N, masked)
+        for t in (kernels_linear.MANY, kernels_linear.FEW._replace(bn=16, out_tiles=3)):
+            got = kernels_linear.linear_attention_fma(q, k, v, heads, _EPS, t)
+            check(f"linear_fma B={B} N={N} C={C} {dt} {t}", got, want)
 
 
 for dt in (torch.float32, torch.float16):
