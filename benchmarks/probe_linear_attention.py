@@ -6,10 +6,10 @@
                two products, one kernel for the division
     fma        kernels_linear.linear_attention_fma: two Triton kernels, each product one FMA chain per
                output in k order (equal to eager only where cuBLAS's kernel sums in that order), at
-               kernels_linear.tiling_for the shape
+               kernels_linear.TILING
 
 --sweep SHAPES times each of the two kernels alone over its settings (kernels_linear.Tiling), from which
-tiling_for's table is picked.
+kernels_linear.TILING is picked (session 36 also swept several token blocks a program: slower).
 
 At SANA-1.6B's width (70 heads of 32) and token counts of 512² and 1024² (256, 1024) and more, at
 the batches a job runs (CFG doubles them). Also names the cuBLAS kernels eager ran at each shape.
@@ -75,7 +75,7 @@ def sweep(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, reps: i
     shape's default (the bits do not depend on the tiling: each output is one FMA chain in k order)."""
     out = []
     B, N, _ = q.shape
-    base = kernels_linear.tiling_for(B * heads, N)
+    base = kernels_linear.TILING
     with torch.no_grad():
         want = LINEAR_ATTENTION.eager(q, k, v, heads)
         s = kernels_linear.scores(k, v, heads, base)
@@ -102,10 +102,9 @@ def sweep(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, reps: i
                         functools.partial(kernels_linear.linear_attention_fma, q, k, v, heads, _EPS, t))
         for bn in (32, 64, 128, 256):
             for warps in (1, 2, 4, 8):
-                for tiles in (1, 4):
-                    t = base._replace(bn=bn, out_warps=warps, out_tiles=tiles)
-                    row("out", t, functools.partial(kernels_linear.attend, q, s, heads, _EPS, t),
-                        functools.partial(kernels_linear.linear_attention_fma, q, k, v, heads, _EPS, t))
+                t = base._replace(bn=bn, out_warps=warps)
+                row("out", t, functools.partial(kernels_linear.attend, q, s, heads, _EPS, t),
+                    functools.partial(kernels_linear.linear_attention_fma, q, k, v, heads, _EPS, t))
     return out
 
 

@@ -74,9 +74,8 @@ def _scores_kernel(k_ptr, v_ptr, s_ptr, N, D, HEADS, C: tl.constexpr, BK: tl.con
 
 
 @triton.jit
-def _out_kernel(q_ptr, s_ptr, o_ptr, N, D, HEADS, eps, C: tl.constexpr, BN: tl.constexpr, TILES: tl.constexpr):
-    # q: [B, N, D]; s: [B * HEADS, C + 1, C] fp32; o: [B, D, N] storage dtype. A program serves TILES
-    # token blocks of BN in turn, loading its head's scores once.
+def _out_kernel(q_ptr, s_ptr, o_ptr, N, D, HEADS, eps, C: tl.constexpr, BN: tl.constexpr):
+    # q: [B, N, D]; s: [B * HEADS, C + 1, C] fp32; o: [B, D, N] storage dtype
     pid = tl.program_id(0).to(tl.int64)
     b = pid // HEADS
     col0 = (pid % HEADS) * C
@@ -85,18 +84,17 @@ def _out_kernel(q_ptr, s_ptr, o_ptr, N, D, HEADS, eps, C: tl.constexpr, BN: tl.c
     base = s_ptr + pid * (C + 1) * C
     s = tl.load(base + cols[:, None] * C + cols[None, :])
     s1 = tl.load(base + C * C + one_rows[:, None] * 0 + cols[None, :])  # row C, ONES times
-    for t in tl.static_range(TILES):
-        n = (tl.program_id(1) * TILES + t) * BN + tl.arange(0, BN)
-        nm = n < N
-        qt = _relu(tl.load(q_ptr + ((b * N + n) * D + col0)[:, None] + cols[None, :], mask=nm[:, None],
-                           other=0.0).to(tl.float32))  # [BN, C], channels contiguous
-        q = tl.trans(qt)
-        num = tl.dot(s, q, input_precision="ieee")  # [C, BN]
-        den = tl.dot(s1, q, input_precision="ieee")  # [ONES, BN], every row the normaliser
-        den = tl.sum(tl.where(one_rows[:, None] == 0, den, 0.0), axis=0)  # row 0 alone: x + 0 + ... + 0 == x
-        out = tl.div_rn(num, (den + eps)[None, :])
-        tl.store(o_ptr + (b * D + col0 + cols[:, None]) * N + n[None, :], out.to(o_ptr.dtype.element_ty),
-                 mask=nm[None, :])
+    n = tl.program_id(1) * BN + tl.arange(0, BN)
+    nm = n < N
+    qt = _relu(tl.load(q_ptr + ((b * N + n) * D + col0)[:, None] + cols[None, :], mask=nm[:, None],
+                       other=0.0).to(tl.float32))  # [BN, C], channels contiguous
+    q = tl.trans(qt)
+    num = tl.dot(s, q, input_precision="ieee")  # [C, BN]
+    den = tl.dot(s1, q, input_precision="ieee")  # [ONES, BN], every row the normaliser
+    den = tl.sum(tl.where(one_rows[:, None] == 0, den, 0.0), axis=0)  # row 0 alone: x + 0 + ... + 0 == x
+    out = tl.div_rn(num, (den + eps)[None, :])
+    tl.store(o_ptr + (b * D + col0 + cols[:, None]) * N + n[None, :], out.to(o_ptr.dtype.element_ty),
+             mask=nm[None, :])
 
 
 class Tiling(NamedTuple):
@@ -109,20 +107,14 @@ class Tiling(NamedTuple):
     scores_stages: int  # scores: the loop's software pipeline depth
     bn: int  # out: tokens a block
     out_warps: int
-    out_tiles: int = 1  # out: token blocks a program (its head's scores loaded once for them)
 
 
-# Picked on the H200 by benchmarks/probe_linear_attention.py --kernel-sweep, per kernel, at SANA's width
-# (70 heads of 32; results/linear_attention_h200_s36.md). A few (batch x heads) programs leave most of
-# the chip idle, where a kernel's latency decides; many fill it, where its throughput does.
-FEW_PROGRAMS = 4 * 70  # up to batch 2 with CFG at SANA's 70 heads
-FEW = Tiling(bk=32, scores_warps=4, scores_stages=3, bn=64, out_warps=4)
-MANY = Tiling(bk=16, scores_warps=2, scores_stages=3, bn=64, out_warps=2)
-
-
-def tiling_for(programs: int, tokens: int) -> Tiling:
-    """The tiling for `programs` (batch x heads) heads of `tokens` tokens."""
-    return FEW if programs <= FEW_PROGRAMS else MANY
+# Picked on the H200 by benchmarks/probe_linear_attention.py --sweep, each kernel timed alone over its
+# settings at 2 and 16 rows of 256, 1,024 and 4,096 tokens (results/linear_attention_h200_s36.md): one
+# warp a program of 64 tokens for the second product was the fastest at all six (0.23 against 0.29 ms
+# at two warps, 0.56 at four: 16 rows of 1,024 tokens); token blocks of 64 at 4 warps within 5% of the
+# fastest scores setting at each. Several token blocks a program (its scores loaded once) was slower.
+TILING = Tiling(bk=64, scores_warps=4, scores_stages=3, bn=64, out_warps=1)
 
 
 def scores(k: torch.Tensor, v: torch.Tensor, heads: int, t: Tiling) -> torch.Tensor:
@@ -140,20 +132,20 @@ def attend(q: torch.Tensor, s: torch.Tensor, heads: int, eps: float, t: Tiling) 
     B, N, D = q.shape
     C = D // heads
     out = torch.empty((B, D, N), dtype=q.dtype, device=q.device)
-    grid = (B * heads, triton.cdiv(N, t.bn * t.out_tiles))
-    _out_kernel[grid](q, s, out, N, D, heads, eps, C=C, BN=t.bn, TILES=t.out_tiles, num_warps=t.out_warps, **OPTS)
+    _out_kernel[(B * heads, triton.cdiv(N, t.bn))](q, s, out, N, D, heads, eps, C=C, BN=t.bn, num_warps=t.out_warps,
+                                                   **OPTS)
     return out.transpose(1, 2)
 
 
 def linear_attention_fma(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, eps: float,
                          tiling: Optional[Tiling] = None) -> torch.Tensor:
     """q, k, v [B, N, D] contiguous, one dtype -> [B, N, D] in that dtype (memory [B, D, N]). `tiling`
-    (default: tiling_for the shape) changes the speed, not the bits."""
+    (default: TILING) changes the speed, not the bits."""
     _check(q.dim() == 3 and all(t.is_contiguous() and t.shape == q.shape and t.dtype == q.dtype
                                 for t in (q, k, v)), "q, k, v must be contiguous [B, N, D] of one dtype")
     B, N, D = q.shape
     C = D // heads
     _check(C * heads == D and C in (16, 32, 64), "head dim must be 16, 32 or 64")
     _check(N > 0, "no tokens")
-    t = tiling or tiling_for(B * heads, N)
+    t = tiling or TILING
     return attend(q, scores(k, v, heads, t), heads, eps, t)
