@@ -112,7 +112,7 @@ class Tiling(NamedTuple):
 # Picked on the H200 by benchmarks/probe_linear_attention.py --sweep, each kernel timed alone over its
 # settings at 2 and 16 rows of 256, 1,024 and 4,096 tokens (results/linear_attention_h200_s36.md): one
 # warp a program of 64 tokens for the second product was the fastest at all six (0.23 against 0.29 ms
-# at two warps, 0.56 at four: 16 rows of 1,024 tokens); token blocks of 64 at 4 warps within 5% of the
+# at two warps, 0.56 at four: 16 rows of 1,024 tokens); token blocks of 64 at 4 warps within 6% of the
 # fastest scores setting at each. Several token blocks a program (its scores loaded once) was slower.
 TILING = Tiling(bk=64, scores_warps=4, scores_stages=3, bn=64, out_warps=1)
 
