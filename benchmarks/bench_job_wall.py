@@ -20,6 +20,9 @@ Per mode and prompt count: wall images/s (median, min, max of --runs), generatio
 first batch out of the decoder: the job's first _timeline line, start + t; the plain loop's first
 call), and the generation stage's model TFLOP/s (jobs/models/flops.py, each mode's own text
 lengths: the job's buckets, the pipeline's 300) with its fraction of the H200's 989 dense bf16.
+Each job run in the JSON also says where its generate stage went: device time by stage (encode,
+denoise, decode), captures and their seconds, padding rows, and the batches' pace from its timeline
+(`batch_pace`: a steady batch's interval, and the seconds other intervals took above it).
 
 Modes run in lanes, one per GPU of --gpus (round robin), each lane's runs in series; run i of
 every mode is done before run i+1 of any mode of that lane. The model folder is built once
@@ -163,10 +166,34 @@ def run_job(a, mode: str, data: Path, out: Path, env: dict, log: Path) -> dict:
     firsts = [e["start"] + e["t"] for p in (out / "_timeline").glob("*.jsonl")
               for e in map(json.loads, filter(str.strip, p.read_text().splitlines()))]
     sizes = (s.get("batching") or {}).get("sizes") or [8]  # the image presets' default pool
+    graph = s.get("graph") or {}
     return {"wall_s": wall, "items": s["items_written"], "images_per_s": s["images_per_s"],
             "first_batch_s": min(firsts) - start if firsts else None, "batch": max(int(b) for b in sizes),
             "signatures": s.get("signatures", {}), "gpu_busy": s.get("gpu_busy"),
-            "stage_seconds": s.get("stage_seconds", {})}
+            "stage_seconds": s.get("stage_seconds", {}),
+            # where the generate stage went: device time by stage, captures, padding, the batches' pace
+            "gpu_stage_ms": s.get("gpu_stage_ms"), "padding_rows": s.get("padding_rows"),
+            "captures": graph.get("captures"), "capture_seconds": graph.get("capture_seconds"),
+            **batch_pace(out)}
+
+
+def batch_pace(out: Path) -> dict:
+    """A job's generate stage from its timeline (jobs/telemetry/timeline.py): the batches handed to the
+    sink, the first hand-off (the first unit's captures and first sights in it), the median interval
+    between consecutive hand-offs of one part (a steady batch), and the seconds the other intervals took
+    above it (a new signature's capture and first sights, stalls). {} without a timeline."""
+    from jobs.telemetry.timeline import read_timeline
+
+    parts: dict = {}
+    for e in read_timeline(out):
+        parts.setdefault((e.part, e.start), []).append(e.t)
+    if not parts:
+        return {}
+    gaps = [b - a for ts in map(sorted, parts.values()) for a, b in zip(ts, ts[1:])]
+    steady = statistics.median(gaps) if gaps else None
+    return {"batches": sum(map(len, parts.values())), "first_handoff_s": round(min(map(min, parts.values())), 2),
+            "batch_interval_s": round(steady, 3) if steady is not None else None,
+            "above_steady_s": round(sum(g - steady for g in gaps if g > steady), 2) if steady is not None else None}
 
 
 def text_length(a) -> int:
@@ -500,7 +527,6 @@ def main() -> None:
     warm_s = warm_page_cache(Path(a.dir))
     a.datasets = [(n, write_prompts(a.work / f"prompts_{n}.jsonl", n)) for n in map(int, a.prompts.split(","))]
     import torch
-
     from common import device_tag, environment
 
     meta = environment()
