@@ -153,6 +153,8 @@ def timed(cmd: list, env: dict, log: Path) -> tuple:
 
 
 def run_job(a, mode: str, data: Path, out: Path, env: dict, log: Path) -> dict:
+    from jobs.telemetry.timeline import read_timeline
+
     shutil.rmtree(out, ignore_errors=True)  # a fresh output_dir: nothing to resume, batch sizing measured again
     cmd = [sys.executable, "-m", "jobs.generate", f"model={a.family}", f"model.path={a.dir}", f"dataset.path={data}",
            f"output_dir={out}", f"sampling.height={a.res}", f"sampling.width={a.res}", f"sampling.steps={a.steps}",
@@ -163,8 +165,8 @@ def run_job(a, mode: str, data: Path, out: Path, env: dict, log: Path) -> dict:
     for job_log in (out / "logs").glob("*/generate.log") if spy else ():
         shutil.copy(job_log, Path(spy) / f"{log.stem}.generate.log")  # the job's own stage lines, timestamped
     s = json.loads((out / "summary.json").read_text())
-    firsts = [e["start"] + e["t"] for p in (out / "_timeline").glob("*.jsonl")
-              for e in map(json.loads, filter(str.strip, p.read_text().splitlines()))]
+    batches = read_timeline(out)
+    firsts = [e.start + e.t for e in batches]
     sizes = (s.get("batching") or {}).get("sizes") or [8]  # the image presets' default pool
     graph = s.get("graph") or {}
     return {"wall_s": wall, "items": s["items_written"], "images_per_s": s["images_per_s"],
@@ -174,18 +176,16 @@ def run_job(a, mode: str, data: Path, out: Path, env: dict, log: Path) -> dict:
             # where the generate stage went: device time by stage, captures, padding, the batches' pace
             "gpu_stage_ms": s.get("gpu_stage_ms"), "padding_rows": s.get("padding_rows"),
             "captures": graph.get("captures"), "capture_seconds": graph.get("capture_seconds"),
-            **batch_pace(out)}
+            **batch_pace(batches)}
 
 
-def batch_pace(out: Path) -> dict:
-    """A job's generate stage from its timeline (jobs/telemetry/timeline.py): the batches handed to the
-    sink, the first hand-off (the first unit's captures and first sights in it), the median interval
+def batch_pace(batches: list) -> dict:
+    """A job's generate stage from its timeline's entries (jobs/telemetry/timeline.py): the batches handed
+    to the sink, the first hand-off (the first unit's captures and first sights in it), the median interval
     between consecutive hand-offs of one part (a steady batch), and the seconds the other intervals took
-    above it (a new signature's capture and first sights, stalls). {} without a timeline."""
-    from jobs.telemetry.timeline import read_timeline
-
+    above it (a new signature's capture and first sights, stalls). {} without entries."""
     parts: dict = {}
-    for e in read_timeline(out):
+    for e in batches:
         parts.setdefault((e.part, e.start), []).append(e.t)
     if not parts:
         return {}
@@ -527,6 +527,7 @@ def main() -> None:
     warm_s = warm_page_cache(Path(a.dir))
     a.datasets = [(n, write_prompts(a.work / f"prompts_{n}.jsonl", n)) for n in map(int, a.prompts.split(","))]
     import torch
+
     from common import device_tag, environment
 
     meta = environment()

@@ -37,7 +37,7 @@ def test_batch_pace_reads_a_steady_interval_and_the_time_above_it(tmp_path):
     from bench_job_wall import batch_pace
 
     from jobs.output.layout import TIMELINE_DIR
-    from jobs.telemetry.timeline import BatchEntry
+    from jobs.telemetry.timeline import BatchEntry, read_timeline
 
     folder = tmp_path / TIMELINE_DIR
     folder.mkdir()
@@ -46,6 +46,6 @@ def test_batch_pace_reads_a_steady_interval_and_the_time_above_it(tmp_path):
         lines = [json.dumps(asdict(BatchEntry(t=t, start=1.0, run="", part=part, items=8, signature="s", mode="replay",
                                        batch_size=8))) for t in times]
         (folder / f"{part}.jsonl").write_text("\n".join(lines) + "\n")
-    assert batch_pace(tmp_path) == {"batches": 8, "first_handoff_s": 3.0, "batch_interval_s": 2.0,
-                                    "above_steady_s": 0.5}
-    assert batch_pace(tmp_path / "nothing") == {}
+    assert batch_pace(read_timeline(tmp_path)) == {"batches": 8, "first_handoff_s": 3.0, "batch_interval_s": 2.0,
+                                                   "above_steady_s": 0.5}
+    assert batch_pace(read_timeline(tmp_path / "nothing")) == {}
