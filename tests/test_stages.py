@@ -109,6 +109,22 @@ def test_an_encode_failure_surfaces_after_the_batch_in_flight_is_handed_on(sana)
     assert got == ["k0"]  # k0 was in flight: it is finished and handed on before the error surfaces
 
 
+def test_the_job_s_first_batch_is_handed_on_before_the_next_submit(sana):
+    """Behind the next submit the first batch would wait a whole batch's time (the submitting thread
+    stays a few graph replays ahead of the GPU); later batches overlap as before, across runs too."""
+    cfg, fam, pipe, padder = sana
+    engine = Pipeline(cfg, fam, pipe, padder, None, "cpu")
+    events, submit = [], engine.submit
+    engine.submit = lambda batch, *a: events.append(("submit", batch.items[0].key)) or submit(batch, *a)
+    scheduler = StageScheduler(engine, CaptureDispatcher(None, engine.cfg.bcg), overlap=True)
+    for run in ([Batch(SIG, items(1, i), 1) for i in range(3)], [Batch(SIG, items(1, i), 1) for i in (3, 4)]):
+        for r in scheduler.run(run, stop=lambda: False):
+            events.append(("out", r.items[0].key))
+    assert events == [("submit", "k0"), ("out", "k0"), ("submit", "k1"), ("submit", "k2"), ("out", "k1"),
+                      ("out", "k2"), ("submit", "k3"), ("submit", "k4"), ("out", "k3"), ("out", "k4")]
+    assert scheduler.handed_on == 5
+
+
 def test_batches_left_count_each_size_within_its_run():
     other = Signature(height=128, width=128, text_bucket=64, steps=2, guidance_scale=4.5, cfg=True, dtype="float32")
     sizes = [(SIG, 8), (SIG, 8), (SIG, 8), (SIG, 4), (SIG, 1), (other, 8), (other, 2)]
