@@ -22,7 +22,9 @@ call), and the generation stage's model TFLOP/s (jobs/models/flops.py, each mode
 lengths: the job's buckets, the pipeline's 300) with its fraction of the H200's 989 dense bf16.
 Each job run in the JSON also says where its generate stage went: device time by stage (encode,
 denoise, decode), captures and their seconds, padding rows, and the batches' pace from its timeline
-(`batch_pace`: a steady batch's interval, and the seconds other intervals took above it).
+(`batch_pace`: a steady batch's interval, the seconds other intervals took above it, those across a
+signature switch, and the slowest intervals). --gc records each job run's garbage collections
+(gc_pauses.py): their seconds over the generate stage and inside each of its slowest intervals.
 
 Modes run in lanes, one per GPU of --gpus (round robin), each lane's runs in series; run i of
 every mode is done before run i+1 of any mode of that lane. The model folder is built once
@@ -160,6 +162,12 @@ def run_job(a, mode: str, data: Path, out: Path, env: dict, log: Path) -> dict:
            f"output_dir={out}", f"sampling.height={a.res}", f"sampling.width={a.res}", f"sampling.steps={a.steps}",
            f"sampling.guidance_scale={a.guidance}", "job.progress=false",
            *JOB_MODES.get(mode, []), *a.extra]
+    gc_file = log.with_suffix(".gc.json")
+    if a.gc:  # the same command, with the process's garbage collections recorded (gc_pauses.py)
+        gc_file.unlink(missing_ok=True)
+        env = dict(env, BENCH_GC_FILE=str(gc_file))
+        cmd = [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(ROOT / 'benchmarks')!r}); import gc_pauses; "
+                                     "gc_pauses.run_module('jobs.generate', sys.argv[1:])", *cmd[3:]]
     start, wall, _ = timed(cmd, env, log)
     spy = os.environ.get("BENCH_PYSPY_DIR")
     for job_log in (out / "logs").glob("*/generate.log") if spy else ():
@@ -169,6 +177,8 @@ def run_job(a, mode: str, data: Path, out: Path, env: dict, log: Path) -> dict:
     firsts = [e.start + e.t for e in batches]
     sizes = (s.get("batching") or {}).get("sizes") or [8]  # the image presets' default pool
     graph = s.get("graph") or {}
+    pace = batch_pace(batches)
+    gc_seen = gc_report(gc_file, batches, s, pace) if a.gc else {}
     return {"wall_s": wall, "items": s["items_written"], "images_per_s": s["images_per_s"],
             "first_batch_s": min(firsts) - start if firsts else None, "batch": max(int(b) for b in sizes),
             "signatures": s.get("signatures", {}), "gpu_busy": s.get("gpu_busy"),
@@ -176,24 +186,50 @@ def run_job(a, mode: str, data: Path, out: Path, env: dict, log: Path) -> dict:
             # where the generate stage went: device time by stage, captures, padding, the batches' pace
             "gpu_stage_ms": s.get("gpu_stage_ms"), "padding_rows": s.get("padding_rows"),
             "captures": graph.get("captures"), "capture_seconds": graph.get("capture_seconds"),
-            **batch_pace(batches)}
+            **pace, **gc_seen}
 
 
-def batch_pace(batches: list) -> dict:
+def gc_report(path: Path, batches: list, summary: dict, pace: dict) -> dict:
+    """--gc: the job's garbage collections over the process and over its generate stage, and the
+    seconds of collection inside each of the slowest intervals (added to pace's entries)."""
+    from gc_pauses import summarize
+
+    pauses = json.loads(path.read_text())
+    t0 = min((e.start for e in batches), default=float("-inf"))  # the generate stage's unix start
+    for iv in pace.get("slowest", []):
+        iv["gc_s"] = round(sum(p[2] for p in pauses if iv["from_unix"] <= p[0] < iv["to_unix"]), 4)
+    return {"gc_process": summarize(pauses),
+            "gc_generate": summarize(pauses, t0, t0 + (summary.get("stage_seconds") or {}).get("generate", 0.0))}
+
+
+def batch_pace(batches: list, slowest: int = 5) -> dict:
     """A job's generate stage from its timeline's entries (jobs/telemetry/timeline.py): the batches handed
     to the sink, the first hand-off (the first unit's captures and first sights in it), the median interval
     between consecutive hand-offs of one part (a steady batch), and the seconds the other intervals took
-    above it (a new signature's capture and first sights, stalls). {} without entries."""
+    above it: in all, across a signature switch (a unit's drain, a new prefetch thread, a capture), and
+    the `slowest` intervals with their unix window, to lay against other records of the run (--gc's
+    collections, a profile). {} without entries."""
     parts: dict = {}
     for e in batches:
-        parts.setdefault((e.part, e.start), []).append(e.t)
+        parts.setdefault((e.part, e.start), []).append(e)
     if not parts:
         return {}
-    gaps = [b - a for ts in map(sorted, parts.values()) for a, b in zip(ts, ts[1:])]
-    steady = statistics.median(gaps) if gaps else None
-    return {"batches": sum(map(len, parts.values())), "first_handoff_s": round(min(map(min, parts.values())), 2),
-            "batch_interval_s": round(steady, 3) if steady is not None else None,
-            "above_steady_s": round(sum(g - steady for g in gaps if g > steady), 2) if steady is not None else None}
+    intervals = []  # (seconds, the hand-off before, the hand-off that ends it), within each part
+    for es in parts.values():
+        es = sorted(es, key=lambda e: e.t)
+        intervals += [(b.t - a.t, a, b) for a, b in zip(es, es[1:])]
+    out = {"batches": sum(map(len, parts.values())),
+           "first_handoff_s": round(min(e.t for es in parts.values() for e in es), 2)}
+    if not intervals:
+        return {**out, "batch_interval_s": None, "above_steady_s": None}
+    steady = statistics.median(g for g, _, _ in intervals)
+    above = sorted(((g - steady, a, b) for g, a, b in intervals if g > steady), key=lambda x: -x[0])
+    return {**out, "batch_interval_s": round(steady, 3),
+            "above_steady_s": round(sum(x for x, _, _ in above), 2),
+            "switches_above_s": round(sum(x for x, a, b in above if a.signature != b.signature), 2),
+            "slowest": [{"t": round(b.t, 2), "above_s": round(x, 3), "switch": a.signature != b.signature,
+                         "from_unix": round(a.start + a.t, 3), "to_unix": round(b.start + b.t, 3)}
+                        for x, a, b in above[:slowest]]}
 
 
 def text_length(a) -> int:
@@ -507,6 +543,8 @@ def main() -> None:
     p.add_argument("--pyspy", type=Path, default=None, help="profile every run with py-spy into this folder "
                                                            "(stacks and logs; its timings are not results)")
     p.add_argument("--pyspy-format", choices=["raw", "speedscope"], default="raw")
+    p.add_argument("--gc", action="store_true", help="record each job run's garbage collections (gc_pauses.py): "
+                                                     "their seconds in the generate stage and in its slowest intervals")
     a = p.parse_args()
     a.guidance = FAMILIES[a.family]["guidance"] if a.guidance is None else a.guidance
     a.tiny = a.device == "cpu" if a.tiny is None else a.tiny

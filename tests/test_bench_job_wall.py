@@ -46,6 +46,54 @@ def test_batch_pace_reads_a_steady_interval_and_the_time_above_it(tmp_path):
         lines = [json.dumps(asdict(BatchEntry(t=t, start=1.0, run="", part=part, items=8, signature="s", mode="replay",
                                        batch_size=8))) for t in times]
         (folder / f"{part}.jsonl").write_text("\n".join(lines) + "\n")
-    assert batch_pace(read_timeline(tmp_path)) == {"batches": 8, "first_handoff_s": 3.0, "batch_interval_s": 2.0,
-                                                   "above_steady_s": 0.5}
+    assert batch_pace(read_timeline(tmp_path)) == {
+        "batches": 8, "first_handoff_s": 3.0, "batch_interval_s": 2.0, "above_steady_s": 0.5, "switches_above_s": 0.0,
+        "slowest": [{"t": 9.5, "above_s": 0.5, "switch": False, "from_unix": 8.0, "to_unix": 10.5}]}
     assert batch_pace(read_timeline(tmp_path / "nothing")) == {}
+
+
+def _timeline(folder: Path, entries: list) -> None:
+    from jobs.output.layout import TIMELINE_DIR
+    from jobs.telemetry.timeline import BatchEntry
+
+    (folder / TIMELINE_DIR).mkdir(parents=True)
+    lines = [json.dumps(asdict(BatchEntry(t=t, start=100.0, run="", part="a", items=8, signature=sig, mode="replay",
+                                          batch_size=8))) for t, sig in entries]
+    (folder / TIMELINE_DIR / "a.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def test_the_slowest_intervals_name_signature_switches_and_the_collections_inside_them(tmp_path):
+    """A switch's interval is told apart from a stall of one signature, and --gc's collections are laid
+    into the interval they began in (gc_pauses.py's file: [unix start, generation, seconds])."""
+    from bench_job_wall import batch_pace, gc_report
+
+    from jobs.telemetry.timeline import read_timeline
+
+    _timeline(tmp_path, [(3.0, "s64"), (5.0, "s64"), (7.0, "s64"), (9.8, "s64"), (11.8, "s64"), (14.4, "s128"),
+                         (16.4, "s128")])
+    pace = batch_pace(read_timeline(tmp_path), slowest=2)
+    assert (pace["above_steady_s"], pace["switches_above_s"]) == (1.4, 0.6)
+    assert [(iv["t"], iv["switch"]) for iv in pace["slowest"]] == [(9.8, False), (14.4, True)]
+    gc_file = tmp_path / "run.gc.json"
+    gc_file.write_text(json.dumps([[50.0, 2, 0.3], [108.0, 2, 0.5], [108.5, 0, 0.001], [113.0, 1, 0.02]]))
+    seen = gc_report(gc_file, read_timeline(tmp_path), {"stage_seconds": {"generate": 20.0}}, pace)
+    assert [iv["gc_s"] for iv in pace["slowest"]] == [0.501, 0.02]  # 107-109.8 s and 111.8-114.4 s (unix)
+    assert seen["gc_process"]["collections"] == {"0": 1, "1": 1, "2": 2}
+    assert seen["gc_generate"] == {"collections": {"0": 1, "1": 1, "2": 1}, "seconds": {"0": 0.001, "1": 0.02, "2": 0.5},
+                                   "longest_s": 0.5}
+
+
+def test_gc_pauses_records_a_module_s_collections_when_run_as_main(tmp_path):
+    """The --gc wrapper runs the module as `python -m` would (its __main__ block, its argv) and writes
+    every collection at exit."""
+    import subprocess
+
+    (tmp_path / "collects.py").write_text(
+        "import gc, sys\nif __name__ == '__main__':\n    for _ in range(int(sys.argv[1])):\n        gc.collect(2)\n")
+    out = tmp_path / "gc.json"
+    bench = Path(__file__).resolve().parents[1] / "benchmarks"
+    code = f"import sys; sys.path[:0] = [{str(bench)!r}, {str(tmp_path)!r}]; import gc_pauses; " \
+           "gc_pauses.run_module('collects', sys.argv[1:])"
+    subprocess.run([sys.executable, "-c", code, "3"], check=True, env={"BENCH_GC_FILE": str(out), "PATH": ""})
+    pauses = json.loads(out.read_text())
+    assert sum(1 for _, gen, s in pauses if gen == 2 and s >= 0) >= 3

@@ -1,0 +1,64 @@
+"""Python's garbage-collection pauses in a process, for bench_job_wall.py --gc (issue 28).
+
+The job's steady batch is GPU-bound, yet at 1,000 prompts (1024²) its generate stage spent about 7 s in
+single intervals above the steady pace that no signature switch explains
+(benchmarks/results/job_wall_h200_1024_1000_s37.md). The thread that submits graph replays stays only a
+few replays ahead of the GPU, so a pause of that thread longer than those replays leaves the GPU idle.
+A full collection over the objects torch, transformers and diffusers load is one such pause. This records
+each collection of the process it is imported in:
+
+    python -c "import gc_pauses; gc_pauses.run_module('jobs.generate', [overrides...])"
+
+with BENCH_GC_FILE naming the JSON written at exit: [[unix start, generation, seconds], ...].
+`summarize` reads it against a window (the job's generate stage, one slow interval).
+"""
+
+from __future__ import annotations
+
+import atexit
+import gc
+import json
+import os
+import runpy
+import sys
+import time
+from pathlib import Path
+
+_PAUSES: list = []
+_STARTED: dict = {}
+
+
+def _callback(phase: str, info: dict) -> None:
+    if phase == "start":
+        _STARTED["unix"], _STARTED["t"] = time.time(), time.perf_counter()
+    elif "t" in _STARTED:
+        _PAUSES.append([round(_STARTED["unix"], 4), info.get("generation"), round(time.perf_counter() - _STARTED["t"], 5)])
+
+
+def _write(path: Path) -> None:
+    path.write_text(json.dumps(_PAUSES))
+
+
+def install(path: Path) -> None:
+    """Record every collection from now on; write them to path at exit."""
+    gc.callbacks.append(_callback)
+    atexit.register(_write, Path(path))
+
+
+def run_module(module: str, args: list) -> None:
+    """`python -m module args...`, with the collections recorded to $BENCH_GC_FILE."""
+    install(Path(os.environ["BENCH_GC_FILE"]))
+    sys.argv = [module, *args]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+def summarize(pauses: list, start: float = float("-inf"), end: float = float("inf")) -> dict:
+    """Collections that began in [start, end) (unix seconds): count and seconds per generation, the longest."""
+    inside = [p for p in pauses if start <= p[0] < end]
+    by_gen: dict = {}
+    for _, gen, s in inside:
+        n, total = by_gen.get(str(gen), (0, 0.0))
+        by_gen[str(gen)] = (n + 1, total + s)
+    return {"collections": {g: n for g, (n, _) in sorted(by_gen.items())},
+            "seconds": {g: round(t, 3) for g, (_, t) in sorted(by_gen.items())},
+            "longest_s": round(max((s for *_, s in inside), default=0.0), 4)}
