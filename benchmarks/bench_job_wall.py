@@ -158,16 +158,16 @@ def run_job(a, mode: str, data: Path, out: Path, env: dict, log: Path) -> dict:
     from jobs.telemetry.timeline import read_timeline
 
     shutil.rmtree(out, ignore_errors=True)  # a fresh output_dir: nothing to resume, batch sizing measured again
-    cmd = [sys.executable, "-m", "jobs.generate", f"model={a.family}", f"model.path={a.dir}", f"dataset.path={data}",
-           f"output_dir={out}", f"sampling.height={a.res}", f"sampling.width={a.res}", f"sampling.steps={a.steps}",
-           f"sampling.guidance_scale={a.guidance}", "job.progress=false",
-           *JOB_MODES.get(mode, []), *a.extra]
+    overrides = [f"model={a.family}", f"model.path={a.dir}", f"dataset.path={data}", f"output_dir={out}",
+                 f"sampling.height={a.res}", f"sampling.width={a.res}", f"sampling.steps={a.steps}",
+                 f"sampling.guidance_scale={a.guidance}", "job.progress=false", *JOB_MODES.get(mode, []), *a.extra]
+    cmd = [sys.executable, "-m", "jobs.generate", *overrides]
     gc_file = log.with_suffix(".gc.json")
-    if a.gc:  # the same command, with the process's garbage collections recorded (gc_pauses.py)
+    if a.gc:  # the same job, with the process's garbage collections recorded (gc_pauses.py)
         gc_file.unlink(missing_ok=True)
         env = dict(env, BENCH_GC_FILE=str(gc_file))
         cmd = [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(ROOT / 'benchmarks')!r}); import gc_pauses; "
-                                     "gc_pauses.run_module('jobs.generate', sys.argv[1:])", *cmd[3:]]
+                                     "gc_pauses.run_module('jobs.generate', sys.argv[1:])", *overrides]
     start, wall, _ = timed(cmd, env, log)
     spy = os.environ.get("BENCH_PYSPY_DIR")
     for job_log in (out / "logs").glob("*/generate.log") if spy else ():

@@ -1,8 +1,8 @@
 """Python's garbage-collection pauses in a process, for bench_job_wall.py --gc (issue 28).
 
-The job's steady batch is GPU-bound, yet at 1,000 prompts (1024²) its generate stage spent about 7 s in
-single intervals above the steady pace that no signature switch explains
-(benchmarks/results/job_wall_h200_1024_1000_s37.md). The thread that submits graph replays stays only a
+The job's steady batch is GPU-bound, yet at 1,000 prompts (1024²) its generate stage spent 9.4 s in
+intervals above the steady pace, of which the three signature switches are about 2 s by its log
+(benchmarks/results/job_wall_h200_1024_1000_s37.md): the rest is single slow intervals. The thread that submits graph replays stays only a
 few replays ahead of the GPU, so a pause of that thread longer than those replays leaves the GPU idle.
 A full collection over the objects torch, transformers and diffusers load is one such pause. This records
 each collection of the process it is imported in:
