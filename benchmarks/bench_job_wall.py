@@ -25,6 +25,8 @@ denoise, decode), captures and their seconds, padding rows, and the batches' pac
 (`batch_pace`: a steady batch's interval, the seconds other intervals took above it, those across a
 signature switch, and the slowest intervals). --gc records each job run's garbage collections
 (gc_pauses.py): their seconds over the generate stage and inside each of its slowest intervals.
+--trace START:SECONDS records the GPU's kernels and clocks over that window of every run (gpu_trace.py):
+busy time, the streams' overlap, idle gaps, the top kernels.
 
 Modes run in lanes, one per GPU of --gpus (round robin), each lane's runs in series; run i of
 every mode is done before run i+1 of any mode of that lane. The model folder is built once
@@ -161,13 +163,11 @@ def run_job(a, mode: str, data: Path, out: Path, env: dict, log: Path) -> dict:
     overrides = [f"model={a.family}", f"model.path={a.dir}", f"dataset.path={data}", f"output_dir={out}",
                  f"sampling.height={a.res}", f"sampling.width={a.res}", f"sampling.steps={a.steps}",
                  f"sampling.guidance_scale={a.guidance}", "job.progress=false", *JOB_MODES.get(mode, []), *a.extra]
-    cmd = [sys.executable, "-m", "jobs.generate", *overrides]
     gc_file = log.with_suffix(".gc.json")
     if a.gc:  # the same job, with the process's garbage collections recorded (gc_pauses.py)
         gc_file.unlink(missing_ok=True)
         env = dict(env, BENCH_GC_FILE=str(gc_file))
-        cmd = [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(ROOT / 'benchmarks')!r}); import gc_pauses; "
-                                     "gc_pauses.run_module('jobs.generate', sys.argv[1:])", *overrides]
+    cmd, env = probed(a, ["-m", "jobs.generate", *overrides], env, log)
     start, wall, _ = timed(cmd, env, log)
     spy = os.environ.get("BENCH_PYSPY_DIR")
     for job_log in (out / "logs").glob("*/generate.log") if spy else ():
@@ -179,6 +179,7 @@ def run_job(a, mode: str, data: Path, out: Path, env: dict, log: Path) -> dict:
     graph = s.get("graph") or {}
     pace = batch_pace(batches)
     gc_seen = gc_report(gc_file, batches, s, pace) if a.gc else {}
+    trace = trace_report(log)
     return {"wall_s": wall, "items": s["items_written"], "images_per_s": s["images_per_s"],
             "first_batch_s": min(firsts) - start if firsts else None, "batch": max(int(b) for b in sizes),
             "signatures": s.get("signatures", {}), "gpu_busy": s.get("gpu_busy"),
@@ -186,7 +187,27 @@ def run_job(a, mode: str, data: Path, out: Path, env: dict, log: Path) -> dict:
             # where the generate stage went: device time by stage, captures, padding, the batches' pace
             "gpu_stage_ms": s.get("gpu_stage_ms"), "padding_rows": s.get("padding_rows"),
             "captures": graph.get("captures"), "capture_seconds": graph.get("capture_seconds"),
-            **pace, **gc_seen}
+            **pace, **gc_seen, **trace}
+
+
+def probed(a, argv: list, env: dict, log: Path) -> tuple:
+    """(command, env) that runs `python ARGV...`: through benchmarks/probed.py when --gc or --trace asks
+    for a probe (the caller has put BENCH_GC_FILE in env; --trace START:SECONDS adds BENCH_TRACE, its
+    summary written beside the run's log)."""
+    if a.trace:
+        start, seconds = a.trace.split(":")
+        trace_file = log.with_suffix(".trace.json")
+        trace_file.unlink(missing_ok=True)
+        env = dict(env, BENCH_TRACE=f"{float(start)}:{float(seconds)}:{trace_file}")
+    if a.trace or "BENCH_GC_FILE" in env:
+        return [sys.executable, str(ROOT / "benchmarks" / "probed.py"), *argv], env
+    return [sys.executable, *argv], env
+
+
+def trace_report(log: Path) -> dict:
+    """--trace: the GPU's window (gpu_trace.py's summary), if the run wrote one."""
+    path = log.with_suffix(".trace.json")
+    return {"gpu_trace": json.loads(path.read_text())} if path.exists() else {}
 
 
 def gc_report(path: Path, batches: list, summary: dict, pace: dict) -> dict:
@@ -205,10 +226,14 @@ def gc_report(path: Path, batches: list, summary: dict, pace: dict) -> dict:
 def batch_pace(batches: list, slowest: int = 5) -> dict:
     """A job's generate stage from its timeline's entries (jobs/telemetry/timeline.py): the batches handed
     to the sink, the first hand-off (the first unit's captures and first sights in it), the median interval
-    between consecutive hand-offs of one part (a steady batch), and the seconds the other intervals took
-    above it: in all, across a signature switch (a unit's drain, a new prefetch thread, a capture), and
-    the `slowest` intervals with their unix window, to lay against other records of the run (--gc's
-    collections, a profile). {} without entries."""
+    between consecutive hand-offs of one part (a steady batch), and what the intervals took beyond it.
+    `excess_s` is the net: the intervals' sum less as many steady ones, what the stage lost to anything
+    but the steady pace. `above_steady_s` sums only the intervals above the median, so it also holds
+    the jitter that the intervals below the median give back: at 1,000 prompts it read 9.4 s where the
+    net was 2.0 s (job_wall_h200_1024_1000_s37.md). Also the gross time across a signature switch (a
+    unit's drain, a new prefetch thread, a capture), the median interval within each signature (longer
+    texts cost more), and the `slowest` intervals with their unix window, to lay against other records
+    of the run (--gc's collections, a profile). {} without entries."""
     parts: dict = {}
     for e in batches:
         parts.setdefault((e.part, e.start), []).append(e)
@@ -224,7 +249,13 @@ def batch_pace(batches: list, slowest: int = 5) -> dict:
         return {**out, "batch_interval_s": None, "above_steady_s": None}
     steady = statistics.median(g for g, _, _ in intervals)
     above = sorted(((g - steady, a, b) for g, a, b in intervals if g > steady), key=lambda x: -x[0])
+    by_sig: dict = {}
+    for g, a, b in intervals:
+        if a.signature == b.signature:
+            by_sig.setdefault(b.signature, []).append(g)
     return {**out, "batch_interval_s": round(steady, 3),
+            "excess_s": round(sum(g for g, _, _ in intervals) - len(intervals) * steady, 2),
+            "interval_by_signature_s": {sig: round(statistics.median(gs), 3) for sig, gs in sorted(by_sig.items())},
             "above_steady_s": round(sum(x for x, _, _ in above), 2),
             "switches_above_s": round(sum(x for x, a, b in above if a.signature != b.signature), 2),
             "slowest": [{"t": round(b.t, 2), "above_s": round(x, 3), "switch": a.signature != b.signature,
@@ -249,14 +280,14 @@ def text_length(a) -> int:
 def run_plain(a, batch: int, compiled: bool, data: Path, env: dict, log: Path) -> dict:
     fam = FAMILIES[a.family]
     call = dict(fam["call"], **({"max_sequence_length": text_length(a)} if a.family == "flux" else {}))
-    cmd = [sys.executable, "-c", PLAIN_LOOP, str(a.dir), str(data), str(a.res), str(a.steps), str(a.guidance),
-           str(batch), "1" if compiled else "0", a.device, fam["pipeline"], json.dumps(call)]
+    cmd, env = probed(a, ["-c", PLAIN_LOOP, str(a.dir), str(data), str(a.res), str(a.steps), str(a.guidance),
+                          str(batch), "1" if compiled else "0", a.device, fam["pipeline"], json.dumps(call)], env, log)
     start, wall, out = timed(cmd, env, log)
     r = json.loads(next(line for line in out.splitlines() if line.startswith("PLAIN "))[6:])
     sig = f"{a.res}x{a.res}/t{text_length(a)}/s{a.steps}/cfg{a.guidance:g}/bfloat16"
     return {"wall_s": wall, "items": r["items"], "images_per_s": r["images_per_s"], "load_s": r["load_s"],
             "first_batch_s": r["first_batch_unix"] - start, "batch": batch, "signatures": {sig: r["items"]},
-            "pipeline": r["pipeline"]}
+            "pipeline": r["pipeline"], **trace_report(log)}
 
 
 # -- FLOPs --------------------------------------------------------------------------------------
@@ -545,6 +576,10 @@ def main() -> None:
     p.add_argument("--pyspy-format", choices=["raw", "speedscope"], default="raw")
     p.add_argument("--gc", action="store_true", help="record each job run's garbage collections (gc_pauses.py): "
                                                      "their seconds in the generate stage and in its slowest intervals")
+    p.add_argument("--trace", default=None, metavar="START:SECONDS",
+                   help="trace the GPU (kernels, copies, clocks: gpu_trace.py) from START to START + SECONDS after each "
+                        "run's start, job and plain loop; the summary goes into the run's JSON (a probe: the traced "
+                        "runs' timings are not results)")
     a = p.parse_args()
     a.guidance = FAMILIES[a.family]["guidance"] if a.guidance is None else a.guidance
     a.tiny = a.device == "cpu" if a.tiny is None else a.tiny

@@ -1,13 +1,16 @@
 """Python's garbage-collection pauses in a process, for bench_job_wall.py --gc (issue 28).
 
 The job's steady batch is GPU-bound, yet at 1,000 prompts (1024²) its generate stage spent 9.4 s in
-intervals above the steady pace, of which the three signature switches are about 2 s by its log
-(benchmarks/results/job_wall_h200_1024_1000_s37.md): the rest is single slow intervals. The thread that submits graph replays stays only a
-few replays ahead of the GPU, so a pause of that thread longer than those replays leaves the GPU idle.
-A full collection over the objects torch, transformers and diffusers load is one such pause. This records
-each collection of the process it is imported in:
+intervals above the steady pace (benchmarks/results/job_wall_h200_1024_1000_s37.md). That sum counts
+only the intervals above the median. The net, the intervals' sum less as many steady ones
+(bench_job_wall.batch_pace's `excess_s`), was at most 2.0 s there (279.4 s of stage, less the first
+hand-off at 5.3 s, less 125 intervals of 2.177 s): about the three signature switches. So the rest was
+jitter that the faster intervals gave back, not stalls. The thread that submits graph replays stays only a
+few replays ahead of the GPU, so a pause of that thread longer than those replays would leave the GPU
+idle; a full collection over the objects torch, transformers and diffusers load is one such pause. This
+records each collection of the process it is imported in:
 
-    python -c "import gc_pauses; gc_pauses.run_module('jobs.generate', [overrides...])"
+    BENCH_GC_FILE=PATH python benchmarks/probed.py -m jobs.generate [overrides...]
 
 with BENCH_GC_FILE naming the JSON written at exit: [[unix start, generation, seconds], ...].
 `summarize` reads it against a window (the job's generate stage, one slow interval).
@@ -19,8 +22,6 @@ import atexit
 import gc
 import json
 import os
-import runpy
-import sys
 import time
 from pathlib import Path
 
@@ -32,7 +33,8 @@ def _callback(phase: str, info: dict) -> None:
     if phase == "start":
         _STARTED["unix"], _STARTED["t"] = time.time(), time.perf_counter()
     elif "t" in _STARTED:
-        _PAUSES.append([round(_STARTED["unix"], 4), info.get("generation"), round(time.perf_counter() - _STARTED["t"], 5)])
+        seconds = round(time.perf_counter() - _STARTED["t"], 5)
+        _PAUSES.append([round(_STARTED["unix"], 4), info.get("generation"), seconds])
 
 
 def _write(path: Path) -> None:
@@ -45,11 +47,10 @@ def install(path: Path) -> None:
     atexit.register(_write, Path(path))
 
 
-def run_module(module: str, args: list) -> None:
-    """`python -m module args...`, with the collections recorded to $BENCH_GC_FILE."""
-    install(Path(os.environ["BENCH_GC_FILE"]))
-    sys.argv = [module, *args]
-    runpy.run_module(module, run_name="__main__", alter_sys=True)
+def install_from_env() -> None:
+    """install() to $BENCH_GC_FILE, if set (benchmarks/probed.py)."""
+    if os.environ.get("BENCH_GC_FILE"):
+        install(Path(os.environ["BENCH_GC_FILE"]))
 
 
 def summarize(pauses: list, start: float = float("-inf"), end: float = float("inf")) -> dict:

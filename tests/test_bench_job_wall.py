@@ -47,7 +47,8 @@ def test_batch_pace_reads_a_steady_interval_and_the_time_above_it(tmp_path):
                                        batch_size=8))) for t in times]
         (folder / f"{part}.jsonl").write_text("\n".join(lines) + "\n")
     assert batch_pace(read_timeline(tmp_path)) == {
-        "batches": 8, "first_handoff_s": 3.0, "batch_interval_s": 2.0, "above_steady_s": 0.5, "switches_above_s": 0.0,
+        "batches": 8, "first_handoff_s": 3.0, "batch_interval_s": 2.0, "excess_s": 0.5,
+        "interval_by_signature_s": {"s": 2.0}, "above_steady_s": 0.5, "switches_above_s": 0.0,
         "slowest": [{"t": 9.5, "above_s": 0.5, "switch": False, "from_unix": 8.0, "to_unix": 10.5}]}
     assert batch_pace(read_timeline(tmp_path / "nothing")) == {}
 
@@ -83,17 +84,62 @@ def test_the_slowest_intervals_name_signature_switches_and_the_collections_insid
                                    "longest_s": 0.5}
 
 
-def test_gc_pauses_records_a_module_s_collections_when_run_as_main(tmp_path):
-    """The --gc wrapper runs the module as `python -m` would (its __main__ block, its argv) and writes
-    every collection at exit."""
+def test_probed_runs_a_module_or_code_as_python_would_and_records_its_collections(tmp_path):
+    """probed.py runs `-m module` as `python -m` would (its __main__ block, its argv), or `-c code`, and
+    gc_pauses writes every collection at exit; a failing program keeps its exit status."""
     import subprocess
 
     (tmp_path / "collects.py").write_text(
-        "import gc, sys\nif __name__ == '__main__':\n    for _ in range(int(sys.argv[1])):\n        gc.collect(2)\n")
+        "import gc, sys\nif __name__ == '__main__':\n    for _ in range(int(sys.argv[1])):\n        gc.collect(2)\n"
+        "    sys.exit(int(sys.argv[2]))\n")
+    probed = Path(__file__).resolve().parents[1] / "benchmarks" / "probed.py"
     out = tmp_path / "gc.json"
-    bench = Path(__file__).resolve().parents[1] / "benchmarks"
-    code = f"import sys; sys.path[:0] = [{str(bench)!r}, {str(tmp_path)!r}]; import gc_pauses; " \
-           "gc_pauses.run_module('collects', sys.argv[1:])"
-    subprocess.run([sys.executable, "-c", code, "3"], check=True, env={"BENCH_GC_FILE": str(out), "PATH": ""})
-    pauses = json.loads(out.read_text())
-    assert sum(1 for _, gen, s in pauses if gen == 2 and s >= 0) >= 3
+    env = {"BENCH_GC_FILE": str(out), "PATH": "", "PYTHONPATH": str(tmp_path)}
+    subprocess.run([sys.executable, str(probed), "-m", "collects", "3", "0"], check=True, env=env)
+    assert sum(1 for _, gen, s in json.loads(out.read_text()) if gen == 2 and s >= 0) >= 3
+    code = "import gc, sys\nfor _ in range(int(sys.argv[1])):\n    gc.collect(2)"
+    subprocess.run([sys.executable, str(probed), "-c", code, "4"], check=True, env=env)
+    assert sum(1 for _, gen, s in json.loads(out.read_text()) if gen == 2 and s >= 0) >= 4
+    failed = subprocess.run([sys.executable, str(probed), "-m", "collects", "0", "3"], env=env)
+    assert failed.returncode == 3
+
+
+def test_gpu_trace_reads_busy_time_overlap_and_gaps_from_the_device_events():
+    """Two streams' kernels from a chrome trace (torch.profiler's export, microseconds): the union is the
+    busy time, the streams' excess over it their overlap, and a stretch with nothing running a gap."""
+    from gpu_trace import smi_summary, summarize
+
+    def kernel(name, ts, dur, stream):
+        return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur, "args": {"stream": stream}}
+
+    events = [kernel("gemm", 0, 1000, 7), kernel("gemm", 1000, 1000, 7), kernel("conv", 1500, 1000, 13),
+              {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoH", "ts": 3000, "dur": 500, "args": {"stream": 13}},
+              kernel("gemm", 4000, 1000, 7), {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 9000}]
+    got = summarize(events)
+    assert (got["events"], got["window_ms"], got["busy_ms"], got["overlap_ms"]) == (5, 5.0, 4.0, 0.5)
+    assert got["stream_busy_ms"] == {"13": 1.5, "7": 3.0} and got["busy_fraction"] == 0.8
+    assert got["gaps_over_0.1ms"] == {"count": 2, "ms": 1.0, "longest_ms": [0.5, 0.5]}
+    assert got["kernels_ms"] == 4.0 and got["top"][0] == {"name": "gemm", "calls": 3, "ms": 3.0}
+    assert summarize([]) == {"events": 0}
+    smi = smi_summary(["1980, 3201, 650.5, 60, 100", "1755, 3201, 699.9, 62, 100", "garbage"])
+    assert smi["clocks.sm"] == {"min": 1755.0, "median": 1980.0, "max": 1980.0, "samples": 2}
+
+
+def test_jitter_around_the_steady_pace_nets_out_of_the_excess(tmp_path):
+    """Hand-offs that alternate early and late (1.8 s, 2.2 s) lose the stage nothing: the net excess is 0,
+    while the sum above the median counts every late one. Longer texts' slower pace shows per signature."""
+    from bench_job_wall import batch_pace
+
+    from jobs.telemetry.timeline import read_timeline
+
+    gaps = [2.0, 2.2, 1.8, 2.0, 2.2, 1.8, 2.0, 2.2, 1.8, 2.0] + [2.2, 2.5]  # t64's, the switch, t300's
+    times, t = [], 3.0
+    for i, g in enumerate(gaps + [0.0]):
+        times.append((round(t, 2), "t64" if i < 11 else "t300"))
+        t += g
+    _timeline(tmp_path, times)
+    pace = batch_pace(read_timeline(tmp_path))
+    assert pace["batch_interval_s"] == 2.0
+    assert pace["interval_by_signature_s"] == {"t300": 2.5, "t64": 2.0}
+    assert pace["above_steady_s"] == round(3 * 0.2 + 0.2 + 0.5, 2)  # the late ones, the switch, t300's
+    assert pace["excess_s"] == round(0.2 + 0.5, 2)  # jitter nets out: the switch and t300's slower pace
