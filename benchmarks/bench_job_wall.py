@@ -180,7 +180,7 @@ def run_job(a, mode: str, data: Path, out: Path, env: dict, log: Path) -> dict:
     pace = batch_pace(batches)
     gc_seen = gc_report(gc_file, batches, s, pace) if a.gc else {}
     trace = trace_report(log)
-    return {"wall_s": wall, "items": s["items_written"], "images_per_s": s["images_per_s"],
+    return {"wall_s": wall, "start_unix": round(start, 3), "items": s["items_written"], "images_per_s": s["images_per_s"],
             "first_batch_s": min(firsts) - start if firsts else None, "batch": max(int(b) for b in sizes),
             "signatures": s.get("signatures", {}), "gpu_busy": s.get("gpu_busy"),
             "stage_seconds": s.get("stage_seconds", {}),
