@@ -125,6 +125,28 @@ def test_the_job_s_first_batch_is_handed_on_before_the_next_submit(sana):
     assert scheduler.handed_on == 5
 
 
+def test_a_new_shape_is_decoded_once_before_its_run_s_first_submit_and_no_sample_changes(sana):
+    """warm_decode: before a run's first submit (while its first batch is encoded), random latents of
+    that batch's shape are decoded, once per shape over the scheduler's runs; the samples' bytes are
+    the serial path's of a pipeline that never warmed."""
+    cfg, fam, pipe, padder = sana
+    engine = Pipeline(cfg, fam, pipe, padder, None, "cpu")
+    events, submit, warm = [], engine.submit, engine.warm_decode
+    engine.submit = lambda batch, *a: events.append(("submit", batch.items[0].key)) or submit(batch, *a)
+    engine.warm_decode = lambda batch: events.append(("warm", batch.size, warm(batch))) or False
+    scheduler = StageScheduler(engine, CaptureDispatcher(None, engine.cfg.bcg), overlap=True)
+    runs = [[Batch(SIG, items(2, 0), 2), Batch(SIG, items(2, 2), 2)], [Batch(SIG, items(1, 4), 1)],
+            [Batch(SIG, items(2, 5), 2)]]
+    got = [r for run in runs for r in scheduler.run(run, stop=lambda: False)]
+    assert events == [("warm", 2, True), ("submit", "k0"), ("submit", "k2"), ("warm", 1, True), ("submit", "k4"),
+                      ("warm", 2, False), ("submit", "k5")]
+    fresh = Pipeline(cfg, fam, pipe, padder, None, "cpu")
+    serial = [fresh.generate(b) for run in runs for b in run]
+    for a, b in zip(serial, got):
+        assert a.items == b.items and a.latent_sha256 == b.latent_sha256
+        assert all(np.array_equal(x, y) for x, y in zip(a.images, b.images))
+
+
 def test_batches_left_count_each_size_within_its_run():
     other = Signature(height=128, width=128, text_bucket=64, steps=2, guidance_scale=4.5, cfg=True, dtype="float32")
     sizes = [(SIG, 8), (SIG, 8), (SIG, 8), (SIG, 4), (SIG, 1), (other, 8), (other, 2)]

@@ -263,6 +263,13 @@ class ModelFamily:
         assert self.denoise_output == "pt", f"{type(self).__name__} returns latents but has no decode()"
         return latents
 
+    def warmup_latents(self, pipe, size: int, height: int, width: int, num_frames: int, device,
+                       generator: torch.Generator) -> Optional[torch.Tensor]:
+        """Random latents as `denoise` returns them for a batch of `size` at this size, for a decode
+        whose outputs are thrown away (jobs/worker/pipeline.py `warm_decode`: a shape's first decode pays
+        its convolutions' set-up on the host); None where the family offers none (no warm-up)."""
+        return None
+
     def denoise_decode(self, pipe, request: DenoiseRequest) -> np.ndarray:
         """The serial reference path: the pipeline's own call, decoded to float32 [B, H, W, 3] (a video
         family: [B, F, H, W, 3]) in [0, 1] on the host (NaN/Inf passed through). Tests compare the

@@ -9,7 +9,7 @@ embeddings to the text bucket.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, List, Sequence
+from typing import TYPE_CHECKING, List, Optional, Sequence
 
 from jobs.config import ModelConfig
 from jobs.models import demo_weights, text_encoders
@@ -129,6 +129,15 @@ class SanaFamily(ModelFamily):
         latents = latents.to(pipe.vae.dtype)
         image = pipe.vae.decode(latents / pipe.vae.config.scaling_factor, return_dict=False)[0]
         return pipe.image_processor.postprocess(image, output_type="pt")
+
+    def warmup_latents(self, pipe, size: int, height: int, width: int, num_frames: int, device,
+                       generator: torch.Generator) -> Optional[torch.Tensor]:
+        # SanaPipeline.__call__'s latents: float32, the transformer's in_channels, the VAE's scale.
+        import torch
+
+        f = pipe.vae_scale_factor
+        shape = (size, pipe.transformer.config.in_channels, height // f, width // f)
+        return torch.randn(shape, generator=generator, device=device, dtype=torch.float32)
 
     def pipeline_kwargs(self, request: DenoiseRequest) -> dict:
         pos, neg = request.positive, request.negative

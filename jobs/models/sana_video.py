@@ -71,6 +71,10 @@ class SanaVideoFamily(SanaFamily):
         return frames_rule_error(n, temporal, self.pipeline_class)
 
     # -- denoise + decode ------------------------------------------------------------------
+    def warmup_latents(self, pipe, size: int, height: int, width: int, num_frames: int, device,
+                       generator: torch.Generator) -> Optional[torch.Tensor]:
+        return None  # not SanaFamily's image latents; a video's first decode is a small share of its batch
+
     def decode(self, pipe, latents: torch.Tensor, request: DenoiseRequest) -> torch.Tensor:
         from jobs.models.video_decode import decode_video
 

@@ -169,6 +169,7 @@ class Pipeline:
         self.gpu_lock = gpu_lock if gpu_lock is not None else threading.RLock()
         self.encode_stream = torch.cuda.Stream(self.device) if self.cuda else None
         self.decode_stream = torch.cuda.Stream(self.device) if self.cuda else None
+        self.decoded_shapes: set = set()  # (height, width, frames, rows) decoded so far: warm_decode skips them
 
     def release_graphs(self) -> None:
         """Free every captured graph (memory for an out-of-memory retry, or a probe's end)."""
@@ -259,6 +260,36 @@ class Pipeline:
                            sample_rate=host.sample_rate, meta=host.item_meta(),
                            latent_sha256=host.item_latent_sha256())
 
+    def warm_decode(self, batch: Batch) -> bool:
+        """Decode random latents of this batch's shape, outputs thrown away, unless a batch of that shape
+        was decoded already or the family offers no latents (ModelFamily.warmup_latents). Returns whether
+        it decoded.
+
+        A shape's first decode pays its set-up on the host: cuDNN's plans for each convolution, the
+        decoder fusions' first sight (about 1 s at 1024², batch 8, on the H200 by py-spy). Paid after the
+        run's first denoise, the GPU waits through it before the first batch is handed on. The scheduler
+        calls this while the prefetch thread encodes the run's first batch (the text encoder's own first
+        call), so the two set-ups overlap. Call it from the thread that submits: PyTorch keeps cuDNN's
+        plans per thread. The job's bytes do not change: no sample's tensor is touched, and the latents
+        come from a generator of their own."""
+        sig, n = batch.signature, batch.size
+        shape = (sig.height, sig.width, sig.frames, n)
+        if shape in self.decoded_shapes:
+            return False
+        self.decoded_shapes.add(shape)
+        generator = torch.Generator(self.device).manual_seed(0)
+        with torch.inference_mode(), self._stream(self.decode_stream):
+            latents = self.family.warmup_latents(self.pipe, n, sig.height, sig.width, sig.frames, self.device,
+                                                 generator)
+            if latents is None:
+                return False
+            blank = TextEmbeds(embeds=latents.new_zeros((n, 1, 1)), mask=None)
+            request = DenoiseRequest(positive=blank, negative=None, seeds=[0] * n, height=sig.height,
+                                     width=sig.width, steps=sig.steps, guidance_scale=sig.guidance_scale,
+                                     num_frames=sig.frames)
+            self.family.decode(self.pipe, latents, request)
+        return True
+
     def generate(self, batch: Batch, dispatch: Dispatch = Dispatch.CAPTURE) -> BatchResult:
         """The serial path: encode, submit, collect."""
         return self.collect(self.submit(batch, self.encode(batch), dispatch))
@@ -306,6 +337,7 @@ class Pipeline:
                 t.record_stream(decode_stream)
         # The decode overlaps the next batch's denoise: it runs on its own stream. The latents go on
         # with the pixels, to be hashed on the host (latent_sha256): decoding reads them, never writes.
+        self.decoded_shapes.add((sig.height, sig.width, sig.frames, len(items)))
         with self._stream(self.decode_stream), timer.stage("decode"):
             return on_device(self.family.decode(self.pipe, latents, request), request.meta, latents)
 

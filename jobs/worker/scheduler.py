@@ -5,8 +5,10 @@
                       collect(k-1): wait for its pixels, hand them on (the sink encodes on threads)
 
 So while batch k denoises, batch k+1's text is encoded and batch k-1 is decoded and copied to
-the host. The job's first batch alone is collected before the next submit, so the first samples
-reach the sink a batch sooner (`_depth`). The scheduling lives here, once, for every family;
+the host. While a run's first batch is encoded, this thread decodes random latents of that batch's
+shape if none was decoded yet (`Pipeline.warm_decode`), so the decoder's first-call set-up is not paid
+between the first denoise and the first hand-off. The job's first batch alone is collected before the
+next submit, so the first samples reach the sink a batch sooner (`_depth`). The scheduling lives here, once, for every family;
 families only provide the stages (jobs/models/base.py). With `overlap` off, or on a CPU by default,
 the same loop runs the stages one after another in this thread: the bytes are the same either way
 (tests/test_stages.py).
@@ -110,6 +112,8 @@ class StageScheduler:
         left = batches_left_in_run(batches)
         index = {id(b): i for i, b in enumerate(batches)}
         source = Prefetcher(self.pipeline, batches, depth=2) if self.overlap else inline(self.pipeline, batches)
+        if self.overlap and batches:
+            self.pipeline.warm_decode(batches[0])  # a new shape's decode set-up, beside its first encode
         flight: Deque[Submitted] = deque()
         current, error, last_end = None, None, None
         try:
