@@ -8,10 +8,10 @@ So while batch k denoises, batch k+1's text is encoded and batch k-1 is decoded 
 the host. While a run's first batch is encoded, this thread decodes random latents of that batch's
 shape if none was decoded yet (`Pipeline.warm_decode`), so the decoder's first-call set-up is not paid
 between the first denoise and the first hand-off. The job's first batch alone is collected before the
-next submit, so the first samples reach the sink a batch sooner (`_depth`). The scheduling lives here, once, for every family;
-families only provide the stages (jobs/models/base.py). With `overlap` off, or on a CPU by default,
-the same loop runs the stages one after another in this thread: the bytes are the same either way
-(tests/test_stages.py).
+next submit, so the first samples reach the sink a batch sooner (`_depth`). The scheduling lives here,
+once, for every family; families only provide the stages (jobs/models/base.py). With `overlap` off, or
+on a CPU by default, the same loop runs the stages one after another in this thread: the bytes are the
+same either way (tests/test_stages.py).
 
 The scheduler asks the capture dispatcher (jobs/worker/dispatcher.py) before each batch, because
 only the scheduler knows the plan's order: how many batches of a key (signature, batch size) are
