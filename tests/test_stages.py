@@ -125,6 +125,25 @@ def test_the_job_s_first_batch_is_handed_on_before_the_next_submit(sana):
     assert scheduler.handed_on == 5
 
 
+def test_the_batch_after_the_job_s_first_is_timed_alone_as_it_waited_for_that_decode(sana):
+    """The capture policy learns a key's eager time from a batch timed since the previous denoise's end.
+    The job's first batch is decoded and handed on before the second is submitted, so the second's time
+    would hold that decode, which later batches overlap: it is `alone`, as the first is; later ones are not."""
+    cfg, fam, pipe, padder = sana
+    engine = Pipeline(cfg, fam, pipe, padder, None, "cpu")
+    dispatcher = CaptureDispatcher(None, engine.cfg.bcg)
+    seen, observed = [], dispatcher.observed
+    dispatcher.observed = lambda key, mode, ms, alone: seen.append(alone) or observed(key, mode, ms, alone)
+    scheduler = StageScheduler(engine, dispatcher, overlap=True)
+    for run in ([Batch(SIG, items(1, i), 1) for i in range(4)], [Batch(SIG, items(1, i), 1) for i in (4, 5)]):
+        list(scheduler.run(run, stop=lambda: False))
+    assert seen == [True, True, False, False, True, False]  # each run's first is alone; the job's second too
+    serial = StageScheduler(engine, dispatcher, overlap=False)  # no overlap: every batch waits alike
+    seen.clear()
+    list(serial.run([Batch(SIG, items(1, i), 1) for i in range(3)], stop=lambda: False))
+    assert seen == [True, False, False]
+
+
 def test_a_new_shape_is_decoded_once_before_its_run_s_first_submit_and_no_sample_changes(sana):
     """warm_decode: before a run's first submit (while its first batch is encoded), random latents of
     that batch's shape are decoded, once per shape over the scheduler's runs; the samples' bytes are
@@ -198,18 +217,6 @@ def test_a_batch_that_ran_alone_is_not_the_eager_measurement():
     assert {r["batch"]: (r["decision"], r["eager_ms"], r["batches"]) for r in p.report()} == {8: ("captured", 2500.0, 4)}
 
 
-def test_the_pipeline_marks_only_its_first_batch_alone(sana):
-    cfg, fam, pipe, padder = sana
-    engine = Pipeline(cfg, fam, pipe, padder, None, "cpu")
-    batches = [Batch(SIG, items(1, i), 1) for i in range(3)]
-    for overlap in (True, False):
-        pipeline = StageScheduler(engine, CaptureDispatcher(None, engine.cfg.bcg), overlap=overlap)
-        seen, observe = [], pipeline._observe
-        pipeline._observe = lambda sub, wait: (seen.append(sub.alone), observe(sub, wait))
-        assert len(list(pipeline.run(batches, stop=lambda: False))) == 3
-        assert seen == [True, False, False], overlap
-
-
 class _Recording(CaptureDispatcher):
     """The real dispatcher, keeping what the scheduler told it."""
 
@@ -226,17 +233,20 @@ class _Recording(CaptureDispatcher):
 def test_a_batch_is_timed_from_the_previous_batch_s_denoise_end(sana, overlap):
     """What a batch costs the run: from the previous batch's denoise end to its own, so the host's
     gaps between denoises (launching the decode, collecting pixels, encoding in series) count
-    as they do in the job's throughput. A denoise span alone favoured eager on the H200."""
+    as they do in the job's throughput. A denoise span alone favoured eager on the H200. Overlapped, the
+    job's first batch is handed on before the second is submitted, so the second is alone too."""
     cfg, fam, pipe, padder = sana
     engine = Pipeline(cfg, fam, pipe, padder, None, "cpu")
-    batches = [Batch(SIG, items(1, i), 1) for i in range(3)]
+    batches = [Batch(SIG, items(1, i), 1) for i in range(4)]
     subs, submit = [], engine.submit
     engine.submit = lambda *a: subs.append(submit(*a)) or subs[-1]
     dispatcher = _Recording(None, engine.cfg.bcg)
-    assert len(list(StageScheduler(engine, dispatcher, overlap=overlap).run(batches, stop=lambda: False))) == 3
+    assert len(list(StageScheduler(engine, dispatcher, overlap=overlap).run(batches, stop=lambda: False))) == 4
     ends = [s.timer.last_end("denoise") for s in subs]
-    assert dispatcher.seen[0] == (pytest.approx(subs[0].timer.ms("denoise")), True)
-    for k in (1, 2):
+    alone = (0, 1) if overlap else (0,)
+    for k in alone:
+        assert dispatcher.seen[k] == (pytest.approx(subs[k].timer.ms("denoise")), True)
+    for k in range(len(alone), 4):
         ms, alone = dispatcher.seen[k]
         assert not alone and ms == pytest.approx((ends[k] - ends[k - 1]) * 1e3)
         assert ms > subs[k].timer.ms("denoise")  # more than its span: the stages between count

@@ -36,7 +36,9 @@ compared an eager 617 ms with a replay 677 ms and released the graphs; the job t
 its GPU busy 61% of the time (benchmarks/results/job_wall_h200_spy512_s28.md). Earlier, spans also
 compared the job's first batch, alone on the GPU at 2250 ms, with replays beside a decode at 2404 ms,
 and released every key's graphs. The run's first batch has no previous end, so it is no measurement
-(`alone`): the key's next batch is measured.
+(`alone`): the key's next batch is measured. The job's second batch is `alone` too: the job's first is
+decoded and handed on before it is submitted, so its time would carry that decode, which later batches
+overlap.
 
 Times come from CUDA events (or the wall clock on a CPU), so one decision costs no host sync beyond
 waiting for the previous batch's denoise to end, which the next batch's start does anyway.

@@ -139,8 +139,13 @@ class StageScheduler:
                 # has no such time (the capture policy's `alone`).
                 sub.since, last_end = last_end, sub.timer.last_end("denoise")
                 flight.append(sub)
+                handed_on_alone = self.depth > 0 and self._depth() == 0  # the job's first batch (`_depth`)
                 while len(flight) > self._depth():
                     yield self._collect(flight.popleft())
+                if handed_on_alone:
+                    # The next batch starts after this one's decode and hand-off: timed from this denoise's
+                    # end it would carry that decode, which later batches overlap. So it is `alone` too.
+                    last_end = None
             while flight:  # their work is done: hand it on, so the sink can commit it
                 yield self._collect(flight.popleft())
         finally:
