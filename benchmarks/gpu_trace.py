@@ -61,15 +61,14 @@ def summarize(events: list, top: int = 25) -> dict:
     t0, t1 = min(s for s, _ in spans), max(e for _, e in spans)
     streams: dict = {}
     for e, span in zip(dev, spans):
-        streams.setdefault(str((e.get("args") or {}).get("stream", e.get("tid"))), []).append(span)
+        streams.setdefault(_stream(e), []).append(span)
     per_stream = {k: union_busy(v) for k, v in streams.items()}
     busy = union_busy(spans)
     idle = gaps(spans, 100.0)
-    names: dict = {}
+    ranked = _ranked(dev, top)
+    by_stream: dict = {}
     for e in dev:
-        n, total = names.get(e["name"], (0, 0.0))
-        names[e["name"]] = (n + 1, total + float(e["dur"]))
-    ranked = sorted(names.items(), key=lambda kv: -kv[1][1])[:top]
+        by_stream.setdefault(_stream(e), []).append(e)
     return {"events": len(dev), "window_ms": round((t1 - t0) / 1e3, 2), "busy_ms": round(busy / 1e3, 2),
             "busy_fraction": round(busy / (t1 - t0), 4) if t1 > t0 else None,
             "stream_busy_ms": {k: round(v / 1e3, 2) for k, v in sorted(per_stream.items())},
@@ -78,7 +77,23 @@ def summarize(events: list, top: int = 25) -> dict:
             "gaps_over_0.1ms": {"count": len(idle), "ms": round(sum(g for _, g in idle) / 1e3, 2),
                                 "longest_ms": sorted((round(g / 1e3, 2) for _, g in idle), reverse=True)[:10]},
             "kernels_ms": round(sum(float(e["dur"]) for e in dev if e["cat"] == "kernel") / 1e3, 2),
-            "top": [{"name": k[:120], "calls": n, "ms": round(t / 1e3, 2)} for k, (n, t) in ranked]}
+            "top": ranked,
+            # which stream ran what: the denoiser's, the decoder's and the text encoder's kernels apart
+            "stream_top": {k: _ranked(v, 10) for k, v in sorted(by_stream.items())}}
+
+
+def _stream(e: dict) -> str:
+    return str((e.get("args") or {}).get("stream", e.get("tid")))
+
+
+def _ranked(events: list, top: int) -> list:
+    """The `top` names by summed duration: name (cut to 120 characters), calls, ms."""
+    names: dict = {}
+    for e in events:
+        n, total = names.get(e["name"], (0, 0.0))
+        names[e["name"]] = (n + 1, total + float(e["dur"]))
+    ranked = sorted(names.items(), key=lambda kv: -kv[1][1])[:top]
+    return [{"name": k[:120], "calls": n, "ms": round(t / 1e3, 2)} for k, (n, t) in ranked]
 
 
 def smi_summary(lines: list) -> dict:

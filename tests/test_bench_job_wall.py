@@ -120,6 +120,9 @@ def test_gpu_trace_reads_busy_time_overlap_and_gaps_from_the_device_events():
     assert got["stream_busy_ms"] == {"13": 1.5, "7": 3.0} and got["busy_fraction"] == 0.8
     assert got["gaps_over_0.1ms"] == {"count": 2, "ms": 1.0, "longest_ms": [0.5, 0.5]}
     assert got["kernels_ms"] == 4.0 and got["top"][0] == {"name": "gemm", "calls": 3, "ms": 3.0}
+    assert got["stream_top"] == {"13": [{"name": "conv", "calls": 1, "ms": 1.0},
+                                        {"name": "Memcpy DtoH", "calls": 1, "ms": 0.5}],
+                                 "7": [{"name": "gemm", "calls": 3, "ms": 3.0}]}
     assert summarize([]) == {"events": 0}
     smi = smi_summary(["1980, 3201, 650.5, 60, 100", "1755, 3201, 699.9, 62, 100", "garbage"])
     assert smi["clocks.sm"] == {"min": 1755.0, "median": 1980.0, "max": 1980.0, "samples": 2}
