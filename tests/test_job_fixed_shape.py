@@ -22,7 +22,7 @@ from jobs.output.compare import compare_outputs
 from tests.helpers import prompts, write_jsonl
 from tests.test_job_contract import FAST, KEY, _all, _two_at_a_time, jsons
 from tests.test_resume_kill import cli, log_of
-from tests.test_scale_workers import start
+from tests.test_scale_workers import finish, start
 
 FIXED = [*FAST, "bcg.batch_sizes=[4]"]
 
@@ -36,16 +36,21 @@ def runs(tmp_path_factory):
     many = write_jsonl(tmp / "many.jsonl", prompts(300))  # a job of 300: k005 in a plan of 75 batches
     out = {name: tmp / name for name in ("eight", "one", "shifted", "many", "part", "resumed")}
     chain = [f"dataset.path={eight}", f"output_dir={out['resumed']}", *FIXED, "sink.maxcount=3"]
+
+    def killed_then_resumed():  # killed in its second batch, after one committed shard of 3
+        return finish(start(*chain, env={"BCGEN_TEST_KILL_AT": "batch:2"})), cli(*chain)
+
     jobs = {name: [f"dataset.path={data}", *FIXED, f"output_dir={out[name]}"]
-            for name, data in (("eight", eight), ("one", one), ("shifted", shifted), ("many", many))}
-    jobs["killed"] = chain  # killed in its second batch, after one committed shard of 3
-    done = _two_at_a_time(jobs, env={"killed": {"BCGEN_TEST_KILL_AT": "batch:2"}})
+            for name, data in (("many", many), ("eight", eight), ("one", one), ("shifted", shifted))}
+    jobs["chain"] = killed_then_resumed
+    done = _two_at_a_time(jobs, env={})
+    done["killed"], resumed = done.pop("chain")
     # units of 3, 3 and 2 items (k005: position 2, beside k003 and k004 and a dummy), three workers
     part = [f"dataset.path={eight}", f"output_dir={out['part']}", *FIXED, "plan.unit_items=3"]
     planned = cli(*part, module=("-m", "jobs.plan"))
     assert planned.returncode == 0, log_of(planned)
     done.update(_all({f"part{i}": start(*part, f"job.partition={i}/3") for i in range(3)}))
-    return {"out": out, "done": done, "resumed": cli(*chain)}
+    return {"out": out, "done": done, "resumed": resumed}
 
 
 @pytest.mark.slow
