@@ -40,6 +40,19 @@ class OomAbove:
         return self.family.denoise(pipe, request)
 
 
+class DecodeOomAbove(OomAbove):
+    """The same, failing in the decode: the stage a warm-up runs first (Pipeline.warm_decode)."""
+
+    def denoise(self, pipe, request):
+        return self.family.denoise(pipe, request)
+
+    def decode(self, pipe, latents, request):
+        self.calls.append(len(request.seeds))
+        if len(request.seeds) > self.limit:
+            raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+        return self.family.decode(pipe, latents, request)
+
+
 @pytest.fixture(scope="module")
 def tiny():
     cfg = compose_cfg(["output_dir=/tmp/x", "sampling.height=64", "sampling.width=64", "sampling.steps=2"])
@@ -65,6 +78,23 @@ def test_oom_splits_the_batch_and_keeps_every_image(tiny):
     assert flaky.calls == [4, 2, 2]
     assert res.batch_size == 4 and len(res.images) == 4
     # per-item seeds: the split batch gives the same images, item by item (CPU, float32)
+    for a, b in zip(res.images, ref.images):
+        assert np.abs(a.astype(int) - b.astype(int)).max() <= 1
+
+
+def test_a_decode_warm_up_that_runs_out_of_memory_gives_way_to_the_batch_s_own_split(tiny):
+    """The scheduler's warm-up decodes the batch's shape first; out of memory there, it is skipped, and the
+    batch is made as without it: its decode splits (the images the same), and the job goes on."""
+    from jobs.worker.dispatcher import CaptureDispatcher
+    from jobs.worker.scheduler import StageScheduler
+
+    cfg, fam, pipe, padder = tiny
+    flaky = DecodeOomAbove(fam, limit=2)
+    engine = Pipeline(cfg, flaky, pipe, padder, None, "cpu")
+    (res,) = StageScheduler(engine, CaptureDispatcher(None, cfg.bcg), overlap=True).run([batch_of(4)], lambda: False)
+    assert flaky.calls == [4, 4, 2, 2]  # the warm-up, the batch's own decode, its halves
+    ref = Pipeline(cfg, fam, pipe, padder, None, "cpu").generate(batch_of(4))
+    assert res.items == ref.items and engine.oom_splits == 1
     for a, b in zip(res.images, ref.images):
         assert np.abs(a.astype(int) - b.astype(int)).max() <= 1
 

@@ -278,16 +278,24 @@ class Pipeline:
             return False
         self.decoded_shapes.add(shape)
         generator = torch.Generator(self.device).manual_seed(0)
-        with torch.inference_mode(), self._stream(self.decode_stream):
-            latents = self.family.warmup_latents(self.pipe, n, sig.height, sig.width, sig.frames, self.device,
-                                                 generator)
-            if latents is None:
-                return False
-            blank = TextEmbeds(embeds=latents.new_zeros((n, 1, 1)), mask=None)
-            request = DenoiseRequest(positive=blank, negative=None, seeds=[0] * n, height=sig.height,
-                                     width=sig.width, steps=sig.steps, guidance_scale=sig.guidance_scale,
-                                     num_frames=sig.frames)
-            self.family.decode(self.pipe, latents, request)
+        try:
+            with torch.inference_mode(), self._stream(self.decode_stream):
+                latents = self.family.warmup_latents(self.pipe, n, sig.height, sig.width, sig.frames,
+                                                     self.device, generator)
+                if latents is None:
+                    return False
+                blank = TextEmbeds(embeds=latents.new_zeros((n, 1, 1)), mask=None)
+                request = DenoiseRequest(positive=blank, negative=None, seeds=[0] * n, height=sig.height,
+                                         width=sig.width, steps=sig.steps, guidance_scale=sig.guidance_scale,
+                                         num_frames=sig.frames)
+                self.family.decode(self.pipe, latents, request)
+        except torch.OutOfMemoryError:
+            # The batch may still be made: its own decode splits it on OOM (_generate_rows). So the
+            # warm-up gives way, and the first real decode pays the set-up.
+            log.info("decode warm-up at %d rows of %dx%d ran out of GPU memory: skipped", n, sig.width, sig.height)
+            if self.cuda:
+                torch.cuda.empty_cache()
+            return False
         return True
 
     def generate(self, batch: Batch, dispatch: Dispatch = Dispatch.CAPTURE) -> BatchResult:

@@ -112,11 +112,11 @@ class StageScheduler:
         left = batches_left_in_run(batches)
         index = {id(b): i for i, b in enumerate(batches)}
         source = Prefetcher(self.pipeline, batches, depth=2) if self.overlap else inline(self.pipeline, batches)
-        if self.overlap and batches:
-            self.pipeline.warm_decode(batches[0])  # a new shape's decode set-up, beside its first encode
         flight: Deque[Submitted] = deque()
         current, error, last_end = None, None, None
         try:
+            if self.overlap and batches:
+                self.pipeline.warm_decode(batches[0])  # a new shape's decode set-up, beside its first encode
             encoded = iter(source)
             while True:
                 try:
