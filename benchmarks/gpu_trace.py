@@ -16,6 +16,7 @@ Tracing costs the traced process some host time; read the shares and the gaps, n
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import subprocess
@@ -150,6 +151,9 @@ def install(start_s: float, seconds: float, path: Path) -> threading.Thread:
     th = threading.Thread(target=_trace, args=(start_s, seconds, Path(path), time.perf_counter()),
                           name="bench-gpu-trace", daemon=True)
     th.start()
+    # A program that ends inside the window still gets its trace: `python -m jobs.generate` leaves
+    # through os._exit after the atexit handlers (jobs/fast_exit.py), not back through probed.py.
+    atexit.register(th.join, start_s + seconds + 60)
     return th
 
 
