@@ -87,14 +87,23 @@ def _stream(e: dict) -> str:
     return str((e.get("args") or {}).get("stream", e.get("tid")))
 
 
+# What CUPTI says of a kernel's launch (torch.profiler's chrome trace args): the occupancy a slow kernel got
+_LAUNCH = ("grid", "block", "registers per thread", "shared memory", "est. achieved occupancy %")
+
+
 def _ranked(events: list, top: int) -> list:
-    """The `top` names by summed duration: name (cut to 120 characters), calls, ms."""
+    """The `top` names by summed duration: name (cut to 120 characters), calls, ms, and for a kernel its
+    first launch's grid, block, registers, shared memory and estimated occupancy."""
     names: dict = {}
+    launch: dict = {}
     for e in events:
         n, total = names.get(e["name"], (0, 0.0))
         names[e["name"]] = (n + 1, total + float(e["dur"]))
+        args = e.get("args") or {}
+        launch.setdefault(e["name"], {k: args[k] for k in _LAUNCH if k in args})
     ranked = sorted(names.items(), key=lambda kv: -kv[1][1])[:top]
-    return [{"name": k[:120], "calls": n, "ms": round(t / 1e3, 2)} for k, (n, t) in ranked]
+    return [{"name": k[:120], "calls": n, "ms": round(t / 1e3, 2), **({"launch": launch[k]} if launch[k] else {})}
+            for k, (n, t) in ranked]
 
 
 def smi_summary(lines: list) -> dict:

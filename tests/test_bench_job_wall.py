@@ -112,7 +112,9 @@ def test_gpu_trace_reads_busy_time_overlap_and_gaps_from_the_device_events():
     def kernel(name, ts, dur, stream):
         return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur, "args": {"stream": stream}}
 
-    events = [kernel("gemm", 0, 1000, 7), kernel("gemm", 1000, 1000, 7), kernel("conv", 1500, 1000, 13),
+    slow = {"ph": "X", "cat": "kernel", "name": "conv", "ts": 1500, "dur": 1000,
+            "args": {"stream": 13, "grid": [64, 1, 1], "registers per thread": 255, "est. achieved occupancy %": 12}}
+    events = [kernel("gemm", 0, 1000, 7), kernel("gemm", 1000, 1000, 7), slow,
               {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoH", "ts": 3000, "dur": 500, "args": {"stream": 13}},
               kernel("gemm", 4000, 1000, 7), {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 9000}]
     got = summarize(events)
@@ -120,7 +122,8 @@ def test_gpu_trace_reads_busy_time_overlap_and_gaps_from_the_device_events():
     assert got["stream_busy_ms"] == {"13": 1.5, "7": 3.0} and got["busy_fraction"] == 0.8
     assert got["gaps_over_0.1ms"] == {"count": 2, "ms": 1.0, "longest_ms": [0.5, 0.5]}
     assert got["kernels_ms"] == 4.0 and got["top"][0] == {"name": "gemm", "calls": 3, "ms": 3.0}
-    assert got["stream_top"] == {"13": [{"name": "conv", "calls": 1, "ms": 1.0},
+    launch = {"grid": [64, 1, 1], "registers per thread": 255, "est. achieved occupancy %": 12}
+    assert got["stream_top"] == {"13": [{"name": "conv", "calls": 1, "ms": 1.0, "launch": launch},
                                         {"name": "Memcpy DtoH", "calls": 1, "ms": 0.5}],
                                  "7": [{"name": "gemm", "calls": 3, "ms": 3.0}]}
     assert summarize([]) == {"events": 0}
