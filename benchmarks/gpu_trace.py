@@ -58,18 +58,14 @@ def summarize(events: list, top: int = 25) -> dict:
     dev = [e for e in events if e.get("cat") in _DEVICE_CATS and e.get("dur") is not None]
     if not dev:
         return {"events": 0}
-    spans = [(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in dev]
+    spans = [_span(e) for e in dev]
     t0, t1 = min(s for s, _ in spans), max(e for _, e in spans)
-    streams: dict = {}
-    for e, span in zip(dev, spans):
-        streams.setdefault(_stream(e), []).append(span)
-    per_stream = {k: union_busy(v) for k, v in streams.items()}
-    busy = union_busy(spans)
-    idle = gaps(spans, 100.0)
-    ranked = _ranked(dev, top)
     by_stream: dict = {}
     for e in dev:
         by_stream.setdefault(_stream(e), []).append(e)
+    per_stream = {k: union_busy([_span(e) for e in v]) for k, v in by_stream.items()}
+    busy = union_busy(spans)
+    idle = gaps(spans, 100.0)
     return {"events": len(dev), "window_ms": round((t1 - t0) / 1e3, 2), "busy_ms": round(busy / 1e3, 2),
             "busy_fraction": round(busy / (t1 - t0), 4) if t1 > t0 else None,
             "stream_busy_ms": {k: round(v / 1e3, 2) for k, v in sorted(per_stream.items())},
@@ -78,9 +74,13 @@ def summarize(events: list, top: int = 25) -> dict:
             "gaps_over_0.1ms": {"count": len(idle), "ms": round(sum(g for _, g in idle) / 1e3, 2),
                                 "longest_ms": sorted((round(g / 1e3, 2) for _, g in idle), reverse=True)[:10]},
             "kernels_ms": round(sum(float(e["dur"]) for e in dev if e["cat"] == "kernel") / 1e3, 2),
-            "top": ranked,
+            "top": _ranked(dev, top),
             # which stream ran what: the denoiser's, the decoder's and the text encoder's kernels apart
             "stream_top": {k: _ranked(v, 10) for k, v in sorted(by_stream.items())}}
+
+
+def _span(e: dict) -> tuple:
+    return float(e["ts"]), float(e["ts"]) + float(e["dur"])
 
 
 def _stream(e: dict) -> str:

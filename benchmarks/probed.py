@@ -32,7 +32,10 @@ def main(argv: list) -> None:
             exec(compile(argv[1], "<string>", "exec"), {"__name__": "__main__"})
     finally:
         if trace is not None:
-            trace.join()  # a program that ends inside the window still gets its trace written
+            # A program that ends inside the window still gets its trace, written while the interpreter
+            # still runs (the thread imports torch and the profiler's exporters, which a shutting-down
+            # interpreter refuses). jobs.generate leaves through os._exit: gpu_trace's atexit join.
+            trace.join()
 
 
 if __name__ == "__main__":
