@@ -1,4 +1,5 @@
-"""Every preset's pipeline, tiny or loaded, runs in eval mode; a loaded one owns aligned weights.
+"""Every preset's pipeline, tiny or loaded, runs in eval mode with frozen weights; a loaded one owns
+aligned weights.
 
 Issue 16: on an AMD EPYC the weights `from_pretrained` left in the safetensors file mapping sat
 at misaligned addresses and took another kernel path, so a loaded checkpoint gave other images
@@ -35,6 +36,11 @@ def training_modules(pipe) -> list:
             for sub, m in module.named_modules() if m.training]
 
 
+def trainable(pipe) -> list:
+    return [f"{name}.{n}" for name, module in torch_modules(pipe).items()
+            for n, p in module.named_parameters() if p.requires_grad]
+
+
 def mapped(path: Path) -> bool:
     return str(path) in Path("/proc/self/maps").read_text()
 
@@ -43,20 +49,41 @@ def mapped(path: Path) -> bool:
 def test_tiny_and_loaded_pipelines_are_in_eval_mode_and_own_their_weights(tiny, real, tmp_path):
     cfg, fam, pipe = tiny_pipeline(tiny)
     assert set(torch_modules(pipe)) >= {"transformer", "vae", "text_encoder"}
-    assert training_modules(pipe) == []
+    assert training_modules(pipe) == [] and trainable(pipe) == []
     path = tmp_path / f"{tiny}_diffusers"
     fam.save(pipe, path)
     del pipe
 
     real_cfg = compose_cfg([f"model={real}", f"model.path={path}", "model.dtype=float32", "output_dir=/tmp/x"])
     loaded = fam.load(real_cfg.model, torch.float32)
-    assert training_modules(loaded) == []
+    assert training_modules(loaded) == [] and trainable(loaded) == []
     tensors = [(f"{name}.{n}", t) for name, module in torch_modules(loaded).items()
                for n, t in list(module.named_parameters()) + list(module.named_buffers())]
     assert [n for n, t in tensors if not owns_aligned_memory(t)] == []
     gc.collect()
     if Path("/proc/self/maps").exists():
         assert not mapped(path), "a loaded CPU pipeline still maps its checkpoint files"
+
+
+def aten_ops(fn) -> set:
+    from torch.profiler import profile
+
+    with torch.inference_mode(), profile() as prof:
+        fn()
+    return {e.name for e in prof.events()}
+
+
+def test_a_frozen_linear_takes_a_strided_input_without_copying_it():
+    """Why eval_mode freezes: with its weight trainable, matmul folds a strided 3-D input into a copy
+    first (ATen's should_fold), even under inference_mode; SANA's attention out-projection gets the
+    linear attention's [B, D, N] memory as [B, N, D], 73 MB a call at SANA-1.6B size, 1024², batch 8."""
+    _, _, pipe = tiny_pipeline("sana_tiny")
+    linear = pipe.transformer.transformer_blocks[0].attn1.to_out[0]
+    x = torch.randn(2, linear.in_features, 16).transpose(1, 2)
+    frozen = aten_ops(lambda: torch.matmul(x, linear.weight.t()))
+    assert "aten::copy_" not in frozen and "aten::bmm" in frozen
+    linear.weight.requires_grad_(True)  # as from_pretrained leaves it
+    assert "aten::copy_" in aten_ops(lambda: torch.matmul(x, linear.weight.t()))
 
 
 def test_own_weights_moves_misaligned_external_storage_and_keeps_ties():

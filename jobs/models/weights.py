@@ -44,8 +44,18 @@ def torch_modules(pipe) -> Dict[str, torch.nn.Module]:
 
 
 def eval_mode(pipe) -> None:
+    """Every component in eval mode with its weights frozen (requires_grad off).
+
+    Freezing is not for memory (the job runs under inference_mode, which records no graph either
+    way) but for the kernels: `torch.matmul(x, w.t())` with a strided 3-D `x` folds `x` into a 2-D
+    copy whenever `w` requires grad, for backward's sake, whatever the grad mode (ATen's should_fold);
+    with `w` frozen it runs one batched GEMM on the strided layout. `from_pretrained` leaves weights
+    trainable, so SANA's attention out-projection, whose input is the linear attention's [B, D, N]
+    memory, copied 73 MB before each of its 20 GEMMs a SANA-1.6B forward at 1024², batch 8
+    (benchmarks/results/job_wall_h200_1024_s38trace.md: about 5% of a steady batch)."""
     for module in torch_modules(pipe).values():
         module.eval()
+        module.requires_grad_(False)
 
 
 def forward_only(pipe, names: Iterable[str]) -> List[str]:
