@@ -325,6 +325,7 @@ class Results:
         self.runs: dict = {}  # (mode, prompts) -> [run dicts]
         self.skipped: dict = {}
         self.bytes: dict = {}  # (mode, prompts) -> the verdict of jobs.verify --against the --bytes-against mode
+        self.fpi: dict = {}  # (mode, prompts) -> an earlier JSON's flops_per_image, for a merge without the model
 
     def resume(self, path: Path) -> int:
         """Take the runs of an earlier call of the same command from its JSON (`--resume`): the device
@@ -345,6 +346,8 @@ class Results:
         for row in earlier["rows"]:
             for run in row.get("all_runs") or []:
                 self.runs.setdefault((row["mode"], row["prompts"]), []).append(run)
+            if row.get("flops_per_image"):
+                self.fpi[(row["mode"], row["prompts"])] = row["flops_per_image"]
         return sum(map(len, self.runs.values()))
 
     def add(self, mode: str, prompts: int, run: dict) -> None:
@@ -373,7 +376,7 @@ class Results:
                 wall = sorted(r["items"] / r["wall_s"] for r in runs)
                 gen = [r["images_per_s"] for r in runs if r["images_per_s"]]
                 first = [r["first_batch_s"] for r in runs if r["first_batch_s"] is not None]
-                fpi = flops_per_image(self.a, runs[0]["signatures"])
+                fpi = flops_per_image(self.a, runs[0]["signatures"]) if self.a.dir else self.fpi.get(key)
                 ips = statistics.median(gen) if gen else None
                 tflops = fpi * ips / 1e12 if fpi and ips else None
                 row.update(batch=runs[0]["batch"], wall_images_per_s=round(statistics.median(wall), 3),
@@ -399,7 +402,9 @@ class Results:
                  f"- {self.meta['date']}; commit `{self.meta['commit']}`; {self.meta['gpu']}, torch {self.meta['torch']}",
                  f"- command: `{self.meta['command']}`",
                  f"- caches: {self.a.cache} (Triton/Inductor); page cache warmed by reading the model folder once; "
-                 f"lanes (GPU: modes, run in series): {self.meta.get('lanes')}", "",
+                 f"lanes (GPU: modes, run in series): {self.meta.get('lanes')}",
+                 *[f"- merged (merge_job_wall.py): {m['date']}, `{m['command']}`" for m in self.meta.get("merged", [])],
+                 "",
                  "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
         for r in rows:
             lines.append("| " + " | ".join("—" if r.get(c) is None else str(r.get(c)) for c in COLUMNS) + " |")

@@ -9,6 +9,8 @@ from dataclasses import asdict
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 from bench_job_wall import flops_per_image  # noqa: E402
@@ -149,3 +151,41 @@ def test_jitter_around_the_steady_pace_nets_out_of_the_excess(tmp_path):
     assert pace["interval_by_signature_s"] == {"t300": 2.5, "t64": 2.0}
     assert pace["above_steady_s"] == round(3 * 0.2 + 0.2 + 0.5, 2)  # the late ones, the switch, t300's
     assert pace["excess_s"] == round(0.2 + 0.5, 2)  # jitter nets out: the switch and t300's slower pace
+
+
+def _call_json(folder: Path, commit: str, mode: str, walls: list, fpi: float) -> Path:
+    """A bench_job_wall.py JSON as one device call writes it (Results.write), its runs given."""
+    from bench_job_wall import Results
+
+    a = SimpleNamespace(family="sana", steps=20, guidance=4.5, res=1024, mode_order=[mode], out=str(folder),
+                        tag="t", dir=None, cache="warm")
+    meta = {"commit": commit, "family": "sana", "steps": 20, "guidance": 4.5, "cache": "warm", "date": "d",
+            "gpu": "g", "torch": "t", "command": f"call of {mode}", "lanes": {"0": [mode]}}
+    results = Results(a, meta)
+    results.fpi[(mode, 100)] = fpi
+    for w in walls:
+        results.runs.setdefault((mode, 100), []).append(
+            {"wall_s": w, "items": 100, "images_per_s": 100 / (w - 5), "first_batch_s": 10.0, "batch": 8,
+             "signatures": {}, "stage_seconds": {"load": 5.0}})
+    folder.mkdir(parents=True, exist_ok=True)
+    results.write()
+    return folder / "job_wall_t.json"
+
+
+def test_merge_takes_every_call_s_runs_of_one_commit_and_refuses_another_commit(tmp_path):
+    from merge_job_wall import merge
+
+    one = _call_json(tmp_path / "1", "abc1234", "bcg", [50.0], 1e14)
+    two = _call_json(tmp_path / "2", "abc1234", "bcg", [40.0], 1e14)
+    loop = _call_json(tmp_path / "3", "abc1234", "plain8", [60.0], 1e14)
+    rows = {r["mode"]: r for r in json.loads(merge([one, two, loop], tmp_path, "m").read_text())["rows"]}
+    assert rows["bcg"]["runs"] == 2 and rows["plain8"]["runs"] == 1
+    assert (rows["bcg"]["wall_images_per_s_min"], rows["bcg"]["wall_images_per_s_max"]) == (2.0, 2.5)
+    assert rows["bcg"]["wall_images_per_s"] == 2.25
+    assert rows["bcg"]["tflops"] == round(1e14 * rows["bcg"]["images_per_s"] / 1e12, 1)
+    meta = json.loads((tmp_path / "job_wall_m.json").read_text())["meta"]
+    assert [m["command"] for m in meta["merged"]] == ["call of bcg", "call of bcg", "call of plain8"]
+    assert meta["lanes"] == {"0": ["bcg", "plain8"]}
+    other = _call_json(tmp_path / "4", "fff9999", "bcg", [45.0], 1e14)
+    with pytest.raises(SystemExit, match="commit"):
+        merge([one, other], tmp_path, "n")
