@@ -23,7 +23,8 @@ against eager, and time.
     python benchmarks/bench_fusion_kernels.py --only rope --out benchmarks/results
 
 Shapes are SANA-1.6B's (D = 2240, GLUMBConv 2 x 5600 channels) under CFG (2 rows an image) at
-512² and 1024², batch 1 and 4. Times: median of CUDA-event timings of `--iters` back-to-back calls.
+512² and 1024², batch 1 and 4 (and 8 for LayerNorm + adaLN, the job's). Times: median of CUDA-event timings of
+`--iters` back-to-back calls; LayerNorm + adaLN and the sweeps: of CUDA-graph replays (`graph_timed`).
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ from common import device_tag, environment  # noqa: E402
 
 D = 2240
 HIDDEN = 5600
-SHAPES = {"512x1": (2, 256), "1024x1": (2, 1024), "512x4": (8, 256), "1024x4": (8, 1024)}
+SHAPES = {"512x1": (2, 256), "1024x1": (2, 1024), "512x4": (8, 256), "1024x4": (8, 1024),
+          "1024x8": (16, 1024)}  # the job's batch of 8 at 1024²
 TILES = [(bp, bc, w) for bp in (16, 32, 64) for bc in (32, 64, 128) for w in (2, 4, 8)]
 
 
@@ -93,11 +95,21 @@ def ln_rows(iters: int) -> list[dict]:
                 equal[f"res_v{v}"] = equal.get(f"res_v{v}", 0) + int(torch.equal(r, h2) and torch.equal(got_r, want_r))
                 if seed == 0:
                     equal[f"v{v}_mismatched_elements"] = int((got != want).sum())
+        gate = torch.randn(rows, 1, D, device="cuda").to(torch.bfloat16) * 0.2
+        r_g, got_g = kernels_norm.ln_adaln(a, 1e-6, scale, shift, residual=x, gate=gate)
+        h_g = x + gate * a
+        equal["gate"] = int(torch.equal(r_g, h_g) and torch.equal(got_g, norm(h_g) * (1 + scale) + shift))
+        # CUDA-graph replays, as the job runs them: a Python launch costs about as much as the kernel
+        # at these sizes, so back-to-back eager calls (`timed`) measured the launch (session 39)
         row = {"kernel": "ln_adaln", "shape": name, "rows": rows * tokens, "equal_of_3": equal}
-        row["fused_us"] = timed(lambda: kernels_norm.ln_adaln(x, 1e-6, scale, shift), iters)
-        row["aten_ln_plus_adaln_us"] = timed(lambda: kernels.adaln(norm(x), scale, shift), iters)
-        row["fused_res_us"] = timed(lambda: kernels_norm.ln_adaln(a, 1e-6, scale, shift, residual=x), iters)
-        row["add_ln_adaln_us"] = timed(lambda: kernels.adaln(norm(a + x), scale, shift), iters)
+        row["fused_us"] = graph_timed(lambda: kernels_norm.ln_adaln(x, 1e-6, scale, shift))
+        row["aten_ln_plus_adaln_us"] = graph_timed(lambda: kernels.adaln(norm(x), scale, shift))
+        row["fused_res_us"] = graph_timed(lambda: kernels_norm.ln_adaln(a, 1e-6, scale, shift, residual=x))
+        row["add_ln_adaln_us"] = graph_timed(lambda: kernels.adaln(norm(a + x), scale, shift))
+        row["fused_gate_us"] = graph_timed(lambda: kernels_norm.ln_adaln(a, 1e-6, scale, shift, residual=x,
+                                                                         gate=gate))
+        # bytes moved a call over the time: x (and the residual's two inputs, its output) and the output
+        row["fused_res_tb_s"] = round(4 * x.numel() * x.element_size() / row["fused_res_us"] / 1e6, 2)
         out.append(row)
         print(json.dumps(row), flush=True)
     return out
