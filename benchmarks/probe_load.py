@@ -8,7 +8,10 @@ process (imports done before the clock starts), alternated, `--reps` times:
     device_map   Pipeline.from_pretrained(dir, dtype, device_map="cuda"): each tensor is read
                  from the safetensors file straight into device memory
     job          the job's own load: the composed config, `load_pipeline` then `attach_runner`
-                 (jobs/worker/model.py), split into its parts
+                 (jobs/worker/model.py), split into its parts (`family_load`: from_pretrained and
+                 prepare; `to_device`: the rest of load_pipeline, the copy to the GPU)
+    job_trainable  the same with the weights left trainable (eval mode only): whether `a39461b`'s
+                 frozen weights move the load (session 39's first batch came later; not explained)
 
 Every variant reports a checksum of every parameter's bytes, so a faster load is also the same
 weights.
@@ -42,18 +45,33 @@ dtype = torch.bfloat16 if device == "cuda" else torch.float32
 sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
 parts = {}
 t0 = time.perf_counter()
-if variant == "job":
+if variant in ("job", "job_trainable"):
     sys.path.insert(0, ".")
     from tests.helpers import compose_cfg
     from jobs.models.registry import get_family
     from jobs.worker.model import attach_runner, load_pipeline
+    import jobs.models.weights as weights
+    if variant == "job_trainable":  # eval mode only, the weights left trainable (as before a39461b)
+        weights.eval_mode = lambda pipe: [m.eval() for m in weights.torch_modules(pipe).values()]
     cfg = compose_cfg(["model=sana", f"model.path={path}", "output_dir=/tmp/probe_load_out", f"device={device}"])
     fam = get_family(cfg.model.family)
     parts["config"] = time.perf_counter() - t0
+    family_load = fam.load
+
+    def timed_load(*args, **kwargs):  # from_pretrained and prepare, inside load_pipeline
+        t = time.perf_counter()
+        out = family_load(*args, **kwargs)
+        parts["family_load"] = time.perf_counter() - t
+        return out
+
+    fam.load = timed_load
     t = time.perf_counter()
     pipe = load_pipeline(fam, cfg, torch.device(device))
     sync()
     parts["load_pipeline"] = time.perf_counter() - t
+    parts["to_device"] = parts["load_pipeline"] - parts["family_load"]
+    parts["trainable_parameters"] = sum(p.requires_grad for m in weights.torch_modules(pipe).values()
+                                        for p in m.parameters())
     t = time.perf_counter()
     attach_runner(fam, pipe, cfg)
     sync()
@@ -81,7 +99,7 @@ print("LOAD " + json.dumps({"variant": variant, "imports_s": round(imports, 2), 
                            "parts": {k: round(v, 2) for k, v in parts.items()}, "checksum": check}))
 '''
 
-VARIANTS = ("to", "device_map", "job")
+VARIANTS = ("to", "device_map", "job", "job_trainable")
 
 
 def run(variant: str, a) -> dict:
