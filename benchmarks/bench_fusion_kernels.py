@@ -49,6 +49,8 @@ HIDDEN = 5600
 SHAPES = {"512x1": (2, 256), "1024x1": (2, 1024), "512x4": (8, 256), "1024x4": (8, 1024),
           "1024x8": (16, 1024)}  # the job's batch of 8 at 1024²
 TILES = [(bp, bc, w) for bp in (16, 32, 64) for bc in (32, 64, 128) for w in (2, 4, 8)]
+# kernels.dwconv_glu_rows: rows, columns, channels, warps
+ROWS_TILES = [(r, cols, c, w) for r in (4, 8, 16, 32) for cols in (16, 32) for c, w in ((32, 4), (64, 4), (64, 8))]
 
 
 def timed(fn, iters: int) -> float:
@@ -174,6 +176,12 @@ def dw_rows(iters: int) -> list[dict]:
               lambda f: timed(f, iters))
         out.append(row)
         print(json.dumps({k: v for k, v in row.items() if k != "tiles"}), flush=True)
+        # the row-walking kernel (kernels.dwconv_glu_rows) against the pair, both as graph replays
+        walk = {"kernel": "dwconv_glu_rows", "shape": name, "cudnn_plus_glu_graph_us": graph_timed(pair),
+                "default_tile": list(kernels.DW_ROWS_TILE), "tiles": []}
+        sweep(walk, ROWS_TILES, lambda tile: kernels.dwconv_glu_rows(x, w, bias, tile), want, graph_timed)
+        out.append(walk)
+        print(json.dumps({k: v for k, v in walk.items() if k != "tiles"}), flush=True)
     return out
 
 
@@ -408,6 +416,12 @@ def write(out_dir: Path, rows: list[dict], cmd: str, stem: str = "fusion_kernels
         elif r["kernel"] == "ln_adaln":
             lines.append(f"| ln_adaln | {r['shape']} | {r['equal_of_3']} | {r['fused_us']} / res {r['fused_res_us']} "
                          f"| {r['aten_ln_plus_adaln_us']} / res {r['add_ln_adaln_us']} |")
+        elif r["kernel"] == "dwconv_glu_rows":
+            b, default = r["best"], next((t for t in r["tiles"] if t["tile"] == r["default_tile"]), None)
+            lines.append(f"| dwconv_glu_rows (CUDA graph, us a call) | {r['shape']} | "
+                         f"{sum(t['equal'] for t in r['tiles'])} of {len(r['tiles'])} tiles (against cuDNN + GLU) "
+                         f"| best {b['us'] if b else '-'} (tile {b['tile'] if b else '-'}), default "
+                         f"{default['us'] if default else '-'} | {r['cudnn_plus_glu_graph_us']} |")
         else:
             b = r["best"]
             lines.append(f"| dwconv_glu | {r['shape']} | {'all' if all(t['equal'] for t in r['tiles']) else 'some'} "

@@ -112,6 +112,7 @@ for dt in (torch.bfloat16, torch.float32):  # fp16 takes the bf16 paths
     kernels.linear_attention_div(torch.randn(2, 2, 9, 16), dt, 1e-15)
     kernels.linear_attention_prep(x, x, x, 4)
     kernels.dwconv_glu(cl, torch.ones(32, 1, 3, 3, dtype=dt), torch.ones(32, dtype=dt), False)
+    kernels.dwconv_glu_rows(cl, torch.ones(32, 1, 3, 3, dtype=dt), torch.ones(32, dtype=dt))
     if dt == torch.bfloat16:
         kernels.silu_dwconv_glu(cl, torch.ones(32, dtype=dt), torch.ones(32, 1, 3, 3, dtype=dt), torch.ones(32, dtype=dt))
     xq = torch.randn(2, 6, 64).to(dt)

@@ -326,6 +326,86 @@ def dwconv_glu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, col_ma
     return out
 
 
+# -- the same, walking rows: each input row loaded once (its two shifted views from L1) ----------
+# The gather kernel above loads all 9 taps of every output from memory, so each input element is
+# read 9 times (through L1/L2): at SANA-1.6B's 1024², batch 8 (16 rows of 32x32 pixels, 11,200
+# channels) that is 3.3 GB a call, and cuDNN's depthwise conv + the bias/GLU kernel beat it. Here a
+# program owns ROWS output rows x BW columns x BC channels of both GLU halves and walks input rows
+# y0-1 .. y0+ROWS once: each input row feeds output rows r+1, r, r-1 (kernel rows ky = 0, 1, 2),
+# added to rolling accumulators in input-row order, so every output still sums its 9 taps row-major
+# (DWCONV_GLU_ROWS's order, verified against cuDNN on first sight). The row's left and right views
+# are two more loads of the same lines (L1 hits), not more memory traffic. Masks are vectors: Triton
+# 3.9's interpreter cannot combine a scalar mask with a vector one (tests/test_fusions_dw_rows.py).
+@triton.jit
+def _row3(x_ptr, pix, x, rin, W, C2, ch, jm):
+    """Input row at columns x-1, x, x+1 ([BW, BC] fp32 each; 0 outside the grid: the conv's padding)."""
+    cm = jm[None, :]
+    base = (pix + x)[:, None] * C2 + ch[None, :]
+    left = tl.load(x_ptr + base - C2, mask=(rin & (x >= 1) & (x - 1 < W))[:, None] & cm, other=0.0)
+    c = tl.load(x_ptr + base, mask=(rin & (x < W))[:, None] & cm, other=0.0)
+    right = tl.load(x_ptr + base + C2, mask=(rin & (x + 1 < W))[:, None] & cm, other=0.0)
+    return left.to(tl.float32), c.to(tl.float32), right.to(tl.float32)
+
+
+@triton.jit
+def _dw_glu_rows_kernel(x_ptr, w_ptr, b_ptr, o_ptr, H, W, Hc, NWB, ROWS: tl.constexpr, BW: tl.constexpr,
+                        BC: tl.constexpr):
+    # x: [B, 2Hc, H, W] channels-last; w: [2Hc, 1, 3, 3]; b: [2Hc]; o: [B, Hc, H, W] channels-last
+    b = tl.program_id(2).to(tl.int64)
+    y0 = (tl.program_id(0) // NWB) * ROWS
+    x = (tl.program_id(0) % NWB) * BW + tl.arange(0, BW)
+    j = tl.program_id(1) * BC + tl.arange(0, BC)
+    jm = j < Hc
+    C2 = 2 * Hc
+    bx = tl.load(b_ptr + j, mask=jm, other=0.0).to(tl.float32)[None, :]
+    bg = tl.load(b_ptr + j + Hc, mask=jm, other=0.0).to(tl.float32)[None, :]
+    zero = tl.zeros((BW, BC), dtype=tl.float32)
+    ax0, ag0, ax1, ag1 = zero, zero, zero, zero  # output rows r-1 and r (value, gate halves)
+    for t in range(ROWS + 2):
+        r = y0 - 1 + t
+        rv = x * 0 + r  # the row as a vector (module comment: the interpreter's masks)
+        rin = (rv >= 0) & (rv < H)
+        pix = (b * H + r) * W  # int64: the row's first pixel
+        lx, cx, rx = _row3(x_ptr, pix, x, rin, W, C2, j, jm)
+        lg, cg, rg = _row3(x_ptr, pix, x, rin, W, C2, j + Hc, jm)
+        ax0 = _taps3(ax0, lx, cx, rx, w_ptr, j, jm, 2)
+        ag0 = _taps3(ag0, lg, cg, rg, w_ptr, j + Hc, jm, 2)
+        # output row r-1 is complete: cuDNN stores the conv, aten adds the bias, then the GLU
+        om = (rv - 1 >= y0) & (rv - 1 < H) & (x < W)  # no output row in the first step
+        xb = _r(_r(ax0, o_ptr) + bx, o_ptr)
+        gb = _r(_r(ag0, o_ptr) + bg, o_ptr)
+        out = (xb * _r(_silu(gb), o_ptr)).to(o_ptr.dtype.element_ty)
+        dst = (pix - W + x)[:, None] * Hc + j[None, :]
+        tl.store(o_ptr + dst, out, mask=om[:, None] & jm[None, :])
+        ax0 = _taps3(ax1, lx, cx, rx, w_ptr, j, jm, 1)
+        ag0 = _taps3(ag1, lg, cg, rg, w_ptr, j + Hc, jm, 1)
+        ax1 = _taps3(zero, lx, cx, rx, w_ptr, j, jm, 0)
+        ag1 = _taps3(zero, lg, cg, rg, w_ptr, j + Hc, jm, 0)
+
+
+DW_ROWS_TILE = (8, 32, 32, 4)
+"""rows, columns (at most: a narrower grid takes the next power of 2), channels, warps. A guess for
+the H200 (session 39 had no device time left to sweep it: bench_fusion_kernels.py --only dw does)."""
+
+
+def dwconv_glu_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                    tile: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+    """dwconv_glu(x, weight, bias, col_major=False)'s bits, walking rows: GLU(depthwise_conv3x3(x) +
+    bias) for channels-last x [B, 2H, h, w] -> [B, H, h, w]. `tile` changes speed only."""
+    _check(x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last), "x must be channels-last")
+    B, C2, Hh, Ww = x.shape
+    _check(weight.shape == (C2, 1, 3, 3) and weight.is_contiguous() and C2 % 2 == 0, "a 3x3 depthwise weight")
+    _check(bias is not None and bias.shape == (C2,) and x.dtype == weight.dtype == bias.dtype, "bias, one dtype")
+    out = torch.empty((B, C2 // 2, Hh, Ww), dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
+    rows, cols, bc, warps = tile or DW_ROWS_TILE
+    bw = min(cols, triton.next_power_of_2(Ww))
+    nwb = triton.cdiv(Ww, bw)
+    grid = (triton.cdiv(Hh, rows) * nwb, triton.cdiv(C2 // 2, bc), B)
+    _dw_glu_rows_kernel[grid](x, weight, bias, out, Hh, Ww, C2 // 2, nwb, ROWS=rows, BW=bw, BC=bc,
+                              num_warps=warps, **OPTS)
+    return out
+
+
 # -- GLUMBConv from the raw 1x1 conv output: bias + SiLU, depthwise 3x3, bias + GLU in one pass --
 # Eager: cuDNN's 1x1 conv (stored), + bias (stored), SiLU (stored: the activation, 2 x hidden
 # channels, written once and read back by the depthwise conv), the depthwise conv (stored), + bias

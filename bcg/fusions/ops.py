@@ -237,6 +237,8 @@ def _dw_applicable(conv: nn.Conv2d) -> None:
 def _dw_fused(col_major: bool):
     def fused(x, conv: nn.Conv2d):
         _dw_applicable(conv)
+        if not col_major:  # row-major taps: the kernel that walks rows (each input row loaded once)
+            return _kernels().dwconv_glu_rows(x, conv.weight, conv.bias)
         return _kernels().dwconv_glu(x, conv.weight, conv.bias, col_major)
 
     return fused

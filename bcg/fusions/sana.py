@@ -61,9 +61,13 @@ from .verify import Verifier, chain
 # Python launch overhead), cuDNN's depthwise conv + the fused bias/GLU kernel is faster at both
 # SANA-1.6B shapes: with the 1x1 conv and its bias + SiLU, 67 vs 71 us a block at 16x16 pixels
 # (batch 2) and 247 vs 277 us at 32x32 (benchmarks/results/fusion_kernels_silu_dw_h200.md). An
-# earlier per-call timing, overhead included, had favoured the one-pass kernel on small grids. So it
-# runs for calls of at most this many pixels (batch x height x width): none by default.
-ONE_PASS_DWCONV_MAX_PIXELS = 0
+# earlier per-call timing, overhead included, had favoured the one-pass kernel on small grids. That
+# kernel gathered its 9 taps from memory. DWCONV_GLU_ROWS now runs kernels.dwconv_glu_rows, which walks
+# rows and reads each input once (session 39): in the job's trace at 1024², batch 8, cuDNN's depthwise
+# conv + the bias/GLU kernel took 508 us a block at about 2 TB/s, where one pass moves 550 MB (157 us at
+# 3.5 TB/s). UNTIMED: on for every call on this branch until bench_fusion_kernels.py --only dw times it
+# (set it back to 0 if cuDNN's pair stays faster). It runs for calls of at most this many pixels.
+ONE_PASS_DWCONV_MAX_PIXELS = 1 << 30
 
 # The one-pass bias + SiLU + depthwise conv + bias + GLU from the raw 1x1 conv output
 # (ops.SILU_DWCONV_GLU) is bit-exact on the H200 (18 of 18 tiles at both shapes) but slower than
