@@ -95,6 +95,7 @@ def sana_block_launches() -> None:
     kernels.bias_silu_(act, bias)
     kernels.bias_glu(act, bias)
     kernels.dwconv_glu(act, w_dw, bias, False)
+    kernels.dwconv_glu_rows(act, w_dw, bias)
     kernels_linear.linear_attention_fma(x, x, x, D // 32, 1e-15)
 
 
