@@ -36,8 +36,11 @@ from .applicable import check as _check
 from .kernels import OPTS, _r
 
 _LANES, _WARPS, _VEC = 32, 4, 4  # aten: a warp, num_threads() = C10_WARP_SIZE * 4, vec_size
-# The normalising pass's chunk: 8 elements a thread (one 16-byte bf16 vector). Untimed on the H200
-# (session 38 left it for the device): 512 wastes fewer lanes at D = 2240 (2560 against 3072).
+# The normalising pass's chunk: 8 elements a thread (one 16-byte bf16 vector). On the H200 (session 39)
+# chunks of 512, 1,024 and 2,048 each gave eager's bytes (bench_fusion_kernels.py --only ln: plain and
+# residual forms, 3 of 3 seeds at four shapes), but that run timed Python launches, not the kernel;
+# `ln`'s timings are CUDA-graph replays since 27017a4, for the choice. 512 wastes fewer lanes at
+# D = 2240 (2560 against 3072).
 CHUNK = 1024
 LANES = tl.constexpr(_LANES)
 WARPS = tl.constexpr(_WARPS)
