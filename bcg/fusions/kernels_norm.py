@@ -135,11 +135,20 @@ def _ln_adaln_kernel(x_ptr, h_ptr, s_ptr, t_ptr, o_ptr, r_ptr, m_ptr, rs_ptr, D,
     mean = tl.zeros((LANES * WARPS,), tl.float32)
     m2 = tl.zeros((LANES * WARPS,), tl.float32)
     cnt = tl.zeros((LANES * WARPS,), tl.float32)
+    tl.static_assert(VEC == 4, "the vector is split in two halves twice")
     for k in tl.static_range(ROUNDS):  # cuWelfordOnlineSum over this thread's vectors, in order
         v = t + k * (LANES * WARPS)
         vm = v < nvec
+        # the thread's vector in one 8-byte load, then its elements in order: split leaves the values
+        # as loaded (no arithmetic), so the sums see what one load an element saw, in the same order
+        # (one load an element compiled to 2-byte loads: benchmarks/kernel_ptx.py)
+        x4 = _load_row_x(x_ptr, h_ptr, g_ptr, base, g_base, g_sd,
+                         v[:, None] * VEC + tl.arange(0, VEC)[None, :], vm[:, None], HAS_RES, F32)
+        even, odd = tl.split(tl.reshape(x4, (LANES * WARPS, 2, 2)))  # elements 0, 2 and 1, 3
+        e0, e2 = tl.split(even)
+        e1, e3 = tl.split(odd)
         for ii in tl.static_range(VEC):
-            x = _load_row_x(x_ptr, h_ptr, g_ptr, base, g_base, g_sd, v * VEC + ii, vm, HAS_RES, F32)
+            x = e0 if ii == 0 else (e1 if ii == 1 else (e2 if ii == 2 else e3))
             new_cnt = cnt + 1.0
             delta = x - mean
             # 1 / new_cnt, a constant: every thread still active here has taken each step before
