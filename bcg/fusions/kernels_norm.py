@@ -36,6 +36,12 @@ from .applicable import check as _check
 from .kernels import OPTS, _r
 
 _LANES, _WARPS, _VEC = 32, 4, 4  # aten: a warp, num_threads() = C10_WARP_SIZE * 4, vec_size
+# The normalising pass's chunk: 8 elements a thread (one 16-byte bf16 vector). On the H200 (session 39)
+# chunks of 512, 1,024 and 2,048 each gave eager's bytes (bench_fusion_kernels.py --only ln: plain and
+# residual forms, 3 of 3 seeds at four shapes), but that run timed Python launches, not the kernel;
+# `ln`'s timings are CUDA-graph replays since 27017a4, for the choice. 512 wastes fewer lanes at
+# D = 2240 (2560 against 3072).
+CHUNK = 1024
 LANES = tl.constexpr(_LANES)
 WARPS = tl.constexpr(_WARPS)
 VEC = tl.constexpr(_VEC)
@@ -109,7 +115,8 @@ def _load_row_x(x_ptr, h_ptr, g_ptr, base, g_base, g_sd, offs, mask, HAS_RES: tl
 @triton.jit
 def _ln_adaln_kernel(x_ptr, h_ptr, s_ptr, t_ptr, o_ptr, r_ptr, m_ptr, rs_ptr, D, N, eps, s_sb, s_sd,
                      t_sb, t_sd, g_ptr, g_sb, g_sd, w_ptr, bb_ptr, HAS_RES: tl.constexpr, MEAN_FMA: tl.constexpr,
-                     ROUNDS: tl.constexpr, BLOCK_D: tl.constexpr, ONLINE: tl.constexpr = 0, SIG_FMA: tl.constexpr = 0,
+                     ROUNDS: tl.constexpr, CHUNK: tl.constexpr, NCHUNK: tl.constexpr, ONLINE: tl.constexpr = 0,
+                     SIG_FMA: tl.constexpr = 0,
                      RSQ: tl.constexpr = 0, REDUCE: tl.constexpr = 1, STATS: tl.constexpr = False,
                      F32: tl.constexpr = False, MOD: tl.constexpr = True, AFFINE: tl.constexpr = False):
     # F32: Wan's FP32LayerNorm on x.float(), its modulation in fp32, one rounding at the end (and the
@@ -128,14 +135,27 @@ def _ln_adaln_kernel(x_ptr, h_ptr, s_ptr, t_ptr, o_ptr, r_ptr, m_ptr, rs_ptr, D,
     mean = tl.zeros((LANES * WARPS,), tl.float32)
     m2 = tl.zeros((LANES * WARPS,), tl.float32)
     cnt = tl.zeros((LANES * WARPS,), tl.float32)
+    tl.static_assert(VEC == 4, "the vector is split in two halves twice")
     for k in tl.static_range(ROUNDS):  # cuWelfordOnlineSum over this thread's vectors, in order
         v = t + k * (LANES * WARPS)
         vm = v < nvec
+        # the thread's vector in one 8-byte load, then its elements in order: split leaves the values
+        # as loaded (no arithmetic), so the sums see what one load an element saw, in the same order
+        # (one load an element compiled to 2-byte loads: benchmarks/kernel_ptx.py)
+        x4 = _load_row_x(x_ptr, h_ptr, g_ptr, base, g_base, g_sd,
+                         v[:, None] * VEC + tl.arange(0, VEC)[None, :], vm[:, None], HAS_RES, F32)
+        even, odd = tl.split(tl.reshape(x4, (LANES * WARPS, 2, 2)))  # elements 0, 2 and 1, 3
+        e0, e2 = tl.split(even)
+        e1, e3 = tl.split(odd)
         for ii in tl.static_range(VEC):
-            x = _load_row_x(x_ptr, h_ptr, g_ptr, base, g_base, g_sd, v * VEC + ii, vm, HAS_RES, F32)
+            x = e0 if ii == 0 else (e1 if ii == 1 else (e2 if ii == 2 else e3))
             new_cnt = cnt + 1.0
             delta = x - mean
-            inv = tl.div_rn(tl.full(new_cnt.shape, 1.0, tl.float32), new_cnt)
+            # 1 / new_cnt, a constant: every thread still active here has taken each step before
+            # (its vectors t, t + 128, ... all lie below nvec), so its count is this step's number.
+            # 1.0 / n in double rounds to the fp32 quotient for every n below 2**16 (checked with
+            # numpy), so the constant is div_rn(1, n)'s bits. Threads past nvec discard the update.
+            inv = tl.full(new_cnt.shape, 1.0 / (k * VEC + ii + 1), tl.float32)
             if ONLINE == 0 or ONLINE == 2:
                 new_mean = tl.fma(delta, inv, mean)
             elif ONLINE == 3:
@@ -182,25 +202,27 @@ def _ln_adaln_kernel(x_ptr, h_ptr, s_ptr, t_ptr, o_ptr, r_ptr, m_ptr, rs_ptr, D,
     if STATS:
         tl.store(m_ptr + row, mu)
         tl.store(rs_ptr + row, rstd)
-    # normalise, round (LayerNorm's store), then adaLN's plan
-    offs = tl.arange(0, BLOCK_D)
-    dm = offs < D
-    x = _load_row_x(x_ptr, h_ptr, g_ptr, base, g_base, g_sd, offs, dm, HAS_RES, F32)
-    if HAS_RES:
-        tl.store(r_ptr + base + offs, x.to(r_ptr.dtype.element_ty), mask=dm)
-    y = rstd * (x - mu)
-    if AFFINE:
-        w = tl.load(w_ptr + offs, mask=dm, other=0.0).to(tl.float32)
-        bb = tl.load(bb_ptr + offs, mask=dm, other=0.0).to(tl.float32)
-        y = tl.fma(w, y, bb)
-    if MOD:
-        sc = tl.load(s_ptr + b * s_sb + offs * s_sd, mask=dm, other=0.0).to(tl.float32)
-        sh = tl.load(t_ptr + b * t_sb + offs * t_sd, mask=dm, other=0.0).to(tl.float32)
-        if F32:
-            y = y * (sc + 1.0) + sh
-        else:
-            y = _r(_r(y, o_ptr) * _r(sc + 1.0, o_ptr), o_ptr) + sh
-    tl.store(o_ptr + base + offs, y.to(o_ptr.dtype.element_ty), mask=dm)
+    # normalise, round (LayerNorm's store), then adaLN's plan: elementwise, so in chunks of CHUNK
+    # (a whole padded row at once held 32 values a thread per tensor at D = 2240, and left lanes idle)
+    for c in tl.static_range(NCHUNK):
+        offs = c * CHUNK + tl.arange(0, CHUNK)
+        dm = offs < D
+        x = _load_row_x(x_ptr, h_ptr, g_ptr, base, g_base, g_sd, offs, dm, HAS_RES, F32)
+        if HAS_RES:
+            tl.store(r_ptr + base + offs, x.to(r_ptr.dtype.element_ty), mask=dm)
+        y = rstd * (x - mu)
+        if AFFINE:
+            w = tl.load(w_ptr + offs, mask=dm, other=0.0).to(tl.float32)
+            bb = tl.load(bb_ptr + offs, mask=dm, other=0.0).to(tl.float32)
+            y = tl.fma(w, y, bb)
+        if MOD:
+            sc = tl.load(s_ptr + b * s_sb + offs * s_sd, mask=dm, other=0.0).to(tl.float32)
+            sh = tl.load(t_ptr + b * t_sb + offs * t_sd, mask=dm, other=0.0).to(tl.float32)
+            if F32:
+                y = y * (sc + 1.0) + sh
+            else:
+                y = _r(_r(y, o_ptr) * _r(sc + 1.0, o_ptr), o_ptr) + sh
+        tl.store(o_ptr + base + offs, y.to(o_ptr.dtype.element_ty), mask=dm)
 
 
 def ln_adaln(x: torch.Tensor, eps: float, scale: torch.Tensor | None, shift: torch.Tensor | None,
@@ -247,6 +269,7 @@ def ln_adaln(x: torch.Tensor, eps: float, scale: torch.Tensor | None, shift: tor
     _check(out.data_ptr() % align == 0 and (residual is not None or f32 or x.data_ptr() % align == 0),
            "unaligned buffers take aten's other LayerNorm kernel")
     rounds = triton.cdiv(D // _VEC, _LANES * _WARPS)
+    chunk = min(CHUNK, triton.next_power_of_2(D))
     m, rs = stats if stats is not None else (out, out)
     has_res = 0 if residual is None else (1 if gate is None else 2)
     _ln_adaln_kernel[(B * N,)](x, residual if residual is not None else x, s, t, out, res, m, rs, D, N, eps,
@@ -256,6 +279,6 @@ def ln_adaln(x: torch.Tensor, eps: float, scale: torch.Tensor | None, shift: tor
                                g.stride(2) if g is not None else 0,
                                weight if weight is not None else x, bias if bias is not None else x,
                                HAS_RES=has_res, MEAN_FMA=mean_fma, ROUNDS=rounds,
-                               BLOCK_D=triton.next_power_of_2(D), STATS=stats is not None, F32=f32, MOD=mod,
+                               CHUNK=chunk, NCHUNK=triton.cdiv(D, chunk), STATS=stats is not None, F32=f32, MOD=mod,
                                AFFINE=weight is not None, num_warps=_WARPS, **forms, **OPTS)
     return (res, out) if residual is not None else out
