@@ -42,6 +42,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from common import back_to_back_us as timed  # noqa: E402
 from common import device_tag, environment  # noqa: E402
 
 D = 2240
@@ -51,21 +52,6 @@ SHAPES = {"512x1": (2, 256), "1024x1": (2, 1024), "512x4": (8, 256), "1024x4": (
 TILES = [(bp, bc, w) for bp in (16, 32, 64) for bc in (32, 64, 128) for w in (2, 4, 8)]
 # kernels.dwconv_glu_rows: rows, columns, channels, warps
 ROWS_TILES = [(r, cols, c, w) for r in (4, 8, 16, 32) for cols in (16, 32) for c, w in ((32, 4), (64, 4), (64, 8))]
-
-
-def timed(fn, iters: int) -> float:
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(5):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(iters):
-            fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) * 1000 / iters)
-    return round(statistics.median(times), 2)
 
 
 def hidden_states(rows: int, tokens: int, seed: int) -> torch.Tensor:

@@ -149,6 +149,25 @@ def timed(fn, reps: int, warm: int = 2) -> list[float]:
     return out
 
 
+def back_to_back_us(fn, iters: int) -> float:
+    """us a call on the GPU: the median of five CUDA-event timings of `iters` back-to-back calls
+    (launch overhead included where a call is shorter than its launch)."""
+    import statistics
+
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(5):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(iters):
+            fn()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) * 1000 / iters)
+    return round(statistics.median(times), 2)
+
+
 def graph_ms(fn) -> float:
     """GPU ms of one call of fn replayed in a CUDA graph (as bcg replays the denoiser), the median of
     Triton's reps: no launch overhead, which for a Triton launch (~40 us of Python) would swamp a

@@ -28,6 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+
 def report(jit, args, kwargs) -> dict:
     """Compile one launch for sm_90 and read its PTX and ptxas's resource line."""
     import triton
@@ -37,7 +38,8 @@ def report(jit, args, kwargs) -> dict:
     from triton.runtime.jit import create_function_from_signature
 
     # the JIT's own binder and packing for the H200's target: its specialisation (pointers and ints
-    # divisible by 16, ints equal to 1 made constants) is what the GPU's launch would compile
+    # divisible by 16, ints equal to 1 made constants) is what the GPU's launch would compile.
+    # `_pack_args` is Triton 3.9's (private): tests/test_kernel_ptx.py fails if it moves
     target = GPUTarget("cuda", 90, 32)
     backend = make_backend(target)
     binder = create_function_from_signature(jit.signature, jit.params, backend)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 from pathlib import Path
 
@@ -26,26 +25,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from common import back_to_back_us as timed  # noqa: E402
 from common import device_tag, environment  # noqa: E402
 
 D = 2240
 SHAPES = {"512x8": (16, 256), "1024x8": (16, 1024)}
-
-
-def timed(fn, iters: int) -> float:
-    """Microseconds a call: the median of five timings of `iters` back-to-back calls."""
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(5):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(iters):
-            fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) * 1000 / iters)
-    return round(statistics.median(times), 2)
 
 
 def kernels_of(fn) -> list[str]:
