@@ -8,6 +8,8 @@ against eager, and time.
 2. The one-pass depthwise 3x3 conv + bias + GLU (kernels.dwconv_glu): a sweep of tiles
    (pixels, channels, warps), each checked equal to cuDNN's conv + the fused bias/GLU kernel,
    timed against that pair.
+   `dw_rows`: the row-walking kernel (kernels.dwconv_glu_rows, each input row read once) over a
+   sweep of tiles, each checked equal to that pair; both timed as CUDA-graph replays.
 3. `silu_dw`: GLUMBConv up to conv_point (1x1 conv, bias, SiLU, depthwise 3x3, bias, GLU) as eager
    runs it, as today's fused paths run it (1x1 conv + bias_silu_, then cuDNN's depthwise conv +
    bias_glu or the one-pass dwconv_glu) and as the 1x1 conv + kernels.silu_dwconv_glu over a sweep
@@ -18,6 +20,7 @@ against eager, and time.
    timed as CUDA-graph replays beside those two aten kernels.
 
     python benchmarks/bench_fusion_kernels.py --out benchmarks/results
+    python benchmarks/bench_fusion_kernels.py --only dw_rows --out benchmarks/results
     python benchmarks/bench_fusion_kernels.py --only silu_dw --out benchmarks/results
     python benchmarks/bench_fusion_kernels.py --only row_var --out benchmarks/results
     python benchmarks/bench_fusion_kernels.py --only rope --out benchmarks/results
@@ -141,20 +144,25 @@ def diagnose(iters: int) -> list[dict]:
     return out
 
 
-def dw_rows(iters: int) -> list[dict]:
+def dw_cases():
+    """(shape, x, weight, bias, pair) a shape: GLUMBConv's depthwise input (channels-last, after SiLU)
+    and cuDNN's depthwise conv + the fused bias/GLU kernel, the default path the kernels replace."""
     from bcg.fusions import kernels
 
     torch.manual_seed(0)
     conv = torch.nn.Conv2d(2 * HIDDEN, 2 * HIDDEN, 3, 1, 1, groups=2 * HIDDEN).cuda().to(torch.bfloat16)
     w, bias = conv.weight, conv.bias
-    out = []
     for name, (rows, tokens) in SHAPES.items():
         side = int(tokens ** 0.5)
         x = F.silu(torch.randn(rows, side, side, 2 * HIDDEN, device="cuda")).to(torch.bfloat16).permute(0, 3, 1, 2)
+        yield name, x, w, bias, lambda x=x: kernels.bias_glu(F.conv2d(x, w, None, 1, 1, 1, 2 * HIDDEN), bias)
 
-        def pair():
-            return kernels.bias_glu(F.conv2d(x, w, None, 1, 1, 1, 2 * HIDDEN), bias)
 
+def dw_rows(iters: int) -> list[dict]:
+    from bcg.fusions import kernels
+
+    out = []
+    for name, x, w, bias, pair in dw_cases():
         want = pair()
         row = {"kernel": "dwconv_glu", "shape": name, "cudnn_plus_glu_us": timed(pair, iters),
                "cudnn_conv_us": timed(lambda: F.conv2d(x, w, None, 1, 1, 1, 2 * HIDDEN), iters), "tiles": []}
@@ -162,7 +170,17 @@ def dw_rows(iters: int) -> list[dict]:
               lambda f: timed(f, iters))
         out.append(row)
         print(json.dumps({k: v for k, v in row.items() if k != "tiles"}), flush=True)
-        # the row-walking kernel (kernels.dwconv_glu_rows) against the pair, both as graph replays
+    return out
+
+
+def dw_walk_rows() -> list[dict]:
+    """kernels.dwconv_glu_rows (walks rows, each input row read once) against cuDNN's depthwise conv +
+    the bias/GLU kernel, both as CUDA-graph replays, over ROWS_TILES."""
+    from bcg.fusions import kernels
+
+    out = []
+    for name, x, w, bias, pair in dw_cases():
+        want = pair()
         walk = {"kernel": "dwconv_glu_rows", "shape": name, "cudnn_plus_glu_graph_us": graph_timed(pair),
                 "default_tile": list(kernels.DW_ROWS_TILE), "tiles": []}
         sweep(walk, ROWS_TILES, lambda tile: kernels.dwconv_glu_rows(x, w, bias, tile), want, graph_timed)
@@ -419,11 +437,12 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="benchmarks/results")
     p.add_argument("--iters", type=int, default=50)
-    p.add_argument("--skip", default="", help="comma list: ln, dw, silu_dw, row_var, rope")
-    p.add_argument("--only", default="", help="comma list: run only these sections (ln, dw, silu_dw, row_var, rope)")
+    p.add_argument("--skip", default="", help="comma list: ln, dw, dw_rows, silu_dw, row_var, rope")
+    p.add_argument("--only", default="", help="comma list: run only these sections (ln, dw, dw_rows, silu_dw, "
+                   "row_var, rope)")
     p.add_argument("--diagnose", action="store_true", help="only: which kernel form equals aten's LN stats")
     a = p.parse_args()
-    sections = ("ln", "dw", "silu_dw", "row_var", "rope")
+    sections = ("ln", "dw", "dw_rows", "silu_dw", "row_var", "rope")
     only = set(filter(None, a.only.split(","))) or set(sections)
     ran = [n for n in sections if n in only and n not in set(filter(None, a.skip.split(",")))]
     rows = []
@@ -436,6 +455,8 @@ def main() -> None:
             rows += ln_rows(a.iters)
         if "dw" in ran:
             rows += dw_rows(a.iters)
+        if "dw_rows" in ran:
+            rows += dw_walk_rows()
         if "silu_dw" in ran:
             rows += silu_dw_rows()
         if "row_var" in ran:
