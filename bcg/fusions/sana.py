@@ -67,7 +67,7 @@ from .verify import Verifier, chain
 # conv + the bias/GLU kernel took 508 us a block at about 2 TB/s, where one pass moves 550 MB (157 us at
 # 3.5 TB/s). UNTIMED: on for every call on this branch until bench_fusion_kernels.py --only dw times it
 # (set it back to 0 if cuDNN's pair stays faster). It runs for calls of at most this many pixels.
-ONE_PASS_DWCONV_MAX_PIXELS = 1 << 30
+ONE_PASS_DWCONV_MAX_PIXELS = 0
 
 # The one-pass bias + SiLU + depthwise conv + bias + GLU from the raw 1x1 conv output
 # (ops.SILU_DWCONV_GLU) is bit-exact on the H200 (18 of 18 tiles at both shapes) but slower than
