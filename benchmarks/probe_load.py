@@ -123,17 +123,39 @@ def main() -> None:
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--tag", default="", help="the results' file stem after load_ (default: the device)")
+    p.add_argument("--from-log", type=Path, help="write the results from a run's printed lines (no loading)")
+    p.add_argument("--commit", default="unknown", help="with --from-log: the commit that run measured")
+    p.add_argument("--gpu", default="unknown", help="with --from-log: the GPU it ran on")
+    p.add_argument("--torch", default="unknown", help="with --from-log: its torch version")
+    p.add_argument("--ran", default="unknown", help="with --from-log: the command that printed the log")
     a = p.parse_args()
     from bench_job_wall import warm_page_cache
-    from common import device_tag, environment, write_results
 
-    warm_s = warm_page_cache(a.dir)
     variants = a.variants.split(",")
+    if a.from_log:  # a device call's files can be left out; its log holds every run's line
+        runs = {v: [] for v in variants}
+        for line in a.from_log.read_text().splitlines():
+            if line.startswith("{") and json.loads(line).get("variant") in runs:
+                runs[json.loads(line)["variant"]].append(json.loads(line))
+        # the table's machine is the run's, not this one's: named from the flags, the log's path kept
+        ran = {"gpu": a.gpu, "torch": a.torch, "cuda": None, "command": a.ran, "rebuilt_from": str(a.from_log)}
+        write(a, runs, "page cache warmed first", a.commit, ran)
+        return
+    warm_s = warm_page_cache(a.dir)
     runs = {v: [] for v in variants}
     for _ in range(a.reps):
         for v in variants:
             runs[v].append(run(v, a))
             print(json.dumps(runs[v][-1]), flush=True)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    write(a, runs, f"page cache warmed first ({warm_s:.1f} s)", commit.stdout.strip() or "unknown", {})
+
+
+def write(a, runs: dict[str, list[dict]], warm: str, commit: str, ran: dict) -> None:
+    """Each variant's median, min and max load and its parts' medians, to load_<tag>.{json,md}."""
+    from common import device_tag, environment, write_results
+
+    variants = list(runs)
     sums = {v: json.dumps({k: c[0] for k, c in rs[0]["checksum"].items()}, sort_keys=True) for v, rs in runs.items()}
     rows = []
     for v, rs in runs.items():
@@ -145,15 +167,16 @@ def main() -> None:
                      "parts": ", ".join(f"{k} {s}" for k, s in parts.items()),
                      "same_weights": sums[v] == sums[variants[0]]})
     cols = ["variant", "runs", "load_s", "load_s_min", "load_s_max", "imports_s", "parts", "same_weights"]
-    notes = [f"page cache warmed first ({warm_s:.1f} s); each run a fresh process, variants alternated; "
+    notes = [f"{warm}; each run a fresh process, variants alternated; "
              "load_s: from the first from_pretrained call to the weights on the device (synchronised), "
              "imports before it; "
              "same_weights: every parameter's and buffer's byte sum equals the first variant's"]
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    meta = environment() | {"commit": commit.stdout.strip() or "unknown"}
-    notes.append(f"commit `{meta['commit']}`")
+    meta = environment() | ran | {"commit": commit}
+    notes.append(f"commit `{commit}`")
+    if ran:
+        notes.append(f"written here from the run's printed lines ({ran['rebuilt_from']}); the machine, command "
+                     "and commit are the run's")
     write_results(a.out, f"load_{a.tag or device_tag()}", rows, cols, notes=notes, meta=meta)
-
 
 if __name__ == "__main__":
     main()
