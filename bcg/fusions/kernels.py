@@ -394,8 +394,9 @@ def _dw_glu_rows_kernel(x_ptr, w_ptr, b_ptr, o_ptr, H, W, Hc, NWB, ROWS: tl.cons
 
 
 DW_ROWS_TILE = (8, 32, 32, 4)
-"""rows, columns (at most: a narrower grid takes the next power of 2), channels, warps. A guess for
-the H200 (session 39 had no device time left to sweep it: bench_fusion_kernels.py --only dw does)."""
+"""rows, columns (at most: a narrower grid takes the next power of 2), channels, warps. Session 39's guess;
+the sweep (bench_fusion_kernels.py --only dw_rows, session 40) found (16, 16, 32, 4) best at batch 1 and
+(32, 16, 32, 4) at batches 4 and 8 on the H200. The kernel is off by default (sana.ONE_PASS_DWCONV_MAX_PIXELS)."""
 
 
 def dwconv_glu_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,

@@ -37,10 +37,10 @@ from .kernels import OPTS, _r
 
 _LANES, _WARPS, _VEC = 32, 4, 4  # aten: a warp, num_threads() = C10_WARP_SIZE * 4, vec_size
 # The normalising pass's chunk: 8 elements a thread (one 16-byte bf16 vector). On the H200 (session 39)
-# chunks of 512, 1,024 and 2,048 each gave eager's bytes (bench_fusion_kernels.py --only ln: plain and
-# residual forms, 3 of 3 seeds at four shapes), but that run timed Python launches, not the kernel;
-# `ln`'s timings are CUDA-graph replays since 27017a4, for the choice. 512 wastes fewer lanes at
-# D = 2240 (2560 against 3072).
+# chunks of 512, 1,024 and 2,048 each gave eager's bytes (plain and residual forms, 3 of 3 seeds at four
+# shapes). With 1,024, the statistics pass's vector loads and Welford's 1/count as constants, the
+# gated form takes 81 us at 1024², batch 8, against the unchunked kernel's 122 (CUDA graphs, session 40:
+# benchmarks/results/fusion_kernels_ln_h200.md, _before.json), 3.7 TB/s; the bytes are eager's.
 CHUNK = 1024
 LANES = tl.constexpr(_LANES)
 WARPS = tl.constexpr(_WARPS)

@@ -62,11 +62,13 @@ from .verify import Verifier, chain
 # SANA-1.6B shapes: with the 1x1 conv and its bias + SiLU, 67 vs 71 us a block at 16x16 pixels
 # (batch 2) and 247 vs 277 us at 32x32 (benchmarks/results/fusion_kernels_silu_dw_h200.md). An
 # earlier per-call timing, overhead included, had favoured the one-pass kernel on small grids. That
-# kernel gathered its 9 taps from memory. DWCONV_GLU_ROWS now runs kernels.dwconv_glu_rows, which walks
-# rows and reads each input once (session 39): in the job's trace at 1024², batch 8, cuDNN's depthwise
-# conv + the bias/GLU kernel took 508 us a block at about 2 TB/s, where one pass moves 550 MB (157 us at
-# 3.5 TB/s). UNTIMED: on for every call on this branch until bench_fusion_kernels.py --only dw times it
-# (set it back to 0 if cuDNN's pair stays faster). It runs for calls of at most this many pixels.
+# kernel gathered its 9 taps from memory; DWCONV_GLU_ROWS now runs kernels.dwconv_glu_rows, which walks
+# rows and reads each input once. It loses too where the job runs (session 40, CUDA graphs, best of 24
+# tiles, bits equal in all): 499 vs 455 us at 1024², batch 8, and 263 vs 232 at batch 4; it wins only at
+# batch 1 (75 vs 85 us at 1024², 22 vs 23 at 512²), but not at 512², batch 4 (74 vs 67) with as many
+# pixels (benchmarks/results/fusion_kernels_dw_rows_h200.md). At 499 us it moves 550 MB at 1.1 TB/s, a
+# third of what the memory allows: the kernel, not the idea, is short. It runs for calls of at most this
+# many pixels (batch x height x width): none by default.
 ONE_PASS_DWCONV_MAX_PIXELS = 0
 
 # The one-pass bias + SiLU + depthwise conv + bias + GLU from the raw 1x1 conv output
