@@ -31,3 +31,23 @@ def test_the_table_is_rebuilt_from_the_printed_lines(tmp_path):
     assert to["same_weights"] and job["same_weights"]  # each variant's first run's checksums against `to`'s
     assert got["meta"]["gpu"] == "NVIDIA H200" and got["meta"]["commit"] == "abc1234"
     assert "rebuilt_from" in got["meta"] and "from the run's printed lines" in (tmp_path / "res" / "load_t.md").read_text()
+
+
+def test_the_jobs_load_runs_every_part_of_the_jobs_load_stage(tmp_path):
+    # a tiny SANA saved as a diffusers folder, loaded on the CPU through the real preset, as the job does
+    import torch
+
+    from jobs.models.registry import get_family
+    from tests.helpers import compose_cfg
+
+    cfg = compose_cfg(["model=sana_tiny", f"output_dir={tmp_path / 'out'}"])
+    get_family("sana").build_tiny(cfg.model, torch.float32).save_pretrained(tmp_path / "sana", safe_serialization=True)
+    subprocess.run([sys.executable, "benchmarks/probe_load.py", "--dir", str(tmp_path / "sana"), "--device", "cpu",
+                    "--reps", "1", "--variants", "job", "--out", str(tmp_path / "res"), "--tag", "t"],
+                   cwd=ROOT, check=True, capture_output=True)
+    (row,) = json.loads((tmp_path / "res" / "load_t.json").read_text())["rows"]
+    parts = dict(p.split(" ") for p in row["parts"].split(", "))
+    # the job's "load" stage (jobs/worker/loop.py): load_pipeline (from_pretrained, the copy), the runner, the
+    # decoder's rewrites; the weights frozen
+    assert {"family_load", "to_device", "attach_runner", "decoder_fusions"} <= set(parts)
+    assert parts["trainable_parameters"] == "0"
