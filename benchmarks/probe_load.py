@@ -140,9 +140,9 @@ def main() -> None:
     variants = a.variants.split(",")
     if a.from_log:  # a device call's files can be left out; its log holds every run's line
         runs = {v: [] for v in variants}
-        for line in a.from_log.read_text().splitlines():
-            if line.startswith("{") and json.loads(line).get("variant") in runs:
-                runs[json.loads(line)["variant"]].append(json.loads(line))
+        for r in (json.loads(line) for line in a.from_log.read_text().splitlines() if line.startswith("{")):
+            if r.get("variant") in runs:
+                runs[r["variant"]].append(r)
         # the table's machine is the run's, not this one's: named from the flags, the log's path kept
         ran = {"gpu": a.gpu, "torch": a.torch, "cuda": None, "command": a.ran, "rebuilt_from": str(a.from_log)}
         write(a, runs, "page cache warmed first", a.commit, ran)
@@ -183,6 +183,7 @@ def write(a, runs: dict[str, list[dict]], warm: str, commit: str, ran: dict) -> 
         notes.append(f"written here from the run's printed lines ({ran['rebuilt_from']}); the machine, command "
                      "and commit are the run's")
     write_results(a.out, f"load_{a.tag or device_tag()}", rows, cols, notes=notes, meta=meta)
+
 
 if __name__ == "__main__":
     main()
