@@ -53,8 +53,10 @@ HIDDEN = 5600
 SHAPES = {"512x1": (2, 256), "1024x1": (2, 1024), "512x4": (8, 256), "1024x4": (8, 1024),
           "1024x8": (16, 1024)}  # the job's batch of 8 at 1024²
 TILES = [(bp, bc, w) for bp in (16, 32, 64) for bc in (32, 64, 128) for w in (2, 4, 8)]
-# kernels.dwconv_glu_rows: rows, columns, channels, warps
-ROWS_TILES = [(r, cols, c, w) for r in (4, 8, 16, 32) for cols in (16, 32) for c, w in ((32, 4), (64, 4), (64, 8))]
+# kernels.dwconv_glu_rows: rows, columns, channels, warps, prefetch the next row (session 41; False is
+# session 40's walk with the taps hoisted)
+ROWS_TILES = [(r, cols, c, w, pf) for pf in (True, False) for r in (8, 16, 32) for cols in (16, 32)
+              for c, w in ((32, 4), (64, 4), (64, 8))]
 
 
 def hidden_states(rows: int, tokens: int, seed: int) -> torch.Tensor:
@@ -230,11 +232,13 @@ def graph_timed(fn, calls: int = 20, reps: int = 7) -> float:
     return round(statistics.median(times), 2)
 
 
-SILU_DW_SHAPES = {"512x1": (2, 16), "1024x1": (2, 32)}  # CFG rows, latent side
-# rows, columns, channels, warps, shift by dot (kernels.SILU_DW_TILE); each (tile, grid width) compiles once
-SILU_DW_TILES = ([(r, 32, c, w, True) for r in (4, 8, 16, 32) for c, w in ((32, 4), (64, 4), (64, 8))]
-                 + [(r, 32, c, w, False) for r in (8, 16) for c, w in ((32, 4), (64, 8))]
-                 + [(8, 16, 32, 4, True), (2, 32, 32, 4, True)])
+SILU_DW_SHAPES = {"512x1": (2, 16), "1024x1": (2, 32), "1024x4": (8, 32), "1024x8": (16, 32)}  # CFG rows, side
+# rows, columns, channels, warps, shift by dot, prefetch the next row (kernels.SILU_DW_TILE); each (tile,
+# grid width) compiles once
+SILU_DW_TILES = ([(r, 32, c, w, True, pf) for pf in (True, False) for r in (8, 16, 32)
+                  for c, w in ((32, 4), (64, 4), (64, 8))]
+                 + [(r, 32, c, w, False, True) for r in (8, 16) for c, w in ((32, 4), (64, 8))]
+                 + [(8, 16, 32, 4, True, True), (16, 16, 32, 4, True, True)])
 
 
 def silu_dw_rows() -> list[dict]:
@@ -383,6 +387,18 @@ def rope_rows() -> list[dict]:
     return out
 
 
+def _best_by_prefetch(tiles: list[dict]) -> str:
+    """The best equal tile with the next row prefetched and without (the tile's last element, session 41)."""
+    parts = []
+    for flag in (True, False):
+        ok = [t for t in tiles if t["equal"] and t["us"] is not None and len(t["tile"]) in (5, 6)
+              and bool(t["tile"][-1]) is flag]
+        if ok:
+            b = min(ok, key=lambda t: t["us"])
+            parts.append(f"{'prefetch' if flag else 'no prefetch'} {b['us']} ({b['tile']})")
+    return ", ".join(parts) or "-"
+
+
 def write(out_dir: Path, rows: list[dict], cmd: str, stem: str = "fusion_kernels") -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     tag = device_tag()
@@ -399,7 +415,8 @@ def write(out_dir: Path, rows: list[dict], cmd: str, stem: str = "fusion_kernels
                 f"{sum(t['equal'] for t in r['tiles'])} of {len(r['tiles'])} tiles; today "
                 f"{r['today_cudnn_pair_equal']}/{r['today_one_pass_dw_equal']} "
                 f"| 1x1 + new: best {b['us'] if b else '-'} (tile {b['tile'] if b else '-'}, kernel "
-                f"{b['kernel_only_us'] if b else '-'}), default {default['us'] if default else '-'} "
+                f"{b['kernel_only_us'] if b else '-'}), default {default['us'] if default else '-'}; "
+                f"{_best_by_prefetch(r['tiles'])} "
                 f"| eager {r['eager_us']}; today {r['today_cudnn_pair_us']} (cuDNN dw) / "
                 f"{r['today_one_pass_dw_us']} (one-pass dw); 1x1 alone {r['conv1x1_nobias_us']} |")
         elif r["kernel"] == "row_var":
@@ -425,7 +442,8 @@ def write(out_dir: Path, rows: list[dict], cmd: str, stem: str = "fusion_kernels
             lines.append(f"| dwconv_glu_rows (CUDA graph, us a call) | {r['shape']} | "
                          f"{sum(t['equal'] for t in r['tiles'])} of {len(r['tiles'])} tiles (against cuDNN + GLU) "
                          f"| best {b['us'] if b else '-'} (tile {b['tile'] if b else '-'}), default "
-                         f"{default['us'] if default else '-'} | {r['cudnn_plus_glu_graph_us']} |")
+                         f"{default['us'] if default else '-'}; {_best_by_prefetch(r['tiles'])} "
+                         f"| {r['cudnn_plus_glu_graph_us']} |")
         else:
             b = r["best"]
             lines.append(f"| dwconv_glu | {r['shape']} | {'all' if all(t['equal'] for t in r['tiles']) else 'some'} "

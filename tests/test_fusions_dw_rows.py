@@ -43,8 +43,9 @@ _INTERPRETED = textwrap.dedent("""
 
     gen = torch.Generator().manual_seed(0)
     bad = []
-    for (B, Hc, H, W), tile in [((2, 24, 5, 7), (2, 8, 16, 4)), ((1, 16, 9, 20), (4, 16, 16, 4)),
-                                ((2, 40, 6, 3), (8, 32, 32, 4)), ((1, 8, 1, 1), (8, 32, 32, 4))]:
+    for (B, Hc, H, W), tile in [((2, 24, 5, 7), (2, 8, 16, 4, True)), ((1, 16, 9, 20), (4, 16, 16, 4, True)),
+                                ((2, 40, 6, 3), (8, 32, 32, 4, True)), ((1, 8, 1, 1), (8, 32, 32, 4, True)),
+                                ((2, 24, 5, 7), (2, 8, 16, 4, False)), ((1, 16, 9, 20), (4, 16, 16, 4))]:
         x = (torch.randn(B, H, W, 2 * Hc, generator=gen) * 2).half().permute(0, 3, 1, 2)
         w = (torch.randn(2 * Hc, 1, 3, 3, generator=gen) * 0.5).half()
         b = torch.randn(2 * Hc, generator=gen).half()

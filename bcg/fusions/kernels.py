@@ -348,17 +348,27 @@ def _row3(x_ptr, pix, x, rin, W, C2, ch, jm):
 
 
 @triton.jit
-def _taps3t(acc, left, c, right, wt_ptr, ch, jm, C2, KY: tl.constexpr):
-    """_taps3 with the weight laid out [9, C]: each tap's channels contiguous (vector loads; [C, 9]
-    made them one 2-byte load per channel, 144 a row step at 32 channels, measured in the PTX)."""
-    acc = acc + left * tl.load(wt_ptr + (KY * 3) * C2 + ch, mask=jm, other=0.0).to(tl.float32)[None, :]
-    acc = acc + c * tl.load(wt_ptr + (KY * 3 + 1) * C2 + ch, mask=jm, other=0.0).to(tl.float32)[None, :]
-    return acc + right * tl.load(wt_ptr + (KY * 3 + 2) * C2 + ch, mask=jm, other=0.0).to(tl.float32)[None, :]
+def _w3(wt_ptr, ch, jm, C2, KY: tl.constexpr):
+    """Kernel row KY's three taps for channels ch, from the weight laid out [9, C] (each tap's channels
+    contiguous: vector loads), as [1, BC] fp32 each. Loaded once a program, before the row walk: in
+    the walk they were 18 loads a row step on the loop's critical path."""
+    wl = tl.load(wt_ptr + (KY * 3) * C2 + ch, mask=jm, other=0.0).to(tl.float32)[None, :]
+    wc = tl.load(wt_ptr + (KY * 3 + 1) * C2 + ch, mask=jm, other=0.0).to(tl.float32)[None, :]
+    wr = tl.load(wt_ptr + (KY * 3 + 2) * C2 + ch, mask=jm, other=0.0).to(tl.float32)[None, :]
+    return wl, wc, wr
+
+
+@triton.jit
+def _taps3w(acc, left, c, right, wl, wc, wr):
+    """acc + the three taps of one kernel row, added left to right (one rounding each: no FMA, OPTS)."""
+    acc = acc + left * wl
+    acc = acc + c * wc
+    return acc + right * wr
 
 
 @triton.jit
 def _dw_glu_rows_kernel(x_ptr, w_ptr, b_ptr, o_ptr, H, W, Hc, NWB, ROWS: tl.constexpr, BW: tl.constexpr,
-                        BC: tl.constexpr):
+                        BC: tl.constexpr, PREFETCH: tl.constexpr):
     # x: [B, 2Hc, H, W] channels-last; w: the depthwise weight as [9, 2Hc] (tap-major); b: [2Hc];
     # o: [B, Hc, H, W] channels-last
     b = tl.program_id(2).to(tl.int64)
@@ -369,17 +379,36 @@ def _dw_glu_rows_kernel(x_ptr, w_ptr, b_ptr, o_ptr, H, W, Hc, NWB, ROWS: tl.cons
     C2 = 2 * Hc
     bx = tl.load(b_ptr + j, mask=jm, other=0.0).to(tl.float32)[None, :]
     bg = tl.load(b_ptr + j + Hc, mask=jm, other=0.0).to(tl.float32)[None, :]
+    x0l, x0c, x0r = _w3(w_ptr, j, jm, C2, 0)  # the value half's taps, kernel rows 0..2
+    x1l, x1c, x1r = _w3(w_ptr, j, jm, C2, 1)
+    x2l, x2c, x2r = _w3(w_ptr, j, jm, C2, 2)
+    g0l, g0c, g0r = _w3(w_ptr, j + Hc, jm, C2, 0)  # the gate half's
+    g1l, g1c, g1r = _w3(w_ptr, j + Hc, jm, C2, 1)
+    g2l, g2c, g2r = _w3(w_ptr, j + Hc, jm, C2, 2)
     zero = tl.zeros((BW, BC), dtype=tl.float32)
     ax0, ag0, ax1, ag1 = zero, zero, zero, zero  # output rows r-1 and r (value, gate halves)
+    # With PREFETCH the next input row's six loads are issued before this row's arithmetic, so their
+    # latency hides behind it; without, each step waits for its own loads. The sums are the same.
+    rv = x * 0 + (y0 - 1)  # the row as a vector (module comment: the interpreter's masks)
+    pix = (b * H + y0 - 1) * W  # int64: the row's first pixel
+    rin = (rv >= 0) & (rv < H)
+    nlx, ncx, nrx = _row3(x_ptr, pix, x, rin, W, C2, j, jm)
+    nlg, ncg, nrg = _row3(x_ptr, pix, x, rin, W, C2, j + Hc, jm)
     for t in range(ROWS + 2):
         r = y0 - 1 + t
-        rv = x * 0 + r  # the row as a vector (module comment: the interpreter's masks)
-        rin = (rv >= 0) & (rv < H)
-        pix = (b * H + r) * W  # int64: the row's first pixel
-        lx, cx, rx = _row3(x_ptr, pix, x, rin, W, C2, j, jm)
-        lg, cg, rg = _row3(x_ptr, pix, x, rin, W, C2, j + Hc, jm)
-        ax0 = _taps3t(ax0, lx, cx, rx, w_ptr, j, jm, C2, 2)
-        ag0 = _taps3t(ag0, lg, cg, rg, w_ptr, j + Hc, jm, C2, 2)
+        rv = x * 0 + r
+        pix = (b * H + r) * W
+        if PREFETCH:
+            lx, cx, rx, lg, cg, rg = nlx, ncx, nrx, nlg, ncg, nrg
+            nin = (rv + 1 >= 0) & (rv + 1 < H) & (rv + 1 <= y0 + ROWS)  # the next step's row, if any
+            nlx, ncx, nrx = _row3(x_ptr, pix + W, x, nin, W, C2, j, jm)
+            nlg, ncg, nrg = _row3(x_ptr, pix + W, x, nin, W, C2, j + Hc, jm)
+        else:
+            rin = (rv >= 0) & (rv < H)
+            lx, cx, rx = _row3(x_ptr, pix, x, rin, W, C2, j, jm)
+            lg, cg, rg = _row3(x_ptr, pix, x, rin, W, C2, j + Hc, jm)
+        ax0 = _taps3w(ax0, lx, cx, rx, x2l, x2c, x2r)
+        ag0 = _taps3w(ag0, lg, cg, rg, g2l, g2c, g2r)
         # output row r-1 is complete: cuDNN stores the conv, aten adds the bias, then the GLU
         om = (rv - 1 >= y0) & (rv - 1 < H) & (x < W)  # no output row in the first step
         xb = _r(_r(ax0, o_ptr) + bx, o_ptr)
@@ -387,33 +416,37 @@ def _dw_glu_rows_kernel(x_ptr, w_ptr, b_ptr, o_ptr, H, W, Hc, NWB, ROWS: tl.cons
         out = (xb * _r(_silu(gb), o_ptr)).to(o_ptr.dtype.element_ty)
         dst = (pix - W + x)[:, None] * Hc + j[None, :]
         tl.store(o_ptr + dst, out, mask=om[:, None] & jm[None, :])
-        ax0 = _taps3t(ax1, lx, cx, rx, w_ptr, j, jm, C2, 1)
-        ag0 = _taps3t(ag1, lg, cg, rg, w_ptr, j + Hc, jm, C2, 1)
-        ax1 = _taps3t(zero, lx, cx, rx, w_ptr, j, jm, C2, 0)
-        ag1 = _taps3t(zero, lg, cg, rg, w_ptr, j + Hc, jm, C2, 0)
+        ax0 = _taps3w(ax1, lx, cx, rx, x1l, x1c, x1r)
+        ag0 = _taps3w(ag1, lg, cg, rg, g1l, g1c, g1r)
+        ax1 = _taps3w(zero, lx, cx, rx, x0l, x0c, x0r)
+        ag1 = _taps3w(zero, lg, cg, rg, g0l, g0c, g0r)
 
 
-DW_ROWS_TILE = (8, 32, 32, 4)
-"""rows, columns (at most: a narrower grid takes the next power of 2), channels, warps. Session 39's guess;
-the sweep (bench_fusion_kernels.py --only dw_rows, session 40) found (16, 16, 32, 4) best at batch 1 and
-(32, 16, 32, 4) at batches 4 and 8 on the H200. The kernel is off by default (sana.ONE_PASS_DWCONV_MAX_PIXELS)."""
+DW_ROWS_TILE = (8, 32, 32, 4, True)
+"""rows, columns (at most: a narrower grid takes the next power of 2), channels, warps, prefetch the
+next row. Session 39's guess; the sweep (bench_fusion_kernels.py --only dw_rows, session 40) found
+(16, 16, 32, 4) best at batch 1 and (32, 16, 32, 4) at batches 4 and 8 on the H200, before the taps
+were hoisted out of the walk and the next row prefetched (session 41). The kernel is off by default
+(sana.ONE_PASS_DWCONV_MAX_PIXELS)."""
 
 
 def dwconv_glu_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
-                    tile: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+                    tile: tuple | None = None) -> torch.Tensor:
     """dwconv_glu(x, weight, bias, col_major=False)'s bits, walking rows: GLU(depthwise_conv3x3(x) +
-    bias) for channels-last x [B, 2H, h, w] -> [B, H, h, w]. `tile` changes speed only."""
+    bias) for channels-last x [B, 2H, h, w] -> [B, H, h, w]. `tile` (rows, columns, channels, warps[,
+    prefetch]) changes speed only."""
     _check(x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last), "x must be channels-last")
     B, C2, Hh, Ww = x.shape
     _check(weight.shape == (C2, 1, 3, 3) and weight.is_contiguous() and C2 % 2 == 0, "a 3x3 depthwise weight")
     _check(bias is not None and bias.shape == (C2,) and x.dtype == weight.dtype == bias.dtype, "bias, one dtype")
     out = torch.empty((B, C2 // 2, Hh, Ww), dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
-    rows, cols, bc, warps = tile or DW_ROWS_TILE
+    rows, cols, bc, warps, *rest = tile or DW_ROWS_TILE
+    prefetch = bool(rest[0]) if rest else True
     bw = min(cols, triton.next_power_of_2(Ww))
     nwb = triton.cdiv(Ww, bw)
     grid = (triton.cdiv(Hh, rows) * nwb, triton.cdiv(C2 // 2, bc), B)
     taps = weight.view(C2, 9).t().contiguous()  # [9, C2]: 200 KB at SANA-1.6B, a small copy a call
-    _dw_glu_rows_kernel[grid](x, taps, bias, out, Hh, Ww, C2 // 2, nwb, ROWS=rows, BW=bw, BC=bc,
+    _dw_glu_rows_kernel[grid](x, taps, bias, out, Hh, Ww, C2 // 2, nwb, ROWS=rows, BW=bw, BC=bc, PREFETCH=prefetch,
                               num_warps=warps, **OPTS)
     return out
 
@@ -428,52 +461,68 @@ def dwconv_glu_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
 # row order sums every output's 9 taps row-major, cuDNN's order (DWCONV_GLU_ROWS, verified).
 # The depthwise conv zero-pads the ACTIVATION: out-of-grid taps are 0, not silu(bias).
 @triton.jit
-def _act(y_ptr, offs, m, bias):
-    """silu(y + bias) as eager stores it: the bias add rounded, then SiLU rounded; 0 outside m."""
-    v = tl.load(y_ptr + offs, mask=m, other=0.0).to(tl.float32)
-    return tl.where(m, _r(_silu(_r(v + bias, y_ptr)), y_ptr), 0.0)
+def _act(v, m, bias, like_ptr):
+    """silu(v + bias) as eager stores it, for v loaded raw: the bias add rounded, then SiLU rounded;
+    0 outside m (the conv's padding)."""
+    return tl.where(m, _r(_silu(_r(v.to(tl.float32) + bias, like_ptr)), like_ptr), 0.0)
 
 
 @triton.jit
-def _act_row(y_ptr, b_ptr, row, rin, x, xm, W, C2, ch, jm, x0, SHIFT_DOT: tl.constexpr, BW: tl.constexpr):
-    """The activated input row `row` at columns x-1, x, x+1 ([BW, BC] each, fp32)."""
-    bias = tl.load(b_ptr + ch, mask=jm, other=0.0).to(tl.float32)
-    pix = row * W  # int64: first pixel of the row
+def _halo(jm, rinc, ch, x0, W, BW: tl.constexpr, RIGHT: tl.constexpr):
+    """[BC]: where the tile's left (column x0 - 1) or right (x0 + BW) halo column has pixels."""
+    col = ch * 0 + (x0 + BW if RIGHT else x0 - 1)
+    return jm & rinc & (col >= 0) & (col < W)
+
+
+@triton.jit
+def _raw_row(y_ptr, pix, rin, rinc, x, xm, W, C2, ch, jm, x0, SHIFT_DOT: tl.constexpr, BW: tl.constexpr):
+    """The raw input row whose first pixel is `pix`, as loaded (0 where masked): with SHIFT_DOT the
+    row ([BW, BC]) and its tile's two halo columns ([BC] each), else the row at columns x-1, x, x+1.
+    `rin` and `rinc` are the row-in-grid test as [BW] and [BC] vectors (Triton 3.9's interpreter
+    cannot combine a scalar mask with a vector one)."""
+    if SHIFT_DOT:
+        c = tl.load(y_ptr + (pix + x)[:, None] * C2 + ch[None, :], mask=(rin & xm)[:, None] & jm[None, :], other=0.0)
+        hl = tl.load(y_ptr + (pix + x0 - 1) * C2 + ch, mask=_halo(jm, rinc, ch, x0, W, BW, 0), other=0.0)
+        hr = tl.load(y_ptr + (pix + x0 + BW) * C2 + ch, mask=_halo(jm, rinc, ch, x0, W, BW, 1), other=0.0)
+        return hl, c, hr
+    else:
+        left = tl.load(y_ptr + (pix + x - 1)[:, None] * C2 + ch[None, :],
+                       mask=(rin & (x >= 1) & (x - 1 < W))[:, None] & jm[None, :], other=0.0)
+        c = tl.load(y_ptr + (pix + x)[:, None] * C2 + ch[None, :], mask=(rin & xm)[:, None] & jm[None, :], other=0.0)
+        right = tl.load(y_ptr + (pix + x + 1)[:, None] * C2 + ch[None, :],
+                        mask=(rin & (x + 1 < W))[:, None] & jm[None, :], other=0.0)
+        return left, c, right
+
+
+@triton.jit
+def _act_row(raw_l, raw_c, raw_r, bias, rin, rinc, x, xm, W, ch, jm, x0, like_ptr, SHIFT_DOT: tl.constexpr,
+             BW: tl.constexpr):
+    """The activated row at columns x-1, x, x+1 ([BW, BC] each, fp32) from _raw_row's loads."""
     if SHIFT_DOT:
         # activate the row once and shift it by one column with 0/1 matrices on the tensor cores:
         # one product per output is nonzero, so the dot is exact (for finite activations)
-        c = _act(y_ptr, (pix + x)[:, None] * C2 + ch[None, :], (rin & xm)[:, None] & jm[None, :], bias[None, :])
+        c = _act(raw_c, (rin & xm)[:, None] & jm[None, :], bias[None, :], like_ptr)
         i = tl.arange(0, BW)
-        cl = c.to(y_ptr.dtype.element_ty)
-        left = tl.dot((i[None, :] == i[:, None] - 1).to(y_ptr.dtype.element_ty), cl)
-        right = tl.dot((i[None, :] == i[:, None] + 1).to(y_ptr.dtype.element_ty), cl)
+        cl = c.to(like_ptr.dtype.element_ty)
+        left = tl.dot((i[None, :] == i[:, None] - 1).to(like_ptr.dtype.element_ty), cl)
+        right = tl.dot((i[None, :] == i[:, None] + 1).to(like_ptr.dtype.element_ty), cl)
         # the tile's two halo columns (0 outside the grid)
-        hl = _act(y_ptr, (pix + x0 - 1) * C2 + ch, rin & (x0 > 0) & jm, bias)
-        hr = _act(y_ptr, (pix + x0 + BW) * C2 + ch, rin & (x0 + BW < W) & jm, bias)
+        hl = _act(raw_l, _halo(jm, rinc, ch, x0, W, BW, 0), bias, like_ptr)
+        hr = _act(raw_r, _halo(jm, rinc, ch, x0, W, BW, 1), bias, like_ptr)
         left = tl.where((i == 0)[:, None], hl[None, :], left)
         right = tl.where((i == BW - 1)[:, None], hr[None, :], right)
-    else:  # load the three shifted rows and activate each (3x the SiLU work, no tensor cores)
-        ml = rin & (x >= 1) & (x - 1 < W)
-        mr = rin & (x + 1 < W)
-        left = _act(y_ptr, (pix + x - 1)[:, None] * C2 + ch[None, :], ml[:, None] & jm[None, :], bias[None, :])
-        c = _act(y_ptr, (pix + x)[:, None] * C2 + ch[None, :], (rin & xm)[:, None] & jm[None, :], bias[None, :])
-        right = _act(y_ptr, (pix + x + 1)[:, None] * C2 + ch[None, :], mr[:, None] & jm[None, :], bias[None, :])
+    else:  # the three shifted rows, each activated (3x the SiLU work, no tensor cores)
+        left = _act(raw_l, (rin & (x >= 1) & (x - 1 < W))[:, None] & jm[None, :], bias[None, :], like_ptr)
+        c = _act(raw_c, (rin & xm)[:, None] & jm[None, :], bias[None, :], like_ptr)
+        right = _act(raw_r, (rin & (x + 1 < W))[:, None] & jm[None, :], bias[None, :], like_ptr)
     return left, c, right
 
 
 @triton.jit
-def _taps3(acc, left, c, right, w_ptr, ch, jm, KY: tl.constexpr):
-    """acc + the three taps of kernel row KY, added left to right (one rounding each)."""
-    acc = acc + left * tl.load(w_ptr + ch * 9 + KY * 3, mask=jm, other=0.0).to(tl.float32)[None, :]
-    acc = acc + c * tl.load(w_ptr + ch * 9 + KY * 3 + 1, mask=jm, other=0.0).to(tl.float32)[None, :]
-    return acc + right * tl.load(w_ptr + ch * 9 + KY * 3 + 2, mask=jm, other=0.0).to(tl.float32)[None, :]
-
-
-@triton.jit
 def _silu_dw_glu_kernel(y_ptr, bi_ptr, w_ptr, bd_ptr, o_ptr, H, W, Hc, NWB, ROWS: tl.constexpr,
-                        BW: tl.constexpr, BC: tl.constexpr, SHIFT_DOT: tl.constexpr):
+                        BW: tl.constexpr, BC: tl.constexpr, SHIFT_DOT: tl.constexpr, PREFETCH: tl.constexpr):
     # y: raw conv_inverted output [B, 2Hc, H, W] channels-last; bi: its bias [2Hc]
-    # w: depthwise [2Hc, 1, 3, 3]; bd: its bias [2Hc]; o: [B, Hc, H, W] channels-last
+    # w: the depthwise weight as [9, 2Hc] (tap-major); bd: its bias [2Hc]; o: [B, Hc, H, W] channels-last
     b = tl.program_id(2).to(tl.int64)
     y0 = (tl.program_id(0) // NWB) * ROWS
     x0 = (tl.program_id(0) % NWB) * BW
@@ -484,33 +533,62 @@ def _silu_dw_glu_kernel(y_ptr, bi_ptr, w_ptr, bd_ptr, o_ptr, H, W, Hc, NWB, ROWS
     C2 = 2 * Hc
     bx = tl.load(bd_ptr + j, mask=jm, other=0.0).to(tl.float32)[None, :]
     bg = tl.load(bd_ptr + j + Hc, mask=jm, other=0.0).to(tl.float32)[None, :]
+    ix = tl.load(bi_ptr + j, mask=jm, other=0.0).to(tl.float32)  # conv_inverted's bias, value half
+    ig = tl.load(bi_ptr + j + Hc, mask=jm, other=0.0).to(tl.float32)
+    x0l, x0c, x0r = _w3(w_ptr, j, jm, C2, 0)  # the value half's taps, kernel rows 0..2
+    x1l, x1c, x1r = _w3(w_ptr, j, jm, C2, 1)
+    x2l, x2c, x2r = _w3(w_ptr, j, jm, C2, 2)
+    g0l, g0c, g0r = _w3(w_ptr, j + Hc, jm, C2, 0)  # the gate half's
+    g1l, g1c, g1r = _w3(w_ptr, j + Hc, jm, C2, 1)
+    g2l, g2c, g2r = _w3(w_ptr, j + Hc, jm, C2, 2)
     zero = tl.zeros((BW, BC), dtype=tl.float32)
     ax0, ag0, ax1, ag1 = zero, zero, zero, zero  # output rows r-1 and r (value, gate halves)
+    # With PREFETCH the next input row's raw loads are issued before this row's arithmetic (the
+    # activation, the taps, the GLU), so their latency hides behind it. The sums are the same.
+    rv = x * 0 + (y0 - 1)
+    pix = (b * H + y0 - 1) * W  # int64: the row's first pixel
+    rin = (rv >= 0) & (rv < H)
+    rinc = (j * 0 + y0 - 1 >= 0) & (j * 0 + y0 - 1 < H)
+    nxl, nxc, nxr = _raw_row(y_ptr, pix, rin, rinc, x, xm, W, C2, j, jm, x0, SHIFT_DOT, BW)
+    ngl, ngc, ngr = _raw_row(y_ptr, pix, rin, rinc, x, xm, W, C2, j + Hc, jm, x0, SHIFT_DOT, BW)
     for t in range(ROWS + 2):
         r = y0 - 1 + t
-        rin = (r >= 0) & (r < H)
-        row = b * H + r
-        lx, cx, rx = _act_row(y_ptr, bi_ptr, row, rin, x, xm, W, C2, j, jm, x0, SHIFT_DOT, BW)
-        lg, cg, rg = _act_row(y_ptr, bi_ptr, row, rin, x, xm, W, C2, j + Hc, jm, x0, SHIFT_DOT, BW)
-        ax0 = _taps3(ax0, lx, cx, rx, w_ptr, j, jm, 2)
-        ag0 = _taps3(ag0, lg, cg, rg, w_ptr, j + Hc, jm, 2)
+        rv = x * 0 + r
+        rin = (rv >= 0) & (rv < H)
+        rc = j * 0 + r
+        rinc = (rc >= 0) & (rc < H)
+        pix = (b * H + r) * W
+        if PREFETCH:
+            pxl, pxc, pxr, pgl, pgc, pgr = nxl, nxc, nxr, ngl, ngc, ngr
+            nin = (rv + 1 >= 0) & (rv + 1 < H) & (rv + 1 <= y0 + ROWS)  # the next step's row, if any
+            ninc = (rc + 1 >= 0) & (rc + 1 < H) & (rc + 1 <= y0 + ROWS)
+            nxl, nxc, nxr = _raw_row(y_ptr, pix + W, nin, ninc, x, xm, W, C2, j, jm, x0, SHIFT_DOT, BW)
+            ngl, ngc, ngr = _raw_row(y_ptr, pix + W, nin, ninc, x, xm, W, C2, j + Hc, jm, x0, SHIFT_DOT, BW)
+        else:
+            pxl, pxc, pxr = _raw_row(y_ptr, pix, rin, rinc, x, xm, W, C2, j, jm, x0, SHIFT_DOT, BW)
+            pgl, pgc, pgr = _raw_row(y_ptr, pix, rin, rinc, x, xm, W, C2, j + Hc, jm, x0, SHIFT_DOT, BW)
+        lx, cx, rx = _act_row(pxl, pxc, pxr, ix, rin, rinc, x, xm, W, j, jm, x0, y_ptr, SHIFT_DOT, BW)
+        lg, cg, rg = _act_row(pgl, pgc, pgr, ig, rin, rinc, x, xm, W, j + Hc, jm, x0, y_ptr, SHIFT_DOT, BW)
+        ax0 = _taps3w(ax0, lx, cx, rx, x2l, x2c, x2r)
+        ag0 = _taps3w(ag0, lg, cg, rg, g2l, g2c, g2r)
         # output row r-1 is complete: cuDNN stores the conv, aten adds the bias, then the GLU
-        om = (r - 1 >= y0) & (r - 1 < H)  # no output row in the first two steps
+        om = (rv - 1 >= y0) & (rv - 1 < H) & xm  # no output row in the first step
         xb = _r(_r(ax0, o_ptr) + bx, o_ptr)
         gb = _r(_r(ag0, o_ptr) + bg, o_ptr)
         out = (xb * _r(_silu(gb), o_ptr)).to(o_ptr.dtype.element_ty)
-        dst = ((row - 1) * W + x)[:, None] * Hc + j[None, :]
-        tl.store(o_ptr + dst, out, mask=(om & xm)[:, None] & jm[None, :])
-        ax0 = _taps3(ax1, lx, cx, rx, w_ptr, j, jm, 1)
-        ag0 = _taps3(ag1, lg, cg, rg, w_ptr, j + Hc, jm, 1)
-        ax1 = _taps3(zero, lx, cx, rx, w_ptr, j, jm, 0)
-        ag1 = _taps3(zero, lg, cg, rg, w_ptr, j + Hc, jm, 0)
+        dst = (pix - W + x)[:, None] * Hc + j[None, :]
+        tl.store(o_ptr + dst, out, mask=om[:, None] & jm[None, :])
+        ax0 = _taps3w(ax1, lx, cx, rx, x1l, x1c, x1r)
+        ag0 = _taps3w(ag1, lg, cg, rg, g1l, g1c, g1r)
+        ax1 = _taps3w(zero, lx, cx, rx, x0l, x0c, x0r)
+        ag1 = _taps3w(zero, lg, cg, rg, g0l, g0c, g0r)
 
 
-SILU_DW_TILE = (8, 16, 32, 4, True)
+SILU_DW_TILE = (8, 16, 32, 4, True, True)
 """rows, columns (at most: a narrower grid takes the next power of 2, 16 or more), channels, warps,
-shift by dot. The H200 sweep's best at SANA-1.6B's 32x32 (207 us a call, kernel alone) and within
-4% of the best at 16x16 (benchmarks/results/fusion_kernels_silu_dw_h200.md); still slower than
+shift by dot, prefetch the next row (session 41: the taps hoisted out of the walk and the next row's
+loads issued early; the sweep below was before it). The H200 sweep's best at SANA-1.6B's 32x32 (207 us
+a call, kernel alone) and within 4% of the best at 16x16 (benchmarks/results/fusion_kernels_silu_dw_h200.md); still slower than
 cuDNN's pair, so bcg/fusions/sana.py leaves the op off by default."""
 
 
@@ -526,10 +604,12 @@ def silu_dwconv_glu(y: torch.Tensor, b_inv: torch.Tensor, w_dw: torch.Tensor, b_
     _check(all(t is not None and t.shape == (C2,) and t.is_contiguous() for t in (b_inv, b_dw)), "both biases [C]")
     _check(y.dtype == b_inv.dtype == w_dw.dtype == b_dw.dtype, "one dtype")
     out = torch.empty((B, C2 // 2, Hh, Ww), dtype=y.dtype, device=y.device, memory_format=torch.channels_last)
-    rows, cols, bc, warps, dot = tile or SILU_DW_TILE
+    rows, cols, bc, warps, dot, *rest = tile or SILU_DW_TILE
+    prefetch = bool(rest[0]) if rest else True
     bw = min(cols, max(16, triton.next_power_of_2(Ww)))  # tl.dot wants 16 or more
     nwb = triton.cdiv(Ww, bw)
     grid = (triton.cdiv(Hh, rows) * nwb, triton.cdiv(C2 // 2, bc), B)
-    _silu_dw_glu_kernel[grid](y, b_inv, w_dw, b_dw, out, Hh, Ww, C2 // 2, nwb, ROWS=rows, BW=bw, BC=bc,
-                              SHIFT_DOT=bool(dot), num_warps=warps, **OPTS)
+    taps = w_dw.view(C2, 9).t().contiguous()  # [9, C2]: each tap's channels contiguous (vector loads)
+    _silu_dw_glu_kernel[grid](y, b_inv, taps, b_dw, out, Hh, Ww, C2 // 2, nwb, ROWS=rows, BW=bw, BC=bc,
+                              SHIFT_DOT=bool(dot), PREFETCH=prefetch, num_warps=warps, **OPTS)
     return out
