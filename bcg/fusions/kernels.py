@@ -588,8 +588,8 @@ SILU_DW_TILE = (8, 16, 32, 4, True, True)
 """rows, columns (at most: a narrower grid takes the next power of 2, 16 or more), channels, warps,
 shift by dot, prefetch the next row (session 41: the taps hoisted out of the walk and the next row's
 loads issued early; the sweep below was before it). The H200 sweep's best at SANA-1.6B's 32x32 (207 us
-a call, kernel alone) and within 4% of the best at 16x16 (benchmarks/results/fusion_kernels_silu_dw_h200.md); still slower than
-cuDNN's pair, so bcg/fusions/sana.py leaves the op off by default."""
+a call, kernel alone) and within 4% of the best at 16x16 (benchmarks/results/fusion_kernels_silu_dw_h200.md);
+still slower than cuDNN's pair, so bcg/fusions/sana.py leaves the op off by default."""
 
 
 def silu_dwconv_glu(y: torch.Tensor, b_inv: torch.Tensor, w_dw: torch.Tensor, b_dw: torch.Tensor,
