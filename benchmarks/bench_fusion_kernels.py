@@ -184,7 +184,7 @@ def dw_walk_rows() -> list[dict]:
     for name, x, w, bias, pair in dw_cases():
         want = pair()
         walk = {"kernel": "dwconv_glu_rows", "shape": name, "cudnn_plus_glu_graph_us": graph_timed(pair),
-                "default_tile": list(kernels.DW_ROWS_TILE), "tiles": []}
+                "default_tile": list(kernels.dw_rows_tile(x.shape[2])), "tiles": []}
         sweep(walk, ROWS_TILES, lambda tile: kernels.dwconv_glu_rows(x, w, bias, tile), want, graph_timed)
         out.append(walk)
         print(json.dumps({k: v for k, v in walk.items() if k != "tiles"}), flush=True)
@@ -258,11 +258,11 @@ def silu_dw_rows() -> list[dict]:
         def eager():
             return ops.SILU_DWCONV_GLU.eager(x, conv_in, conv_dw)
 
-        def cudnn_pair():  # the default path (sana.ONE_PASS_DWCONV_MAX_PIXELS = 0)
+        def cudnn_pair():  # the path past sana.ONE_PASS_DWCONV_MAX_PIXELS (the default up to session 40)
             return ops.CONV_BIAS_GLU.fused(ops.CONV_BIAS_SILU.fused(x, conv_in), conv_dw)
 
-        def one_pass_dw():  # the path up to sana.ONE_PASS_DWCONV_MAX_PIXELS (off by default)
-            return kernels.dwconv_glu(ops.CONV_BIAS_SILU.fused(x, conv_in), w_dw, b_dw, False)
+        def one_pass_dw():  # the path up to sana.ONE_PASS_DWCONV_MAX_PIXELS (the default from session 41)
+            return kernels.dwconv_glu_rows(ops.CONV_BIAS_SILU.fused(x, conv_in), w_dw, b_dw)
 
         want = eager()
         row = {"kernel": "silu_dw", "shape": name, "rows": rows, "side": side,

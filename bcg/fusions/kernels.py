@@ -422,12 +422,13 @@ def _dw_glu_rows_kernel(x_ptr, w_ptr, b_ptr, o_ptr, H, W, Hc, NWB, ROWS: tl.cons
         ag1 = _taps3w(zero, lg, cg, rg, g0l, g0c, g0r)
 
 
-DW_ROWS_TILE = (8, 32, 32, 4, True)
-"""rows, columns (at most: a narrower grid takes the next power of 2), channels, warps, prefetch the
-next row. Session 39's guess; the sweep (bench_fusion_kernels.py --only dw_rows, session 40) found
-(16, 16, 32, 4) best at batch 1 and (32, 16, 32, 4) at batches 4 and 8 on the H200, before the taps
-were hoisted out of the walk and the next row prefetched (session 41). The kernel is off by default
-(sana.ONE_PASS_DWCONV_MAX_PIXELS)."""
+def dw_rows_tile(height: int) -> tuple[int, int, int, int, bool]:
+    """The default tile (rows, columns, channels, warps, prefetch) for a grid `height` rows tall: the
+    whole height up to 32 rows a program, 16 columns, 32 channels, 4 warps, the next row prefetched.
+    The fastest of 36 tiles at every shape of the H200 sweep (SANA-1.6B's 16x16 and 32x32 latents,
+    2 to 16 CFG rows; benchmarks/results/fusion_kernels_dw_rows_silu_dw_h200.md): 388 against 454 us
+    for cuDNN's conv + the bias/GLU kernel at 1024², batch 8, and 58 against 84 at batch 1."""
+    return min(32, triton.next_power_of_2(max(1, height))), 16, 32, 4, True
 
 
 def dwconv_glu_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
@@ -440,7 +441,7 @@ def dwconv_glu_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
     _check(weight.shape == (C2, 1, 3, 3) and weight.is_contiguous() and C2 % 2 == 0, "a 3x3 depthwise weight")
     _check(bias is not None and bias.shape == (C2,) and x.dtype == weight.dtype == bias.dtype, "bias, one dtype")
     out = torch.empty((B, C2 // 2, Hh, Ww), dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
-    rows, cols, bc, warps, *rest = tile or DW_ROWS_TILE
+    rows, cols, bc, warps, *rest = tile or dw_rows_tile(Hh)
     prefetch = bool(rest[0]) if rest else True
     bw = min(cols, triton.next_power_of_2(Ww))
     nwb = triton.cdiv(Ww, bw)

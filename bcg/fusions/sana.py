@@ -56,20 +56,18 @@ from .protocols import Attention, GLUMBConv
 from .sana_prompt import PromptState, caption_forwards, check_model
 from .verify import Verifier, chain
 
-# The one-pass depthwise conv + bias + GLU kernel (ops.DWCONV_GLU_ROWS) is bit-exact with cuDNN
-# on the H200 in bf16 and fp16 (cuDNN sums the 9 taps row-major). Timed inside CUDA graphs (no
-# Python launch overhead), cuDNN's depthwise conv + the fused bias/GLU kernel is faster at both
-# SANA-1.6B shapes: with the 1x1 conv and its bias + SiLU, 67 vs 71 us a block at 16x16 pixels
-# (batch 2) and 247 vs 277 us at 32x32 (benchmarks/results/fusion_kernels_silu_dw_h200.md). An
-# earlier per-call timing, overhead included, had favoured the one-pass kernel on small grids. That
-# kernel gathered its 9 taps from memory; DWCONV_GLU_ROWS now runs kernels.dwconv_glu_rows, which walks
-# rows and reads each input once. It loses too where the job runs (session 40, CUDA graphs, best of 24
-# tiles, bits equal in all): 499 vs 455 us at 1024², batch 8, and 263 vs 232 at batch 4; it wins only at
-# batch 1 (75 vs 85 us at 1024², 22 vs 23 at 512²), but not at 512², batch 4 (74 vs 67) with as many
-# pixels (benchmarks/results/fusion_kernels_dw_rows_h200.md). At 499 us it moves 550 MB at 1.1 TB/s, a
-# third of what the memory allows: the kernel, not the idea, is short. It runs for calls of at most this
-# many pixels (batch x height x width): none by default.
-ONE_PASS_DWCONV_MAX_PIXELS = 0
+# The one-pass depthwise conv + bias + GLU kernel (ops.DWCONV_GLU_ROWS, kernels.dwconv_glu_rows) is
+# bit-exact with cuDNN's conv + the bias/GLU kernel on the H200 in bf16 and fp16 (cuDNN sums the 9 taps
+# row-major; the verifier checks it on first sight of each key). It walks rows, reading each input
+# row once. Until session 40 it lost where the job runs (499 vs 455 us at 1024², batch 8): latency-bound,
+# each row step waited for its own loads and reloaded its 18 taps. With the taps hoisted out of the
+# walk and the next row's loads issued before this row's arithmetic (session 41), it is the faster at
+# every shape of the H200 sweep, CUDA-graph replays, bits equal in all 36 tiles: 388 vs 454 us at
+# 1024², batch 8 (16 CFG rows of 32x32 pixels), 205 vs 231 at batch 4, 58 vs 84 at batch 1, 58 vs 66 at
+# 512², batch 4, 17 vs 23 at batch 1 (benchmarks/results/fusion_kernels_dw_rows_silu_dw_h200.md). It
+# runs for calls of at most this many pixels (batch x height x width): the largest measured, 1024²
+# at batch 8; larger calls (2048², or bigger batches) keep cuDNN's pair until they are measured.
+ONE_PASS_DWCONV_MAX_PIXELS = 16 * 32 * 32
 
 # The one-pass bias + SiLU + depthwise conv + bias + GLU from the raw 1x1 conv output
 # (ops.SILU_DWCONV_GLU) is bit-exact on the H200 (18 of 18 tiles at both shapes) but slower than
