@@ -33,6 +33,8 @@ every mode is done before run i+1 of any mode of that lane. The model folder is 
 (`--build`, bench_job_realsize.py build) and read once before the first run (page cache warm).
 Triton and Inductor caches: --cache warm (default) shares them between the runs of a mode (run 1
 compiles cold, the rest reuse: the median is a warm run), --cache cold gives each run empty ones.
+--warmup N first runs each job and compiled mode once on N prompts in that shared cache, untimed, so
+that run 1 is warm too (with --resume over device calls: the cache is --work's).
 A run that would end past --budget-s (estimated from the mode's last run) is skipped and said so.
 --pyspy DIR runs every run under py-spy (idle frames and every thread; --pyspy-format speedscope keeps
 the samples in time order) and copies the job's own log beside it: read them with pyspy_tree.py.
@@ -449,6 +451,38 @@ def one_run(a, mode: str, prompts: int, data: Path, gpu, i: int, results: Result
           flush=True)
 
 
+def warm_up(a, gpu) -> dict:
+    """--warmup N: each mode once on N prompts in --work's shared cache, untimed and not a result, before
+    the timed runs: on a fresh machine a job's first run compiles every fused kernel and verifies it on
+    first sight (a 1,000-prompt run's first batch came 10 s later, session 41's `_s41cold`), and a compiled
+    loop's first run compiles. The plain eager loop has nothing to warm. Unprofiled: --trace, --gc and
+    --pyspy are for the timed runs. Returns each mode's wall seconds, or its error."""
+    data = write_prompts(a.work / f"prompts_warmup_{a.warmup}.jsonl", a.warmup)
+    plain = argparse.Namespace(**{**vars(a), "trace": None, "gc": False})
+    env = child_env(gpu, a.work / "cache")
+    spy = os.environ.pop("BENCH_PYSPY_DIR", None)  # read by timed(); no lane runs yet
+    done: dict = {}
+    try:
+        for mode in a.mode_order:
+            if re.fullmatch(r"plain(\d+|-picked)", mode):
+                continue
+            log = a.work / f"warmup-{mode}.log"
+            try:
+                if mode.startswith("plain"):
+                    batch = int(re.fullmatch(r"plain(\d+)-compile", mode).group(1))
+                    run = run_plain(plain, batch, True, data, env, log)
+                else:
+                    run = run_job(plain, mode, data, a.work / f"out-warmup-{mode}", env, log)
+                done[mode] = round(run["wall_s"], 1)
+            except (RuntimeError, AttributeError) as e:  # the timed runs will say it again, as a row
+                done[mode] = f"error: {str(e).splitlines()[0][:200]}"
+            print(f"[gpu {gpu}] warm-up {mode}, {a.warmup} prompts: {done[mode]}", flush=True)
+    finally:
+        if spy is not None:
+            os.environ["BENCH_PYSPY_DIR"] = spy
+    return done
+
+
 def lane(a, modes: list, gpu, results: Results, t_start: float, bcg_done: threading.Event) -> None:
     modes = sorted(modes, key=lambda m: m != "bcg")  # plain-picked may wait for bcg's first run: never in its own lane
     last: dict = {key: runs[-1]["wall_s"] for key, runs in results.runs.items()}  # an earlier call's (--resume)
@@ -568,6 +602,10 @@ def main() -> None:
     p.add_argument("--tag", default=None, help="result file job_wall_<tag> (default: the GPU, e.g. h200; "
                                                "job_wall_flux_<tag> for --family flux)")
     p.add_argument("--out", default="benchmarks/results")
+    p.add_argument("--warmup", type=int, default=0, metavar="N",
+                   help="first run each job and compiled mode once on N prompts, untimed, in --work's cache "
+                        "(Triton, Inductor, the fused kernels' verdicts): a fresh machine's first run is a "
+                        "cold one. Needs --cache warm")
     p.add_argument("--resume", action="store_true",
                    help="keep --work (its output folders and caches) and the runs already in --out's JSON of this tag; "
                         "run only the runs missing up to --runs (a benchmark spread over several device calls)")
@@ -598,6 +636,9 @@ def main() -> None:
         if not (m in JOB_MODES or m == "bcg" or re.fullmatch(r"plain(\d+|-picked)(-compile)?", m)):
             raise SystemExit(f"--modes: unknown mode {m!r}; use bcg, {', '.join(JOB_MODES)}, plainN, plain-picked, "
                              f"plainN-compile")
+    if a.warmup and a.cache != "warm":
+        raise SystemExit(f"--warmup {a.warmup} fills the shared cache that --cache warm gives the runs; with "
+                         "--cache cold each run starts empty: leave out --warmup")
     if not a.resume:
         shutil.rmtree(a.work, ignore_errors=True)
     a.work.mkdir(parents=True, exist_ok=True)
@@ -622,6 +663,8 @@ def main() -> None:
     if a.resume:
         meta["resumed_runs"] = results.resume(Path(a.out) / f"job_wall_{a.tag}.json")
     gpus = [None] if a.gpus == "none" else a.gpus.split(",")
+    if a.warmup:
+        meta["warmup"] = {"prompts": a.warmup, "wall_s": warm_up(a, gpus[0])}
     lanes = [a.mode_order[i::len(gpus)] for i in range(len(gpus))]
     meta["lanes"] = {str(g): modes for modes, g in zip(lanes, gpus) if modes}
     bcg_done = threading.Event()

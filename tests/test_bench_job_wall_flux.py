@@ -49,11 +49,15 @@ def test_flux_job_and_plain_flux_pipeline_loop_on_a_tiny_folder(tmp_path):
     first = {r["mode"]: r["all_runs"] for r in json.loads((out / "job_wall_flux_cpu.json").read_text())["rows"]}
     # A second call (the device lends 10 minutes a call) keeps the first call's runs and adds run 2 of bcg
     # (--once: the reference and the plain loop stay at one run, as for a real-size model), then compares the
-    # job's bytes with the first call's bcg=off output, key by key.
-    proc = subprocess.run([*cmd, "--runs", "2", "--resume", "--once", "off,plain2", "--bytes-against", "off"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    # job's bytes with the first call's bcg=off output, key by key. Its --warmup runs each job mode once on 2
+    # prompts first, untimed, in --work's cache (a fresh machine's first run compiles and verifies).
+    proc = subprocess.run([*cmd, "--runs", "2", "--resume", "--once", "off,plain2", "--bytes-against", "off",
+                           "--warmup", "2"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "bytes, bcg against off at 3 prompts: 3/3 identical" in proc.stdout
+    for mode in ("bcg", "off"):  # the eager plain loop has nothing to warm
+        warm = json.loads((tmp_path / "work" / f"out-warmup-{mode}" / "summary.json").read_text())
+        assert warm["status"] == "complete" and warm["items_written"] == 2
     # Runs at another step count are not more runs of these: refused, naming what differs.
     other = [*cmd[:cmd.index("--steps")], "--steps", "3", *cmd[cmd.index("--steps") + 2:]]
     proc = subprocess.run([*other, "--runs", "3", "--resume"], cwd=ROOT, env=env, capture_output=True, text=True,
@@ -71,6 +75,12 @@ def test_flux_job_and_plain_flux_pipeline_loop_on_a_tiny_folder(tmp_path):
     rows = {r["mode"]: r for r in result["rows"]}
     assert set(rows) == {"bcg", "off", "plain2"}
     assert result["meta"]["resumed_runs"] == 3
+    warmed = result["meta"]["warmup"]
+    assert warmed["prompts"] == 2 and set(warmed["wall_s"]) == {"bcg", "off"}
+    assert all(isinstance(s, float) and s > 0 for s in warmed["wall_s"].values()), warmed
+    proc = subprocess.run([*cmd, "--warmup", "2", "--cache", "cold"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode != 0 and "--cache cold each run starts empty: leave out --warmup" in proc.stderr
     for mode, row in rows.items():
         runs = 2 if mode == "bcg" else 1  # off and plain2 --once
         assert row["skipped"] is None and row["runs"] == runs
