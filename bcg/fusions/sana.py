@@ -66,7 +66,8 @@ from .verify import Verifier, chain
 # 1024², batch 8 (16 CFG rows of 32x32 pixels), 205 vs 231 at batch 4, 58 vs 84 at batch 1, 58 vs 66 at
 # 512², batch 4, 17 vs 23 at batch 1 (benchmarks/results/fusion_kernels_dw_rows_silu_dw_h200.md). It
 # runs for calls of at most this many pixels (batch x height x width): the largest measured, 1024²
-# at batch 8; larger calls (2048², or bigger batches) keep cuDNN's pair until they are measured.
+# at batch 8; calls of more pixels (bigger batches, 2048² past batch 2) keep cuDNN's pair until they
+# are measured. Other grids within the bound (2048² at batch 1, non-square) run it unmeasured.
 ONE_PASS_DWCONV_MAX_PIXELS = 16 * 32 * 32
 
 # The one-pass bias + SiLU + depthwise conv + bias + GLU from the raw 1x1 conv output
