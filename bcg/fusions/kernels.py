@@ -410,7 +410,7 @@ def _dw_glu_rows_kernel(x_ptr, w_ptr, b_ptr, o_ptr, H, W, Hc, NWB, ROWS: tl.cons
         ax0 = _taps3w(ax0, lx, cx, rx, x2l, x2c, x2r)
         ag0 = _taps3w(ag0, lg, cg, rg, g2l, g2c, g2r)
         # output row r-1 is complete: cuDNN stores the conv, aten adds the bias, then the GLU
-        om = (rv - 1 >= y0) & (rv - 1 < H) & (x < W)  # no output row in the first step
+        om = (rv - 1 >= y0) & (rv - 1 < H) & (x < W)  # no output row in the first two steps
         xb = _r(_r(ax0, o_ptr) + bx, o_ptr)
         gb = _r(_r(ag0, o_ptr) + bg, o_ptr)
         out = (xb * _r(_silu(gb), o_ptr)).to(o_ptr.dtype.element_ty)
@@ -573,7 +573,7 @@ def _silu_dw_glu_kernel(y_ptr, bi_ptr, w_ptr, bd_ptr, o_ptr, H, W, Hc, NWB, ROWS
         ax0 = _taps3w(ax0, lx, cx, rx, x2l, x2c, x2r)
         ag0 = _taps3w(ag0, lg, cg, rg, g2l, g2c, g2r)
         # output row r-1 is complete: cuDNN stores the conv, aten adds the bias, then the GLU
-        om = (rv - 1 >= y0) & (rv - 1 < H) & xm  # no output row in the first step
+        om = (rv - 1 >= y0) & (rv - 1 < H) & xm  # no output row in the first two steps
         xb = _r(_r(ax0, o_ptr) + bx, o_ptr)
         gb = _r(_r(ag0, o_ptr) + bg, o_ptr)
         out = (xb * _r(_silu(gb), o_ptr)).to(o_ptr.dtype.element_ty)
