@@ -467,14 +467,17 @@ def warm_up(a, gpu) -> dict:
             if re.fullmatch(r"plain(\d+|-picked)", mode):
                 continue
             log = a.work / f"warmup-{mode}.log"
+            compiled = re.fullmatch(r"plain(\d+)-compile", mode)
+            if mode.startswith("plain") and not compiled:  # plain-picked-compile: bcg's pick, not known yet
+                done[mode] = "skipped: its batch is the one bcg picks in the timed runs"
+                continue
             try:
-                if mode.startswith("plain"):
-                    batch = int(re.fullmatch(r"plain(\d+)-compile", mode).group(1))
-                    run = run_plain(plain, batch, True, data, env, log)
+                if compiled:
+                    run = run_plain(plain, int(compiled.group(1)), True, data, env, log)
                 else:
                     run = run_job(plain, mode, data, a.work / f"out-warmup-{mode}", env, log)
                 done[mode] = round(run["wall_s"], 1)
-            except (RuntimeError, AttributeError) as e:  # the timed runs will say it again, as a row
+            except RuntimeError as e:  # the timed runs will say it again, as a row
                 done[mode] = f"error: {str(e).splitlines()[0][:200]}"
             print(f"[gpu {gpu}] warm-up {mode}, {a.warmup} prompts: {done[mode]}", flush=True)
     finally:
