@@ -17,9 +17,13 @@ class Counters:
     captures: int = 0
     """Signatures captured; the capturing call's output comes from its graph, so it is neither a
     hit nor a miss."""
+    warmups: int = 0
+    """Calls run eager on their own inputs as a signature's warm-up before its capture
+    (`warmup="live"`); neither hits nor misses: the capture that follows was asked for."""
     capture_failures: int = 0
     capture_seconds: float = 0.0
-    """Warm-up plus capture, summed over captures."""
+    """Capture, with its random warm-up forwards (`warmup="random"`), summed over captures. Live
+    warm-ups are calls of their own, not counted here."""
     segments: int = 0
     """Graph segments summed over captures (per entry: `stats()["entries"]`)."""
     graph_bytes: int = 0

@@ -5,7 +5,8 @@ the caller's dispatcher (the job's is jobs/worker/dispatcher.py); the runner car
 
     CAPTURE  hit: copy live tensors into static buffers, replay, return a clone; first sight of a
              signature (within the caps): warm-up on random data, capture, return this call's
-             result from the graph
+             result from the graph (`warmup="live"`: the signature's first `warmup_iters` calls
+             run eager as the warm-up, and the next one captures)
     REPLAY   hit: replay; first sight: run eager as a miss (counted, logged once per signature
              with what differs from the nearest captured one)
     EAGER    run eager, counted as `declined` (the caller chose it: no miss warning)
@@ -79,6 +80,7 @@ class GraphRunner:
         self.fusions: Rewrite | None = None  # the tier's rewrites (bcg/rewrites.py), when installed
         self._entries: OrderedDict[CallKey, GraphEntry] = OrderedDict()  # LRU order: oldest first
         self._eager_keys: set[CallKey] = set()  # failed or over the memory bound: eager for good
+        self._warmed: dict[CallKey, int] = {}  # live warm-up calls run per signature (warmup="live")
         self._logged: set[CallKey] = set()
         self._scope: int | None = None  # the open call_scope's number (bcg.memo)
         self._scopes = 0
@@ -99,6 +101,7 @@ class GraphRunner:
         if inner == self._inner:  # bound methods are made anew on every rebuild, and compare equal
             return self
         self.release_all()
+        self._warmed.clear()  # the new forward's first sights are not those of the old one
         self._inner = inner
         self.fn = self._compiled(inner)
         return self
@@ -125,20 +128,38 @@ class GraphRunner:
             self._miss(key, "its capture failed or exceeded bcg.max_graph_memory_gb")
         elif dispatch is Dispatch.REPLAY:
             self._miss(key, "the caller's dispatch allows replay only (Dispatch.REPLAY)")
+        elif self._warming(key):
+            return self._warm_live(args, kwargs)
         else:
             out = self._capture(key, args, kwargs, leaves)
             if out is not _FAILED:
                 return out
         return self.fn(*args, **kwargs)
 
+    def _warming(self, key: CallKey) -> bool:
+        """True while `key` still owes live warm-up calls (warmup="live") before its capture."""
+        if self.config.warmup != "live" or self._warmed.get(key, 0) >= self.config.warmup_iters:
+            return False
+        self._warmed[key] = self._warmed.get(key, 0) + 1
+        return True
+
+    def _warm_live(self, args: tuple, kwargs: dict) -> Any:
+        # On the stream the capture will use, as the random warm-up would run: workspaces that
+        # cuBLAS keeps per stream are then made here, outside the graph.
+        assert self.backend is not None
+        self.counters.warmups += 1
+        with self.backend.stream():
+            return self.fn(*args, **kwargs)
+
     def _capture(self, key: CallKey, args: tuple, kwargs: dict, leaves: list) -> Any:
         assert self.backend is not None
         while len(self._entries) >= self.config.max_graphs:
             self._evict_oldest()
         try:
+            warmups = 0 if self.config.warmup == "live" else self.config.warmup_iters
             with self.capture_lock:
                 entry, out = capture_entry(self.fn, args, kwargs, key, leaves, self.backend,
-                                           self.config.warmup_iters, self.counters, self._scope)
+                                           warmups, self.counters, self._scope)
         except Exception as exc:  # noqa: BLE001 - any failure makes this signature eager
             self._eager_keys.add(key)
             self._logged.add(key)  # this line is the one log line of the signature

@@ -203,9 +203,14 @@ class SamplingConfig:
 @dataclass
 class BcgConfig(RunnerConfig):
     """The `bcg` group: the graph runner's own knobs (inherited from bcg's `RunnerConfig`, checked
-    there: enabled, backend, warmup_iters, max_graphs, max_graph_memory_gb, debug_check_buffers,
+    there: enabled, backend, warmup_iters, warmup, max_graphs, max_graph_memory_gb, debug_check_buffers,
     fusions, compile) and what the job decides around the runner."""
 
+    warmup: str = "live"
+    """The runner's `warmup` (bcg/config.py), "live" here: a signature's first `warmup_iters`
+    denoiser calls of its first batch run eager and the third captures, so a capture computes
+    nothing twice. At SANA-1.6B size, 1024², a job captures once a signature (4 in 1,000 prompts),
+    each time two forwards of about 0.1 s that "random" spends on random inputs."""
     batch_sizes: List[int] = field(default_factory=lambda: [8])
     """Graph pool batch sizes: each signature's items are cut into batches of these sizes, a short
     tail padded up to the smallest (pad_short_batches). One size by default, so every batch of an

@@ -108,6 +108,63 @@ def test_replay_equals_eager_bit_for_bit(model, tape, policy, segments):
     assert st["segments"] == 2 * segments
 
 
+def _forwards(module):
+    """A counter of `module`'s real forwards (a graph replay runs none: it replays recorded ops)."""
+    calls = []
+    handle = module.register_forward_pre_hook(lambda *_: calls.append(1))
+    return calls, handle
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("policy", ["none", "attention"])
+def test_live_warmup_runs_the_first_calls_eager_then_captures_without_extra_forwards(model, tape, policy):
+    """warmup="live": a signature's first warmup_iters calls are its warm-up, run eager on their own
+    inputs; the next call captures with one forward (its own); every call gives eager's bytes."""
+    refs = [model(**inputs(seed=s))[0] for s in (1, 2, 3, 4)]
+    calls, handle = _forwards(model.transformer_blocks[0])
+    try:
+        r = tape(break_policy=policy, warmup="live", warmup_iters=2)
+        seen = []
+        for s, ref in zip((1, 2, 3, 4), refs):
+            assert torch.equal(model(**inputs(seed=s))[0], ref), s
+            c = r.counters
+            seen.append((c.warmups, c.captures, c.hits, c.misses, len(calls)))
+    finally:
+        handle.remove()
+    # calls 1-2: eager, one forward each; call 3: the capture, one forward; call 4: a replay, none
+    assert seen == [(1, 0, 0, 0, 1), (2, 0, 0, 0, 2), (2, 1, 0, 0, 3), (2, 1, 1, 0, 3)]
+    assert r.stats()["warmups"] == 2
+
+
+@torch.no_grad()
+def test_random_warmup_runs_extra_forwards_inside_the_first_call(model, tape):
+    ref = model(**inputs(seed=1))[0]
+    calls, handle = _forwards(model.transformer_blocks[0])
+    try:
+        r = tape(warmup="random", warmup_iters=2)
+        assert torch.equal(model(**inputs(seed=1))[0], ref)
+    finally:
+        handle.remove()
+    assert (r.counters.warmups, r.counters.captures, len(calls)) == (0, 1, 3)  # 2 warm-ups + the capture
+
+
+@torch.no_grad()
+def test_live_warmup_counts_each_signature_and_zero_iters_captures_at_once(model, tape):
+    r = tape(warmup="live", warmup_iters=1)
+    for text in (12, 16, 12, 16):
+        model(**inputs(text=text))
+    assert (r.counters.warmups, r.counters.captures, r.counters.hits) == (2, 2, 0)
+    r.remove()
+    r = tape(warmup="live", warmup_iters=0)
+    model(**inputs())
+    assert (r.counters.warmups, r.counters.captures) == (0, 1)
+
+
+def test_an_unknown_warmup_names_the_choices():
+    with pytest.raises(ValueError, match="bcg.warmup='hot'.*random, live"):
+        RunnerConfig(warmup="hot")
+
+
 @torch.no_grad()
 def test_output_dataclass_keeps_its_type(model, tape):
     ref = model(**inputs(return_dict=True)).sample

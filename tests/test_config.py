@@ -22,6 +22,13 @@ VIDEO_PRESETS = ["wan", "wan_tiny", "sana_video", "sana_video_tiny", "ltx2", "lt
                  "minimax_h3_tiny"]
 
 
+def test_the_job_warms_up_on_live_calls_and_the_runner_on_random_data():
+    from bcg import RunnerConfig
+
+    assert compose_cfg(["output_dir=/tmp/x"]).bcg.warmup == "live"
+    assert RunnerConfig().warmup == "random"  # the library's contract: a first call already replays
+
+
 @pytest.mark.parametrize("bcg", ["on", "off"])
 def test_default_pool_is_one_shape_for_images_and_four_sizes_for_video(bcg):
     """Issue 30: an image job runs every batch at one shape by default, so a sample's bytes do not
@@ -58,6 +65,7 @@ def test_wrong_type_fails_at_compose():
     ("sink.format=gif", "sink.format"),
     ("job.partition=3/2", "job.partition='3/2'"),
     ("dataset.on_error=ignore", "dataset.on_error"),
+    ("bcg.warmup=hot", "bcg.warmup='hot' is not a warm-up; choose one of random, live"),
 ])
 def test_bad_values_name_key_and_allowed(override, needle):
     with pytest.raises(ValueError) as e:

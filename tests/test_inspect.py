@@ -54,8 +54,10 @@ def inspected(tmp_path_factory):
     out, view = tmp / "out", tmp / "view"
     # The pool of four sizes, so each signature's 3 rows are cut 2 + 1: the timeline then has batches
     # of two sizes a signature (the image presets' default, [8], would pad each run to one batch).
+    # bcg.warmup=random: every batch's first call captures, so each timeline line says replay (with
+    # the default, live, a key's first batch of these few steps is all warm-up calls: eager).
     run_cli(f"dataset.path={data}", f"output_dir={out}", "sink.maxcount=4", "bcg.backend=tape",
-            "bcg.capture=always", "bcg.batch_sizes=[1,2,4,8]", *FAST)
+            "bcg.capture=always", "bcg.warmup=random", "bcg.batch_sizes=[1,2,4,8]", *FAST)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.run([sys.executable, "-m", "jobs.inspect", str(out), "--out", str(view), "--samples",
                            str(SAMPLES)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)

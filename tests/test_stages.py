@@ -187,6 +187,19 @@ def test_policy_measures_first_then_captures_only_long_runs():
     assert {r["batch"]: r["decision"] for r in p.report()} == {8: "captured", 1: "eager"}
 
 
+def test_live_warmups_leave_the_capture_cost_to_the_capture_alone():
+    """bcg.warmup=live: the warm-ups are the key's own calls, so a capture costs no extra forwards
+    and a short run may pay for it where extra forwards would not."""
+    for live, wants in ((False, False), (True, True)):
+        p = CapturePolicy(prior_ratio=0.9, warmup_iters=2, live_warmup=live, capture_fixed_ms=100)
+        key = (SIG, 8)
+        p.observe(key, "eager", 2000.0)
+        # 1 batch x 2000 ms x 10% = 200 ms saved; cost 2 x 100 ms + 100 ms random, 100 ms live
+        assert p.wants_capture(key, steps=20, batches_left=1) is wants, live
+        p.observe_capture(key, steps=20, seconds=0.3)  # what the capture took, warm-ups and all
+        assert p.capture_fixed_ms == (300.0 if live else 100.0), live
+
+
 def test_policy_releases_graphs_when_replay_does_not_pay_and_learns_the_ratio():
     p = CapturePolicy(prior_ratio=0.9, min_gain=0.02)
     key = (SIG, 8)

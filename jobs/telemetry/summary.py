@@ -118,7 +118,8 @@ class JobStats:
             + ("; stages overlapped" if self.overlap else ""),
             f"  graphs: {g.get('mode', 'eager')}, hits {g.get('hits', 0)}, misses {g.get('misses', 0)}, "
             f"declined by the capture policy {g.get('declined', 0)}, "
-            f"captures {g.get('captures', 0)} ({g.get('capture_seconds', 0.0):.1f}s), "
+            f"captures {g.get('captures', 0)} ({g.get('capture_seconds', 0.0):.1f}s"
+            + (f", after {g['warmups']} eager warm-up calls" if g.get("warmups") else "") + "), "
             f"segments {g.get('segments', 0)}, capture failures {g.get('capture_failures', 0)}"
             + (f", prompt state reused {g['memo_reuses']} / made {g['memo_runs']} times on replay"
                if g.get("memo_reuses") or g.get("memo_runs") else ""),

@@ -16,7 +16,8 @@ With `bcg.capture=auto`, capture only what pays: measure first, then decide. (`a
 captures every capturable key on its first batch: at SANA-1.6B 512² the measured eager batches cost
 the job 10% over the wall clock, README "Speed".)
 
-A capture costs `warmup_iters` extra eager forwards plus the capture itself; it saves
+A capture costs `warmup_iters` extra eager forwards plus the capture itself (with `bcg.warmup=live`,
+the job's default, the warm-ups are the key's first calls themselves, so the capture alone); it saves
 (eager - replay) on every later call. At kernel-bound shapes (SANA-1.6B at batch 8) replay saves
 about 1%, so a short run, or a tail batch of another size, loses time by capturing (ANCHORS.md).
 
@@ -75,6 +76,7 @@ class KeyState:
 class CapturePolicy:
     mode: str = "auto"  # auto | always
     warmup_iters: int = 2
+    live_warmup: bool = False  # bcg.warmup=live: the warm-ups are real calls, not extra forwards
     prior_ratio: float = 0.9  # replay/eager before anything was measured: captures only long runs
     min_gain: float = 0.02  # replay must be this much faster than eager, or the graphs are released
     capture_fixed_ms: float = 150.0  # capture overhead beyond the warm-up forwards (graph build, sync)
@@ -90,7 +92,7 @@ class CapturePolicy:
         call_ms = st.eager_ms / max(steps, 1)
         ratio = self._ratio_near(key)
         saving = batches_left * st.eager_ms * (1.0 - ratio)
-        cost = self.warmup_iters * call_ms + self.capture_fixed_ms
+        cost = self._warmup_ms(call_ms) + self.capture_fixed_ms
         if saving > cost:
             st.state = "captured"
             st.reason = (f"capture: {batches_left} batch(es) left x {st.eager_ms:.0f} ms x {1 - ratio:.1%} "
@@ -128,8 +130,11 @@ class CapturePolicy:
         st = self.keys.get(key)
         if st is None or st.eager_ms is None:
             return
-        warmup_ms = self.warmup_iters * st.eager_ms / max(steps, 1)
-        self.capture_fixed_ms = max(0.0, seconds * 1e3 - warmup_ms)
+        self.capture_fixed_ms = max(0.0, seconds * 1e3 - self._warmup_ms(st.eager_ms / max(steps, 1)))
+
+    def _warmup_ms(self, call_ms: float) -> float:
+        """What the warm-ups add to a capture: extra forwards, or nothing when they are live calls."""
+        return 0.0 if self.live_warmup else self.warmup_iters * call_ms
 
     def needs_measurement(self, key: Key) -> bool:
         """True while a decision waits on this key's eager time."""
@@ -163,7 +168,8 @@ class CaptureDispatcher:
 
     def __init__(self, runner: Optional[GraphRunner], bcg: BcgConfig):
         self.runner = runner
-        self.policy = CapturePolicy(mode=bcg.capture, warmup_iters=bcg.warmup_iters, min_gain=bcg.capture_min_gain)
+        self.policy = CapturePolicy(mode=bcg.capture, warmup_iters=bcg.warmup_iters,
+                                    live_warmup=bcg.warmup == "live", min_gain=bcg.capture_min_gain)
         self.lock = threading.RLock()
         if runner is not None:
             runner.capture_lock = self.lock

@@ -86,6 +86,26 @@ def test_tiny_sana_replay_equals_eager(dtype, policy, segments):
     assert (stats["captures"], stats["hits"]) == (1, 5)
 
 
+@pytest.mark.parametrize("policy", ["none", "attention"])
+def test_live_warmup_calls_and_the_capture_after_them_equal_eager(policy):
+    """warmup="live" on CUDA: the first two calls run eager on the capture's side stream, the third
+    captures without extra forwards, the rest replay; every output is eager's, bit for bit."""
+    model = build(TINY, torch.bfloat16)
+    cases = [cfg_inputs(TINY, torch.bfloat16, seed=s) for s in range(5)]
+    with torch.no_grad():
+        refs = [model(**kw)[0] for kw in cases]
+        runner = apply_graph_runner(model, RunnerConfig(warmup="live", debug_check_buffers=True),
+                                    break_policy=policy)
+        try:
+            outs = [model(**kw)[0] for kw in cases]
+            stats = runner.stats()
+        finally:
+            runner.remove()
+    for i, (ref, out) in enumerate(zip(refs, outs)):
+        assert torch.equal(out, ref), (policy, i, (out.float() - ref.float()).abs().max().item())
+    assert (stats["warmups"], stats["captures"], stats["hits"], stats["misses"]) == (2, 1, 2, 0), stats
+
+
 @pytest.fixture(scope="module")
 def sana16b():
     model = build(SANA_1600M, torch.bfloat16)
