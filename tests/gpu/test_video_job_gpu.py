@@ -93,8 +93,8 @@ def test_video_job_replay_equals_eager_frames(tmp_path, preset):
               "model.dtype=bfloat16", "job.progress=false", "device=cuda", "bcg.batch_sizes=[1,2]",
               *tokenizer_overrides()]
     # bcg.warmup=random: each batch's first call captures, so every batch replays. With the default
-    # (live), a key's first two calls are its eager warm-up; MiniMax-H3 keeps each prompt's native
-    # text length (no padding), so at 4 steps its first batches ran wholly eager (session 42).
+    # (live), a key's first two calls are its eager warm-up: at these 4 steps, MiniMax-H3's first batch
+    # of each signature ran wholly eager and its second replayed (session 42; the frames were equal).
     run_cli(*common, f"output_dir={tmp_path / 'graph'}", "bcg.capture=always", "bcg.warmup=random")
     run_cli(*common, f"output_dir={tmp_path / 'eager'}", "bcg=off")
     g, e = samples(tmp_path / "graph"), samples(tmp_path / "eager")
