@@ -208,7 +208,7 @@ class BcgConfig(RunnerConfig):
 
     warmup: str = "live"
     """The runner's `warmup` (bcg/config.py), "live" here: a signature's first `warmup_iters`
-    denoiser calls of its first batch run eager and the third captures, so a capture computes
+    denoiser calls of its first batch run eager and the next one captures, so a capture computes
     nothing twice. At SANA-1.6B size, 1024², a job captures once a signature (4 in 1,000 prompts),
     each time two forwards of about 0.1 s that "random" spends on random inputs."""
     batch_sizes: List[int] = field(default_factory=lambda: [8])
