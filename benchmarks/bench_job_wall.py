@@ -650,13 +650,10 @@ def main() -> None:
     a.datasets = [(n, write_prompts(a.work / f"prompts_{n}.jsonl", n)) for n in map(int, a.prompts.split(","))]
     import torch
 
-    from common import device_tag, environment
+    from common import commit, device_tag, environment
 
     meta = environment()
-    # BENCH_COMMIT: the commit the tree was copied from, where the machine's own git history is stale
-    meta.update(commit=os.environ.get("BENCH_COMMIT") or subprocess.run(
-                    ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-                or "unknown",
+    meta.update(commit=commit(),
                 family=a.family, page_cache_warm_s=round(warm_s, 1), cache=a.cache, steps=a.steps, guidance=a.guidance,
                 gpus=torch.cuda.device_count() if torch.cuda.is_available() else 0)
     a.tag = a.tag or device_tag()

@@ -70,7 +70,7 @@ def main() -> None:
     p.add_argument("--presets", default=",".join(PRESETS))
     p.add_argument("--out", type=Path, required=True)
     a = p.parse_args()
-    from common import environment, write_results
+    from common import commit, environment, write_results
 
     lines = DATA.read_text().splitlines()
     rows = []
@@ -81,8 +81,7 @@ def main() -> None:
             for preset in a.presets.split(","):
                 rows.append(row(preset, n, plan(preset, data, Path(tmp) / f"{preset}-{n}")))
                 print(json.dumps(rows[-1]), flush=True)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    meta = environment() | {"commit": commit.stdout.strip() or "unknown"}
+    meta = environment() | {"commit": commit()}
     notes = [f"commit `{meta['commit']}`; the real planner on the first N rows of {DATA.relative_to(ROOT)}; "
              "rows_at_8: the rows every stage runs at the pool [8] (padding included); batches_at_1248: the pool "
              "[1, 2, 4, 8]'s batches (a tail cut into powers of two)"]

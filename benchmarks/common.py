@@ -188,6 +188,21 @@ def environment() -> dict:
     }
 
 
+def commit() -> str:
+    """The commit a result measured: $BENCH_COMMIT where it is set, else this checkout's HEAD. A device
+    call copies the checkout's files, and the copy's git history can be stale (load_h200_s43 first named
+    the previous HEAD for a tree one patch series ahead of it), so a call script sets BENCH_COMMIT."""
+    if os.environ.get("BENCH_COMMIT"):
+        return os.environ["BENCH_COMMIT"]
+    import subprocess
+
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).resolve().parent,
+                              capture_output=True, text=True, check=True).stdout.strip() or "unknown"
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
 def device_tag() -> str:
     if not torch.cuda.is_available():
         return "cpu"

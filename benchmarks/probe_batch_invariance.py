@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,6 +22,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from common import commit  # noqa: E402 (benchmarks/, this script's folder, is sys.path[0])
 
 from bcg.invariant import InvariantConfig, batch_invariant, compare_rows  # noqa: E402
 from tests.helpers import tiny_pipeline  # noqa: E402
@@ -171,7 +172,7 @@ def main() -> None:
     meta = {"date": time.strftime("%Y-%m-%d"), "torch": torch.__version__, "threads": torch.get_num_threads(),
             "cpu": platform.processor() or platform.machine(), "cpu_model": _cpu_model(),
             "capability": torch.backends.cpu.get_cpu_capability(),
-            "commit": _commit(), "command": " ".join(["python", *sys.argv])}
+            "commit": commit(), "command": " ".join(["python", *sys.argv])}
     path = Path(a.out, "batch_invariance_cpu.json")
     path.parent.mkdir(parents=True, exist_ok=True)
     if a.merge and path.exists():
@@ -191,13 +192,6 @@ def _cpu_model() -> str:
         return "unknown"
     return next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), "unknown")
 
-
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).resolve().parent, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 if __name__ == "__main__":

@@ -153,8 +153,9 @@ def main() -> None:
         for v in variants:
             runs[v].append(run(v, a))
             print(json.dumps(runs[v][-1]), flush=True)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    write(a, runs, f"page cache warmed first ({warm_s:.1f} s)", commit.stdout.strip() or "unknown", {})
+    from common import commit
+
+    write(a, runs, f"page cache warmed first ({warm_s:.1f} s)", commit(), {})
 
 
 def write(a, runs: dict[str, list[dict]], warm: str, commit: str, ran: dict) -> None:

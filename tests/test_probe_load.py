@@ -4,6 +4,7 @@ max, whether the weights matched), the run's machine and commit named, not this 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -44,8 +45,11 @@ def test_the_jobs_load_runs_every_part_of_the_jobs_load_stage(tmp_path):
     get_family("sana").build_tiny(cfg.model, torch.float32).save_pretrained(tmp_path / "sana", safe_serialization=True)
     subprocess.run([sys.executable, "benchmarks/probe_load.py", "--dir", str(tmp_path / "sana"), "--device", "cpu",
                     "--reps", "1", "--variants", "job", "--out", str(tmp_path / "res"), "--tag", "t"],
-                   cwd=ROOT, check=True, capture_output=True)
-    (row,) = json.loads((tmp_path / "res" / "load_t.json").read_text())["rows"]
+                   cwd=ROOT, check=True, capture_output=True, env={**os.environ, "BENCH_COMMIT": "c0ffee1"})
+    result = json.loads((tmp_path / "res" / "load_t.json").read_text())
+    # the commit a device call names (its copy's git history can be stale), not the copy's HEAD
+    assert result["meta"]["commit"] == "c0ffee1"
+    (row,) = result["rows"]
     parts = dict(p.split(" ") for p in row["parts"].split(", "))
     # the job's "load" stage (jobs/worker/loop.py): load_pipeline (from_pretrained, the copy), the runner, the
     # decoder's rewrites; the weights frozen
