@@ -193,6 +193,5 @@ def _cpu_model() -> str:
     return next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), "unknown")
 
 
-
 if __name__ == "__main__":
     main()
