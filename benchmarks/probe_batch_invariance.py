@@ -8,6 +8,12 @@ beside rows of longer captions (its transformer pads a batch to the longest).
 
     python benchmarks/probe_batch_invariance.py --out benchmarks/results     # ~25 min on 2 cores
     python benchmarks/probe_batch_invariance.py --presets z_image_tiny --merge  # re-measure some, keep the rest
+
+`--realsize DIR` adds the row `sana_1600m` at SANA-1.6B size: the folder `bench_job_realsize.py build`
+writes (the published configs, random weights), its transformer and DC-AE in float32 on random inputs
+(no text encoder: Gemma2-2B over 16 prompts would take minutes here), rows only, no op trace:
+
+    python benchmarks/probe_batch_invariance.py --presets --realsize /tmp/sana16 --merge   # ~10 min
 """
 
 from __future__ import annotations
@@ -155,14 +161,69 @@ def probe(preset: str) -> dict:
     return res
 
 
+def probe_realsize(folder: Path, side: int = 4, text: int = 64) -> dict:
+    """SANA-1.6B size on the CPU, float32: the transformer's rows at 128² (`side` x `side` latents) against
+    random caption embeddings of `text` tokens with masked tails of random length (as the bucketed text),
+    and the DC-AE decode of random latents; each row alone against batches of 2, 3, 8 and 16 and at the 8
+    positions of a batch of 8, mode off and on. The op trace (`origins`) is left out: it clones every op's
+    tensors, 6 GB of weights' worth of GEMMs at this size."""
+    from diffusers import AutoencoderDC, SanaTransformer2DModel
+
+    t0 = time.time()
+    tr = SanaTransformer2DModel.from_pretrained(folder / "transformer", torch_dtype=torch.float32).eval()
+    vae = AutoencoderDC.from_pretrained(folder / "vae", torch_dtype=torch.float32).eval()
+    g, n = torch.Generator().manual_seed(0), 16
+    mask = torch.ones(n, text, dtype=torch.long)
+    for i, keep in enumerate(torch.randint(8, text + 1, (n,), generator=g).tolist()):
+        mask[i, keep:] = 0
+    inputs = {"hidden_states": torch.randn(n, tr.config.in_channels, side, side, generator=g),
+              "encoder_hidden_states": torch.randn(n, text, tr.config.caption_channels, generator=g),
+              "encoder_attention_mask": mask, "timestep": torch.linspace(100.0, 900.0, n)}
+    z = torch.randn(n, vae.config.latent_channels, side, side, generator=g)
+
+    def tfn(kw):
+        with torch.inference_mode():
+            return tr(**kw, return_dict=False)[0]
+
+    def vfn(x):
+        with torch.inference_mode():
+            return vae.decode(x, return_dict=False)[0]
+
+    def tmake(rows):
+        return {k: v[torch.tensor(rows)].contiguous() for k, v in inputs.items()}
+
+    def vmake(rows):
+        return z[torch.tensor(rows)].contiguous()
+
+    res = {"preset": "sana_1600m", "transformer": type(tr).__name__, "vae": type(vae).__name__,
+           "folder": str(folder), "dtype": "float32", "latents": [side, side], "text_tokens": text}
+    for mode in ("off", "on"):
+        ctx = batch_invariant() if mode == "on" else None
+        if ctx:
+            ctx.install()
+        try:
+            res[f"transformer_{mode}"] = row_equal(tfn, tmake)
+            res[f"vae_{mode}"] = row_equal(vfn, vmake)
+            if ctx:
+                res["calls_on"] = dict(ctx.calls)
+        finally:
+            if ctx:
+                ctx.remove()
+    res["seconds"] = round(time.time() - t0, 1)
+    print(json.dumps(res), flush=True)
+    return res
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--presets", nargs="*", default=PRESETS)
     ap.add_argument("--merge", action="store_true",
                     help="keep the existing json's rows of the presets not run now (each new row says when it ran)")
+    ap.add_argument("--realsize", type=Path, default=None, metavar="DIR",
+                    help="also the row sana_1600m: a SANA-1.6B-size folder (bench_job_realsize.py build)")
     a = ap.parse_args()
-    results = []
+    results = [probe_realsize(a.realsize)] if a.realsize else []
     for p in a.presets:
         try:
             results.append(probe(p))
