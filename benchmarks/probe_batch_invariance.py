@@ -88,6 +88,26 @@ def origins(fn, make, n=16) -> dict:
             "origin_shapes": sorted({f"{o.op} {o.shapes[:2]} vs {o.big_shapes[:2]}" for o in rep.origins})[:12]}
 
 
+def by_mode(res: dict, parts: list, trace: bool) -> None:
+    """Into `res`, for each part (key, fn, make, rows traced): its rows with the mode off, then on (`row_equal`)
+    and, with `trace`, the ops that compute its row 0 differently (`origins`); the mode's call counts as
+    calls_on."""
+    for mode in ("off", "on"):
+        ctx = batch_invariant() if mode == "on" else None
+        if ctx:
+            ctx.install()
+        try:
+            for key, fn, make, n in parts:
+                res[f"{key}_{mode}"] = row_equal(fn, make)
+                if trace:
+                    res[f"{key}_origins_{mode}"] = origins(fn, make, n=n)
+            if ctx:
+                res["calls_on"] = dict(ctx.calls)
+        finally:
+            if ctx:
+                ctx.remove()
+
+
 def caption_neighbours(fam, pipe, cfg) -> dict:
     """Z-Image: each row (short, 229- and 512-token captions, CFG's negatives) alone against the
     same row in batches of those rows; mode off, on without its attention replacement, on."""
@@ -139,21 +159,8 @@ def probe(preset: str) -> dict:
 
     res = {"preset": preset, "transformer": type(tr).__name__, **{k: name for k, name, _, _ in decs},
            "captured_batch": batch}
-    for mode in ("off", "on"):
-        ctx = batch_invariant() if mode == "on" else None
-        if ctx:
-            ctx.install()
-        try:
-            res[f"transformer_{mode}"] = row_equal(tfn, tmake)
-            res[f"transformer_origins_{mode}"] = origins(tfn, tmake)
-            for key, _, vfn, vmake in decs:
-                res[f"{key}_{mode}"] = row_equal(vfn, vmake)
-                res[f"{key}_origins_{mode}"] = origins(vfn, vmake, n=8)
-            if ctx:
-                res["calls_on"] = dict(ctx.calls)
-        finally:
-            if ctx:
-                ctx.remove()
+    by_mode(res, [("transformer", tfn, tmake, 16), *((key, vfn, vmake, 8) for key, _, vfn, vmake in decs)],
+            trace=True)
     if preset == "z_image_tiny":
         res["caption_neighbours"] = caption_neighbours(fam, pipe, cfg)
     res["seconds"] = round(time.time() - t0, 1)
@@ -197,18 +204,7 @@ def probe_realsize(folder: Path, side: int = 4, text: int = 64) -> dict:
 
     res = {"preset": "sana_1600m", "transformer": type(tr).__name__, "vae": type(vae).__name__,
            "folder": str(folder), "dtype": "float32", "latents": [side, side], "text_tokens": text}
-    for mode in ("off", "on"):
-        ctx = batch_invariant() if mode == "on" else None
-        if ctx:
-            ctx.install()
-        try:
-            res[f"transformer_{mode}"] = row_equal(tfn, tmake)
-            res[f"vae_{mode}"] = row_equal(vfn, vmake)
-            if ctx:
-                res["calls_on"] = dict(ctx.calls)
-        finally:
-            if ctx:
-                ctx.remove()
+    by_mode(res, [("transformer", tfn, tmake, 16), ("vae", vfn, vmake, 8)], trace=False)
     res["seconds"] = round(time.time() - t0, 1)
     print(json.dumps(res), flush=True)
     return res
