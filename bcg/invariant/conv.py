@@ -68,6 +68,20 @@ def per_sample(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
     return out
 
 
+def batched(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], stride: Sequence[int],
+            padding: Sequence[int], dilation: Sequence[int], transposed: bool, output_padding: Sequence[int],
+            groups: int, canonical: torch.memory_format = torch.contiguous_format) -> torch.Tensor:
+    """The same convolution as `per_sample` (flags, a fresh buffer in the `canonical` layout, the output in
+    x's format), the whole batch in one call: not invariant by construction, so the mode runs it only
+    where it gave per_sample's bits (verified.py)."""
+    flags = dict(benchmark=False, deterministic=True, cudnn_enabled=torch.backends.cudnn.enabled,
+                 allow_tf32=torch.backends.cudnn.allow_tf32)
+    xb = x.clone(memory_format=canonical if x.dim() == 4 else torch.contiguous_format)
+    y = torch.ops.aten._convolution.default(xb, weight, bias, stride, padding, dilation, transposed,
+                                            output_padding, groups, *flags.values())
+    return y.contiguous(memory_format=_format(x))
+
+
 def group_norm_per_sample(x: torch.Tensor, groups: int, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor],
                           eps: float) -> torch.Tensor:
     """aten::group_norm, one contiguous sample a call of aten::native_group_norm (left in place)."""

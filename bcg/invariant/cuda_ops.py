@@ -2,13 +2,18 @@
 
 Each takes the cases it covers (float32 / bf16 / fp16, same dtype on both sides) and hands the
 rest to aten's `.out` kernel (not replaced, so no recursion), counted as a fallback.
+
+With `InvariantConfig.fast_paths` (the default) a GEMM runs on cuBLAS, and a convolution on cuDNN's
+batched kernel, at each call shape where they gave the canonical kernel's bits on first sight
+(verified.py): the same bytes, at the vendor kernel's speed. Counted as `cuda.<op>.cublas` and
+`cuda.convolution.batched` (a subset of `cuda.<op>` / beside `cuda.convolution.per_sample`).
 """
 
 from __future__ import annotations
 
 import torch
 
-from . import conv
+from . import conv, verified
 from .gemm_triton import matmul
 from .reduce_triton import row_sum
 
@@ -19,31 +24,52 @@ def _ok(*ts) -> bool:
     return all(t.dtype == ts[0].dtype for t in ts) and ts[0].dtype in _FLOATS
 
 
+def _aten_mm(a, b):
+    return torch.mm(a, b, out=a.new_empty((a.shape[0], b.shape[1])))
+
+
+def _aten_bmm(a, b):
+    return torch.bmm(a, b, out=a.new_empty((a.shape[0], a.shape[1], b.shape[2])))
+
+
 def register(lib: torch.library.Library, mode, key: str = "CUDA") -> None:
     """Register the kernels for `key` ("CUDA"; the CPU tests pass "CPU" to run them under
     TRITON_INTERPRET=1)."""
     c, calls = mode.config, mode.calls
+
+    def verified_gemm(op: str, canonical, fast, operands, *params):
+        """canonical(*operands), or fast(*operands) where the key gave the same bits (verified.py)."""
+        if not c.fast_paths:
+            return canonical(*operands)
+        shape_key = (op, params, *map(verified.layout, operands))
+        ran_fast, out = verified.GEMM.run(shape_key, canonical, fast, operands)
+        if ran_fast:
+            calls[f"cuda.{op}.cublas"] += 1
+        return out
 
     def mm(a, b):
         if not _ok(a, b):
             calls["cuda.mm.fallback"] += 1
             return torch.mm(a, b, out=a.new_empty((a.shape[0], b.shape[1])))
         calls["cuda.mm"] += 1
-        return matmul(a, b)
+        return verified_gemm("mm", matmul, _aten_mm, (a, b))
 
     def addmm(bias, a, b, *, beta=1, alpha=1):
         if not _ok(a, b) or bias.dtype not in _FLOATS:
             calls["cuda.addmm.fallback"] += 1
             return torch.addmm(bias, a, b, beta=beta, alpha=alpha, out=a.new_empty((a.shape[0], b.shape[1])))
         calls["cuda.addmm"] += 1
-        return matmul(a, b, bias if beta != 0 else None, alpha=alpha, beta=beta)
+        return verified_gemm(
+            "addmm", lambda x, p, q: matmul(p, q, x if beta != 0 else None, alpha=alpha, beta=beta),
+            lambda x, p, q: torch.addmm(x, p, q, beta=beta, alpha=alpha, out=p.new_empty((p.shape[0], q.shape[1]))),
+            (bias, a, b), beta, alpha)
 
     def bmm(a, b):
         if not _ok(a, b):
             calls["cuda.bmm.fallback"] += 1
             return torch.bmm(a, b, out=a.new_empty((a.shape[0], a.shape[1], b.shape[2])))
         calls["cuda.bmm"] += 1
-        return matmul(a, b)
+        return verified_gemm("bmm", matmul, _aten_bmm, (a, b))
 
     def baddbmm(bias, a, b, *, beta=1, alpha=1):
         if not _ok(a, b) or bias.dtype not in _FLOATS:
@@ -51,20 +77,47 @@ def register(lib: torch.library.Library, mode, key: str = "CUDA") -> None:
             return torch.baddbmm(bias, a, b, beta=beta, alpha=alpha,
                                  out=a.new_empty((a.shape[0], a.shape[1], b.shape[2])))
         calls["cuda.baddbmm"] += 1
-        full = bias.expand(a.shape[0], a.shape[1], b.shape[2]) if beta != 0 else None
-        return matmul(a, b, full, alpha=alpha, beta=beta)
+
+        def canonical(x, p, q):
+            full = x.expand(p.shape[0], p.shape[1], q.shape[2]) if beta != 0 else None
+            return matmul(p, q, full, alpha=alpha, beta=beta)
+
+        return verified_gemm(
+            "baddbmm", canonical,
+            lambda x, p, q: torch.baddbmm(x, p, q, beta=beta, alpha=alpha,
+                                          out=p.new_empty((p.shape[0], p.shape[1], q.shape[2]))),
+            (bias, a, b), beta, alpha)
 
     def gemm_bias(rows, w_t, bias):
-        return matmul(rows, w_t, bias) if _ok(rows, w_t) else torch.addmm(bias, rows, w_t) \
-            if bias is not None else torch.mm(rows, w_t)
+        """A 1x1 convolution's GEMM: addmm's path (the mode's) where it is covered."""
+        if not _ok(rows, w_t):
+            return torch.addmm(bias, rows, w_t) if bias is not None else torch.mm(rows, w_t)
+        if bias is None:
+            return verified_gemm("mm", matmul, _aten_mm, (rows, w_t))
+        return verified_gemm("addmm", lambda x, p, q: matmul(p, q, x),
+                             lambda x, p, q: torch.addmm(x, p, q, out=p.new_empty((p.shape[0], q.shape[1]))),
+                             (bias, rows, w_t), 1, 1)
 
     def convolution(x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
         if conv.is_pointwise(w, stride, padding, dilation, transposed, groups) and _ok(x, w):
             calls["cuda.convolution.pointwise"] += 1
             return conv.pointwise(x, w, bias, gemm_bias)
+        params = (tuple(stride), tuple(padding), tuple(dilation), transposed, tuple(output_padding), groups)
+        canonical_format = torch.channels_last if key == "CUDA" else torch.contiguous_format
+
+        def per_sample(xx, ww, bb):
+            return conv.per_sample(xx, ww, bb, *params, canonical=canonical_format)
+
+        def batched(xx, ww, bb):
+            return conv.batched(xx, ww, bb, *params, canonical=canonical_format)
+
+        if c.fast_paths and x.shape[0] > 1:
+            ran_fast, out = verified.CONV.run(("convolution", params, *map(verified.layout, (x, w, bias))),
+                                              per_sample, batched, (x, w, bias))
+            calls["cuda.convolution.batched" if ran_fast else "cuda.convolution.per_sample"] += 1
+            return out
         calls["cuda.convolution.per_sample"] += 1
-        return conv.per_sample(x, w, bias, stride, padding, dilation, transposed, output_padding, groups,
-                               canonical=torch.channels_last if key == "CUDA" else torch.contiguous_format)
+        return per_sample(x, w, bias)
 
     def group_norm(x, num_groups, weight=None, bias=None, eps=1e-5, cudnn_enabled=True):
         calls["cuda.group_norm"] += 1

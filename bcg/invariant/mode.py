@@ -63,6 +63,10 @@ class InvariantConfig:
     """CUDA: sum / mean over the last dimension (the CPU's reductions were measured invariant)."""
     attention: Literal["efficient", "keep"] = "efficient"
     """CUDA SDPA: "efficient" leaves only the memory-efficient and math backends on; "keep" leaves them."""
+    fast_paths: bool = True
+    """CUDA: run cuBLAS's GEMM / cuDNN's batched convolution at each call shape where, on first sight,
+    they gave the canonical kernel's bits (on the call's operands and on random ones of its layout),
+    the canonical kernel elsewhere (verified.py). The bytes are the same either way; off is slower."""
     cuda: Literal["auto", "off"] = "auto"
     """"auto": also register the CUDA kernels when CUDA is available (needs Triton); "off": CPU only."""
     cpu_rows: int = cpu.ROWS
@@ -139,7 +143,14 @@ class BatchInvariance:
         return self._lib is not None
 
     def stats(self) -> dict:
-        return {"installed": self.installed, "devices": list(self.devices), "calls": dict(self.calls)}
+        """Installed, devices, each kernel's calls; with CUDA, how many call shapes the vendor kernels
+        ran (agree) and how many the canonical ones (differ), verified.py's verdicts."""
+        out = {"installed": self.installed, "devices": list(self.devices), "calls": dict(self.calls)}
+        if "cuda" in self.devices and self.config.fast_paths:
+            from . import verified
+
+            out["fast_paths"] = {"gemm": verified.GEMM.counts(), "convolution": verified.CONV.counts()}
+        return out
 
     # -- the CPU kernels ------------------------------------------------------------------------
     def _register_cpu(self, lib: torch.library.Library) -> None:

@@ -62,13 +62,18 @@ def _merged_flops(parts: list) -> dict:
 
 
 def _merged_invariant(a: dict, b: dict) -> dict:
-    """The mode is a run setting (in the identity when on): parts agree on it; their calls add up."""
+    """The mode is a run setting (in the identity when on): parts agree on it; their calls add up, and so
+    do the call shapes each worker's process verified (fast_paths: each decides its own)."""
     if not b:
         return a
     if not a:
         return dict(b)
-    return dict(a, devices=sorted(set(a.get("devices", [])) | set(b.get("devices", []))),
-                calls=_add(a.get("calls", {}), b.get("calls", {})))
+    merged = dict(a, devices=sorted(set(a.get("devices", [])) | set(b.get("devices", []))),
+                  calls=_add(a.get("calls", {}), b.get("calls", {})))
+    fa, fb = a.get("fast_paths", {}), b.get("fast_paths", {})
+    if fa or fb:
+        merged["fast_paths"] = {k: _add(fa.get(k, {}), fb.get(k, {})) for k in sorted(set(fa) | set(fb))}
+    return merged
 
 
 def merge_stats(records: list, parts: int) -> JobStats:

@@ -1,0 +1,107 @@
+"""A vendor kernel where it gives the canonical kernel's bits: checked once per call shape.
+
+The mode's canonical kernels (the Triton GEMM, the per-sample convolution) are batch-invariant by
+construction, and slower than cuBLAS and cuDNN at the shapes a job makes (1.3-2.4x for the GEMMs,
+benchmarks/results/cublas_rows_h200.md). But where a vendor kernel's reduction is the canonical one's
+(one fp32 accumulator walked over K in the same MMA k-steps, no split-K), its output is the same bits,
+and on the H200 cuBLAS's was at every SANA-1.6B and Flux GEMM of 512 to 147,456 rows measured there.
+So the mode may run the vendor kernel for a call shape once it has seen the two agree, and the
+canonical kernel everywhere else: the bytes are the canonical kernel's either way, so the contract
+holds whichever runs, and a shape's verdict is only a speed choice.
+
+Why one look per shape is enough: cuBLAS and cuDNN pick a kernel (and with it the order of every
+sum) from the problem's dtype, shape, strides and alignment, never from the values, and the choice is
+deterministic (cuDNN's benchmark is off in the mode). The verdict's key is therefore exactly those,
+the batch included: the same key is the same kernel. Its test runs both kernels on the call's own
+operands and on random operands of the same key (a private generator, so no sample's seed moves),
+and accepts only if both are bit-equal: real operands alone could agree by accident (zero weights,
+padding rows), random ones cannot over thousands of outputs unless every sum was made the same way.
+
+Until a key is decided (its first call inside a CUDA graph capture, which cannot compare) the
+canonical kernel runs. Thread-safe: the job's stages run on threads of their own.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Callable, Optional, Sequence
+
+import torch
+
+log = logging.getLogger(__name__)
+
+Kernel = Callable[..., torch.Tensor]
+
+
+def layout(t: Optional[torch.Tensor]) -> Optional[tuple]:
+    """What a vendor library picks its kernel from: dtype, device, shape, strides, 16-byte alignment."""
+    if t is None:
+        return None
+    return (t.dtype, t.device, tuple(t.shape), tuple(t.stride()), t.data_ptr() % 16)
+
+
+def random_like(t: Optional[torch.Tensor], gen: torch.Generator) -> Optional[torch.Tensor]:
+    """Random normal values in a tensor of `t`'s `layout` (its strides and alignment kept: a view
+    into a fresh buffer at the same offset modulo 16 bytes)."""
+    if t is None:
+        return None
+    span = 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride())) if t.numel() else 0
+    offset = (t.data_ptr() % 16) // t.element_size()
+    buf = torch.empty(span + offset, dtype=t.dtype, device=t.device)
+    buf.normal_(generator=gen)
+    return buf.as_strided(t.shape, t.stride(), offset)
+
+
+def _capturing(operands: Sequence[Optional[torch.Tensor]]) -> bool:
+    return any(t is not None and t.device.type == "cuda" for t in operands) and \
+        torch.cuda.is_current_stream_capturing()
+
+
+class Verdicts:
+    """Per key, whether `fast` gave `canonical`'s bits; found on the key's first call outside a capture."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._agrees: dict = {}
+        self._lock = threading.Lock()
+
+    def run(self, key: tuple, canonical: Kernel, fast: Kernel,
+            operands: Sequence[Optional[torch.Tensor]]) -> tuple[bool, torch.Tensor]:
+        """(whether `fast` ran, the canonical bytes): `fast(*operands)` where the key is known to
+        agree, else `canonical(*operands)`, deciding the key on its first call."""
+        verdict = self._agrees.get(key)
+        if verdict:
+            return True, fast(*operands)
+        if verdict is False or _capturing(operands):
+            return False, canonical(*operands)
+        want = canonical(*operands)
+        agrees = self._agree(canonical, fast, operands, want)
+        with self._lock:
+            self._agrees[key] = agrees
+        if not agrees:
+            log.info("bcg.invariant: %s differs from the canonical kernel at %s; the canonical kernel runs there",
+                     self.name, key)
+        return False, want
+
+    @staticmethod
+    def _agree(canonical: Kernel, fast: Kernel, operands, want: torch.Tensor) -> bool:
+        if not torch.equal(fast(*operands), want):
+            return False
+        device = next(t.device for t in operands if t is not None)
+        gen = torch.Generator(device=device).manual_seed(0x5EED)
+        probe = [random_like(t, gen) for t in operands]
+        return bool(torch.equal(fast(*probe), canonical(*probe)))
+
+    def snapshot(self) -> dict:
+        with self._lock:
+            return dict(self._agrees)
+
+    def counts(self) -> dict:
+        """{"agree": keys where the vendor kernel runs, "differ": keys where the canonical one does}."""
+        snap = self.snapshot()
+        return {"agree": sum(snap.values()), "differ": len(snap) - sum(snap.values())}
+
+
+GEMM = Verdicts("cuBLAS's GEMM")
+CONV = Verdicts("cuDNN's batched convolution")
