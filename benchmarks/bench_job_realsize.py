@@ -236,6 +236,8 @@ JOB_MODES = {
     # fixed-shape form (one pool size, short tails padded: neighbours and position no longer matter),
     # the default since session 31; bcg-pool1248 is the default before it.
     "bcg-invariant": ["bcg.invariant=true"],
+    # the mode at another pool: its bytes must be bcg-invariant's (--bytes-against bcg-invariant)
+    "bcg-invariant-pool1248": ["bcg.invariant=true", "bcg.batch_sizes=[1,2,4,8]"],
     "bcg-fixed8": ["bcg.batch_sizes=[8]"],
     "bcg-pool1248": ["bcg.batch_sizes=[1,2,4,8]"],
     # the default job before session 34: the VAE decoder's blocks unfused (bcg/fusions/dc_ae.py)
