@@ -100,8 +100,7 @@ def main() -> None:
         f"cuBLAS row-invariant against batch 1: {alone} of {len(out)}; cuBLAS equal to the invariant GEMM: "
         f"{tri} of {len(out)}. Wall {time.time() - t0:.0f} s.",
     ]
-    meta = dict(env=environment(), commit=commit(),
-                command="python benchmarks/probe_cublas_rows.py --out " + str(args.out))
+    meta = dict(environment(), commit=commit())
     write_results(str(args.out), f"cublas_rows_{device_tag()}", out, cols, notes, meta)
     print(notes[-1])
 
