@@ -98,3 +98,16 @@ def test_the_closing_line_names_what_was_written_by_kind():
     videos = merge_stats(parts[:1], parts=1)
     assert videos.lines()[0].startswith("bcgen complete: 2 videos written") and "videos/s" in videos.lines()[1]
     assert merge_stats([_part(0, "complete", 0, 1.0)], parts=1).written() == "0 samples written"  # nothing yet
+
+
+def test_merged_summary_adds_the_invariant_modes_calls_and_verified_shapes():
+    # each worker's process decides its own call shapes (bcg/invariant/verified.py): they add up, as calls do
+    inv = [{"enabled": True, "installed": True, "devices": ["cpu", "cuda"], "calls": {"cuda.mm": 10, "cuda.mm.cublas": 9},
+            "fast_paths": {"gemm": {"agree": 4, "differ": 0}, "convolution": {"agree": 2, "differ": 1}}},
+           {"enabled": True, "installed": True, "devices": ["cpu", "cuda"], "calls": {"cuda.mm": 5},
+            "fast_paths": {"gemm": {"agree": 3, "differ": 1}}}]
+    merged = merge_stats([dict(_part(i, "complete", 1, 1.0), invariant=inv[i]) for i in (0, 1)], parts=2).invariant
+    assert merged["calls"] == {"cuda.mm": 15, "cuda.mm.cublas": 9}
+    assert merged["fast_paths"] == {"gemm": {"agree": 7, "differ": 1}, "convolution": {"agree": 2, "differ": 1}}
+    plain = merge_stats([dict(_part(i, "complete", 1, 1.0), invariant={"enabled": False}) for i in (0, 1)], parts=2)
+    assert "fast_paths" not in plain.invariant
