@@ -111,3 +111,19 @@ def test_merged_summary_adds_the_invariant_modes_calls_and_verified_shapes():
     assert merged["fast_paths"] == {"gemm": {"agree": 7, "differ": 1}, "convolution": {"agree": 2, "differ": 1}}
     plain = merge_stats([dict(_part(i, "complete", 1, 1.0), invariant={"enabled": False}) for i in (0, 1)], parts=2)
     assert "fast_paths" not in plain.invariant
+
+
+def test_the_closing_summary_says_what_the_invariant_mode_ran():
+    from jobs.telemetry.summary import JobStats
+
+    def line(invariant):
+        return [x for x in JobStats(invariant=invariant).lines() if "batch-invariant" in x]
+
+    assert line({"enabled": False}) == [] and line({}) == []
+    cpu = line({"enabled": True, "devices": ["cpu"], "calls": {"cpu.addmm": 4}})
+    assert cpu == ["  batch-invariant kernels: on (cpu); 0 fallback calls"]
+    gpu = line({"enabled": True, "devices": ["cpu", "cuda"], "calls": {"cuda.mm": 9, "cuda.sum.fallback": 2},
+                "fast_paths": {"gemm": {"agree": 49, "differ": 0}, "convolution": {"agree": 17, "differ": 1}}})
+    assert gpu == ["  batch-invariant kernels: on (cpu, cuda); vendor kernels at 49 of 49 GEMM and 17 of 18 "
+                   "convolution call shapes (the same bytes); 2 fallback calls (rows they computed may depend "
+                   "on their batch)"]

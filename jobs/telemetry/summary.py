@@ -125,6 +125,7 @@ class JobStats:
                if g.get("memo_reuses") or g.get("memo_runs") else ""),
             self._batching_line(),
             *self._padding_hint(),
+            *self._invariant_line(),
             self._flops_line(),
             f"  shards: {self.shards} committed this run; bad rows {self.bad_rows}; truncated prompts "
             f"{self.truncated_prompts}; NaN/Inf images {len(self.nonfinite_keys)}; OOM splits {self.oom_splits}",
@@ -147,6 +148,25 @@ class JobStats:
             return "  batch sizes: -"
         grown = f", grown by {b['grown']} in {b['seconds']:.1f}s" if b.get("grown") else ""
         return f"  batch sizes: {b['sizes']} ({b['source']}{grown}; {b['reason']}); {self._padding()}"
+
+    def _invariant_line(self) -> List[str]:
+        """With bcg.invariant: where its kernels ran, how many call shapes the vendor kernels took
+        (bcg/invariant/verified.py: the canonical bytes either way), and the fallbacks, the one place
+        the contract may not hold."""
+        inv = self.invariant
+        if not inv.get("enabled"):
+            return []
+        calls = inv.get("calls", {})
+        fallbacks = sum(n for op, n in calls.items() if op.endswith(".fallback"))
+        fast = inv.get("fast_paths") or {}
+        shapes = [f"{fast[k].get('agree', 0)} of {fast[k].get('agree', 0) + fast[k].get('differ', 0)} {name}"
+                  for k, name in (("gemm", "GEMM"), ("convolution", "convolution")) if k in fast]
+        parts = [f"on ({', '.join(inv.get('devices', [])) or '-'})"]
+        if shapes:
+            parts.append(f"vendor kernels at {' and '.join(shapes)} call shapes (the same bytes)")
+        parts.append(f"{fallbacks} fallback call{'s' if fallbacks != 1 else ''}"
+                     + (" (rows they computed may depend on their batch)" if fallbacks else ""))
+        return ["  batch-invariant kernels: " + "; ".join(parts)]
 
     #: the padding share from which the summary says how to pad nothing (a quarter of the rows run)
     PADDING_HINT_SHARE = 0.25
