@@ -113,14 +113,23 @@ _SCRIPT = textwrap.dedent("""
     try:
         inv = run([0, 1, 2])
         one = run([1])
+        counted = torch.tensor([[True, False, True], [False, False, True]]).sum(-1)  # a mask's token count
     finally:
         lib._destroy()
+    if counted.tolist() != [2, 1] or counted.dtype != torch.int64:
+        bad.append(f"integer sum {counted}")
     if not torch.equal(inv[1:2], one):
         bad.append("SANA row 1 alone vs in a batch of 3")
     if not torch.allclose(inv, eager, atol=1e-4):
         bad.append(f"SANA vs eager {float((inv - eager).abs().max())}")
     if mode.calls["cuda.addmm"] == 0 or mode.calls["cuda.convolution.pointwise"] == 0:
         bad.append(f"kernels not used: {dict(mode.calls)}")
+    # an exact (integer) sum is not a fallback; the fast calls are subsets of their op's calls
+    if mode.calls["cuda.sum.exact"] != 1 or "cuda.sum.fallback" in mode.calls:
+        bad.append(f"integer sum counted as {dict(mode.calls)}")
+    for op in ("mm", "addmm", "bmm", "convolution.pointwise"):
+        if mode.calls[f"cuda.{op}.cublas"] > mode.calls[f"cuda.{op}"]:
+            bad.append(f"cuda.{op}.cublas over cuda.{op}: {dict(mode.calls)}")
     print("CALLS", dict(mode.calls))
     print("BAD", bad)
 """)

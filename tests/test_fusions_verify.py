@@ -140,6 +140,26 @@ def test_default_cache_location_and_switch(tmp_path, monkeypatch):
     assert VerdictCache.default() is None and Verifier("triton").cache is None
 
 
+def test_the_batch_invariant_mode_verifies_into_a_cache_of_its_own(tmp_path, monkeypatch):
+    # under bcg.invariant, eager runs the mode's kernels: a verdict against aten's eager (a default
+    # job's) must not serve the mode's job, or a shape the default job saw runs fused and one it did
+    # not runs the mode's eager, and a row's bytes follow its batch (session 44, SANA's decoder)
+    from bcg.invariant import InvariantConfig, batch_invariant
+
+    monkeypatch.setenv(ENV_DIR, str(tmp_path))
+    monkeypatch.delenv(ENV_SWITCH, raising=False)
+    plain = VerdictCache.default()
+    with batch_invariant(InvariantConfig(cuda="off")):
+        inv = VerdictCache.default()
+        assert Verifier("triton").cache.path == inv.path
+    with batch_invariant(InvariantConfig(cuda="off", fast_paths=False)):
+        assert VerdictCache.default().path == inv.path  # the fast paths give the same bytes
+    with batch_invariant(InvariantConfig(cuda="off", reductions=False)):
+        assert VerdictCache.default().path not in (inv.path, plain.path)  # another eager
+    assert plain.env["invariant"] is None and inv.env["invariant"]["gemm"] is True
+    assert inv.path != plain.path and VerdictCache.default().path == plain.path
+
+
 def test_a_torn_cache_file_is_ignored(tmp_path, caplog):
     path = tmp_path / "v.json"
     path.write_text("{not json")

@@ -5,8 +5,11 @@ on one machine is not compared again on the next run with the same key.
     BCGEN_FUSION_CACHE=off                                         no cache (every run verifies)
 
 The file is chosen by everything outside the key that decides bits: the GPU's name, the torch,
-CUDA, cuDNN, Triton and diffusers versions, and a digest of bcg/fusions' own sources (kernels,
-chains, rules): a change to any of them is another file, so every key verifies again. Inside it a
+CUDA, cuDNN, Triton and diffusers versions, a digest of bcg/fusions' own sources (kernels,
+chains, rules), and the batch-invariant mode where it is installed (bcg/invariant: eager then
+runs the mode's kernels, its mean and GEMMs and per-sample convolutions, so a chain found equal to
+aten's eager says nothing about the mode's): a change to any of them is another file, so every key
+verifies again. Inside it a
 verdict is keyed by the verifier's key (keys.py: shapes, strides, dtypes, alignment, the rule and
 the module's place among the rule's modules).
 
@@ -20,6 +23,7 @@ costs a verification on the next run.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -68,7 +72,23 @@ def environment() -> dict[str, Any]:
     cuda = torch.cuda.is_available()
     return {"gpu": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
             "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version() if cuda else None,
-            "triton": triton_version, "diffusers": diffusers_version, "sources": source_digest()}
+            "triton": triton_version, "diffusers": diffusers_version, "sources": source_digest(),
+            "invariant": invariant_mode()}
+
+
+def invariant_mode() -> dict | None:
+    """The installed batch-invariant mode's settings that decide what eager runs, or None. Without it
+    in the file's name a default job's verdicts (fused == aten's eager) served the mode's job, whose
+    eager differs: in session 44 a SANA decoder chain ran fused at batch 8 (a cached verdict) and
+    eager at batch 4 (verified afresh, against the mode's), so 16 rows' images depended on their batch."""
+    from bcg.invariant import active
+
+    mode = active()
+    if mode is None:
+        return None
+    settings = dataclasses.asdict(mode.config)
+    settings.pop("fast_paths")  # the vendor kernels give the canonical bytes (bcg/invariant/verified.py)
+    return settings
 
 
 def digest(key: Any) -> str:

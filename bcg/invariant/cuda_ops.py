@@ -37,14 +37,15 @@ def register(lib: torch.library.Library, mode, key: str = "CUDA") -> None:
     TRITON_INTERPRET=1)."""
     c, calls = mode.config, mode.calls
 
-    def verified_gemm(op: str, canonical, fast, operands, *params):
-        """canonical(*operands), or fast(*operands) where the key gave the same bits (verified.py)."""
+    def verified_gemm(op: str, canonical, fast, operands, *params, counter: str = ""):
+        """canonical(*operands), or fast(*operands) where the key gave the same bits (verified.py);
+        a fast call counts as `counter` (default `cuda.<op>.cublas`, a subset of `cuda.<op>`)."""
         if not c.fast_paths:
             return canonical(*operands)
         shape_key = (op, params, *map(verified.layout, operands))
         ran_fast, out = verified.GEMM.run(shape_key, canonical, fast, operands)
         if ran_fast:
-            calls[f"cuda.{op}.cublas"] += 1
+            calls[counter or f"cuda.{op}.cublas"] += 1
         return out
 
     def mm(a, b):
@@ -92,11 +93,12 @@ def register(lib: torch.library.Library, mode, key: str = "CUDA") -> None:
         """A 1x1 convolution's GEMM: addmm's path (the mode's) where it is covered."""
         if not _ok(rows, w_t):
             return torch.addmm(bias, rows, w_t) if bias is not None else torch.mm(rows, w_t)
+        counter = "cuda.convolution.pointwise.cublas"  # a subset of cuda.convolution.pointwise
         if bias is None:
-            return verified_gemm("mm", matmul, _aten_mm, (rows, w_t))
+            return verified_gemm("mm", matmul, _aten_mm, (rows, w_t), counter=counter)
         return verified_gemm("addmm", lambda x, p, q: matmul(p, q, x),
                              lambda x, p, q: torch.addmm(x, p, q, out=p.new_empty((p.shape[0], q.shape[1]))),
-                             (bias, rows, w_t), 1, 1)
+                             (bias, rows, w_t), 1, 1, counter=counter)
 
     def convolution(x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
         if conv.is_pointwise(w, stride, padding, dilation, transposed, groups) and _ok(x, w):
@@ -134,6 +136,12 @@ def register(lib: torch.library.Library, mode, key: str = "CUDA") -> None:
         aten_op = torch.mean if mean else torch.sum
 
         def impl(x, dim, keepdim=False, *, dtype=None):
+            if not mean and not x.is_floating_point() and not x.is_complex() \
+                    and (dtype is None or not (dtype.is_floating_point or dtype.is_complex)):
+                # an integer or boolean sum is exact in any order (transformers' masks count their
+                # tokens so): aten's, and not a fallback, which would warn that rows may move
+                calls[f"cuda.{name}.exact"] += 1
+                return torch.sum(x, dim, keepdim, dtype=dtype, out=x.new_empty(0, dtype=dtype or torch.int64))
             if not _last_dim(x, dim) or (dtype is not None and dtype != x.dtype):
                 calls[f"cuda.{name}.fallback"] += 1
                 return aten_op(x, dim, keepdim, dtype=dtype, out=x.new_empty(0, dtype=dtype or x.dtype))

@@ -282,3 +282,33 @@ def test_vae_decode_rows_do_not_depend_on_the_batch():
             full = vae.decode(z, return_dict=False)[0]
             for r in (0, 3, 5):
                 assert torch.equal(vae.decode(z[r:r + 1], return_dict=False)[0], full[r:r + 1]), f"row {r}"
+
+
+def test_the_decoders_fused_chains_take_one_path_at_every_batch_under_the_mode(tmp_path, monkeypatch):
+    # Session 44: at SANA-1.6B size the mode's job gave 16 rows decoded at batch 4 other JPEG bytes
+    # than at batch 8 (their latents equal). A default job's verdicts (fused == aten's eager) had
+    # served the mode's decode at batch 8; at batch 4, unseen, its chains were verified against the
+    # mode's eager. The mode verifies into a cache of its own (bcg/fusions/cache.py), so here the
+    # default decode first fills the cache the mode must not read.
+    from bcg.fusions import install_fusions
+    from tests.gpu.test_fusions_dc_ae_gpu import _configs, _vae
+
+    monkeypatch.setenv("BCGEN_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("BCGEN_FUSION_CACHE", raising=False)
+    config, res, _ = _configs()["dc-ae-f32c32-sana-1.0 512px"]
+    vae = _vae(config, torch.bfloat16)
+    z = torch.randn(8, config["latent_channels"], res // 32, res // 32,
+                    generator=torch.Generator("cuda").manual_seed(3), device="cuda").bfloat16()
+    with torch.no_grad():
+        fx = install_fusions(vae, backend="triton")
+        vae.decode(z, return_dict=False)  # the default job's verdicts at batch 8, cached
+        fx.remove()
+        with batch_invariant():
+            fx = install_fusions(vae, backend="triton")
+            full = vae.decode(z, return_dict=False)[0]
+            four = vae.decode(z[4:], return_dict=False)[0]
+            one = vae.decode(z[5:6], return_dict=False)[0]
+            stats = fx.stats()
+            fx.remove()
+    print(f"\nDC-AE 512px under the mode: {stats}")
+    assert torch.equal(four, full[4:]) and torch.equal(one, full[5:6])
