@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from bcg.invariant.verified import Verdicts, layout, random_like
+from bcg.invariant.verified import Verdicts, layout, math_settings, random_like
 
 
 def _canonical(a, b):
@@ -87,3 +87,15 @@ def test_the_probe_leaves_the_global_generator_alone():
     torch.manual_seed(123)
     v.run(("mm", layout(a), layout(b)), _canonical, _same_sums, (a, b))
     assert torch.equal(torch.rand(4), want)
+
+
+def test_the_math_settings_are_part_of_a_key():
+    # reduced-precision reductions or TF32 let the vendor kernel sum another way for the same shape
+    m = torch.backends.cuda.matmul
+    before, flag = math_settings(), m.allow_bf16_reduced_precision_reduction
+    try:
+        m.allow_bf16_reduced_precision_reduction = not flag
+        assert math_settings() != before
+    finally:
+        m.allow_bf16_reduced_precision_reduction = flag
+    assert math_settings() == before

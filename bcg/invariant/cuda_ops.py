@@ -42,7 +42,7 @@ def register(lib: torch.library.Library, mode, key: str = "CUDA") -> None:
         a fast call counts as `counter` (default `cuda.<op>.cublas`, a subset of `cuda.<op>`)."""
         if not c.fast_paths:
             return canonical(*operands)
-        shape_key = (op, params, *map(verified.layout, operands))
+        shape_key = (op, params, verified.math_settings(), *map(verified.layout, operands))
         ran_fast, out = verified.GEMM.run(shape_key, canonical, fast, operands)
         if ran_fast:
             calls[counter or f"cuda.{op}.cublas"] += 1
@@ -114,7 +114,8 @@ def register(lib: torch.library.Library, mode, key: str = "CUDA") -> None:
             return conv.batched(xx, ww, bb, *params, canonical=canonical_format)
 
         if c.fast_paths and x.shape[0] > 1:
-            ran_fast, out = verified.CONV.run(("convolution", params, *map(verified.layout, (x, w, bias))),
+            ran_fast, out = verified.CONV.run(("convolution", params, verified.math_settings(),
+                                               *map(verified.layout, (x, w, bias))),
                                               per_sample, batched, (x, w, bias))
             calls["cuda.convolution.batched" if ran_fast else "cuda.convolution.per_sample"] += 1
             return out

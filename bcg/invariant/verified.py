@@ -41,6 +41,16 @@ def layout(t: Optional[torch.Tensor]) -> Optional[tuple]:
     return (t.dtype, t.device, tuple(t.shape), tuple(t.stride()), t.data_ptr() % 16)
 
 
+def math_settings() -> tuple:
+    """Process-wide switches that let cuBLAS and cuDNN compute the same key another way (TF32,
+    reduced-precision split reductions): part of every verdict's key, so a switch flipped mid-run
+    decides its shapes anew rather than trusting a verdict made under the other setting."""
+    m = torch.backends.cuda.matmul
+    return tuple(getattr(m, f, None) for f in ("allow_tf32", "allow_bf16_reduced_precision_reduction",
+                                                "allow_fp16_reduced_precision_reduction")) \
+        + (torch.backends.cudnn.allow_tf32,)
+
+
 def random_like(t: Optional[torch.Tensor], gen: torch.Generator) -> Optional[torch.Tensor]:
     """Random normal values in a tensor of `t`'s `layout` (its strides and alignment kept: a view
     into a fresh buffer at the same offset modulo 16 bytes)."""
