@@ -78,9 +78,10 @@ def environment() -> dict[str, Any]:
 
 def invariant_mode() -> dict | None:
     """The installed batch-invariant mode's settings that decide what eager runs, or None. Without it
-    in the file's name a default job's verdicts (fused == aten's eager) served the mode's job, whose
-    eager differs: in session 44 a SANA decoder chain ran fused at batch 8 (a cached verdict) and
-    eager at batch 4 (verified afresh, against the mode's), so 16 rows' images depended on their batch."""
+    in the file's name a default job's verdicts (fused == aten's eager) serve the mode's job, whose
+    eager differs: the likely cause of session 44's finding, where the mode's job at SANA-1.6B size gave
+    the 16 rows it decoded at batch 4 other images than at batch 8 (a cached verdict there, a fresh one
+    against the mode's eager at batch 4; benchmarks/results/job_wall_h200_1024_invariant_s44.md)."""
     from bcg.invariant import active
 
     mode = active()

@@ -286,10 +286,10 @@ def test_vae_decode_rows_do_not_depend_on_the_batch():
 
 def test_the_decoders_fused_chains_take_one_path_at_every_batch_under_the_mode(tmp_path, monkeypatch):
     # Session 44: at SANA-1.6B size the mode's job gave 16 rows decoded at batch 4 other JPEG bytes
-    # than at batch 8 (their latents equal). A default job's verdicts (fused == aten's eager) had
-    # served the mode's decode at batch 8; at batch 4, unseen, its chains were verified against the
-    # mode's eager. The mode verifies into a cache of its own (bcg/fusions/cache.py), so here the
-    # default decode first fills the cache the mode must not read.
+    # than at batch 8 (their latents equal). The likely cause: a default job's verdicts (fused ==
+    # aten's eager) served the mode's decode at batch 8, while at batch 4, unseen, its chains were
+    # verified against the mode's eager. The mode verifies into a cache of its own
+    # (bcg/fusions/cache.py); here the default decode first fills the cache the mode must not read.
     from bcg.fusions import install_fusions
     from tests.gpu.test_fusions_dc_ae_gpu import _configs, _vae
 
