@@ -258,11 +258,11 @@ class BcgConfig(RunnerConfig):
     row, quality tier, device and software stack), not of the batch size, its neighbours, the pool,
     the partition or a resume. The pool (batch_sizes, pad_short_batches, batch_grow) then leaves the
     run identity: a run may resume with another pool. Off by default: on the CPU it costs a few x the
-    eager forward on the tiny presets (benchmarks/results/batch_invariance_cpu.md), and on the H200 5.1%
-    over a whole SANA-1.6B-size job at 1024² with cuBLAS run where it gives the canonical GEMM's bits
-    (benchmarks/results/job_wall_h200_1024_invariant_s44.md; 25% on the canonical kernels alone), the
-    decode's part not final: its fused chains' verdicts need a cache of their own under the mode
-    (docs/pending/s44-invariant-verdicts.mbox; until then BCGEN_FUSION_CACHE=off)."""
+    eager forward on the tiny presets (benchmarks/results/batch_invariance_cpu.md), and on the H200 7.1%
+    over a whole SANA-1.6B-size job at 1024² and 3.6% at 512², with cuBLAS run where it gives the
+    canonical GEMM's bits (benchmarks/results/job_wall_h200_{1024,512}_invariant_s45.md; 25% and 15% on
+    the canonical kernels alone). Its fused chains' verdicts have a cache file of their own
+    (bcg/fusions/cache.py)."""
 
     def __post_init__(self) -> None:
         try:
