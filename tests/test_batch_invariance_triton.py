@@ -122,8 +122,11 @@ _SCRIPT = textwrap.dedent("""
         bad.append("SANA row 1 alone vs in a batch of 3")
     if not torch.allclose(inv, eager, atol=1e-4):
         bad.append(f"SANA vs eager {float((inv - eager).abs().max())}")
-    if mode.calls["cuda.addmm"] == 0 or mode.calls["cuda.convolution.pointwise"] == 0:
+    if mode.calls["cuda.addmm"] == 0 or mode.calls["cuda.convolution.pointwise"] == 0 \
+            or mode.calls["cuda.sdpa"] == 0 or "cuda.sdpa.fallback" in mode.calls:
         bad.append(f"kernels not used: {dict(mode.calls)}")
+    if mode.calls["cuda.sdpa.batched"] > mode.calls["cuda.sdpa"]:
+        bad.append(f"cuda.sdpa.batched over cuda.sdpa: {dict(mode.calls)}")
     # an exact (integer) sum is not a fallback; the fast calls are subsets of their op's calls
     if mode.calls["cuda.sum.exact"] != 1 or "cuda.sum.fallback" in mode.calls:
         bad.append(f"integer sum counted as {dict(mode.calls)}")

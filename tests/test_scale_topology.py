@@ -127,3 +127,8 @@ def test_the_closing_summary_says_what_the_invariant_mode_ran():
     assert gpu == ["  batch-invariant kernels: on (cpu, cuda); vendor kernels at 49 of 49 GEMM and 17 of 18 "
                    "convolution call shapes (the same bytes); 2 fallback calls (rows they computed may depend "
                    "on their batch)"]
+    rows = line({"enabled": True, "devices": ["cpu", "cuda"], "calls": {"cuda.sdpa": 40, "cuda.sdpa.batched": 38},
+                 "fast_paths": {"gemm": {"agree": 51, "differ": 0}, "convolution": {"agree": 17, "differ": 1},
+                                "attention": {"agree": 6, "differ": 0}}})
+    assert rows == ["  batch-invariant kernels: on (cpu, cuda); vendor kernels at 51 of 51 GEMM, 17 of 18 "
+                    "convolution and 6 of 6 attention call shapes (the same bytes); 0 fallback calls"]

@@ -7,13 +7,17 @@ With `InvariantConfig.fast_paths` (the default) a GEMM runs on cuBLAS, and a con
 batched kernel, at each call shape where they gave the canonical kernel's bits on first sight
 (verified.py): the same bytes, at the vendor kernel's speed. Counted as `cuda.<op>.cublas` and
 `cuda.convolution.batched` (a subset of `cuda.<op>` / beside `cuda.convolution.per_sample`).
+
+With `InvariantConfig.attention == "rows"` (the default) scaled_dot_product_attention computes each row
+in a call of its own, or the whole batch in one where that gave the same bits (attention.py), counted as
+`cuda.sdpa` and its subset `cuda.sdpa.batched`.
 """
 
 from __future__ import annotations
 
 import torch
 
-from . import conv, verified
+from . import attention, conv, verified
 from .gemm_triton import matmul
 from .reduce_triton import row_sum
 
@@ -122,6 +126,30 @@ def register(lib: torch.library.Library, mode, key: str = "CUDA") -> None:
         calls["cuda.convolution.per_sample"] += 1
         return per_sample(x, w, bias)
 
+    def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False):
+        # Registered for the Autograd key too (a composite op is reached there outside inference
+        # mode); where a gradient is wanted aten's composite runs, so the backward is aten's.
+        grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, attn_mask))
+        if grad or not attention.covered(q, k, v, attn_mask, dropout_p):
+            calls["cuda.sdpa.fallback"] += 1
+            return attention.composite(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+        calls["cuda.sdpa"] += 1
+
+        def per_row(qq, kk, vv, mm):
+            return attention.per_row(qq, kk, vv, mm, dropout_p, is_causal, scale, enable_gqa)
+
+        def batched(qq, kk, vv, mm):
+            return attention.composite(qq, kk, vv, mm, dropout_p, is_causal, scale, enable_gqa)
+
+        if not c.fast_paths or q.shape[0] == 1:
+            return per_row(q, k, v, attn_mask)
+        shape_key = ("sdpa", dropout_p, is_causal, scale, enable_gqa, attention.settings(),
+                     *map(verified.layout, (q, k, v, attn_mask)))
+        ran_fast, out = verified.ATTENTION.run(shape_key, per_row, batched, (q, k, v, attn_mask))
+        if ran_fast:
+            calls["cuda.sdpa.batched"] += 1  # a subset of cuda.sdpa
+        return out
+
     def group_norm(x, num_groups, weight=None, bias=None, eps=1e-5, cudnn_enabled=True):
         calls["cuda.group_norm"] += 1
         return conv.group_norm_per_sample(x, num_groups, weight, bias, eps)
@@ -163,3 +191,6 @@ def register(lib: torch.library.Library, mode, key: str = "CUDA") -> None:
     if c.reductions:
         lib.impl("mean.dim", row_reduction("mean", mean=True), key)
         lib.impl("sum.dim_IntList", row_reduction("sum", mean=False), key)
+    if c.attention == "rows":
+        lib.impl("scaled_dot_product_attention", sdpa, key)
+        lib.impl("scaled_dot_product_attention", sdpa, "Autograd" + key)

@@ -17,8 +17,9 @@ What is replaced, and why (benchmarks/results/batch_invariance_cpu.md measured t
   run in other blocks. Item by item, each item's keys cut after the last one it attends (cpu.sdpa).
 - CUDA mean/sum over the last dim (RMSNorm): launch picked by the number of rows (reduce_triton.py).
 - CUDA attention: flash attention splits the keys when batch x heads x query blocks is small, and
-  cuDNN attention picks plans by shape; the memory-efficient kernel keeps one program a query block
-  over all keys, so the mode leaves SDPA only that backend (and math), process-wide, while on.
+  cuDNN attention picks plans by shape. Each row a call of its own, or the whole batch in one call
+  where that gave the same bits (attention.py), under a fixed backend order: cuDNN, memory-efficient,
+  math; flash off, process-wide, while on.
 
 Every replacement falls back to aten's `.out` kernel (not replaced) for what it does not cover
 (dtypes other than float32/bf16/fp16, ...), and the counters say how often: a fallback is a place
@@ -36,7 +37,7 @@ from typing import Literal, Optional
 
 import torch
 
-from . import conv, cpu, elementwise
+from . import attention, conv, cpu, elementwise, verified
 
 log = logging.getLogger(__name__)
 
@@ -61,12 +62,17 @@ class InvariantConfig:
     """CPU scaled_dot_product_attention: item by item, its masked-out trailing keys cut (cpu.sdpa)."""
     reductions: bool = True
     """CUDA: sum / mean over the last dimension (the CPU's reductions were measured invariant)."""
-    attention: Literal["efficient", "keep"] = "efficient"
-    """CUDA SDPA: "efficient" leaves only the memory-efficient and math backends on; "keep" leaves them."""
+    attention: Literal["rows", "efficient", "keep"] = "rows"
+    """CUDA SDPA. "rows": each row in a call of its own under a fixed backend order (cuDNN first), the
+    whole batch in one call where that gave the same bits (attention.py). "efficient": only the
+    memory-efficient and math backends on, batched (one program a query block over all keys; the
+    mode's attention before session 45, 2.6x slower than cuDNN's at SANA-1.6B's cross-attention on the
+    H200; other bytes than "rows"). "keep": SDPA left as it is (rows may follow their batch)."""
     fast_paths: bool = True
-    """CUDA: run cuBLAS's GEMM / cuDNN's batched convolution at each call shape where, on first sight,
-    they gave the canonical kernel's bits (on the call's operands and on random ones of its layout),
-    the canonical kernel elsewhere (verified.py). The bytes are the same either way; off is slower."""
+    """CUDA: run cuBLAS's GEMM / cuDNN's batched convolution / attention's batched call at each call
+    shape where, on first sight, they gave the canonical kernel's bits (on the call's operands and on
+    random ones of its layout), the canonical kernel elsewhere (verified.py). The bytes are the same
+    either way; off is slower."""
     cuda: Literal["auto", "off"] = "auto"
     """"auto": also register the CUDA kernels when CUDA is available (needs Triton); "off": CPU only."""
     cpu_rows: int = cpu.ROWS
@@ -109,6 +115,8 @@ class BatchInvariance:
                     self.devices.append("cuda")
                     if self.config.attention == "efficient":
                         self._sdp = _restrict_sdpa()
+                    elif self.config.attention == "rows":
+                        self._sdp = attention.install_order()
             except Exception:
                 lib._destroy()
                 raise
@@ -126,7 +134,7 @@ class BatchInvariance:
             self._lib._destroy()
             self._lib = None
             if self._sdp is not None:
-                _restore_sdpa(self._sdp)
+                (attention.restore_order if "order" in self._sdp else _restore_sdpa)(self._sdp)
                 self._sdp = None
             self.devices = []
             if _active is self:
@@ -143,13 +151,13 @@ class BatchInvariance:
         return self._lib is not None
 
     def stats(self) -> dict:
-        """Installed, devices, each kernel's calls; with CUDA, how many call shapes the vendor kernels
-        ran (agree) and how many the canonical ones (differ), verified.py's verdicts."""
-        out = {"installed": self.installed, "devices": list(self.devices), "calls": dict(self.calls)}
+        """Installed, devices, each kernel's calls; with CUDA, how many call shapes the vendor kernels (and
+        attention's batched call) ran (agree) and how many the canonical ones (differ), verified.py's verdicts."""
+        out: dict = {"installed": self.installed, "devices": list(self.devices), "calls": dict(self.calls)}
         if "cuda" in self.devices and self.config.fast_paths:
-            from . import verified
-
             out["fast_paths"] = {"gemm": verified.GEMM.counts(), "convolution": verified.CONV.counts()}
+            if self.config.attention == "rows":
+                out["fast_paths"]["attention"] = verified.ATTENTION.counts()
         return out
 
     # -- the CPU kernels ------------------------------------------------------------------------

@@ -53,9 +53,11 @@ def math_settings() -> tuple:
 
 def random_like(t: Optional[torch.Tensor], gen: torch.Generator) -> Optional[torch.Tensor]:
     """Random normal values in a tensor of `t`'s `layout` (its strides and alignment kept: a view
-    into a fresh buffer at the same offset modulo 16 bytes)."""
-    if t is None:
-        return None
+    into a fresh buffer at the same offset modulo 16 bytes). An integer or boolean operand (an
+    attention mask) is kept as it is: its values say which terms a sum has, not what they are, and
+    random ones could mask a whole row (NaN, never equal to itself)."""
+    if t is None or not (t.is_floating_point() or t.is_complex()):
+        return t
     span = 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride())) if t.numel() else 0
     offset = (t.data_ptr() % 16) // t.element_size()
     buf = torch.empty(span + offset, dtype=t.dtype, device=t.device)
@@ -115,3 +117,4 @@ class Verdicts:
 
 GEMM = Verdicts("cuBLAS's GEMM")
 CONV = Verdicts("cuDNN's batched convolution")
+ATTENTION = Verdicts("SDPA's batched call")

@@ -150,9 +150,9 @@ class JobStats:
         return f"  batch sizes: {b['sizes']} ({b['source']}{grown}; {b['reason']}); {self._padding()}"
 
     def _invariant_line(self) -> List[str]:
-        """With bcg.invariant: where its kernels ran, how many call shapes the vendor kernels took
-        (bcg/invariant/verified.py: the canonical bytes either way), and the fallbacks, the one place
-        the contract may not hold."""
+        """With bcg.invariant: where its kernels ran, how many call shapes the vendor kernels (and
+        attention's batched call) took (bcg/invariant/verified.py: the canonical bytes either way), and
+        the fallbacks, the one place the contract may not hold."""
         inv = self.invariant
         if not inv.get("enabled"):
             return []
@@ -160,10 +160,12 @@ class JobStats:
         fallbacks = sum(n for op, n in calls.items() if op.endswith(".fallback"))
         fast = inv.get("fast_paths") or {}
         shapes = [f"{fast[k].get('agree', 0)} of {fast[k].get('agree', 0) + fast[k].get('differ', 0)} {name}"
-                  for k, name in (("gemm", "GEMM"), ("convolution", "convolution")) if k in fast]
+                  for k, name in (("gemm", "GEMM"), ("convolution", "convolution"), ("attention", "attention"))
+                  if k in fast]
         parts = [f"on ({', '.join(inv.get('devices', [])) or '-'})"]
         if shapes:
-            parts.append(f"vendor kernels at {' and '.join(shapes)} call shapes (the same bytes)")
+            listed = shapes[0] if len(shapes) == 1 else f"{', '.join(shapes[:-1])} and {shapes[-1]}"
+            parts.append(f"vendor kernels at {listed} call shapes (the same bytes)")
         parts.append(f"{fallbacks} fallback call{'s' if fallbacks != 1 else ''}"
                      + (" (rows they computed may depend on their batch)" if fallbacks else ""))
         return ["  batch-invariant kernels: " + "; ".join(parts)]

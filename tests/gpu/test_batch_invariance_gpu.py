@@ -241,6 +241,45 @@ def test_fast_paths_give_the_canonical_kernels_bytes_at_sana_1600m(res):
     assert sum(cublas.values()) > 0, dict(inv.calls)
 
 
+# (heads, queries, keys, head dim, real keys past which the mask adds -10000 (None: no mask), causal)
+_ATTENTION = {"sana_cross_1024": (20, 1024, 300, 112, 47, False), "sana_cross_512": (20, 256, 64, 112, 20, False),
+              "gemma2_self": (8, 300, 300, 256, None, True)}
+
+
+@pytest.mark.parametrize("case", sorted(_ATTENTION))
+def test_attention_rows_do_not_depend_on_the_batch_and_the_batched_call_runs_where_it_agrees(case):
+    # bcg/invariant/attention.py: each row its own call (cuDNN first), the batch in one call where
+    # that gave the same bits; sdpa_rows_h200.md found cuDNN's rows the same alone and batched here
+    import torch.nn.functional as F
+
+    heads, lq, lk, d, real, causal = _ATTENTION[case]
+    g = torch.Generator("cuda").manual_seed(0)
+    # diffusers' layout: [B, L, H, D] transposed to [B, H, L, D]; the mask [B, 1, 1, K] past the caption
+    q, k, v = (torch.randn(16, n, heads, d, generator=g, device="cuda").bfloat16().transpose(1, 2)
+               for n in (lq, lk, lk))
+    mask = None
+    if real is not None:
+        mask = torch.zeros(16, 1, 1, lk, device="cuda", dtype=torch.bfloat16)
+        mask[..., real:] = -10000.0
+
+    def attend(n):
+        return F.scaled_dot_product_attention(q[:n], k[:n], v[:n], attn_mask=None if mask is None else mask[:n],
+                                              is_causal=causal)
+
+    with torch.no_grad():
+        with batch_invariant(InvariantConfig(fast_paths=False)):
+            canonical = attend(16)
+        with batch_invariant() as inv:
+            got = {n: (attend(n), attend(n)) for n in (1, 2, 3, 8, 16)}  # deciding each shape, then after
+            stats = inv.stats()
+    for n, (first, second) in got.items():
+        assert torch.equal(first, canonical[:n]) and torch.equal(second, canonical[:n]), f"{case}: batch {n}"
+    print(f"\n{case}: {dict(inv.calls)}; shapes {stats['fast_paths'].get('attention')}")
+    assert inv.calls["cuda.sdpa"] == 10 and "cuda.sdpa.fallback" not in inv.calls, dict(inv.calls)
+    # if a library change made the batched call differ, the mode stays correct and slows down; this says so
+    assert inv.calls["cuda.sdpa.batched"] > 0, dict(inv.calls)
+
+
 def test_fast_paths_give_the_canonical_bytes_in_the_vae_decode():
     from diffusers import AutoencoderDC
 
