@@ -261,8 +261,9 @@ class BcgConfig(RunnerConfig):
     eager forward on the tiny presets (benchmarks/results/batch_invariance_cpu.md), and on the H200 7.1%
     over a whole SANA-1.6B-size job at 1024² and 3.6% at 512², with cuBLAS run where it gives the
     canonical GEMM's bits (benchmarks/results/job_wall_h200_{1024,512}_invariant_s45.md; 25% and 15% on
-    the canonical kernels alone). Its fused chains' verdicts have a cache file of their own
-    (bcg/fusions/cache.py)."""
+    the canonical kernels alone; both with the memory-efficient attention, before its CUDA attention
+    went row by row with cuDNN first, not yet measured over a job). Its fused chains' verdicts have a
+    cache file of their own (bcg/fusions/cache.py)."""
 
     def __post_init__(self) -> None:
         try:
