@@ -15,8 +15,9 @@ Bytes still depend on the device, the software stack and, on the CPU, the thread
 
 Files: mode (config, installer, CPU registrations), cpu (fixed-shape CPU GEMM / bmm, per-item SDPA), conv (per
 sample, 1x1 as GEMM), gemm_triton (the M-invariant persistent Triton GEMM), reduce_triton (row
-sum / mean), cuda_ops (CUDA registrations), verified (cuBLAS / cuDNN for a call shape where they
-gave the canonical kernel's bits), trace (op-by-op comparison: where a row first depends on its
+sum / mean), cuda_ops (CUDA registrations), attention (CUDA SDPA row by row, the whole batch where
+that gave the same bits), verified (cuBLAS / cuDNN for a call shape where they gave the canonical
+kernel's bits), trace (op-by-op comparison: where a row first depends on its
 batch). Mechanism only: nothing here knows prompts, jobs or model families.
 """
 
