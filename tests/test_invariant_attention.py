@@ -7,6 +7,7 @@ tests/gpu/test_batch_invariance_gpu.py's; aten's CPU composite is the same code 
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch.nn.attention import SDPBackend
 
@@ -94,7 +95,7 @@ def test_random_operands_keep_an_integer_or_boolean_mask():
 def test_the_backend_order_is_installed_and_given_back():
     c = torch._C
     before = attention.settings()
-    saved = attention.install_order()
+    saved = attention.switch("rows")
     try:
         flash, cudnn, efficient, math, order = attention.settings()
         assert (flash, cudnn, efficient, math) == (False, True, True, True)
@@ -103,6 +104,25 @@ def test_the_backend_order_is_installed_and_given_back():
             assert sorted(order) == sorted(before[4])
             assert SDPBackend.FLASH_ATTENTION.value in order
     finally:
-        attention.restore_order(saved)
+        attention.restore(saved)
     assert attention.settings() == before
     assert c._get_flash_sdp_enabled() == before[0]
+
+
+def test_the_efficient_set_leaves_cudnn_and_flash_off_and_the_order_alone():
+    before = attention.settings()
+    saved = attention.switch("efficient")
+    try:
+        flash, cudnn, efficient, math, order = attention.settings()
+        assert (flash, cudnn, efficient, math) == (False, False, True, True)
+        assert order == before[4]
+    finally:
+        attention.restore(saved)
+    assert attention.settings() == before
+
+
+def test_an_unknown_attention_setting_is_refused_by_name_and_changes_nothing():
+    before = attention.settings()
+    with pytest.raises(ValueError, match="'fast'"):
+        attention.switch("fast")
+    assert attention.settings() == before

@@ -93,23 +93,30 @@ def settings() -> tuple:
             c._get_math_sdp_enabled(), order)
 
 
-def install_order() -> dict:
-    """Switch flash off and cuDNN, memory-efficient and math on, in ORDER; return what was there."""
+def switch(kind: str = "rows") -> dict:
+    """Set the SDPA backends the mode runs under; return what was there, for restore().
+
+    "rows": cuDNN, memory-efficient and math on, in ORDER (the per-row path's order); "efficient": the
+    older path's set, memory-efficient and math only (no order: aten's own among those). Flash is off in
+    both, since it splits keys by the batch."""
+    if kind not in ("rows", "efficient"):
+        raise ValueError(f"bcg.invariant: attention={kind!r} has no SDPA backend set; use 'rows' or 'efficient'")
     c = torch._C
     saved: dict = {"flash": c._get_flash_sdp_enabled(), "cudnn": c._get_cudnn_sdp_enabled(),
                    "efficient": c._get_mem_efficient_sdp_enabled(), "math": c._get_math_sdp_enabled(),
                    "order": list(c._get_sdp_priority_order()) if hasattr(c, "_get_sdp_priority_order") else None}
     c._set_sdp_use_flash(False)
-    c._set_sdp_use_cudnn(True)
+    c._set_sdp_use_cudnn(kind == "rows")
     c._set_sdp_use_mem_efficient(True)
     c._set_sdp_use_math(True)
     previous = saved["order"]
-    if previous is not None:  # without a priority order (older torch) aten's own order stands
+    if kind == "rows" and previous is not None:  # without a priority order (older torch) aten's own stands
         c._set_sdp_priority_order([*ORDER, *(b for b in previous if b not in ORDER)])
     return saved
 
 
-def restore_order(saved: dict) -> None:
+def restore(saved: dict) -> None:
+    """Put back the switches and order switch() found."""
     c = torch._C
     c._set_sdp_use_flash(saved["flash"])
     c._set_sdp_use_cudnn(saved["cudnn"])

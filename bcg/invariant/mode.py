@@ -113,10 +113,8 @@ class BatchInvariance:
                         cuda_ops.register(lib, self)
                 if cuda:
                     self.devices.append("cuda")
-                    if self.config.attention == "efficient":
-                        self._sdp = _restrict_sdpa()
-                    elif self.config.attention == "rows":
-                        self._sdp = attention.install_order()
+                    if self.config.attention != "keep":
+                        self._sdp = attention.switch(self.config.attention)
             except Exception:
                 lib._destroy()
                 raise
@@ -134,7 +132,7 @@ class BatchInvariance:
             self._lib._destroy()
             self._lib = None
             if self._sdp is not None:
-                (attention.restore_order if "order" in self._sdp else _restore_sdpa)(self._sdp)
+                attention.restore(self._sdp)
                 self._sdp = None
             self.devices = []
             if _active is self:
@@ -256,25 +254,6 @@ def _unary(name, out_op, calls):
         return elementwise.padded_unary(out_op, x, **kw)
 
     return impl
-
-
-def _restrict_sdpa() -> dict:
-    b = torch.backends.cuda
-    saved = {"flash": b.flash_sdp_enabled(), "cudnn": b.cudnn_sdp_enabled(),
-             "efficient": b.mem_efficient_sdp_enabled(), "math": b.math_sdp_enabled()}
-    b.enable_flash_sdp(False)
-    b.enable_cudnn_sdp(False)
-    b.enable_mem_efficient_sdp(True)
-    b.enable_math_sdp(True)
-    return saved
-
-
-def _restore_sdpa(saved: dict) -> None:
-    b = torch.backends.cuda
-    b.enable_flash_sdp(saved["flash"])
-    b.enable_cudnn_sdp(saved["cudnn"])
-    b.enable_mem_efficient_sdp(saved["efficient"])
-    b.enable_math_sdp(saved["math"])
 
 
 def active() -> Optional[BatchInvariance]:
