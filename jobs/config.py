@@ -258,12 +258,12 @@ class BcgConfig(RunnerConfig):
     row, quality tier, device and software stack), not of the batch size, its neighbours, the pool,
     the partition or a resume. The pool (batch_sizes, pad_short_batches, batch_grow) then leaves the
     run identity: a run may resume with another pool. Off by default: on the CPU it costs a few x the
-    eager forward on the tiny presets (benchmarks/results/batch_invariance_cpu.md), and on the H200 7.1%
-    over a whole SANA-1.6B-size job at 1024² and 3.6% at 512², with cuBLAS run where it gives the
-    canonical GEMM's bits (benchmarks/results/job_wall_h200_{1024,512}_invariant_s45.md; 25% and 15% on
-    the canonical kernels alone; both with the memory-efficient attention, before its CUDA attention
-    went row by row with cuDNN first, not yet measured over a job). Its fused chains' verdicts have a
-    cache file of their own (bcg/fusions/cache.py)."""
+    eager forward on the tiny presets (benchmarks/results/batch_invariance_cpu.md), and on the H200
+    over a whole SANA-1.6B-size job 7.1% and 4.0% at 1024², 3.6% and 8.9% at 512², on two machines,
+    with cuBLAS run where it gives the canonical GEMM's bits
+    (benchmarks/results/job_wall_h200_{1024,512}_invariant_s4{5,6}.md; session 46's with the attention
+    row by row, cuDNN first; 25% and 15% on the canonical kernels alone). Its fused chains' verdicts
+    have a cache file of their own (bcg/fusions/cache.py)."""
 
     def __post_init__(self) -> None:
         try:
