@@ -92,7 +92,7 @@ FAMILIES = {
 }
 COLUMNS = ["mode", "resolution", "prompts", "batch", "runs", "wall_images_per_s", "wall_images_per_s_min",
            "wall_images_per_s_max", "images_per_s", "first_batch_s", "tflops", "peak_fraction", "wall_s", "fixed_s",
-           "bytes_equal", "skipped"]
+           "pace_s", "bytes_equal", "skipped"]
 
 PLAIN_LOOP = r'''
 import json, sys, time
@@ -388,6 +388,7 @@ class Results:
                            flops_per_image=fpi, tflops=round(tflops, 1) if tflops else None,
                            peak_fraction=round(tflops / H200_PEAK_TFLOPS, 4) if tflops else None,
                            wall_s=round(statistics.median(r["wall_s"] for r in runs), 1), fixed_s=_fixed(runs),
+                           pace_s=_pace(runs),
                            bytes_equal=self.bytes.get(key), all_runs=runs)
             out.append(row)
         return out
@@ -413,7 +414,10 @@ class Results:
         lines += ["", "wall_images_per_s: items / (exit - start) of each run, median [min, max]; images_per_s: the "
                       "generation stage (the job's summary; the plain loop's batches after its first); first_batch_s: "
                       "process start to the first batch out of the decoder; tflops: images_per_s x the model FLOPs of "
-                      "an image at that mode's text lengths (jobs/models/flops.py); peak_fraction: of 989 TFLOP/s."]
+                      "an image at that mode's text lengths (jobs/models/flops.py); peak_fraction: of 989 TFLOP/s; "
+                      "pace_s (the job's timeline, medians): steady, the interval between two batches of one part; "
+                      "first, the generate stage's start to its first batch handed to the sink (its captures and "
+                      "first sights); switches, what the signature switches took above the steady pace."]
         if self.a.family == "flux":
             lines += ["", f"Flux.1-dev (random weights, FLUX.1-dev's configs; T5 and CLIP vocabularies cut to "
                           f"MiniLM's 30,522): the job is model=flux, plainN FluxPipeline with max_sequence_length "
@@ -432,6 +436,19 @@ def _fixed(runs: list) -> str:
             v = [r["load_s"] for r in runs if "load_s" in r]
         if v:
             parts.append(f"{name} {statistics.median(v):.1f}")
+    return ", ".join(parts)
+
+
+def _pace(runs: list) -> str:
+    """A mode's pace from its runs' timelines (batch_pace), medians: the steady interval, the first hand-off
+    and the switches' time above the steady pace. Apart, they say whether a cost is paid per batch or once a
+    run. Empty for the plain loop (no timeline)."""
+    parts = []
+    for name, label, digits in (("batch_interval_s", "steady", 3), ("first_handoff_s", "first", 2),
+                                ("switches_above_s", "switches", 2)):
+        v = [r[name] for r in runs if r.get(name) is not None]
+        if v:
+            parts.append(f"{label} {statistics.median(v):.{digits}f}")
     return ", ".join(parts)
 
 

@@ -189,3 +189,16 @@ def test_merge_takes_every_call_s_runs_of_one_commit_and_refuses_another_commit(
     other = _call_json(tmp_path / "4", "fff9999", "bcg", [45.0], 1e14)
     with pytest.raises(SystemExit, match="commit"):
         merge([one, other], tmp_path, "n")
+
+
+def test_the_pace_column_splits_a_modes_cost_into_per_batch_and_once_a_run():
+    # session 46 read the invariant mode's cost this way by hand: the steady interval against the first
+    # hand-off and the switches (README, a sample is a function of its row)
+    from bench_job_wall import _pace
+
+    runs = [{"batch_interval_s": 2.066, "first_handoff_s": 7.93, "switches_above_s": 4.51},
+            {"batch_interval_s": 2.072, "first_handoff_s": 7.9, "switches_above_s": 3.59},
+            {"batch_interval_s": 2.074, "first_handoff_s": 8.18, "switches_above_s": 3.79}]
+    assert _pace(runs) == "steady 2.072, first 7.93, switches 3.79"
+    assert _pace([{"load_s": 12.0}]) == ""  # the plain loop keeps no timeline
+    assert _pace([{"batch_interval_s": 0.5, "first_handoff_s": None}]) == "steady 0.500"
