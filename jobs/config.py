@@ -218,8 +218,9 @@ class BcgConfig(RunnerConfig):
     partition or a resume (issue 30). On the H200 at SANA-1.6B size, 512², 200 prompts it cost
     nothing over the wall clock against the old default [1, 2, 4, 8] (5.43 against 4.93 images/s,
     medians of 3, benchmarks/results/job_wall_h200_512_contract_s31.md); what it costs is a job of
-    fewer than 8 prompts a signature, which denoises 8 rows. The video presets keep [1, 2, 4, 8]
-    (conf/model/wan.yaml): a single video would otherwise denoise 8."""
+    fewer than 8 prompts a signature, which denoises 8 rows. Z-Image and the video presets set [1]
+    (conf/model/wan.yaml: a single video would otherwise denoise 8, and at real size a video costs the
+    same at batch 1 and 2)."""
     text_buckets: Optional[List[int]] = None
     """Override of model.text_buckets (None: use the model's)."""
     warmup_resolutions: List[List[int]] = field(default_factory=list)

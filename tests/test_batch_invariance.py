@@ -80,7 +80,7 @@ def test_transformer_row_is_the_same_alone_in_any_batch_at_any_position(built, p
 
 @pytest.mark.parametrize("preset", [*FAMILIES, "wan_tiny"])
 def test_with_the_mode_off_a_row_is_the_same_at_one_batch_shape(built, preset):
-    # The default's contract (one pool size, [8]; the video presets with bcg.batch_sizes=[1]): at one
+    # The default's contract (one pool size: [8] for images, [1] for the video presets): at one
     # batch shape a row's bytes do not depend on its position or its neighbours, without the mode.
     # GLM-Image's tiny config keeps it on one thread only (the test below says why and pins the cause).
     cfg, fam, pipe, args, kw, batch = built(preset)

@@ -30,18 +30,19 @@ def test_the_job_warms_up_on_live_calls_and_the_runner_on_random_data():
 
 
 @pytest.mark.parametrize("bcg", ["on", "off"])
-def test_default_pool_is_one_shape_for_images_and_four_sizes_for_video(bcg):
-    """Issue 30: an image job runs every batch at one shape by default, so a sample's bytes do not
-    depend on its neighbours, the partition or a resume; graphs off keeps that pool (on and off give
-    the same bytes). A video preset keeps [1, 2, 4, 8]: one video would otherwise denoise 8. Z-Image
-    runs [1]: a signature a caption length, so [8] would pad most batches."""
+def test_default_pool_is_one_shape_for_every_family(bcg):
+    """Issue 30: a job runs every batch at one shape by default, so a sample's bytes do not depend on
+    its neighbours, the partition or a resume; graphs off keeps that pool (on and off give the same
+    bytes). Images at [8]; a video preset at [1] (one video would otherwise denoise 8, and at real size
+    a video costs the same at batch 1 and 2); Z-Image at [1]: a signature a caption length, so [8]
+    would pad most batches."""
     for preset in IMAGE_PRESETS + ONE_ROW_PRESETS + VIDEO_PRESETS:
         cfg = compose_cfg([f"model={preset}", f"bcg={bcg}", "output_dir=/tmp/x", "model.path=/m"])
-        want = [1, 2, 4, 8] if preset in VIDEO_PRESETS else [1] if preset in ONE_ROW_PRESETS else [8]
+        want = [1] if preset in VIDEO_PRESETS + ONE_ROW_PRESETS else [8]
         assert cfg.bcg.batch_sizes == want, preset
     # an override on the command line still wins over a preset's pool
-    cfg = compose_cfg(["model=wan_tiny", f"bcg={bcg}", "bcg.batch_sizes=[1]", "output_dir=/tmp/x"])
-    assert cfg.bcg.batch_sizes == [1]
+    cfg = compose_cfg(["model=wan_tiny", f"bcg={bcg}", "bcg.batch_sizes=[1,2,4,8]", "output_dir=/tmp/x"])
+    assert cfg.bcg.batch_sizes == [1, 2, 4, 8]
 
 
 def test_typo_in_key_fails_at_compose():

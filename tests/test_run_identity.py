@@ -35,20 +35,22 @@ def test_a_resume_with_other_batch_sizes_is_refused_naming_the_field(tmp_path):
     open_run(tmp_path, identity_of("bcg.batch_sizes=[1,2,4,8]"), overwrite=False)  # the same run resumes
 
 
-def test_a_run_of_the_old_default_pool_is_told_how_to_resume(tmp_path):
-    """Session 31 changed the image presets' pool from [1, 2, 4, 8] to [8]: a plain rerun of an older
-    run is refused, and the refusal gives the overrides that resume it; they do."""
-    open_run(tmp_path, identity_of("bcg.batch_sizes=[1,2,4,8]"), overwrite=False)
+@pytest.mark.parametrize("model, now", [("sana_tiny", "[8]"), ("wan_tiny", "[1]")])
+def test_a_run_of_the_old_default_pool_is_told_how_to_resume(tmp_path, model, now):
+    """Session 31 changed the image presets' pool from [1, 2, 4, 8] to [8], session 47 the video
+    presets' to [1]: a plain rerun of an older run is refused, and the refusal gives the overrides
+    that resume it; they do."""
+    open_run(tmp_path, identity_of(f"model={model}", "bcg.batch_sizes=[1,2,4,8]"), overwrite=False)
     with pytest.raises(UserError) as e:
-        open_run(tmp_path, identity_of(), overwrite=False)
+        open_run(tmp_path, identity_of(f"model={model}"), overwrite=False)
     msg = str(e.value)
-    assert "batching.batch_sizes: [1, 2, 4, 8] -> [8]" in msg
+    assert f"batching.batch_sizes: [1, 2, 4, 8] -> {now}" in msg
     hint = msg.split("pass its batching back: ", 1)[1].split()
     assert hint == ["bcg.batch_sizes=[1,2,4,8]"]
-    open_run(tmp_path, identity_of(*hint), overwrite=False)
+    open_run(tmp_path, identity_of(f"model={model}", *hint), overwrite=False)
     # no hint when more than the batching differs: passing the pool back would not resume it
     with pytest.raises(UserError) as e:
-        open_run(tmp_path, identity_of("sampling.steps=3"), overwrite=False)
+        open_run(tmp_path, identity_of(f"model={model}", "sampling.steps=3"), overwrite=False)
     assert "pass its batching back" not in str(e.value)
 
 
