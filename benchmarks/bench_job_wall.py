@@ -31,8 +31,10 @@ busy time, the streams' overlap, idle gaps, the top kernels.
 Modes run in lanes, one per GPU of --gpus (round robin), each lane's runs in series; run i of
 every mode is done before run i+1 of any mode of that lane. The model folder is built once
 (`--build`, bench_job_realsize.py build) and read once before the first run (page cache warm).
-Triton and Inductor caches: --cache warm (default) shares them between the runs of a mode (run 1
-compiles cold, the rest reuse: the median is a warm run), --cache cold gives each run empty ones.
+Triton's, Inductor's and bcgen's own caches (its verdicts and digests, BCGEN_CACHE_DIR), all under
+--work: --cache warm (default) shares them between the runs of a mode (run 1 compiles cold, the rest
+reuse: the median is a warm run), --cache cold gives each run empty ones. Until session 47 bcgen's own
+stayed in the user's cache folder, so a "cold" run had them warm.
 --warmup N first runs each job and compiled mode once on N prompts in that shared cache, untimed, so
 that run 1 is warm too (with --resume over device calls: the cache is --work's).
 A run that would end past --budget-s (estimated from the mode's last run) is skipped and said so.
@@ -129,8 +131,12 @@ print("PLAIN " + json.dumps({"items": n, "load_s": round(load, 2), "first_batch_
 
 # -- one run ----------------------------------------------------------------------------------
 def child_env(gpu, cache: Path) -> dict:
+    """A run's environment: its GPU, and every cache it reads under `cache`: Triton's, Inductor's and
+    bcgen's own (BCGEN_CACHE_DIR: the fused chains' and the invariant mode's verdicts, the weights'
+    digests, the batch sizes), so --cache cold starts a run with all of them empty."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-               TRITON_CACHE_DIR=str(cache / "triton"), TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"))
+               TRITON_CACHE_DIR=str(cache / "triton"), TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"),
+               BCGEN_CACHE_DIR=str(cache / "bcgen"))
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = str(gpu)
     return env
@@ -404,7 +410,7 @@ class Results:
                  f"process start to exit", "",
                  f"- {self.meta['date']}; commit `{self.meta['commit']}`; {self.meta['gpu']}, torch {self.meta['torch']}",
                  f"- command: `{self.meta['command']}`",
-                 f"- caches: {self.a.cache} (Triton/Inductor); page cache warmed by reading the model folder once; "
+                 f"- caches: {self.a.cache} (Triton/Inductor/bcgen); page cache warmed by reading the model folder once; "
                  f"lanes (GPU: modes, run in series): {self.meta.get('lanes')}",
                  *[f"- merged (merge_job_wall.py): {m['date']}, `{m['command']}`" for m in self.meta.get("merged", [])],
                  "",

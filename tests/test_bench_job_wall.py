@@ -13,7 +13,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from bench_job_wall import flops_per_image  # noqa: E402
+from bench_job_wall import child_env, flops_per_image  # noqa: E402
 
 from jobs.models.flops import transformer_flops  # noqa: E402
 from jobs.plan import Signature  # noqa: E402
@@ -202,3 +202,15 @@ def test_the_pace_column_splits_a_modes_cost_into_per_batch_and_once_a_run():
     assert _pace(runs) == "steady 2.072, first 7.93, switches 3.79"
     assert _pace([{"load_s": 12.0}]) == ""  # the plain loop keeps no timeline
     assert _pace([{"batch_interval_s": 0.5, "first_handoff_s": None}]) == "steady 0.500"
+
+
+def test_a_runs_caches_are_all_under_its_cache_folder(tmp_path):
+    # --cache cold must start a run with bcgen's own verdicts and digests empty too, not only Triton's
+    # and Inductor's (session 46: a "cold" run read the user's ~/.cache/bcgen).
+    from jobs.user_cache import user_cache_dir
+
+    env = child_env(None, tmp_path / "c")
+    assert {env[k] for k in ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "BCGEN_CACHE_DIR")} == {
+        str(tmp_path / "c" / d) for d in ("triton", "inductor", "bcgen")}
+    assert user_cache_dir(env) == tmp_path / "c" / "bcgen"
+    assert child_env(1, tmp_path / "c")["CUDA_VISIBLE_DEVICES"] == "1"
