@@ -5,8 +5,8 @@ sizes, rates):
     $XDG_CACHE_HOME/bcgen                  else, when set (the XDG base directory spec)
     ~/.cache/bcgen                         else
 
-bcg/fusions/cache.py:cache_root keeps the fused kernels' verdicts under the same folder by the same
-rule; it is written out there because bcg imports nothing of jobs (tests/test_user_cache.py holds
+bcg/verdict_file.py:cache_root keeps the fused kernels' and the invariant mode's verdicts under the same
+folder by the same rule; it is written out there because bcg imports nothing of jobs (tests/test_user_cache.py holds
 the two equal).
 """
 

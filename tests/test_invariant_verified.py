@@ -35,7 +35,7 @@ def test_an_agreeing_kernel_runs_from_the_second_call_on():
     assert not ran and torch.equal(out, _canonical(a, b))  # the first call decides, and returns the canonical
     ran, out = v.run(("mm", layout(a), layout(b)), _canonical, _same_sums, (a, b))
     assert ran and torch.equal(out, _canonical(a, b))
-    assert v.counts() == {"agree": 1, "differ": 0}
+    assert v.counts() == {"agree": 1, "differ": 0, "kept": 0}
 
 
 def test_a_kernel_with_other_sums_never_runs_and_the_canonical_bytes_come_back():
@@ -45,7 +45,7 @@ def test_a_kernel_with_other_sums_never_runs_and_the_canonical_bytes_come_back()
     for _ in range(3):
         ran, out = v.run(("mm", layout(a), layout(b)), _canonical, _split_k, (a, b))
         assert not ran and torch.equal(out, _canonical(a, b))
-    assert v.counts() == {"agree": 0, "differ": 1}
+    assert v.counts() == {"agree": 0, "differ": 1, "kept": 0}
 
 
 def test_operands_that_agree_by_accident_do_not_decide_the_key():
@@ -55,7 +55,7 @@ def test_operands_that_agree_by_accident_do_not_decide_the_key():
     a, b = torch.zeros(64, 96), torch.zeros(96, 48)
     assert torch.equal(_split_k(a, b), _canonical(a, b))
     ran, _ = v.run(("mm", layout(a), layout(b)), _canonical, _split_k, (a, b))
-    assert not ran and v.counts() == {"agree": 0, "differ": 1}
+    assert not ran and v.counts() == {"agree": 0, "differ": 1, "kept": 0}
 
 
 def test_the_verdict_is_per_layout():
@@ -64,7 +64,7 @@ def test_the_verdict_is_per_layout():
     bt = b.t().contiguous().t()  # the same values, other strides: another kernel may run
     v.run(("mm", layout(a), layout(b)), _canonical, _same_sums, (a, b))
     ran, _ = v.run(("mm", layout(a), layout(bt)), _canonical, _same_sums, (a, bt))
-    assert not ran and v.counts() == {"agree": 2, "differ": 0}
+    assert not ran and v.counts() == {"agree": 2, "differ": 0, "kept": 0}
 
 
 def test_random_like_keeps_shape_strides_and_alignment():

@@ -132,3 +132,19 @@ def test_the_closing_summary_says_what_the_invariant_mode_ran():
                                 "attention": {"agree": 6, "differ": 0}}})
     assert rows == ["  batch-invariant kernels: on (cpu, cuda); vendor kernels at 51 of 51 GEMM, 17 of 18 "
                     "convolution and 6 of 6 attention call shapes (the same bytes); 0 fallback calls"]
+
+
+def test_the_closing_summary_counts_the_verdicts_kept_from_earlier_runs():
+    # bcg/invariant/kept.py: a warm run recalls its call shapes' verdicts instead of deciding them
+    from jobs.telemetry.summary import JobStats
+
+    fast = {"gemm": {"agree": 51, "differ": 0, "kept": 50}, "convolution": {"agree": 17, "differ": 1, "kept": 18}}
+    lines = [x for x in JobStats(invariant={"enabled": True, "devices": ["cpu", "cuda"], "calls": {},
+                                            "fast_paths": fast}).lines() if "batch-invariant" in x]
+    assert lines == ["  batch-invariant kernels: on (cpu, cuda); vendor kernels at 51 of 51 GEMM and 17 of 18 "
+                     "convolution call shapes (the same bytes; 68 verdicts kept from earlier runs); 0 fallback calls"]
+    parts = [dict(_part(i, "complete", 1, 1.0), invariant={"enabled": True, "devices": ["cuda"], "calls": {},
+                                                            "fast_paths": {"gemm": {"agree": 2, "differ": 0,
+                                                                                    "kept": k}}})
+             for i, k in ((0, 2), (1, 0))]
+    assert merge_stats(parts, parts=2).invariant["fast_paths"] == {"gemm": {"agree": 4, "differ": 0, "kept": 2}}

@@ -16,35 +16,25 @@ the module's place among the rule's modules).
 What a cached verdict skips is the comparison on live values: a kernel that equals eager on the
 values of one run is trusted on another's. The kernels here compute every element with the same
 operations whatever its value, so values change bits only where the two paths treat NaN, inf or
-subnormals apart; the GPU tests cover those. Writes replace the file atomically (a temporary file
-and os.replace); two processes writing at once may drop the other's new verdicts, which only
-costs a verification on the next run.
+subnormals apart; the GPU tests cover those. The file itself (atomic writes, a torn file ignored,
+a read-only folder tolerated) is bcg/verdict_file.py's, shared with the batch-invariant mode's
+fast paths (bcg/invariant/kept.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
-import logging
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
-log = logging.getLogger(__name__)
+from bcg.verdict_file import ENV_DIR, VerdictFile, cache_root, environment_file, switched_off
 
-ENV_DIR = "BCGEN_CACHE_DIR"
+__all__ = ["ENV_DIR", "ENV_SWITCH", "VerdictCache", "cache_root", "environment", "source_digest"]
+
 ENV_SWITCH = "BCGEN_FUSION_CACHE"
-_OFF = ("0", "off", "false", "no")
-
-
-def cache_root() -> Path:
-    if os.environ.get(ENV_DIR):
-        return Path(os.environ[ENV_DIR]).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "bcgen"
 
 
 def source_digest() -> str:
@@ -92,56 +82,13 @@ def invariant_mode() -> dict | None:
     return settings
 
 
-def digest(key: Any) -> str:
-    return hashlib.sha1(repr(key).encode()).hexdigest()
-
-
-class VerdictCache:
-    """{key digest: verdict} for one environment, in one JSON file."""
-
-    def __init__(self, path: Path, env: dict | None = None) -> None:
-        self.path = path
-        self.env = env or {}
-        self._verdicts: dict[str, dict] | None = None
+class VerdictCache(VerdictFile):
+    """{key digest: verdict} for one environment, in one JSON file (bcg/verdict_file.py)."""
 
     @classmethod
     def default(cls) -> "VerdictCache | None":
         """The user's cache for this environment, or None when BCGEN_FUSION_CACHE is off."""
-        if os.environ.get(ENV_SWITCH, "on").strip().lower() in _OFF:
+        if switched_off(ENV_SWITCH):
             return None
         env = environment()
-        name = hashlib.sha1(json.dumps(env, sort_keys=True).encode()).hexdigest()[:16]
-        return cls(cache_root() / "fusions" / f"verdicts-{name}.json", env)
-
-    def _load(self) -> dict[str, dict]:
-        if self._verdicts is None:
-            self._verdicts = self._read()
-        return self._verdicts
-
-    def _read(self) -> dict[str, dict]:
-        try:
-            data = json.loads(self.path.read_text())
-            return dict(data.get("verdicts", {}))
-        except FileNotFoundError:
-            return {}
-        except (OSError, ValueError) as exc:  # unreadable or torn: start afresh, keep running
-            log.warning("bcg.fusions: ignoring the verdict cache %s (%s)", self.path, exc)
-            return {}
-
-    def get(self, key: Any) -> bool | None:
-        v = self._load().get(digest(key))
-        return None if v is None else bool(v["ok"])
-
-    def put(self, key: Any, ok: bool, what: str) -> None:
-        verdicts = self._load()
-        verdicts[digest(key)] = {"ok": ok, "what": what[:300]}
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            merged = {**self._read(), **verdicts}  # another process's verdicts since we loaded
-            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=self.path.name, suffix=".tmp")
-            with os.fdopen(fd, "w") as f:
-                json.dump({"environment": self.env, "verdicts": merged}, f, indent=0, sort_keys=True)
-            os.replace(tmp, self.path)
-            self._verdicts = merged
-        except OSError as exc:  # a read-only home: verify again next run, never fail the job
-            log.warning("bcg.fusions: cannot write the verdict cache %s (%s)", self.path, exc)
+        return cls(environment_file("fusions", env), env)

@@ -38,6 +38,7 @@ from typing import Literal, Optional
 import torch
 
 from . import attention, conv, cpu, elementwise, verified
+from .kept import KeptVerdicts
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +116,8 @@ class BatchInvariance:
                     self.devices.append("cuda")
                     if self.config.attention != "keep":
                         self._sdp = attention.switch(self.config.attention)
+                    if self.config.fast_paths:  # verdicts of earlier runs, re-checked (kept.py)
+                        verified.keep_in(KeptVerdicts.default(self.config))
             except Exception:
                 lib._destroy()
                 raise
@@ -134,6 +137,7 @@ class BatchInvariance:
             if self._sdp is not None:
                 attention.restore(self._sdp)
                 self._sdp = None
+            verified.keep_in(None)
             self.devices = []
             if _active is self:
                 _active = None

@@ -19,15 +19,23 @@ padding rows), random ones cannot over thousands of outputs unless every sum was
 
 Until a key is decided (its first call inside a CUDA graph capture, which cannot compare) the
 canonical kernel runs. Thread-safe: the job's stages run on threads of their own.
+
+Verdicts outlive the run where the mode's installer hands them a file (kept.py): a kept "agree" is
+used once the vendor kernel's output on the key's probe operands matches the checksum kept with it.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from typing import Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import torch
+
+from .kept import checksum
+
+if TYPE_CHECKING:
+    from .kept import KeptVerdicts
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +62,8 @@ def math_settings() -> tuple:
 def random_like(t: Optional[torch.Tensor], gen: torch.Generator) -> Optional[torch.Tensor]:
     """Random normal values in a tensor of `t`'s `layout` (its strides and alignment kept: a view
     into a fresh buffer at the same offset modulo 16 bytes). An integer or boolean operand (an
-    attention mask) is kept as it is: its values say which terms a sum has, not what they are, and
-    random ones could mask a whole row (NaN, never equal to itself)."""
+    attention mask) comes back as it is: its values say which terms a sum has, not what they are
+    (probe_operands fills a boolean one)."""
     if t is None or not (t.is_floating_point() or t.is_complex()):
         return t
     span = 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride())) if t.numel() else 0
@@ -65,18 +73,45 @@ def random_like(t: Optional[torch.Tensor], gen: torch.Generator) -> Optional[tor
     return buf.as_strided(t.shape, t.stride(), offset)
 
 
+#: the probe's seed: a private generator, the same in every run (kept.py re-checks a kept verdict on it)
+PROBE_SEED = 0x5EED
+
+
+def probe_operands(operands: Sequence[Optional[torch.Tensor]]) -> list:
+    """The key's probe: random values in each floating operand's layout from a generator seeded with
+    PROBE_SEED (so the same in every run, and no sample's seed moves); a boolean operand (an attention
+    mask) all True in its layout, since random ones could mask a whole row (NaN, never equal to itself)
+    and the call's own differ from call to call; any other operand as it is."""
+    device = next((t.device for t in operands if t is not None), torch.device("cpu"))
+    gen = torch.Generator(device=device).manual_seed(PROBE_SEED)
+    return [_all_true_like(t) if t is not None and t.dtype == torch.bool else random_like(t, gen) for t in operands]
+
+
+def _all_true_like(t: torch.Tensor) -> torch.Tensor:
+    span = 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride())) if t.numel() else 0
+    offset = t.data_ptr() % 16
+    return torch.ones(span + offset, dtype=torch.bool, device=t.device).as_strided(t.shape, t.stride(), offset)
+
+
 def _capturing(operands: Sequence[Optional[torch.Tensor]]) -> bool:
     return any(t is not None and t.device.type == "cuda" for t in operands) and \
         torch.cuda.is_current_stream_capturing()
 
 
 class Verdicts:
-    """Per key, whether `fast` gave `canonical`'s bits; found on the key's first call outside a capture."""
+    """Per key, whether `fast` gave `canonical`'s bits; found on the key's first call outside a capture,
+    or recalled from a kept file (kept.py) where one is attached."""
 
     def __init__(self, name: str) -> None:
         self.name = name
         self._agrees: dict = {}
         self._lock = threading.Lock()
+        self._kept: Optional["KeptVerdicts"] = None
+        self._recalled = 0
+
+    def keep_in(self, kept: Optional["KeptVerdicts"]) -> None:
+        """Keep new verdicts in `kept`, and recall verdicts from it (None: this run's only)."""
+        self._kept = kept
 
     def run(self, key: tuple, canonical: Kernel, fast: Kernel,
             operands: Sequence[Optional[torch.Tensor]]) -> tuple[bool, torch.Tensor]:
@@ -87,34 +122,66 @@ class Verdicts:
             return True, fast(*operands)
         if verdict is False or _capturing(operands):
             return False, canonical(*operands)
+        recalled = self._recall(key, fast, operands)
+        if recalled is not None:
+            return (True, fast(*operands)) if recalled else (False, canonical(*operands))
         want = canonical(*operands)
-        agrees = self._agree(canonical, fast, operands, want)
+        agrees, fingerprint = self._agree(canonical, fast, operands, want, self._kept is not None)
         with self._lock:
             self._agrees[key] = agrees
+        if self._kept is not None:
+            self._kept.keep(self.name, key, agrees, fingerprint)
         if not agrees:
             log.info("bcg.invariant: %s differs from the canonical kernel at %s; the canonical kernel runs there",
                      self.name, key)
         return False, want
 
+    def _recall(self, key: tuple, fast: Kernel, operands) -> Optional[bool]:
+        """A kept verdict for `key`, an "agree" only once `fast` reproduced its fingerprint; None where
+        there is none (or it failed the check: the caller decides the key again)."""
+        kept = self._kept.recall(self.name, key) if self._kept is not None else None
+        if kept is None:
+            return None
+        ok = bool(kept["ok"])
+        if ok and checksum(fast(*probe_operands(operands))) != kept.get("fingerprint"):
+            log.warning("bcg.invariant: %s no longer gives the kept fingerprint at %s (%s); deciding it again",
+                        self.name, key, self._kept.file.path if self._kept is not None else "-")
+            return None
+        with self._lock:
+            self._agrees[key] = ok
+            self._recalled += 1
+        return ok
+
     @staticmethod
-    def _agree(canonical: Kernel, fast: Kernel, operands, want: torch.Tensor) -> bool:
+    def _agree(canonical: Kernel, fast: Kernel, operands, want: torch.Tensor,
+               fingerprint: bool = False) -> tuple[bool, Optional[list]]:
+        """Whether `fast` gave the canonical bits on the call's operands and on the probe's; with
+        `fingerprint`, the checksum of its output on the probe (kept.py keeps it with the verdict)."""
         if not torch.equal(fast(*operands), want):
-            return False
-        device = next(t.device for t in operands if t is not None)
-        gen = torch.Generator(device=device).manual_seed(0x5EED)
-        probe = [random_like(t, gen) for t in operands]
-        return bool(torch.equal(fast(*probe), canonical(*probe)))
+            return False, None
+        probe = probe_operands(operands)
+        got = fast(*probe)
+        if not torch.equal(got, canonical(*probe)):
+            return False, None
+        return True, checksum(got) if fingerprint else None
 
     def snapshot(self) -> dict:
         with self._lock:
             return dict(self._agrees)
 
     def counts(self) -> dict:
-        """{"agree": keys where the vendor kernel runs, "differ": keys where the canonical one does}."""
+        """{"agree": keys where the vendor kernel runs, "differ": keys where the canonical one does,
+        "kept": how many of them were recalled from an earlier run's file instead of decided}."""
         snap = self.snapshot()
-        return {"agree": sum(snap.values()), "differ": len(snap) - sum(snap.values())}
+        return {"agree": sum(snap.values()), "differ": len(snap) - sum(snap.values()), "kept": self._recalled}
 
 
 GEMM = Verdicts("cuBLAS's GEMM")
 CONV = Verdicts("cuDNN's batched convolution")
 ATTENTION = Verdicts("SDPA's batched call")
+
+
+def keep_in(kept: Optional["KeptVerdicts"]) -> None:
+    """Hand the fast paths' verdicts a kept file (the mode's installer), or take it back (None)."""
+    for verdicts in (GEMM, CONV, ATTENTION):
+        verdicts.keep_in(kept)

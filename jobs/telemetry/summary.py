@@ -165,7 +165,9 @@ class JobStats:
         parts = [f"on ({', '.join(inv.get('devices', [])) or '-'})"]
         if shapes:
             listed = shapes[0] if len(shapes) == 1 else f"{', '.join(shapes[:-1])} and {shapes[-1]}"
-            parts.append(f"vendor kernels at {listed} call shapes (the same bytes)")
+            kept = sum(v.get("kept", 0) for v in fast.values())
+            parts.append(f"vendor kernels at {listed} call shapes (the same bytes"
+                         + (f"; {kept} verdict{'s' if kept != 1 else ''} kept from earlier runs" if kept else "") + ")")
         parts.append(f"{fallbacks} fallback call{'s' if fallbacks != 1 else ''}"
                      + (" (rows they computed may depend on their batch)" if fallbacks else ""))
         return ["  batch-invariant kernels: " + "; ".join(parts)]
