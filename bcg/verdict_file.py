@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,7 @@ class VerdictFile:
         self.path = path
         self.env = env or {}
         self._verdicts: dict[str, dict] | None = None
+        self._lock = threading.Lock()  # the job's stages put verdicts from threads of their own
 
     def _load(self) -> dict[str, dict]:
         if self._verdicts is None:
@@ -85,6 +87,10 @@ class VerdictFile:
         return None if v is None else bool(v["ok"])
 
     def put(self, key: Any, ok: bool, what: str, **kept: Any) -> None:
+        with self._lock:
+            self._put(key, ok, what, kept)
+
+    def _put(self, key: Any, ok: bool, what: str, kept: dict) -> None:
         verdicts = self._load()
         verdicts[digest(key)] = {"ok": ok, "what": what[:300], **kept}
         try:

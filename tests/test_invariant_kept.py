@@ -183,3 +183,17 @@ def test_the_file_follows_the_environment_and_the_mode(monkeypatch):
 def test_the_switch_reads_the_usual_spellings_of_off(monkeypatch, value):
     monkeypatch.setenv(kept.ENV_SWITCH, value)
     assert KeptVerdicts.default(InvariantConfig()) is None
+
+
+def test_verdicts_put_from_many_threads_all_reach_the_file(tmp_path):
+    # the job's encode, denoise and decode threads each meet call shapes of their own
+    import threading
+
+    file = VerdictFile(tmp_path / "v.json")
+    threads = [threading.Thread(target=file.put, args=(("k", i), i % 2 == 0, f"key {i}")) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    again = VerdictFile(tmp_path / "v.json")
+    assert [again.get(("k", i)) for i in range(16)] == [i % 2 == 0 for i in range(16)]

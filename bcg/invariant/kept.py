@@ -9,8 +9,8 @@ kept in the user's cache,
 
     <user cache>/invariant/verdicts-<environment digest>.json     BCGEN_INVARIANT_CACHE=off: decide every run
 
-in a file named by everything outside the key that decides either kernel's bits: each visible GPU
-(name, compute capability, SM count: cuBLAS's heuristics read it), torch, CUDA, cuDNN and Triton
+in a file named by everything outside the key that decides either kernel's bits: each kind of GPU
+visible (name, compute capability, SM count: cuBLAS's heuristics read it), torch, CUDA, cuDNN and Triton
 versions, the cuBLAS and cuDNN wheels where pip installed them, the BLAS library torch prefers, the
 environment variables cuBLAS, cuDNN and torch's BLAS path read, bcg/invariant's own sources and the
 mode's settings. The key itself holds the rest (shape, strides, dtype, alignment, math settings).
@@ -76,13 +76,15 @@ def _wheel_versions() -> dict:
 
 
 def _gpus() -> list:
+    """The kinds of GPU visible (name, compute capability, SM count), each once: eight of one kind and one
+    of it are the same environment."""
     if not torch.cuda.is_available():
         return []
-    out = []
+    kinds = set()
     for i in range(torch.cuda.device_count()):
         p = torch.cuda.get_device_properties(i)
-        out.append([p.name, f"{p.major}.{p.minor}", p.multi_processor_count])
-    return out
+        kinds.add((p.name, f"{p.major}.{p.minor}", p.multi_processor_count))
+    return [list(k) for k in sorted(kinds)]
 
 
 def environment(config: Any) -> dict:
