@@ -2,10 +2,10 @@
 
 A verdict (verified.py) costs a run its first sight of every call shape: the canonical kernel and
 the vendor kernel on the call's operands, then on random ones. On the H200 at SANA-1.6B size the
-mode's first hand-off came 2.3-2.5 s after the default job's, and each signature switch 0.7-1.3 s
+mode's first batch came 2.2-2.3 s after the default job's and its signature switches took 0.8-0.9 s
 more, while its steady batch cost 2.8-3.4% more (benchmarks/results/job_wall_h200_*_invariant_s46.md):
-at 200 prompts those first sights are most of what the mode costs over a whole job. So a verdict is
-kept in the user's cache,
+at 200 prompts what a run pays once is most of what the mode costs, and first sights are likely most
+of that. So a verdict is kept in the user's cache,
 
     <user cache>/invariant/verdicts-<environment digest>.json     BCGEN_INVARIANT_CACHE=off: decide every run
 
