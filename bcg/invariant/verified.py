@@ -139,13 +139,14 @@ class Verdicts:
     def _recall(self, key: tuple, fast: Kernel, operands) -> Optional[bool]:
         """A kept verdict for `key`, an "agree" only once `fast` reproduced its fingerprint; None where
         there is none (or it failed the check: the caller decides the key again)."""
-        kept = self._kept.recall(self.name, key) if self._kept is not None else None
-        if kept is None:
+        store = self._kept
+        kept = store.recall(self.name, key) if store is not None else None
+        if store is None or kept is None:
             return None
         ok = bool(kept["ok"])
         if ok and checksum(fast(*probe_operands(operands))) != kept.get("fingerprint"):
             log.warning("bcg.invariant: %s no longer gives the kept fingerprint at %s (%s); deciding it again",
-                        self.name, key, self._kept.file.path if self._kept is not None else "-")
+                        self.name, key, store.file.path)
             return None
         with self._lock:
             self._agrees[key] = ok
