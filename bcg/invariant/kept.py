@@ -20,9 +20,10 @@ bytes by construction. A kept "agree" is not taken on trust, since it lets the v
 stand for the canonical ones: on the key's first call in a run the vendor kernel runs once on the
 key's probe operands (verified.probe_operands: seeded random values in the call's layout, so the same
 in every run) and its output's checksum must equal the one kept, which was the canonical kernel's
-there too when the verdict was made. That costs one vendor call and a checksum instead of the
-canonical kernel and three calls. A mismatch (a library swapped under the same version strings,
-a file edited or torn) is logged and the key is decided again.
+there too when the verdict was made. That costs one vendor call on the probe and a checksum, where
+deciding costs the canonical kernel twice and the vendor kernel twice (the call's operands, the probe).
+A mismatch (a library swapped under the same version strings, a file edited or torn) is logged and
+the key is decided again.
 """
 
 from __future__ import annotations
