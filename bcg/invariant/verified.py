@@ -66,10 +66,16 @@ def random_like(t: Optional[torch.Tensor], gen: torch.Generator) -> Optional[tor
     (probe_operands fills a boolean one)."""
     if t is None or not (t.is_floating_point() or t.is_complex()):
         return t
+    return _same_layout(t, lambda buf: buf.normal_(generator=gen))
+
+
+def _same_layout(t: torch.Tensor, fill: Callable[[torch.Tensor], object]) -> torch.Tensor:
+    """A view of `t`'s shape and strides into a fresh buffer `fill` writes, at t's offset modulo 16 bytes
+    (what `layout` keys on)."""
     span = 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride())) if t.numel() else 0
     offset = (t.data_ptr() % 16) // t.element_size()
     buf = torch.empty(span + offset, dtype=t.dtype, device=t.device)
-    buf.normal_(generator=gen)
+    fill(buf)
     return buf.as_strided(t.shape, t.stride(), offset)
 
 
@@ -84,13 +90,8 @@ def probe_operands(operands: Sequence[Optional[torch.Tensor]]) -> list:
     and the call's own differ from call to call; any other operand as it is."""
     device = next((t.device for t in operands if t is not None), torch.device("cpu"))
     gen = torch.Generator(device=device).manual_seed(PROBE_SEED)
-    return [_all_true_like(t) if t is not None and t.dtype == torch.bool else random_like(t, gen) for t in operands]
-
-
-def _all_true_like(t: torch.Tensor) -> torch.Tensor:
-    span = 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride())) if t.numel() else 0
-    offset = t.data_ptr() % 16
-    return torch.ones(span + offset, dtype=torch.bool, device=t.device).as_strided(t.shape, t.stride(), offset)
+    return [_same_layout(t, lambda buf: buf.fill_(True)) if t is not None and t.dtype == torch.bool
+            else random_like(t, gen) for t in operands]
 
 
 def _capturing(operands: Sequence[Optional[torch.Tensor]]) -> bool:
