@@ -198,3 +198,26 @@ def test_an_error_is_rejected_for_the_run_but_not_remembered(tmp_path):
     run2 = Verifier("reference", cache=VerdictCache(tmp_path / "v.json"))
     run2.call(op, h, h[:, :1], h)
     assert (run2.counters.cached, run2.counters.rejected) == (0, 1)  # compared (and failed) again
+
+
+def test_a_chain_hands_calls_on_without_counting_them_as_eager_runs():
+    # Session 46 read 2,128 "eager calls" in the mode's decode: RMSNorm's variance passing each call
+    # past its rejected candidates to the one that agreed, which then ran fused every time.
+    from bcg.fusions.verify import chain
+
+    bad = ops.Op("adaln_bad", ops.ADALN.eager, lambda x, s, t: _nudge(ops.ADALN.reference(x, s, t)), ops.ADALN.fused)
+    fx = Verifier("reference")
+    run = chain(fx.call, (bad, ops.ADALN))
+    x, s, t = torch.randn(2, 4, 8), torch.randn(2, 1, 8), torch.randn(2, 1, 8)
+    want = ops.ADALN.eager(x, s, t)
+    outs = [run(x, s, t) for _ in range(3)]
+    assert all(torch.equal(o, want) for o in outs)
+    c = fx.counters
+    assert (c.rejected, c.verified) == (1, 1)
+    # call 1 is both candidates' first sight; calls 2 and 3 pass the rejected one by and run fused
+    assert (c.handed_on, c.fused_calls, c.eager_calls) == (2, 2, 0), c
+    # the chain's last candidate rejected too: its calls run eager, and count so
+    fx2 = Verifier("reference")
+    run2 = chain(fx2.call, (bad,))
+    [run2(x, s, t) for _ in range(3)]
+    assert (fx2.counters.handed_on, fx2.counters.eager_calls) == (0, 2), fx2.counters

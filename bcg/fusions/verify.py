@@ -46,6 +46,10 @@ class FusionCounters:
     fused_calls: int = 0
     eager_calls: int = 0
     """Calls that ran eager: rejected keys, and keys first seen inside a graph capture."""
+    handed_on: int = 0
+    """Calls a chain's candidate passed to the next candidate (its key rejected, not applicable or first seen
+    in a capture): no eager run, the next candidate decides. RMSNorm's variance under the invariant mode
+    hands each call past its four aten-order candidates, which session 46's summaries counted as eager calls."""
     unverified_in_capture: int = 0
     not_applicable: int = 0
     """(op, key) pairs the fused plan does not cover (a layout, a module config): eager, no failure."""
@@ -116,11 +120,11 @@ class Verifier:
             self.counters.fused_calls += 1
             return out
         if ok is False:
-            self.counters.eager_calls += 1
+            self._count_slow(fallback)
             return slow(*args)
         if capturing(args):
             self.counters.unverified_in_capture += 1
-            self.counters.eager_calls += 1
+            self._count_slow(fallback)
             return slow(*args)
         out = self._verify(op, k, args)
         if fallback is not None and not self.state[k]:
@@ -128,6 +132,12 @@ class Verifier:
             # may be the capture itself (same bits either way)
             return fallback(*args)
         return out
+
+    def _count_slow(self, fallback: Callable | None) -> None:
+        if isinstance(fallback, _Link):
+            self.counters.handed_on += 1
+        else:
+            self.counters.eager_calls += 1
 
     def _cached(self, key: tuple) -> bool | None:
         assert self.cache is not None  # the caller asks only when there is a cache
@@ -181,14 +191,24 @@ class Verifier:
             self.cache.put(key, ok, what)
 
 
+class _Link:
+    """One candidate of a chain: `call(op, *args, fallback=nxt)`. A call it passes on is counted as
+    handed on, not as an eager run (Verifier._count_slow)."""
+
+    def __init__(self, call: Callable, op: Op, nxt: Callable | None) -> None:
+        self.call, self.op, self.nxt = call, op, nxt
+
+    def __call__(self, *args: Any) -> Any:
+        return self.call(self.op, *args, fallback=self.nxt)
+
+
 def chain(call: Callable, ops: tuple, last: Callable | None = None) -> Callable:
     """call(ops[0], ...), falling back to ops[1], ... and finally `last` (default: the last op's
     eager): the first variant the verifier found equal to eager runs (candidate orders,
     contractions, norms run by aten)."""
     fb: Callable | None = last
     for op in reversed(ops):
-        # the outer lambda binds this op and the next fallback now; the inner one reads its parameters
-        fb = (lambda op, nxt: lambda *a: call(op, *a, fallback=nxt))(op, fb)  # noqa: B023 (op is bound)
+        fb = _Link(call, op, fb)
     assert fb is not None, "chain needs at least one op"
     return fb
 
