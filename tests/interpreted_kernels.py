@@ -17,18 +17,10 @@ import sys
 
 import numpy as np
 import torch
-import triton.language as tl
-from triton.language.extra import libdevice
-from triton.runtime.interpreter import TensorHandle
 
+from tests.interpreter_libdevice import swap
 
-def _np_unary(fn):
-    return lambda v: tl.core.tensor(TensorHandle(fn(v.handle.data), v.handle.dtype.scalar), v.type)
-
-
-libdevice.tanh = _np_unary(np.tanh)
-libdevice.exp = _np_unary(np.exp)
-libdevice.rsqrt = lambda v: tl.rsqrt(v)
+swap()
 
 from bcg.fusions import kernels, kernels_act, kernels_channel, kernels_norm, kernels_rms, kernels_rope, ops  # noqa: E402
 from bcg.fusions.applicable import NotApplicable  # noqa: E402

@@ -31,7 +31,8 @@ FRAMES, SIDE, AUDIO = 2, 4, 5  # latent frames, latent side, audio latents
 # plans that are the GPU's (not applicable on the CPU), and the one the CPU's addcmul contraction rejects
 # (the rounded products: tried after aten's FMA, so only where that one is not applicable)
 GPU_ONLY = {"qk_ltx_interleaved_fused", "qk_ltx_split_fused_plain", "qk_ltx_split_fused_fma_bd_ad",
-            "rms_variance_vec_dec", "rms_variance_vec_inc", "rms_variance_strided_dec", "rms_variance_strided_inc"}
+            "rms_variance_vec_dec", "rms_variance_vec_inc", "rms_variance_strided_dec", "rms_variance_strided_inc",
+            "rms_variance_rows"}
 CPU_REJECTS = {"qk_ltx_split_aten_plain"}
 
 

@@ -38,20 +38,34 @@ def _var_reference(mode: str):
     return reference
 
 
+def _var_rows(x):
+    """The invariant mode's order (bcg/invariant/reduce_triton.py): its row kernel squaring as it loads."""
+    from bcg.invariant.reduce_triton import row_sum
+
+    if x.stride(-1) != 1 or x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise NotApplicable("the mode's row kernel reads rows of stride 1 in a float dtype")
+    return row_sum(x, mean=True, keepdim=True, out_dtype=torch.float32, square=True)
+
+
 def _var_fused(mode: str):
     def fused(x):
         k = _zk()
         if mode == "sq_mean":  # our squares, aten's mean
             return k.rms_sq(x).mean(-1, keepdim=True)
+        if mode == "rows":
+            return _var_rows(x)
         return k.row_variance(x, mode)
 
     return fused
 
 
-RMS_VARIANCE_MODES = ("vec_dec", "vec_inc", "strided_dec", "strided_inc", "sq_mean")  # kernels_rms.VAR_MODES
+RMS_VARIANCE_MODES = ("vec_dec", "vec_inc", "strided_dec", "strided_inc", "rows", "sq_mean")
 RMS_VARIANCE = tuple(register(Op(f"rms_variance_{m}", _var_eager, _var_reference(m), _var_fused(m)))
                      for m in RMS_VARIANCE_MODES)
-"""RMSNorm's variance: the candidate reduction orders first, aten's mean of our squares last."""
+"""RMSNorm's variance: aten's CUDA reduction orders first (kernels_rms.VAR_MODES: a default job's eager),
+then the invariant mode's (`rows`: under `bcg.invariant` eager's mean is the mode's row kernel, and this
+reads the activation once where `sq_mean` writes and reads an fp32 copy), and our squares with whatever
+mean eager runs last."""
 
 
 def _rms_applicable(x: torch.Tensor, norm: nn.Module, eps: float, weightless: bool = False) -> None:

@@ -351,3 +351,30 @@ def test_the_decoders_fused_chains_take_one_path_at_every_batch_under_the_mode(t
             fx.remove()
     print(f"\nDC-AE 512px under the mode: {stats}")
     assert torch.equal(four, full[4:]) and torch.equal(one, full[5:6])
+
+
+def test_under_the_mode_the_decoders_variance_is_the_modes_row_kernel_in_one_pass(monkeypatch):
+    # Session 46's mode passed each of the decoder's 19 variances a decode past aten's four orders to
+    # sq_mean (fp32 squares written, then the mode's mean); the `rows` candidate squares as the mode's row
+    # kernel loads (one kernel source, one order) and must agree at every shape the decode meets.
+    from bcg.fusions import install_fusions
+    from tests.gpu.test_fusions_dc_ae_gpu import _configs, _vae
+
+    monkeypatch.setenv("BCGEN_FUSION_CACHE", "off")  # decide here, not from an earlier run's verdicts
+    config, res, _ = _configs()["dc-ae-f32c32-sana-1.0 512px"]
+    vae = _vae(config, torch.bfloat16)
+    z = torch.randn(4, config["latent_channels"], res // 32, res // 32,
+                    generator=torch.Generator("cuda").manual_seed(5), device="cuda").bfloat16()
+    with torch.no_grad(), batch_invariant():
+        want = vae.decode(z, return_dict=False)[0]
+        fx = install_fusions(vae, backend="triton")
+        vae.decode(z, return_dict=False)  # first sight
+        got = vae.decode(z, return_dict=False)[0]
+        state, counters = dict(fx.verifier.state), fx.counters
+        fx.remove()
+    rows = [ok for k, ok in state.items() if k[0] == "rms_variance_rows"]
+    print(f"\nDC-AE 512px under the mode: rows verdicts {rows}, handed on {counters.handed_on}, "
+          f"eager {counters.eager_calls}, fused {counters.fused_calls}")
+    assert rows and all(rows), state
+    assert not any(k[0] == "rms_variance_sq_mean" for k in state)
+    assert torch.equal(got, want)

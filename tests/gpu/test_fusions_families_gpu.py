@@ -29,7 +29,9 @@ CANDIDATES = {"qk_pairs_fused", "qk_wan_fused", "gelu_tanh_cat_fma", "gelu_tanh_
               # LTX-2: aten's fused RMSNorm order; the split RoPE's two contractions (aten's CUDA addcmul
               # rounds each product: `plain` expected); the RMSNorm variance's orders at rows of 4096 and 2048
               "qk_ltx_interleaved_fused", "qk_ltx_split_fused_plain", "qk_ltx_split_fused_fma_bd_ad",
-              "qk_ltx_split_aten_plain", "qk_ltx_split_aten_fma_bd_ad", "rms_variance_vec_dec", "rms_variance_vec_inc"}
+              "qk_ltx_split_aten_plain", "qk_ltx_split_aten_fma_bd_ad", "rms_variance_vec_dec", "rms_variance_vec_inc",
+              # the invariant mode's row order (ops_rms): eager's mean only under bcg.invariant
+              "rms_variance_rows"}
 
 
 def _cuda(obj):
