@@ -1,4 +1,5 @@
-"""Pipeline: the negative-prompt cache gives exactly what encoding the batch directly gives."""
+"""Pipeline: the negative-prompt cache encodes each negative alone, at one shape, and gives exactly what
+encoding each alone gives."""
 
 from __future__ import annotations
 
@@ -18,15 +19,25 @@ def engine():
     return Pipeline(cfg, fam, pipe, padder, None, "cpu")
 
 
-def test_negative_cache_matches_direct_encoding(engine):
+def test_each_negative_is_encoded_alone_once_and_kept(engine):
+    # Encoded together, a negative's bytes would follow which others were new in the same batch: a
+    # dataset with a negative a row would break the one-shape contract (issue 30).
     cfg, fam, pipe = engine.cfg, engine.family, engine.pipe
     texts = ["", "blurry, low quality", "", "blurry, low quality", "watermark"]
+    seen = []
+    hook = pipe.text_encoder.register_forward_pre_hook(lambda m, args, kw: seen.append(len(kw.get(
+        "input_ids", args[0] if args else None))), with_kwargs=True)
+    try:
+        with torch.no_grad():
+            cached = engine._encode_negatives(texts)
+            again = engine._encode_negatives(texts[::-1])  # all from the cache now
+    finally:
+        hook.remove()
+    assert seen == [1, 1, 1], seen  # three distinct negatives, each alone, none twice
     with torch.no_grad():
-        cached = engine._encode_negatives(texts)
-        again = engine._encode_negatives(texts[::-1])  # all from the cache now
-        direct = fam.encode(pipe, texts, cfg.model, "cpu", instruction=False)
-    assert torch.equal(cached.embeds, direct.embeds) and torch.equal(cached.mask, direct.mask)
-    assert torch.equal(again.embeds, direct.embeds.flip(0))
+        alone = stack_rows([fam.encode(pipe, [t], cfg.model, "cpu", instruction=False) for t in texts])
+    assert torch.equal(cached.embeds, alone.embeds) and torch.equal(cached.mask, alone.mask)
+    assert torch.equal(again.embeds, alone.embeds.flip(0))
     assert len(engine._negatives) == 3
 
 

@@ -208,14 +208,17 @@ class Pipeline:
         return Encoded(positive=pos, negative=neg, ready=ready, timer=timer, row_inputs=extra)
 
     def _encode_negatives(self, texts: List[str]) -> TextEmbeds:
+        """The batch's negative prompts, each encoded alone the first time it is seen, then kept (most jobs
+        have one). Alone, at one shape: encoded together, a negative's bytes would follow which others
+        were new in the same batch (a GEMM's kernel, and so its sums, follow its rows), and a dataset
+        with a negative a row would break the one-shape contract (README, a sample is a function of its
+        row). A job with one negative encodes it alone either way."""
         missing = sorted({t for t in texts if t not in self._negatives})
         if len(self._negatives) + len(missing) > 4096:  # bound memory on datasets with per-row negatives
             self._negatives.clear()
             missing = sorted(set(texts))
-        if missing:
-            enc = self.family.encode(self.pipe, missing, self.cfg.model, self.device, instruction=False)
-            for i, t in enumerate(missing):
-                self._negatives[t] = rows(enc, i, i + 1)
+        for t in missing:
+            self._negatives[t] = self.family.encode(self.pipe, [t], self.cfg.model, self.device, instruction=False)
         return stack_rows([self._negatives[t] for t in texts])
 
     def _to_bucket(self, text: TextEmbeds, bucket: int, side: str) -> TextEmbeds:
