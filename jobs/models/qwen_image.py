@@ -1,8 +1,9 @@
 """Qwen-Image (diffusers `QwenImagePipeline`, `QwenImageTransformer2DModel`, `AutoencoderKLQwenImage`).
 
-Encoding is the pipeline's own `encode_prompt`: the chat template around the prompt, Qwen2.5-VL's
-last hidden state, the first `prompt_template_encode_start_idx` (34) template positions dropped,
-the rest right-padded to the batch's longest prompt with mask 0. The plan mirrors that count from
+Encoding is the pipeline's own `encode_prompt`, one prompt a call: the chat template around the
+prompt, Qwen2.5-VL's last hidden state, the first `prompt_template_encode_start_idx` (34) template
+positions dropped; the rows then right-padded to the batch's longest prompt with mask 0, as
+`encode_prompt` pads a batch (whose own call would make a prompt's bytes follow that length). The plan mirrors that count from
 the tokenizer alone. The padder then grows (or re-cuts) the embeddings and mask to the text bucket.
 
 Two host-side wrinkles, both fixed without touching model weights or the forward:
@@ -132,11 +133,20 @@ class QwenImageFamily(ModelFamily):
         return out
 
     def encode(self, pipe, prompts: Sequence[str], cfg: ModelConfig, device, instruction: bool) -> TextEmbeds:
+        """One prompt a call of the pipeline's `encode_prompt`, stacked as it stacks a batch (right-padded
+        with zeros, mask 0). It pads a call's prompts to the longest, and a prompt's hidden states follow
+        that length (the shapes of Qwen2.5-VL's GEMMs and attention): encoded together, a prompt's bytes
+        would follow its neighbours' lengths (issue 30; on the CPU the tiny preset's did,
+        tests/test_encode_neighbours.py). Alone, each call's shape is the prompt's own."""
         import torch
 
-        embeds, mask = pipe.encode_prompt(list(prompts), device=device, max_sequence_length=cfg.max_sequence_length)
-        if mask is None:  # encode_prompt drops an all-ones mask; the padder needs it
-            mask = torch.ones(embeds.shape[:2], dtype=torch.long, device=embeds.device)
+        rows = [pipe.encode_prompt([p], device=device, max_sequence_length=cfg.max_sequence_length)[0][0]
+                for p in prompts]  # encode_prompt's mask of one prompt is None: all of it is valid
+        n = max(r.shape[0] for r in rows)
+        embeds = torch.stack([torch.cat([r, r.new_zeros(n - r.shape[0], r.shape[1])]) for r in rows])
+        mask = torch.zeros(embeds.shape[:2], dtype=torch.long, device=embeds.device)
+        for i, r in enumerate(rows):
+            mask[i, : r.shape[0]] = 1
         return TextEmbeds(embeds=embeds, mask=mask)
 
     # -- denoise ---------------------------------------------------------------------------
