@@ -77,6 +77,8 @@ def test_oom_splits_the_batch_and_keeps_every_image(tiny):
     ref = Pipeline(cfg, fam, pipe, padder, None, "cpu").generate(batch_of(4))
     assert flaky.calls == [4, 2, 2]
     assert res.batch_size == 4 and len(res.images) == 4
+    # each row's json names the shape it ran at (the halves'), not the batch's: its bytes follow that shape
+    assert [m["batch_size"] for m in res.meta] == [2, 2, 2, 2] and not any("batch_size" in m for m in ref.meta)
     # per-item seeds: the split batch gives the same images, item by item (CPU, float32)
     for a, b in zip(res.images, ref.images):
         assert np.abs(a.astype(int) - b.astype(int)).max() <= 1
@@ -95,6 +97,7 @@ def test_a_decode_warm_up_that_runs_out_of_memory_gives_way_to_the_batch_s_own_s
     assert flaky.calls == [4, 4, 2, 2]  # the warm-up, the batch's own decode, its halves
     ref = Pipeline(cfg, fam, pipe, padder, None, "cpu").generate(batch_of(4))
     assert res.items == ref.items and engine.oom_splits == 1
+    assert [m["batch_size"] for m in res.meta] == [2, 2, 2, 2]
     for a, b in zip(res.images, ref.images):
         assert np.abs(a.astype(int) - b.astype(int)).max() <= 1
 

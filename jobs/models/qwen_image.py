@@ -3,8 +3,9 @@
 Encoding is the pipeline's own `encode_prompt`, one prompt a call: the chat template around the
 prompt, Qwen2.5-VL's last hidden state, the first `prompt_template_encode_start_idx` (34) template
 positions dropped; the rows then right-padded to the batch's longest prompt with mask 0, as
-`encode_prompt` pads a batch (whose own call would make a prompt's bytes follow that length). The plan mirrors that count from
-the tokenizer alone. The padder then grows (or re-cuts) the embeddings and mask to the text bucket.
+`encode_prompt` pads a batch (whose own call would make a prompt's bytes follow that length). The
+plan mirrors that count from the tokenizer alone. The padder then grows (or re-cuts) the embeddings
+and mask to the text bucket.
 
 Two host-side wrinkles, both fixed without touching model weights or the forward:
 - The pipeline's `encode_prompt` replaces an all-ones mask with None (a prompt that exactly fills

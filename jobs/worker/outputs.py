@@ -125,6 +125,16 @@ def cat(a: Generated, b: Generated) -> Generated:
                      latents=[torch.cat([x, y]) for x, y in zip(a.latents, b.latents)])
 
 
+def ran_at(g: Generated, batch_size: int) -> Generated:
+    """`g` with each row's json `batch_size` set to the size it ran at, where an inner split has not set a
+    smaller one: after an out-of-memory split a row's bytes follow its half's shape, not the pool's, and
+    its json says so (the batch's own size otherwise, jobs/worker/samples.py)."""
+    meta = [dict(m) for m in g.meta] if g.meta else [{} for _ in range(len(g.pixels))]
+    for m in meta:
+        m.setdefault("batch_size", batch_size)
+    return replace(g, meta=meta)
+
+
 def latent_sha256(latents: List[torch.Tensor], row: int) -> str:
     """sha256 of row `row` of every latent tensor, in order: for each, its dtype and the row's shape
     as ASCII (`float32[32, 2, 2]`), then the row's bytes, C-contiguous, in the host's byte order

@@ -42,7 +42,7 @@ from bcg import Dispatch, GraphRunner
 from jobs.config import GenerateConfig
 from jobs.models.base import DenoiseRequest, ModelFamily, RowInputs
 from jobs.plan import Batch, Item, Signature
-from jobs.worker.outputs import Generated, HostOutputs, cat, on_device, tensors_of
+from jobs.worker.outputs import Generated, HostOutputs, cat, on_device, ran_at, tensors_of
 from jobs.worker.samples import item_fps
 from padding import Padder, TextEmbeds
 
@@ -312,7 +312,8 @@ class Pipeline:
         except torch.OutOfMemoryError:
             if len(items) == 1:
                 raise
-            # Halves run at other batch sizes (eager unless captured); the summary counts the split.
+            # Halves run at other batch sizes (eager unless captured), so their rows' bytes follow the
+            # halves' shapes: the summary counts the split, and each row's json gives its half's size.
             self.oom_splits += 1
             log.warning("out of GPU memory at batch %d (%s): splitting into %d + %d and retrying",
                         len(items), sig, len(items) // 2, len(items) - len(items) // 2)
@@ -320,10 +321,10 @@ class Pipeline:
             if self.cuda:
                 torch.cuda.empty_cache()
             h, n = len(items) // 2, len(items)
-            a = self._generate_rows(items[:h], sig, rows(pos, 0, h), neg and rows(neg, 0, h),
-                                    extra and extra.rows(0, h), timer, dispatch)
-            b = self._generate_rows(items[h:], sig, rows(pos, h, n), neg and rows(neg, h, n),
-                                    extra and extra.rows(h, n), timer, dispatch)
+            a = ran_at(self._generate_rows(items[:h], sig, rows(pos, 0, h), neg and rows(neg, 0, h),
+                                           extra and extra.rows(0, h), timer, dispatch), h)
+            b = ran_at(self._generate_rows(items[h:], sig, rows(pos, h, n), neg and rows(neg, h, n),
+                                           extra and extra.rows(h, n), timer, dispatch), n - h)
             with self._stream(self.decode_stream):
                 return cat(a, b)
 
