@@ -26,6 +26,8 @@ from typing import Optional
 import torch
 from torch.nn.attention import SDPBackend
 
+from .verified import span
+
 _SDPA = torch.ops.aten.scaled_dot_product_attention.default
 
 #: the backend order while the mode is installed (flash is switched off: see the module docstring), as
@@ -78,8 +80,7 @@ def per_row(q, k, v, mask, dropout_p=0.0, is_causal=False, scale=None, enable_gq
 def _rows_like(y: torch.Tensor, n: int) -> torch.Tensor:
     """An empty batch of n rows, each laid out as y's one row (rows outermost), where y's row is dense."""
     row = y[0]
-    dense = row.numel() == 0 or sum((s - 1) * st for s, st in zip(row.shape, row.stride())) + 1 == row.numel()
-    if not dense:
+    if span(row) != row.numel():  # not dense
         return y.new_empty((n, *y.shape[1:]))
     return torch.empty_strided((n, *y.shape[1:]), (row.numel(), *row.stride()), dtype=y.dtype, device=y.device)
 

@@ -69,12 +69,16 @@ def random_like(t: Optional[torch.Tensor], gen: torch.Generator) -> Optional[tor
     return _same_layout(t, lambda buf: buf.normal_(generator=gen))
 
 
+def span(t: torch.Tensor) -> int:
+    """Elements from t's first to its last in memory (its numel where t is dense); 0 for an empty t."""
+    return 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride())) if t.numel() else 0
+
+
 def _same_layout(t: torch.Tensor, fill: Callable[[torch.Tensor], object]) -> torch.Tensor:
     """A view of `t`'s shape and strides into a fresh buffer `fill` writes, at t's offset modulo 16 bytes
     (what `layout` keys on)."""
-    span = 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride())) if t.numel() else 0
     offset = (t.data_ptr() % 16) // t.element_size()
-    buf = torch.empty(span + offset, dtype=t.dtype, device=t.device)
+    buf = torch.empty(span(t) + offset, dtype=t.dtype, device=t.device)
     fill(buf)
     return buf.as_strided(t.shape, t.stride(), offset)
 
