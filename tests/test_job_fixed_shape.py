@@ -120,3 +120,32 @@ def test_z_image_runs_one_row_a_batch_so_nothing_is_padded(z_image_runs):
     cmp = compare_outputs(out["eight"], out["one"])
     assert not cmp.differing and cmp.identical.first == (KEY,) and len(cmp.identical) == 1, cmp.lines()
     assert len(json.loads((out["eight"] / "_plan" / "plan.json").read_text())["signatures"]) == 8
+
+
+@pytest.fixture(scope="module")
+def qwen_image_runs(tmp_path_factory):
+    """Qwen-Image at its preset's [8]: a short prompt among 7 of other lengths (the longest ~3x its
+    tokens, all in one text bucket) and alone. Its pipeline's encode_prompt pads a call to the longest
+    prompt, which made the short one's bytes follow its neighbours (session 47): its family encodes one
+    prompt a call."""
+    tmp = tmp_path_factory.mktemp("qwen_image")
+    texts = ["a red fox", "a red fox by a quiet misty lake in the morning light with an old stone bridge and trees",
+             "owl", "a blue owl on a branch", "cat", "a castle on a hill under a stormy sky with lightning and rain",
+             "dog", "a small boat"]
+    rows = [{"key": f"q{i}", "prompt": t} for i, t in enumerate(texts)]
+    eight, one = write_jsonl(tmp / "eight.jsonl", rows), write_jsonl(tmp / "one.jsonl", rows[:1])
+    out = {name: tmp / name for name in ("eight", "one")}
+    jobs = {name: ["model=qwen_image_tiny", f"dataset.path={data}", *FAST, f"output_dir={out[name]}"]
+            for name, data in (("eight", eight), ("one", one))}
+    return out, _two_at_a_time(jobs, env={})
+
+
+@pytest.mark.slow
+def test_a_qwen_image_prompt_is_the_same_bytes_beside_longer_prompts_as_alone(qwen_image_runs):
+    out, done = qwen_image_runs
+    for name, (rc, log) in done.items():
+        assert rc == 0, f"{name}: exit {rc}\n{log}"
+        assert {m["batch_size"] for m in jsons(out[name]).values()} == {8}, name
+    assert len(json.loads((out["eight"] / "_plan" / "plan.json").read_text())["signatures"]) == 1  # one batch
+    cmp = compare_outputs(out["eight"], out["one"])
+    assert not cmp.differing and cmp.identical.first == ("q0",) and len(cmp.identical) == 1, cmp.lines()
