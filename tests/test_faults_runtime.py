@@ -75,7 +75,7 @@ def test_oom_splits_the_batch_and_keeps_every_image(tiny):
     flaky = OomAbove(fam, limit=2)
     res = Pipeline(cfg, flaky, pipe, padder, None, "cpu").generate(batch_of(4))
     ref = Pipeline(cfg, fam, pipe, padder, None, "cpu").generate(batch_of(4))
-    assert flaky.calls == [4, 2, 2]
+    assert flaky.calls == [4, 4, 2, 2]  # the batch, once more at its shape, then its halves
     assert res.batch_size == 4 and len(res.images) == 4
     # each row's json names the shape it ran at (the halves'), not the batch's: its bytes follow that shape
     assert [m["batch_size"] for m in res.meta] == [2, 2, 2, 2] and not any("batch_size" in m for m in ref.meta)
@@ -94,7 +94,7 @@ def test_a_decode_warm_up_that_runs_out_of_memory_gives_way_to_the_batch_s_own_s
     flaky = DecodeOomAbove(fam, limit=2)
     engine = Pipeline(cfg, flaky, pipe, padder, None, "cpu")
     (res,) = StageScheduler(engine, CaptureDispatcher(None, cfg.bcg), overlap=True).run([batch_of(4)], lambda: False)
-    assert flaky.calls == [4, 4, 2, 2]  # the warm-up, the batch's own decode, its halves
+    assert flaky.calls == [4, 4, 4, 2, 2]  # the warm-up, the batch's own decode and its retry, its halves
     ref = Pipeline(cfg, fam, pipe, padder, None, "cpu").generate(batch_of(4))
     assert res.items == ref.items and engine.oom_splits == 1
     assert [m["batch_size"] for m in res.meta] == [2, 2, 2, 2]
@@ -104,8 +104,32 @@ def test_a_decode_warm_up_that_runs_out_of_memory_gives_way_to_the_batch_s_own_s
 
 def test_oom_at_batch_one_is_raised(tiny):
     cfg, fam, pipe, padder = tiny
+    flaky = OomAbove(fam, limit=0)
     with pytest.raises(torch.OutOfMemoryError):
-        Pipeline(cfg, OomAbove(fam, limit=0), pipe, padder, None, "cpu").generate(batch_of(1))
+        Pipeline(cfg, flaky, pipe, padder, None, "cpu").generate(batch_of(1))
+    assert flaky.calls == [1, 1]  # tried once more before giving up
+
+
+class OomOnce(OomAbove):
+    """Out of memory on the first call only: memory that was held, not needed."""
+
+    def denoise(self, pipe, request):
+        self.calls.append(len(request.seeds))
+        if len(self.calls) == 1:
+            raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+        return self.family.denoise(pipe, request)
+
+
+def test_an_oom_that_does_not_recur_keeps_the_batchs_shape_and_bytes(tiny):
+    # A split's rows follow its halves' shapes (issue 30); the same shape tried once more keeps them.
+    cfg, fam, pipe, padder = tiny
+    flaky = OomOnce(fam, limit=0)
+    engine = Pipeline(cfg, flaky, pipe, padder, None, "cpu")
+    res = engine.generate(batch_of(4))
+    ref = Pipeline(cfg, fam, pipe, padder, None, "cpu").generate(batch_of(4))
+    assert flaky.calls == [4, 4] and engine.oom_splits == 0
+    assert not any("batch_size" in m for m in res.meta)  # the batch's own size: no split
+    assert all(np.array_equal(a, b) for a, b in zip(res.images, ref.images))
 
 
 def test_nonfinite_images_are_flagged(tiny):

@@ -306,20 +306,28 @@ class Pipeline:
         return self.collect(self.submit(batch, self.encode(batch), dispatch))
 
     def _generate_rows(self, items: List[Item], sig: Signature, pos: TextEmbeds, neg: Optional[TextEmbeds],
-                       extra: Optional[RowInputs], timer: StageClock, dispatch: Dispatch) -> Generated:
+                       extra: Optional[RowInputs], timer: StageClock, dispatch: Dispatch,
+                       retried: bool = False) -> Generated:
         try:
             return self._run(items, sig, pos, neg, extra, timer, dispatch)
         except torch.OutOfMemoryError:
+            self.release_graphs()
+            if self.cuda:
+                torch.cuda.empty_cache()
+            if not retried:
+                # Once more at the same shape first, eager, with the graphs' pools and the allocator's cache
+                # given back: a failure is often memory held there, not needed, and at its own shape the
+                # batch keeps its bytes (eager's equal a replay's); a split's rows would follow the halves'.
+                log.warning("out of GPU memory at batch %d (%s): graphs released, trying that shape once more, "
+                            "eager", len(items), sig)
+                return self._generate_rows(items, sig, pos, neg, extra, timer, Dispatch.EAGER, retried=True)
             if len(items) == 1:
                 raise
             # Halves run at other batch sizes (eager unless captured), so their rows' bytes follow the
             # halves' shapes: the summary counts the split, and each row's json gives its half's size.
             self.oom_splits += 1
-            log.warning("out of GPU memory at batch %d (%s): splitting into %d + %d and retrying",
+            log.warning("out of GPU memory at batch %d (%s) again: splitting into %d + %d and retrying",
                         len(items), sig, len(items) // 2, len(items) - len(items) // 2)
-            self.release_graphs()
-            if self.cuda:
-                torch.cuda.empty_cache()
             h, n = len(items) // 2, len(items)
             a = ran_at(self._generate_rows(items[:h], sig, rows(pos, 0, h), neg and rows(neg, 0, h),
                                            extra and extra.rows(0, h), timer, dispatch), h)
