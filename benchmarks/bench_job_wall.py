@@ -191,7 +191,7 @@ def run_job(a, mode: str, data: Path, out: Path, env: dict, log: Path) -> dict:
     return {"wall_s": wall, "start_unix": round(start, 3), "items": s["items_written"], "images_per_s": s["images_per_s"],
             "first_batch_s": min(firsts) - start if firsts else None, "batch": max(int(b) for b in sizes),
             "signatures": s.get("signatures", {}), "gpu_busy": s.get("gpu_busy"),
-            "stage_seconds": s.get("stage_seconds", {}),
+            "stage_seconds": s.get("stage_seconds", {}), "load_seconds": s.get("load_seconds", {}),
             # where the generate stage went: device time by stage, captures, padding, the batches' pace
             "gpu_stage_ms": s.get("gpu_stage_ms"), "padding_rows": s.get("padding_rows"),
             "captures": graph.get("captures"), "capture_seconds": graph.get("capture_seconds"),
@@ -441,8 +441,18 @@ def _fixed(runs: list) -> str:
         if name == "load" and not v:
             v = [r["load_s"] for r in runs if "load_s" in r]
         if v:
-            parts.append(f"{name} {statistics.median(v):.1f}")
+            parts.append(f"{name} {statistics.median(v):.1f}" + (_load_parts(runs) if name == "load" else ""))
     return ", ".join(parts)
+
+
+def _load_parts(runs: list) -> str:
+    """" (imports 6.1, weights 0.5, to_device 1.4)": the job's load stage by part (summary.json's
+    load_seconds), medians over the runs that have it."""
+    from jobs.telemetry.summary import load_parts_text
+
+    kept = [r["load_seconds"] for r in runs if r.get("load_seconds")]
+    names = {n for parts in kept for n in parts}
+    return load_parts_text({n: statistics.median(p[n] for p in kept if n in p) for n in names}, unit="")
 
 
 def _pace(runs: list) -> str:

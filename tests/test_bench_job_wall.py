@@ -214,3 +214,12 @@ def test_a_runs_caches_are_all_under_its_cache_folder(tmp_path):
         str(tmp_path / "c" / d) for d in ("triton", "inductor", "bcgen")}
     assert user_cache_dir(env) == tmp_path / "c" / "bcgen"
     assert child_env(1, tmp_path / "c")["CUDA_VISIBLE_DEVICES"] == "1"
+
+
+def test_the_fixed_costs_column_splits_the_jobs_load_by_part_medians():
+    from bench_job_wall import _fixed
+
+    runs = [{"stage_seconds": {"plan": 0.5, "load": 11.0 + i, "batch_sizing": 0.0},
+             "load_seconds": {"weights": 0.5, "imports": 6.0 + i, "to_device": 1.4, "runner": 0.01}} for i in range(3)]
+    runs.append({"stage_seconds": {"plan": 0.5, "load": 20.0}})  # a run summarised before load_seconds existed
+    assert _fixed(runs) == "plan 0.5, load 12.5 (imports 7.0, weights 0.5, to_device 1.4), batch_sizing 0.0"

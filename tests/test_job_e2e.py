@@ -59,6 +59,18 @@ def test_cli_writes_complete_shards_index_and_summary(job):
     assert "bcgen complete: 7 images written" in log and "plan: 7 items" in log
 
 
+def test_the_summary_splits_the_load_stage_into_its_parts(job):
+    # A slow load (session 46's 11.7 s against 6.6 s two sessions before) has to say where it went.
+    data, out, proc, rows = job
+    summary = json.loads((out / "summary.json").read_text())
+    parts = summary["load_seconds"]
+    assert set(parts) == {"imports", "weights", "to_device", "runner", "decoder_fusions"}
+    assert all(v >= 0 for v in parts.values()) and parts["weights"] > 0
+    assert sum(parts.values()) <= summary["stage_seconds"]["load"] + 0.01  # parts of it, each rounded
+    stages = next(line for line in (proc.stdout + proc.stderr).splitlines() if "  stages: " in line)
+    assert f"load {summary['stage_seconds']['load']:.1f}s (" in stages and f"weights {parts['weights']:.1f}s" in stages
+
+
 def test_parquet_metadata_reads_as_one_table_with_pandas_and_duckdb(job):
     import glob
 

@@ -71,6 +71,13 @@ def test_merged_summary_adds_counts_keeps_dataset_counts_and_the_worst_status():
     assert merge_stats([_part(0, "complete", 5, 2.0), _part(1, "complete", 1, 1.0)], parts=2).status == "complete"
 
 
+def test_merged_summary_keeps_each_load_parts_slowest():
+    slow = dict(_part(0, "complete", 5, 2.0), load_seconds={"imports": 6.0, "weights": 0.4})
+    fast = dict(_part(1, "complete", 3, 1.0), load_seconds={"imports": 2.0, "weights": 0.9})
+    merged = merge_stats([slow, fast, _part(2, "complete", 1, 1.0)], parts=3)  # part 2: before load_seconds
+    assert merged.load_seconds == {"imports": 6.0, "weights": 0.9}
+
+
 def test_cluster_preset_composes_to_a_slurm_array_of_every_partition():
     from hydra import compose, initialize_config_dir
 

@@ -141,6 +141,15 @@ class ModelFamily:
         """Write `pipe` as a folder `load` reads (tests save a tiny pipeline and load it as the real preset)."""
         pipe.save_pretrained(path, safe_serialization=True)
 
+    def import_pipeline(self) -> None:
+        """Import the pipeline's class: diffusers imports it lazily on first use, and with it
+        transformers and the text encoder's modelling code. Called first by the job's load, so that
+        summary.json's `load_seconds` shows the imports apart from the weights (several seconds of a
+        SANA-1.6B load on the H200, `benchmarks/results/job_load_spy_h200_s45.md`)."""
+        import diffusers
+
+        getattr(diffusers, self.pipeline_class, None)  # None where diffusers has no such class: load says so
+
     def from_pretrained(self, cfg: ModelConfig, dtype: torch.dtype, **components):
         import diffusers
 

@@ -98,6 +98,8 @@ def merge_stats(records: list, parts: int) -> JobStats:
         merged.sink = _add(merged.sink, r["sink"])
         for stage, s in r["stage_seconds"].items():
             merged.stage_seconds[stage] = max(merged.stage_seconds.get(stage, 0.0), s)
+        for part, s in r.get("load_seconds", {}).items():  # a summary written before session 48 has none
+            merged.load_seconds[part] = max(merged.load_seconds.get(part, 0.0), s)
         merged.model, merged.output_dir = r["model"], r["output_dir"]
         merged.gpu_stage_ms = _add(merged.gpu_stage_ms, r.get("gpu_stage_ms", {}))
         merged.capture_policy += r.get("capture_policy", [])

@@ -11,6 +11,16 @@ from pathlib import Path
 from typing import Dict, Iterator, List, Optional
 
 STAGE_ORDER = ("dataset", "plan", "load", "batch_sizing", "generate", "sink_wait", "sink_close")
+LOAD_PART_ORDER = ("imports", "weights", "to_device", "runner", "decoder_fusions")  # jobs/worker/loop.py's _load
+
+
+def load_parts_text(seconds: Dict[str, float], unit: str = "s") -> str:
+    """" (imports 6.1s, weights 0.5s, to_device 1.4s)": the load stage's parts in the order they run, those
+    under 0.05 s (the runner's wrap, usually) left out; "" when none is left."""
+    order = {k: i for i, k in enumerate(LOAD_PART_ORDER)}
+    ranked = sorted(seconds.items(), key=lambda kv: (order.get(kv[0], len(order)), kv[0]))
+    shown = [f"{k} {v:.1f}{unit}" for k, v in ranked if v >= 0.05]
+    return f" ({', '.join(shown)})" if shown else ""
 
 
 class StageTimer:
@@ -44,6 +54,8 @@ class JobStats:
     kinds: Counter = field(default_factory=Counter)  # image / video, per item written (`sample_kind`)
     signatures: Dict[str, int] = field(default_factory=dict)
     stage_seconds: Dict[str, float] = field(default_factory=dict)
+    # the load stage's parts (jobs/worker/loop.py): imports, weights, to_device, runner, decoder_fusions
+    load_seconds: Dict[str, float] = field(default_factory=dict)
     graph: dict = field(default_factory=dict)
     sink: dict = field(default_factory=dict)
     shards: int = 0
@@ -100,7 +112,8 @@ class JobStats:
         g = self.graph
         order = {k: i for i, k in enumerate(STAGE_ORDER)}
         ranked = sorted(self.stage_seconds.items(), key=lambda kv: (order.get(kv[0], len(order)), kv[0]))
-        stages = ", ".join(f"{k} {v:.1f}s" for k, v in ranked)
+        stages = ", ".join(f"{k} {v:.1f}s" + (load_parts_text(self.load_seconds) if k == "load" else "")
+                           for k, v in ranked)
         # Of the plan's items, not of the leased units': a stopped job has not leased them all.
         planned = self.plan_items or self.items_planned
         generated = self.stage_seconds.get("generate", 0.0) > 0

@@ -102,10 +102,14 @@ def _generate(prep: Prepared, stats: JobStats, timer: StageTimer, stop: StopFlag
 
 def _load(prep: Prepared, stats: JobStats, timer: StageTimer) -> Loaded:
     cfg = prep.cfg
+    parts = StageTimer()  # the load stage's own parts (summary.json's load_seconds): where a slow load went
     with timer("load"):
-        pipe = load_pipeline(prep.family, cfg, prep.device)
-        runner = attach_runner(prep.family, pipe, cfg)
-        decoder_fusions = attach_decoder_fusions(pipe, cfg, prep.device)
+        pipe = load_pipeline(prep.family, cfg, prep.device, parts)
+        with parts("runner"):
+            runner = attach_runner(prep.family, pipe, cfg)
+        with parts("decoder_fusions"):
+            decoder_fusions = attach_decoder_fusions(pipe, cfg, prep.device)
+    stats.load_seconds = {k: round(v, 3) for k, v in parts.seconds.items()}
     warned = RepeatedWarnings().install(pipe)  # batch sizing's probes encode real prompts too
     dispatcher = CaptureDispatcher(runner, cfg.bcg)
     pipeline = Pipeline(cfg, prep.family, pipe, prep.padder, runner, prep.device, gpu_lock=dispatcher.lock)

@@ -20,6 +20,7 @@ from bcg.rewrites import Rewrite, rewrite_for
 from jobs.config import GenerateConfig
 from jobs.errors import UserError
 from jobs.models.base import ModelFamily
+from jobs.telemetry.summary import StageTimer
 
 log = logging.getLogger(__name__)
 
@@ -37,11 +38,20 @@ def torch_dtype(name: str) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
-def load_pipeline(family: ModelFamily, cfg: GenerateConfig, device: torch.device):
+def load_pipeline(family: ModelFamily, cfg: GenerateConfig, device: torch.device, parts: Optional[StageTimer] = None):
+    """The pipeline on `device`, its parts timed into `parts` (summary.json's `load_seconds`): the
+    imports, the weights (from_pretrained or the tiny build, and the family's preparation), the copy
+    to the device."""
+    parts = parts if parts is not None else StageTimer()
     dtype = torch_dtype(cfg.model.dtype)
     t0 = time.perf_counter()
-    pipe = family.build_tiny(cfg.model, dtype) if cfg.model.path is None else family.load(cfg.model, dtype, device)
-    pipe = pipe.to(device)
+    with parts("imports"):
+        family.import_pipeline()
+    with parts("weights"):
+        pipe = family.build_tiny(cfg.model, dtype) if cfg.model.path is None else family.load(cfg.model, dtype,
+                                                                                                device)
+    with parts("to_device"):
+        pipe = pipe.to(device)
     pipe.set_progress_bar_config(disable=True)  # the job shows one bar of its own
     log.info("loaded %s (%s, %s) on %s in %.1fs", cfg.model.name, family.pipeline_class, cfg.model.dtype, device,
              time.perf_counter() - t0)
