@@ -215,8 +215,8 @@ def _poisoned_loader(monkeypatch):
     import jobs.worker.loop as loop
     from jobs.worker.model import load_pipeline
 
-    def load(family, cfg, device):
-        pipe = load_pipeline(family, cfg, device)
+    def load(family, cfg, device, parts=None):
+        pipe = load_pipeline(family, cfg, device, parts)
         with torch.no_grad():
             pipe.transformer.proj_out.weight.fill_(float("nan"))
         return pipe
