@@ -9,8 +9,13 @@ aten does for half types).
 
 `square=True` reduces x * x instead, each square rounded to fp32 (no FMA): in one pass what the mode
 makes of RMSNorm's `x.float().pow(2).mean(-1)`, which writes the fp32 squares and then reduces them
-with this kernel. One source for both, so the two sum in the same order by construction
-(bcg/fusions/ops_rms.py offers it as a variance candidate; the verifier still compares on first sight).
+with this kernel. One source for both, and one order: the order is the lanes' (which elements each
+thread adds in turn before the tree), and Triton gives a lane as many contiguous elements as fill a
+16-byte load, 8 of bf16 against 4 of fp32. So the square pass caps its loads at 4 elements
+(`tl.max_contiguous`): on the H200 without the cap its sums over 1,024 bf16 channels differed from the
+two-pass order in about a third of the rows (bits below 1e-9), and agreed at 512 channels and fewer,
+where 4 a lane already fill the block. bcg/fusions/ops_rms.py offers it as a variance candidate; the
+verifier still compares on first sight.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ def _row_sum_kernel(x_ptr, out_ptr, ROWS, N, stride_row, divisor, BLOCK: tl.cons
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
     for s in range(0, N, BLOCK):
         offs = s + tl.arange(0, BLOCK)
+        if SQUARE:  # at most fp32's 16-byte vector a lane: the lanes then hold what the fp32 sum's lanes hold
+            offs = tl.max_contiguous(offs, 4)
         v = tl.load(x_ptr + row * stride_row + offs, mask=offs < N, other=0.0).to(tl.float32)
         if SQUARE:  # compiled out of the plain sum
             v = v * v
