@@ -32,6 +32,16 @@ ENV_DIR = "BCGEN_CACHE_DIR"
 _OFF = ("0", "off", "false", "no")
 
 
+def sources_digest(folder: Path) -> str:
+    """sha256 (16 hex digits) of the names and bytes of `folder`'s *.py files: a cache named by it is
+    another cache once any of its package's code changes (the fusions' kernels, the mode's canonical ones)."""
+    h = hashlib.sha256()
+    for p in sorted(Path(folder).glob("*.py")):
+        h.update(p.name.encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def cache_root() -> Path:
     if os.environ.get(ENV_DIR):
         return Path(os.environ[ENV_DIR]).expanduser()

@@ -24,13 +24,12 @@ fast paths (bcg/invariant/kept.py).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from bcg.verdict_file import ENV_DIR, VerdictFile, cache_root, environment_file, switched_off
+from bcg.verdict_file import ENV_DIR, VerdictFile, cache_root, environment_file, sources_digest, switched_off
 
 __all__ = ["ENV_DIR", "ENV_SWITCH", "VerdictCache", "cache_root", "environment", "source_digest"]
 
@@ -39,11 +38,7 @@ ENV_SWITCH = "BCGEN_FUSION_CACHE"
 
 def source_digest() -> str:
     """sha256 of bcg/fusions/*.py: a new kernel or rule is a new cache."""
-    h = hashlib.sha256()
-    for p in sorted(Path(__file__).parent.glob("*.py")):
-        h.update(p.name.encode())
-        h.update(p.read_bytes())
-    return h.hexdigest()[:16]
+    return sources_digest(Path(__file__).parent)
 
 
 def environment() -> dict[str, Any]:

@@ -29,7 +29,6 @@ the key is decided again.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
 import os
 from importlib import metadata
@@ -38,7 +37,7 @@ from typing import Any, Optional
 
 import torch
 
-from bcg.verdict_file import VerdictFile, environment_file, switched_off
+from bcg.verdict_file import VerdictFile, environment_file, sources_digest, switched_off
 
 log = logging.getLogger(__name__)
 
@@ -59,11 +58,7 @@ CHUNK = 1 << 22
 
 def source_digest() -> str:
     """sha256 of bcg/invariant/*.py: another canonical kernel is another file."""
-    h = hashlib.sha256()
-    for p in sorted(Path(__file__).parent.glob("*.py")):
-        h.update(p.name.encode())
-        h.update(p.read_bytes())
-    return h.hexdigest()[:16]
+    return sources_digest(Path(__file__).parent)
 
 
 def _wheel_versions() -> dict:
