@@ -7,20 +7,9 @@ from __future__ import annotations
 import torch
 
 from bcg.invariant.verified import Verdicts, layout, math_settings, random_like
-
-
-def _canonical(a, b):
-    return a @ b
-
-
-def _same_sums(a, b):
-    return torch.mm(a, b)
-
-
-def _split_k(a, b):
-    """Other sums: K in two halves, added after (fp32 rounds differently on random data)."""
-    h = a.shape[1] // 2
-    return a[:, :h] @ b[:h] + a[:, h:] @ b[h:]
+from tests.stand_in_gemms import canonical as _canonical
+from tests.stand_in_gemms import same_sums as _same_sums
+from tests.stand_in_gemms import split_k as _split_k
 
 
 def _operands(m=64, k=96, n=48, seed=0):
