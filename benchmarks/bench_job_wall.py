@@ -192,6 +192,7 @@ def run_job(a, mode: str, data: Path, out: Path, env: dict, log: Path) -> dict:
             "first_batch_s": min(firsts) - start if firsts else None, "batch": max(int(b) for b in sizes),
             "signatures": s.get("signatures", {}), "gpu_busy": s.get("gpu_busy"),
             "stage_seconds": s.get("stage_seconds", {}), "load_seconds": s.get("load_seconds", {}),
+            "startup_seconds": s.get("startup_seconds", {}),
             # where the generate stage went: device time by stage, captures, padding, the batches' pace
             "gpu_stage_ms": s.get("gpu_stage_ms"), "padding_rows": s.get("padding_rows"),
             "captures": graph.get("captures"), "capture_seconds": graph.get("capture_seconds"),
@@ -433,26 +434,30 @@ class Results:
 
 
 def _fixed(runs: list) -> str:
-    """The fixed costs of a mode, medians: the job's plan, load and batch sizing; the plain loop's load."""
-    names = ("plan", "load", "batch_sizing")
+    """The fixed costs of a mode, medians: the job's start-up, plan, load and batch sizing; the plain
+    loop's load."""
+    names = ("startup", "plan", "load", "batch_sizing")
     parts = []
     for name in names:
         v = [r["stage_seconds"][name] for r in runs if name in r.get("stage_seconds", {})]
         if name == "load" and not v:
             v = [r["load_s"] for r in runs if "load_s" in r]
         if v:
-            parts.append(f"{name} {statistics.median(v):.1f}" + (_load_parts(runs) if name == "load" else ""))
+            parts.append(f"{name} {statistics.median(v):.1f}" + _stage_parts(runs, name))
     return ", ".join(parts)
 
 
-def _load_parts(runs: list) -> str:
-    """" (imports 6.1, weights 0.5, to_device 1.4)": the job's load stage by part (summary.json's
-    load_seconds), medians over the runs that have it."""
-    from jobs.telemetry.summary import load_parts_text
+def _stage_parts(runs: list, stage: str) -> str:
+    """" (imports 6.1, weights 0.5, to_device 1.4)": the job's load stage or start-up by part (summary.json's
+    load_seconds, startup_seconds), medians over the runs that have them; "" for another stage."""
+    from jobs.telemetry.startup import STARTUP_PART_ORDER
+    from jobs.telemetry.summary import LOAD_PART_ORDER, parts_text
 
-    kept = [r["load_seconds"] for r in runs if r.get("load_seconds")]
+    key, order = {"load": ("load_seconds", LOAD_PART_ORDER), "startup": ("startup_seconds", STARTUP_PART_ORDER)}.get(
+        stage, (None, ()))
+    kept = [r[key] for r in runs if key and r.get(key)]
     names = {n for parts in kept for n in parts}
-    return load_parts_text({n: statistics.median(p[n] for p in kept if n in p) for n in names}, unit="")
+    return parts_text({n: statistics.median(p[n] for p in kept if n in p) for n in names}, order, unit="")
 
 
 def _pace(runs: list) -> str:

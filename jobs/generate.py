@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 from jobs.config import register_configs, to_typed
 from jobs.errors import EXIT_INTERRUPTED, EXIT_PREEMPTED, EXIT_TEMPFAIL, EXIT_USAGE, UserError, environment_failure
 from jobs.refused import leave_nothing, note_existing
+from jobs.telemetry import startup
 from sinks.errors import SinkError
 
 log = logging.getLogger("jobs.generate")
@@ -54,6 +55,7 @@ def run_from_dict(cfg: DictConfig) -> int:
     typed = None
     try:
         typed = to_typed(cfg)
+        startup.mark("compose")
         return main_typed(typed)
     except UserError as e:
         log.error("%s", e)
@@ -72,6 +74,8 @@ def cli(argv=None) -> None:
     """The command: check the command line before Hydra runs (and creates folders), then run."""
     from jobs.cli_check import check_command_line, expand_home
 
+    startup.mark("interpreter")  # Python's start and this module's imports (Hydra, the config schema)
+    startup.arm()  # this process is the job's own: summary.json times its start-up from the kernel's start of it
     sys.argv[1:] = expand_home(sys.argv[1:] if argv is None else argv)  # Hydra's main reads sys.argv
     try:
         note_existing(check_command_line(sys.argv[1:]))

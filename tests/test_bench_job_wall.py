@@ -223,3 +223,14 @@ def test_the_fixed_costs_column_splits_the_jobs_load_by_part_medians():
              "load_seconds": {"weights": 0.5, "imports": 6.0 + i, "to_device": 1.4, "runner": 0.01}} for i in range(3)]
     runs.append({"stage_seconds": {"plan": 0.5, "load": 20.0}})  # a run summarised before load_seconds existed
     assert _fixed(runs) == "plan 0.5, load 12.5 (imports 7.0, weights 0.5, to_device 1.4), batch_sizing 0.0"
+
+
+def test_the_fixed_costs_column_leads_with_the_jobs_start_up_by_part():
+    # Session 49: a quarter of the first batch's wait came before the plan and no column said so.
+    from bench_job_wall import _fixed
+
+    runs = [{"stage_seconds": {"startup": 4.0 + i, "plan": 0.5, "load": 10.0},
+             "startup_seconds": {"worker_imports": 2.5 + i, "interpreter": 0.6, "checks": 0.02, "compose": 0.9},
+             "load_seconds": {"imports": 8.0}} for i in range(3)]
+    assert _fixed(runs) == ("startup 5.0 (interpreter 0.6, compose 0.9, worker_imports 3.5), plan 0.5, "
+                            "load 10.0 (imports 8.0)")

@@ -8,12 +8,13 @@ import json
 import os
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import prompts, write_jsonl
+from tests.helpers import compose_cfg, prompts, write_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = ["sampling.steps=2", "sampling.height=64", "sampling.width=64", "job.progress=false"]
@@ -40,7 +41,9 @@ def job(tmp_path_factory):
     rows[1]["negative_prompt"] = "blurry"
     data = write_jsonl(tmp / "prompts.jsonl", rows)
     out = tmp / "out"
+    t0 = time.monotonic()
     proc = run_cli(f"dataset.path={data}", f"output_dir={out}", "sink.maxcount=4", *FAST)
+    proc.waited_s = time.monotonic() - t0  # the wait seen from outside: the job's own clock must fit in it
     return data, out, proc, rows
 
 
@@ -69,6 +72,33 @@ def test_the_summary_splits_the_load_stage_into_its_parts(job):
     assert sum(parts.values()) <= summary["stage_seconds"]["load"] + 0.01  # parts of it, each rounded
     stages = next(line for line in (proc.stdout + proc.stderr).splitlines() if "  stages: " in line)
     assert f"load {summary['stage_seconds']['load']:.1f}s (" in stages and f"weights {parts['weights']:.1f}s" in stages
+
+
+def test_the_summary_times_the_wait_from_the_process_start_to_the_first_batch(job):
+    # The start-up before the plan (Python, Hydra, torch's import, the checks) was a quarter of the first
+    # batch's 19 s on the H200 in session 48, and only a stopwatch outside the job saw it.
+    data, out, proc, rows = job
+    summary = json.loads((out / "summary.json").read_text())
+    parts, stages = summary["startup_seconds"], summary["stage_seconds"]
+    assert set(parts) == {"interpreter", "compose", "worker_imports", "checks"}
+    assert all(v >= 0 for v in parts.values()) and parts["worker_imports"] > 0  # torch's import at least
+    assert abs(sum(parts.values()) - stages["startup"]) < 0.01
+    before = stages["startup"] + stages["plan"] + stages["load"] + stages["batch_sizing"]
+    assert before < summary["first_batch_s"] < proc.waited_s  # after what precedes it, inside the outside wait
+    log = proc.stdout + proc.stderr
+    assert f"first batch {summary['first_batch_s']:.1f}s after the process started" in log
+    assert f"startup {stages['startup']:.1f}s (interpreter {parts['interpreter']:.1f}s, " in log
+
+
+def test_a_job_run_inside_another_process_reports_no_start_up(tmp_path):
+    # In a notebook or a test, the process started long before the job: no start-up to report, and no
+    # first batch measured from a start that is not the job's.
+    from jobs.worker.run import run_job
+
+    data = write_jsonl(tmp_path / "p.jsonl", prompts(2))
+    stats = run_job(compose_cfg([f"dataset.path={data}", f"output_dir={tmp_path / 'out'}", *FAST]))
+    assert stats.items_written == 2 and stats.startup_seconds == {} and stats.first_batch_s is None
+    assert "startup" not in stats.stage_seconds and "first batch" not in "\n".join(stats.lines())
 
 
 def test_parquet_metadata_reads_as_one_table_with_pandas_and_duckdb(job):

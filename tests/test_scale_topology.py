@@ -78,6 +78,19 @@ def test_merged_summary_keeps_each_load_parts_slowest():
     assert merged.load_seconds == {"imports": 6.0, "weights": 0.9}
 
 
+def test_merged_summary_keeps_the_slowest_start_up_and_the_earliest_first_batch():
+    # The job's first images came from whichever part got there first; its start-up parts, like the load's,
+    # are the slowest part's.
+    late = dict(_part(0, "complete", 5, 2.0), startup_seconds={"interpreter": 0.2, "worker_imports": 3.0},
+                first_batch_s=19.0)
+    early = dict(_part(1, "complete", 3, 1.0), startup_seconds={"interpreter": 0.4, "worker_imports": 2.0},
+                 first_batch_s=15.5)
+    merged = merge_stats([late, early, _part(2, "complete", 1, 1.0)], parts=3)  # part 2: before session 49
+    assert merged.startup_seconds == {"interpreter": 0.4, "worker_imports": 3.0}
+    assert merged.first_batch_s == 15.5
+    assert merge_stats([_part(0, "complete", 1, 1.0)], parts=1).first_batch_s is None
+
+
 def test_cluster_preset_composes_to_a_slurm_array_of_every_partition():
     from hydra import compose, initialize_config_dir
 

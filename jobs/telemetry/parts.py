@@ -78,7 +78,8 @@ def _merged_invariant(a: dict, b: dict) -> dict:
 
 def merge_stats(records: list, parts: int) -> JobStats:
     """Part records -> one JobStats: counts add up, stage times are the slowest part's (wall
-    clock), dataset-wide counts (bad rows) are taken once, and a missing part reads as running."""
+    clock), dataset-wide counts (bad rows) are taken once, the first batch is the earliest part's, and a
+    missing part reads as running."""
     statuses = {r["status"] for r in records} | ({"running"} if len(records) < parts else set())
     merged = JobStats(status=next(s for s in STATUS_ORDER if s in statuses))
     merged.modes = Counter()
@@ -100,6 +101,10 @@ def merge_stats(records: list, parts: int) -> JobStats:
             merged.stage_seconds[stage] = max(merged.stage_seconds.get(stage, 0.0), s)
         for part, s in r.get("load_seconds", {}).items():  # a summary written before session 48 has none
             merged.load_seconds[part] = max(merged.load_seconds.get(part, 0.0), s)
+        for part, s in r.get("startup_seconds", {}).items():  # nor this, before session 49
+            merged.startup_seconds[part] = max(merged.startup_seconds.get(part, 0.0), s)
+        if r.get("first_batch_s") is not None:  # the job's first images: the earliest part's
+            merged.first_batch_s = min(r["first_batch_s"], merged.first_batch_s or r["first_batch_s"])
         merged.model, merged.output_dir = r["model"], r["output_dir"]
         merged.gpu_stage_ms = _add(merged.gpu_stage_ms, r.get("gpu_stage_ms", {}))
         merged.capture_policy += r.get("capture_policy", [])

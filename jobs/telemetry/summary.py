@@ -8,16 +8,23 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional
+from typing import Dict, Iterator, List, Optional, Tuple
 
-STAGE_ORDER = ("dataset", "plan", "load", "batch_sizing", "generate", "sink_wait", "sink_close")
+from jobs.telemetry.startup import STARTUP_PART_ORDER
+
+STAGE_ORDER = ("startup", "dataset", "plan", "load", "batch_sizing", "generate", "sink_wait", "sink_close")
 LOAD_PART_ORDER = ("imports", "weights", "to_device", "runner", "decoder_fusions")  # jobs/worker/loop.py's _load
 
 
 def load_parts_text(seconds: Dict[str, float], unit: str = "s") -> str:
-    """" (imports 6.1s, weights 0.5s, to_device 1.4s)": the load stage's parts in the order they run, those
-    under 0.05 s (the runner's wrap, usually) left out; "" when none is left."""
-    order = {k: i for i, k in enumerate(LOAD_PART_ORDER)}
+    """" (imports 6.1s, weights 0.5s, to_device 1.4s)": the load stage's parts in the order they run."""
+    return parts_text(seconds, LOAD_PART_ORDER, unit)
+
+
+def parts_text(seconds: Dict[str, float], order_of: Tuple[str, ...], unit: str = "s") -> str:
+    """" (a 6.1s, b 0.5s)": a stage's parts in the order `order_of` names them, those under 0.05 s (the
+    runner's wrap, usually) left out; "" when none is left."""
+    order = {k: i for i, k in enumerate(order_of)}
     ranked = sorted(seconds.items(), key=lambda kv: (order.get(kv[0], len(order)), kv[0]))
     shown = [f"{k} {v:.1f}{unit}" for k, v in ranked if v >= 0.05]
     return f" ({', '.join(shown)})" if shown else ""
@@ -56,6 +63,10 @@ class JobStats:
     stage_seconds: Dict[str, float] = field(default_factory=dict)
     # the load stage's parts (jobs/worker/loop.py): imports, weights, to_device, runner, decoder_fusions
     load_seconds: Dict[str, float] = field(default_factory=dict)
+    # the start-up's parts, process start to the plan (jobs/telemetry/startup.py): {} where the front door
+    # did not start this process; their sum is stage_seconds' "startup"
+    startup_seconds: Dict[str, float] = field(default_factory=dict)
+    first_batch_s: Optional[float] = None  # process start to the first batch handed to the sink
     graph: dict = field(default_factory=dict)
     sink: dict = field(default_factory=dict)
     shards: int = 0
@@ -112,13 +123,14 @@ class JobStats:
         g = self.graph
         order = {k: i for i, k in enumerate(STAGE_ORDER)}
         ranked = sorted(self.stage_seconds.items(), key=lambda kv: (order.get(kv[0], len(order)), kv[0]))
-        stages = ", ".join(f"{k} {v:.1f}s" + (load_parts_text(self.load_seconds) if k == "load" else "")
-                           for k, v in ranked)
+        stages = ", ".join(f"{k} {v:.1f}s" + self._parts(k) for k, v in ranked)
         # Of the plan's items, not of the leased units': a stopped job has not leased them all.
         planned = self.plan_items or self.items_planned
         generated = self.stage_seconds.get("generate", 0.0) > 0
         rate = (f"{self.images_per_s():.2f} {self.noun()}/s while generating" if generated
                 else "nothing generated in this run")
+        if self.first_batch_s is not None:
+            rate += f"; first batch {self.first_batch_s:.1f}s after the process started"
         out = [
             f"bcgen {self.status}: {self.written()} of {planned} planned "
             f"({self.items_skipped_done} already done) -> {self.output_dir}",
@@ -146,6 +158,11 @@ class JobStats:
         out += [f"  said once, on {n} batch{'es' if n != 1 else ''} in all: {reason}"
                 for reason, n in sorted(self.library_warnings.items())]
         return out
+
+    def _parts(self, stage: str) -> str:
+        if stage == "load":
+            return load_parts_text(self.load_seconds)
+        return parts_text(self.startup_seconds, STARTUP_PART_ORDER) if stage == "startup" else ""
 
     def _flops_line(self) -> str:
         f = self.flops

@@ -16,6 +16,7 @@ from jobs.dataset import RowError, write_error_ledger
 from jobs.kill_hook import KILL_AT_ENV, kill_hook
 from jobs.output.layout import ERRORS_FILE
 from jobs.plan import Item
+from jobs.telemetry import startup
 from jobs.telemetry.summary import JobStats, StageTimer
 from jobs.worker.pipeline import BatchResult
 from jobs.worker.samples import item_meta, item_sample, sample_kind
@@ -30,6 +31,8 @@ class Handoff:
 
     def put(self, result: BatchResult) -> None:
         self.batches += 1
+        if self.batches == 1:  # what a user waits for first (None where the front door did not start the process)
+            self.stats.first_batch_s = startup.since_start()
         ledger: List[RowError] = []
         for i, (it, image, finite) in enumerate(zip(result.items, result.images, result.finite)):
             if not finite:

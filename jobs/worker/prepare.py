@@ -31,6 +31,7 @@ from jobs.plan.identity import Renderer
 from jobs.plan.publish import join_or_make_plan
 from jobs.plan.units import PlanManifest, read_manifest
 from jobs.preflight import Checked, check_config
+from jobs.telemetry import startup
 from jobs.telemetry.summary import StageTimer
 from jobs.worker.lease import Leaser
 from jobs.worker.leased_plan import LeasedPlan, PlanSettings
@@ -83,6 +84,7 @@ def _prepare(cfg: GenerateConfig, checked: Checked, shards: LocalShards, staging
              timer: StageTimer, group: Group, device: torch.device, stop: Optional[StopFlag]) -> Prepared:
     topo, output_dir = group.topo, checked.output_dir
     held = {}
+    startup.mark("checks")  # the start-up ends where the plan begins
     with timer("plan"):
         # Rank 0 joins or makes the plan (other jobs on output_dir wait on its lock); the other
         # ranks read what it settled.

@@ -29,6 +29,7 @@ from jobs.output.done import done_records
 from jobs.output.layout import ERRORS_FILE, PLAN_DIR, RUN_FILE, SUMMARY_FILE
 from jobs.plan.estimate import cost_of
 from jobs.provenance import now_iso, provenance
+from jobs.telemetry import startup
 from jobs.telemetry.parts import merge_stats, read_part_summaries, write_part_summary
 from jobs.telemetry.rates import measured_rate, rate_cache, record_rate
 from jobs.telemetry.summary import JobStats, StageTimer
@@ -44,6 +45,7 @@ log = logging.getLogger("jobs.run")
 
 
 def run_job(cfg: GenerateConfig) -> JobStats:
+    startup.mark("worker_imports")
     timer = StageTimer()
     topo = topology(cfg.job.partition)
     device = pick_device(cfg.device, topo.local_rank)
@@ -91,6 +93,9 @@ def record_plan(stats: JobStats, prep: Prepared, timer: StageTimer, count_done_a
     """What the worker's plan counted, into its summary (after the loop, whatever ended it)."""
     plan = prep.plan
     stats.stage_seconds = dict(timer.seconds)
+    stats.startup_seconds = startup.seconds()
+    if stats.startup_seconds:  # the front door's own process (jobs/telemetry/startup.py)
+        stats.stage_seconds["startup"] = sum(stats.startup_seconds.values())
     stats.items_planned = plan.planned
     stats.items_skipped_done = plan.skipped_done + (plan.done_at_start if count_done_at_start else 0)
     stats.truncated_prompts = plan.truncated

@@ -1,0 +1,54 @@
+"""The start-up clock (jobs/telemetry/startup.py): the wait before the plan, from the kernel's start of the
+process. Each case runs in a fresh interpreter: the clock is the process's own."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="the kernel's start time is read in /proc")
+
+
+def fresh(code: str) -> tuple:
+    """What `code` prints (json), run in a new interpreter, and how long the run took seen from here."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+                          check=True)
+    return json.loads(proc.stdout.strip().splitlines()[-1]), time.monotonic() - t0
+
+
+def test_the_process_age_counts_from_the_kernels_start_of_the_process():
+    age, outside = fresh("import json, time; time.sleep(0.6)\n"
+                         "from jobs.telemetry.startup import process_age_s; print(json.dumps(process_age_s()))")
+    assert 0.6 <= age <= outside + 0.02  # the sleep is in it; the clock tick (10 ms) at most beyond the outside wait
+
+
+def test_the_parts_run_from_the_process_start_mark_to_mark_in_the_order_they_ended():
+    parts, outside = fresh(
+        "import json, time\n"
+        "from jobs.telemetry import startup\n"
+        "time.sleep(0.3); startup.mark('interpreter'); startup.arm()\n"
+        "time.sleep(0.2); startup.mark('compose')\n"
+        "time.sleep(0.1); startup.mark('compose')\n"  # a second mark of a part does not move it
+        "startup.mark('checks')\n"
+        "print(json.dumps([startup.seconds(), startup.since_start()]))")
+    seconds, since = parts
+    assert list(seconds) == ["interpreter", "compose", "checks"]
+    assert seconds["interpreter"] >= 0.3 and 0.2 <= seconds["compose"] < 0.3 and seconds["checks"] >= 0.1
+    assert sum(seconds.values()) <= since <= outside + 0.02
+
+
+def test_an_unarmed_process_reports_nothing():
+    # A notebook's or a test's process started long before any job in it: no start-up of the job's own.
+    out, _ = fresh("import json\nfrom jobs.telemetry import startup\nstartup.mark('interpreter')\n"
+                   "print(json.dumps([startup.seconds(), startup.since_start()]))")
+    assert out == [{}, None]
