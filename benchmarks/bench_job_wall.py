@@ -192,7 +192,7 @@ def run_job(a, mode: str, data: Path, out: Path, env: dict, log: Path) -> dict:
             "first_batch_s": min(firsts) - start if firsts else None, "batch": max(int(b) for b in sizes),
             "signatures": s.get("signatures", {}), "gpu_busy": s.get("gpu_busy"),
             "stage_seconds": s.get("stage_seconds", {}), "load_seconds": s.get("load_seconds", {}),
-            "startup_seconds": s.get("startup_seconds", {}),
+            "startup_seconds": s.get("startup_seconds", {}), "first_batch_ms": s.get("first_batch_ms", {}),
             # where the generate stage went: device time by stage, captures, padding, the batches' pace
             "gpu_stage_ms": s.get("gpu_stage_ms"), "padding_rows": s.get("padding_rows"),
             "captures": graph.get("captures"), "capture_seconds": graph.get("capture_seconds"),

@@ -85,8 +85,10 @@ def test_the_summary_times_the_wait_from_the_process_start_to_the_first_batch(jo
     assert abs(sum(parts.values()) - stages["startup"]) < 0.01
     before = stages["startup"] + stages["plan"] + stages["load"] + stages["batch_sizing"]
     assert before < summary["first_batch_s"] < proc.waited_s  # after what precedes it, inside the outside wait
+    device = summary["first_batch_ms"]
+    assert set(device) == {"encode", "denoise", "decode"} and 0 < sum(device.values()) / 1e3 < summary["first_batch_s"]
     log = proc.stdout + proc.stderr
-    assert f"first batch {summary['first_batch_s']:.1f}s after the process started" in log
+    assert f"first batch {summary['first_batch_s']:.1f}s after the process started (its device time: " in log
     assert f"startup {stages['startup']:.1f}s (interpreter {parts['interpreter']:.1f}s, " in log
 
 
@@ -98,6 +100,7 @@ def test_a_job_run_inside_another_process_reports_no_start_up(tmp_path):
     data = write_jsonl(tmp_path / "p.jsonl", prompts(2))
     stats = run_job(compose_cfg([f"dataset.path={data}", f"output_dir={tmp_path / 'out'}", *FAST]))
     assert stats.items_written == 2 and stats.startup_seconds == {} and stats.first_batch_s is None
+    assert stats.first_batch_ms  # the batch's own device time needs no process clock
     assert "startup" not in stats.stage_seconds and "first batch" not in "\n".join(stats.lines())
 
 

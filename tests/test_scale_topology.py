@@ -82,12 +82,12 @@ def test_merged_summary_keeps_the_slowest_start_up_and_the_earliest_first_batch(
     # The job's first images came from whichever part got there first; its start-up parts, like the load's,
     # are the slowest part's.
     late = dict(_part(0, "complete", 5, 2.0), startup_seconds={"interpreter": 0.2, "worker_imports": 3.0},
-                first_batch_s=19.0)
+                first_batch_s=19.0, first_batch_ms={"denoise": 900.0})
     early = dict(_part(1, "complete", 3, 1.0), startup_seconds={"interpreter": 0.4, "worker_imports": 2.0},
-                 first_batch_s=15.5)
+                 first_batch_s=15.5, first_batch_ms={"denoise": 700.0})
     merged = merge_stats([late, early, _part(2, "complete", 1, 1.0)], parts=3)  # part 2: before session 49
     assert merged.startup_seconds == {"interpreter": 0.4, "worker_imports": 3.0}
-    assert merged.first_batch_s == 15.5
+    assert merged.first_batch_s == 15.5 and merged.first_batch_ms == {"denoise": 700.0}
     assert merge_stats([_part(0, "complete", 1, 1.0)], parts=1).first_batch_s is None
 
 

@@ -103,8 +103,10 @@ def merge_stats(records: list, parts: int) -> JobStats:
             merged.load_seconds[part] = max(merged.load_seconds.get(part, 0.0), s)
         for part, s in r.get("startup_seconds", {}).items():  # nor this, before session 49
             merged.startup_seconds[part] = max(merged.startup_seconds.get(part, 0.0), s)
-        if r.get("first_batch_s") is not None:  # the job's first images: the earliest part's
-            merged.first_batch_s = min(r["first_batch_s"], merged.first_batch_s or r["first_batch_s"])
+        first = r.get("first_batch_s")
+        if first is not None and (merged.first_batch_s is None or first < merged.first_batch_s):
+            merged.first_batch_s = first  # the job's first images: the earliest part's, and its device time
+            merged.first_batch_ms = r.get("first_batch_ms", {})
         merged.model, merged.output_dir = r["model"], r["output_dir"]
         merged.gpu_stage_ms = _add(merged.gpu_stage_ms, r.get("gpu_stage_ms", {}))
         merged.capture_policy += r.get("capture_policy", [])

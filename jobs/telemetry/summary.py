@@ -67,6 +67,9 @@ class JobStats:
     # did not start this process; their sum is stage_seconds' "startup"
     startup_seconds: Dict[str, float] = field(default_factory=dict)
     first_batch_s: Optional[float] = None  # process start to the first batch handed to the sink
+    # that batch's device time by stage: what of its wait was the device's (a run's first batch also sets
+    # up kernels, captures graphs and checks fused kernels on first sight)
+    first_batch_ms: Dict[str, float] = field(default_factory=dict)
     graph: dict = field(default_factory=dict)
     sink: dict = field(default_factory=dict)
     shards: int = 0
@@ -131,6 +134,9 @@ class JobStats:
                 else "nothing generated in this run")
         if self.first_batch_s is not None:
             rate += f"; first batch {self.first_batch_s:.1f}s after the process started"
+            if self.first_batch_ms:
+                spent = ", ".join(f"{k} {v / 1e3:.1f}s" for k, v in self.first_batch_ms.items())
+                rate += f" (its device time: {spent})"
         out = [
             f"bcgen {self.status}: {self.written()} of {planned} planned "
             f"({self.items_skipped_done} already done) -> {self.output_dir}",

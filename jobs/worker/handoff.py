@@ -33,6 +33,7 @@ class Handoff:
         self.batches += 1
         if self.batches == 1:  # what a user waits for first (None where the front door did not start the process)
             self.stats.first_batch_s = startup.since_start()
+            self.stats.first_batch_ms = {k: round(v, 1) for k, v in result.stage_ms.items()}
         ledger: List[RowError] = []
         for i, (it, image, finite) in enumerate(zip(result.items, result.images, result.finite)):
             if not finite:
