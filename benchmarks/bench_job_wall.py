@@ -424,7 +424,9 @@ class Results:
                       "an image at that mode's text lengths (jobs/models/flops.py); peak_fraction: of 989 TFLOP/s; "
                       "pace_s (the job's timeline, medians): steady, the interval between two batches of one part; "
                       "first, the generate stage's start to its first batch handed to the sink (its captures and "
-                      "first sights); switches, what the signature switches took above the steady pace."]
+                      "first sights), with that batch's device time by stage; switches, what the signature switches "
+                      "took above the steady pace; fixed_s (medians): the job's start-up (process start to the plan, "
+                      "by part), plan, load (by part) and batch sizing."]
         if self.a.family == "flux":
             lines += ["", f"Flux.1-dev (random weights, FLUX.1-dev's configs; T5 and CLIP vocabularies cut to "
                           f"MiniLM's 30,522): the job is model=flux, plainN FluxPipeline with max_sequence_length "
@@ -462,6 +464,7 @@ def _stage_parts(runs: list, stage: str) -> str:
 
 def _pace(runs: list) -> str:
     """A mode's pace from its runs' timelines (batch_pace), medians: the steady interval, the first hand-off
+    (with its batch's device time by stage, summary.json's first_batch_ms: the rest of it is the host's)
     and the switches' time above the steady pace. Apart, they say whether a cost is paid per batch or once a
     run. Empty for the plain loop (no timeline)."""
     parts = []
@@ -469,8 +472,17 @@ def _pace(runs: list) -> str:
                                 ("switches_above_s", "switches", 2)):
         v = [r[name] for r in runs if r.get(name) is not None]
         if v:
-            parts.append(f"{label} {statistics.median(v):.{digits}f}")
+            device = _first_device(runs) if label == "first" else ""
+            parts.append(f"{label} {statistics.median(v):.{digits}f}{device}")
     return ", ".join(parts)
+
+
+def _first_device(runs: list) -> str:
+    """" (device: encode 0.10, denoise 0.60, decode 0.20)": the first batch's device seconds by stage, medians."""
+    kept = [r["first_batch_ms"] for r in runs if r.get("first_batch_ms")]
+    stages = [s for s in ("encode", "denoise", "decode") if any(s in k for k in kept)]
+    shown = [f"{s} {statistics.median(k[s] for k in kept if s in k) / 1e3:.2f}" for s in stages]
+    return f" (device: {', '.join(shown)})" if shown else ""
 
 
 def one_run(a, mode: str, prompts: int, data: Path, gpu, i: int, results: Results) -> None:

@@ -234,3 +234,13 @@ def test_the_fixed_costs_column_leads_with_the_jobs_start_up_by_part():
              "load_seconds": {"imports": 8.0}} for i in range(3)]
     assert _fixed(runs) == ("startup 5.0 (interpreter 0.6, compose 0.9, worker_imports 3.5), plan 0.5, "
                             "load 10.0 (imports 8.0)")
+
+
+def test_the_pace_column_says_how_much_of_the_first_hand_off_was_the_devices():
+    from bench_job_wall import _pace
+
+    runs = [{"batch_interval_s": 0.556, "first_handoff_s": 3.6 + i, "switches_above_s": 1.5,
+             "first_batch_ms": {"encode": 100.0 + i, "denoise": 600.0, "decode": 200.0}} for i in range(3)]
+    runs.append({"batch_interval_s": 0.556, "first_handoff_s": 4.6})  # a summary before first_batch_ms
+    assert _pace(runs) == ("steady 0.556, first 4.60 (device: encode 0.10, denoise 0.60, decode 0.20), "
+                           "switches 1.50")
