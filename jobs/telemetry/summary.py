@@ -13,6 +13,7 @@ from typing import Dict, Iterator, List, Optional, Tuple
 from jobs.telemetry.startup import STARTUP_PART_ORDER
 
 STAGE_ORDER = ("startup", "dataset", "plan", "load", "batch_sizing", "generate", "sink_wait", "sink_close")
+DEVICE_STAGE_ORDER = ("encode", "denoise", "decode")
 LOAD_PART_ORDER = ("imports", "weights", "to_device", "runner", "decoder_fusions")  # jobs/worker/loop.py's _load
 
 
@@ -28,6 +29,13 @@ def parts_text(seconds: Dict[str, float], order_of: Tuple[str, ...], unit: str =
     ranked = sorted(seconds.items(), key=lambda kv: (order.get(kv[0], len(order)), kv[0]))
     shown = [f"{k} {v:.1f}{unit}" for k, v in ranked if v >= 0.05]
     return f" ({', '.join(shown)})" if shown else ""
+
+
+def device_text(ms: Dict[str, float]) -> str:
+    """"encode 0.5s, denoise 3.4s, decode 0.3s": device milliseconds by stage, in the order the stages run."""
+    order = {k: i for i, k in enumerate(DEVICE_STAGE_ORDER)}
+    ranked = sorted(ms.items(), key=lambda kv: (order.get(kv[0], len(order)), kv[0]))
+    return ", ".join(f"{k} {v / 1e3:.1f}s" for k, v in ranked)
 
 
 class StageTimer:
@@ -135,8 +143,7 @@ class JobStats:
         if self.first_batch_s is not None:
             rate += f"; first batch {self.first_batch_s:.1f}s after the process started"
             if self.first_batch_ms:
-                spent = ", ".join(f"{k} {v / 1e3:.1f}s" for k, v in self.first_batch_ms.items())
-                rate += f" (its device time: {spent})"
+                rate += f" (its device time: {device_text(self.first_batch_ms)})"
         out = [
             f"bcgen {self.status}: {self.written()} of {planned} planned "
             f"({self.items_skipped_done} already done) -> {self.output_dir}",
@@ -144,7 +151,7 @@ class JobStats:
             f"  stages: {stages}",
             f"  signatures: {len(self.signatures)}; items by mode: "
             + ", ".join(f"{k} {v}" for k, v in sorted(self.modes.items())),
-            "  device time: " + (", ".join(f"{k} {v / 1e3:.1f}s" for k, v in self.gpu_stage_ms.items()) or "-")
+            "  device time: " + (device_text(self.gpu_stage_ms) or "-")
             + (f"; GPU busy {self.gpu_busy:.0%} while generating" if self.gpu_busy is not None else "")
             + ("; stages overlapped" if self.overlap else ""),
             f"  graphs: {g.get('mode', 'eager')}, hits {g.get('hits', 0)}, misses {g.get('misses', 0)}, "
