@@ -93,6 +93,23 @@ def test_the_summary_times_the_wait_from_the_process_start_to_the_first_batch(jo
     assert f"startup {stages['startup']:.1f}s (interpreter {parts['interpreter']:.1f}s, " in log
 
 
+def test_a_sweeps_later_jobs_report_no_start_up_of_their_own(tmp_path):
+    # Hydra runs a sweep's jobs one after another in one process: the second started long after the process,
+    # so its summary must not claim the first job's start-up, nor time its first batch from the process's start.
+    data = write_jsonl(tmp_path / "p.jsonl", prompts(2))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run([sys.executable, "-m", "jobs.generate", "-m", f"dataset.path={data}", *FAST,
+                           "sampling.guidance_scale=3,4"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    first, second = (json.loads(next(tmp_path.glob(f"outputs/sana_tiny--sampling.guidance_scale:{g}--*/summary.json"))
+                                .read_text()) for g in (3, 4))
+    assert set(first["startup_seconds"]) == {"interpreter", "compose", "worker_imports", "checks"}
+    assert first["first_batch_s"] is not None and "startup" in first["stage_seconds"]
+    assert second["items_written"] == 2 and second["startup_seconds"] == {} and second["first_batch_s"] is None
+    assert "startup" not in second["stage_seconds"] and second["first_batch_ms"]
+
+
 def test_a_job_run_inside_another_process_reports_no_start_up(tmp_path):
     # In a notebook or a test, the process started long before the job: no start-up to report, and no
     # first batch measured from a start that is not the job's.

@@ -89,6 +89,8 @@ def test_merged_summary_keeps_the_slowest_start_up_and_the_earliest_first_batch(
     assert merged.startup_seconds == {"interpreter": 0.4, "worker_imports": 3.0}
     assert merged.first_batch_s == 15.5 and merged.first_batch_ms == {"denoise": 700.0}
     assert merge_stats([_part(0, "complete", 1, 1.0)], parts=1).first_batch_s is None
+    unarmed = merge_stats([dict(_part(0, "complete", 1, 1.0), first_batch_ms={"denoise": 5.0})], parts=1)
+    assert unarmed.first_batch_s is None and unarmed.first_batch_ms == {"denoise": 5.0}  # a sweep's later job
 
 
 def test_cluster_preset_composes_to_a_slurm_array_of_every_partition():

@@ -107,6 +107,8 @@ def merge_stats(records: list, parts: int) -> JobStats:
         if first is not None and (merged.first_batch_s is None or first < merged.first_batch_s):
             merged.first_batch_s = first  # the job's first images: the earliest part's, and its device time
             merged.first_batch_ms = r.get("first_batch_ms", {})
+        elif merged.first_batch_s is None and not merged.first_batch_ms:  # no part timed from its process's start
+            merged.first_batch_ms = r.get("first_batch_ms", {})
         merged.model, merged.output_dir = r["model"], r["output_dir"]
         merged.gpu_stage_ms = _add(merged.gpu_stage_ms, r.get("gpu_stage_ms", {}))
         merged.capture_policy += r.get("capture_policy", [])

@@ -14,8 +14,9 @@ compose: the command-line check, Hydra's compose (its logging and run folder) an
 worker_imports: torch and the worker's modules; checks: the device, the process group, the config,
 the model source and the output folder's claim.
 
-Only a process whose own front door ran (`arm`, from `jobs.generate.cli`) reports: a test or a
-notebook that calls the worker in a process started long before has no startup to speak of.
+Only a process whose own front door ran (`arm`, from `jobs.generate.cli`) reports, and only for its
+first job: a test or a notebook that calls the worker in a process started long before has no
+start-up to speak of, and neither has a Hydra sweep's second job, run in the process of the first.
 """
 
 from __future__ import annotations
@@ -50,6 +51,17 @@ def mark(part: str) -> None:
     """`part` of the start-up ends now (the first call for a part counts: a second run in one process
     has no start-up of its own)."""
     _marks.setdefault(part, time.perf_counter())
+
+
+def job_begins() -> None:
+    """The worker starts a job: the process's first ends the `worker_imports` part here; a later one (the
+    next job of a sweep, in the same process) has no start-up of its own and no first batch timed from
+    the process's start, so the clock is put away."""
+    global _started
+    if "worker_imports" in _marks:
+        _started = None
+    else:
+        mark("worker_imports")
 
 
 def arm() -> None:

@@ -45,7 +45,7 @@ log = logging.getLogger("jobs.run")
 
 
 def run_job(cfg: GenerateConfig) -> JobStats:
-    startup.mark("worker_imports")
+    startup.job_begins()
     timer = StageTimer()
     topo = topology(cfg.job.partition)
     device = pick_device(cfg.device, topo.local_rank)
