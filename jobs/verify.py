@@ -7,14 +7,9 @@ With `--against OTHER_DIR` it compares two outputs key by key instead (jobs/outp
 `latent_sha256` and the members' bytes; identical, differing and missing keys (on both sides), with
 counts and the first few keys. An output made before samples carried `latent_sha256` is refused (2).
 
-Checks, for every shard: its manifest exists and the shard matches it (size, members from the tar
-headers, sha256), and so do its parquet and stats (sizes, sha256; the parquet's keys are the shard's,
-and no parquet or stats file is without its shard); for the index: it lists exactly the manifests'
-shards with their counts, sizes and hashes; then every sample is read back with webdataset (the
-reader users have): each has its json, txt and image (or video), its key is the one the manifest
-lists there, and no key is in two shards. A `.tar` with no manifest is a problem too: a copy of a
-shard would be read twice by a glob of output_dir.
-Read-only: it moves and rewrites nothing (a rerun of the job quarantines and regenerates).
+What it checks, shard by shard, the index, and every sample read back with webdataset, is
+jobs/output/audit.py's (its docstring lists each check). Read-only: it moves and rewrites nothing
+(a rerun of the job quarantines and regenerates).
 """
 
 from __future__ import annotations
