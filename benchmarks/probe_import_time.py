@@ -66,10 +66,10 @@ def summarize(name: str, runs: list) -> dict:
 def parse_overlay(text: str) -> tuple:
     name, eq, dirs = text.partition("=")
     if not eq or not name or not dirs:
-        raise SystemExit(f"--overlay {text!r}: expected NAME=DIR[:DIR...] (folders put first on PYTHONPATH)")
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=DIR[:DIR...] (folders put first on PYTHONPATH)")
     missing = [d for d in dirs.split(os.pathsep) if not Path(d).is_dir()]
     if missing:
-        raise SystemExit(f"--overlay {text!r}: no folder {missing[0]!r}")
+        raise argparse.ArgumentTypeError(f"{text!r}: no folder {missing[0]!r}")
     return name, dirs
 
 
