@@ -38,13 +38,13 @@ def test_the_parts_run_from_the_process_start_mark_to_mark_in_the_order_they_end
         "from jobs.telemetry import startup\n"
         "time.sleep(0.3); startup.mark('interpreter'); startup.arm()\n"
         "time.sleep(0.2); startup.mark('compose')\n"
-        "time.sleep(0.1); startup.mark('compose')\n"  # a second mark of a part does not move it
+        "time.sleep(0.5); startup.mark('compose')\n"  # a second mark of a part does not move it
         "startup.mark('checks')\n"
         "print(json.dumps([startup.seconds(), startup.since_start()]))")
     seconds, since = parts
     assert list(seconds) == ["interpreter", "compose", "checks"]
-    assert seconds["interpreter"] >= 0.3 and 0.2 <= seconds["compose"] < 0.3 and seconds["checks"] >= 0.1
-    assert sum(seconds.values()) <= since <= outside + 0.02
+    assert seconds["interpreter"] >= 0.3 and 0.2 <= seconds["compose"] < 0.5 and seconds["checks"] >= 0.5
+    assert sum(seconds.values()) <= since + 0.002 <= outside + 0.022  # each part and `since` rounded to 1 ms
 
 
 def test_an_unarmed_process_reports_nothing():
