@@ -455,9 +455,10 @@ def _stage_parts(runs: list, stage: str) -> str:
     from jobs.telemetry.startup import STARTUP_PART_ORDER
     from jobs.telemetry.summary import LOAD_PART_ORDER, parts_text
 
-    key, order = {"load": ("load_seconds", LOAD_PART_ORDER), "startup": ("startup_seconds", STARTUP_PART_ORDER)}.get(
-        stage, (None, ()))
-    kept = [r[key] for r in runs if key and r.get(key)]
+    if stage not in ("load", "startup"):
+        return ""
+    key, order = ("load_seconds", LOAD_PART_ORDER) if stage == "load" else ("startup_seconds", STARTUP_PART_ORDER)
+    kept = [r[key] for r in runs if r.get(key)]
     names = {n for parts in kept for n in parts}
     return parts_text({n: statistics.median(p[n] for p in kept if n in p) for n in names}, order, unit="")
 
@@ -479,8 +480,10 @@ def _pace(runs: list) -> str:
 
 def _first_device(runs: list) -> str:
     """" (device: encode 0.10, denoise 0.60, decode 0.20)": the first batch's device seconds by stage, medians."""
+    from jobs.telemetry.summary import DEVICE_STAGE_ORDER
+
     kept = [r["first_batch_ms"] for r in runs if r.get("first_batch_ms")]
-    stages = [s for s in ("encode", "denoise", "decode") if any(s in k for k in kept)]
+    stages = [s for s in DEVICE_STAGE_ORDER if any(s in k for k in kept)]
     shown = [f"{s} {statistics.median(k[s] for k in kept if s in k) / 1e3:.2f}" for s in stages]
     return f" (device: {', '.join(shown)})" if shown else ""
 

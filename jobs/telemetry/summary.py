@@ -25,17 +25,19 @@ def load_parts_text(seconds: Dict[str, float], unit: str = "s") -> str:
 def parts_text(seconds: Dict[str, float], order_of: Tuple[str, ...], unit: str = "s") -> str:
     """" (a 6.1s, b 0.5s)": a stage's parts in the order `order_of` names them, those under 0.05 s (the
     runner's wrap, usually) left out; "" when none is left."""
-    order = {k: i for i, k in enumerate(order_of)}
-    ranked = sorted(seconds.items(), key=lambda kv: (order.get(kv[0], len(order)), kv[0]))
-    shown = [f"{k} {v:.1f}{unit}" for k, v in ranked if v >= 0.05]
+    shown = [f"{k} {v:.1f}{unit}" for k, v in in_order(seconds, order_of) if v >= 0.05]
     return f" ({', '.join(shown)})" if shown else ""
 
 
 def device_text(ms: Dict[str, float]) -> str:
     """"encode 0.5s, denoise 3.4s, decode 0.3s": device milliseconds by stage, in the order the stages run."""
-    order = {k: i for i, k in enumerate(DEVICE_STAGE_ORDER)}
-    ranked = sorted(ms.items(), key=lambda kv: (order.get(kv[0], len(order)), kv[0]))
-    return ", ".join(f"{k} {v / 1e3:.1f}s" for k, v in ranked)
+    return ", ".join(f"{k} {v / 1e3:.1f}s" for k, v in in_order(ms, DEVICE_STAGE_ORDER))
+
+
+def in_order(values: Dict[str, float], order_of: Tuple[str, ...]) -> List[Tuple[str, float]]:
+    """`values`' items in the order `order_of` names their keys, any other key after them, by name."""
+    order = {k: i for i, k in enumerate(order_of)}
+    return sorted(values.items(), key=lambda kv: (order.get(kv[0], len(order)), kv[0]))
 
 
 class StageTimer:
@@ -132,9 +134,7 @@ class JobStats:
 
     def lines(self) -> List[str]:
         g = self.graph
-        order = {k: i for i, k in enumerate(STAGE_ORDER)}
-        ranked = sorted(self.stage_seconds.items(), key=lambda kv: (order.get(kv[0], len(order)), kv[0]))
-        stages = ", ".join(f"{k} {v:.1f}s" + self._parts(k) for k, v in ranked)
+        stages = ", ".join(f"{k} {v:.1f}s" + self._parts(k) for k, v in in_order(self.stage_seconds, STAGE_ORDER))
         # Of the plan's items, not of the leased units': a stopped job has not leased them all.
         planned = self.plan_items or self.items_planned
         generated = self.stage_seconds.get("generate", 0.0) > 0
