@@ -127,7 +127,9 @@ def sha(data: bytes) -> str:
 
 def test_two_actors_write_every_key_once_as_one_process_does(cluster, data, reference):
     out = cluster["tmp"] / "local"
+    t0 = time.monotonic()
     log = run(cluster, f"dataset.path={data}", f"output_dir={out}")
+    outside = time.monotonic() - t0
     got = local_files(out)
     assert sorted(got) == sorted(reference)  # the same shards, by name: one per unit
     assert [n for n in got if got[n] != reference[n]] == []  # and byte for byte
@@ -141,6 +143,20 @@ def test_two_actors_write_every_key_once_as_one_process_does(cluster, data, refe
     assert sum(s["nsamples"] for s in index["shardlist"]) == N
     assert os.listdir(out / "_plan" / "leases") == []  # the driver released every unit
     assert "job 40/40 items (100.0%)" in log and "2 worker(s) on Ray" in log
+    waited(summary, outside, log)
+
+
+def waited(summary: dict, outside: float, log: str) -> None:
+    """The wait a user sees, from the driver's start: its own start-up by part, and the first batch an
+    actor (another process) handed to its sink, timed on the driver's clock (jobs/telemetry/startup.py)."""
+    parts = summary["startup_seconds"]
+    assert set(parts) == {"interpreter", "compose", "worker_imports", "checks", "connect"}, parts
+    assert abs(summary["stage_seconds"]["startup"] - sum(parts.values())) < 1e-6
+    first = summary["first_batch_s"]
+    # after the driver's start-up and its plan (the actors start after it), within the outside wait
+    assert sum(parts.values()) + summary["stage_seconds"]["plan"] - 0.01 <= first <= outside, (first, outside)
+    assert set(summary["first_batch_ms"]) >= {"encode", "denoise", "decode"}, summary["first_batch_ms"]
+    assert f"first batch {first:.1f}s after the process started" in log
 
 
 def test_s3_output_dir_driver_and_actors_share_only_the_bucket(cluster, data, reference):

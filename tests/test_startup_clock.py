@@ -52,3 +52,25 @@ def test_an_unarmed_process_reports_nothing():
     out, _ = fresh("import json\nfrom jobs.telemetry import startup\nstartup.mark('interpreter')\n"
                    "print(json.dumps([startup.seconds(), startup.since_start()]))")
     assert out == [{}, None]
+
+
+def test_another_process_times_from_the_first_ones_start_given_as_a_unix_time():
+    # A Ray actor times its first batch from its driver's start (jobs/cluster/driver.py actor_factory).
+    driver, _ = fresh("import json, time\nfrom jobs.telemetry import startup\ntime.sleep(0.3); startup.arm()\n"
+                      "print(json.dumps([startup.started_at(), time.time()]))")
+    started_at, then = driver
+    assert 0.3 <= then - started_at <= 60
+    out, _ = fresh("import json, time\nfrom jobs.telemetry import startup\n"
+                   f"startup.arm_at({started_at!r}); since = startup.since_start()\n"
+                   f"waited = time.time() - {started_at!r}\n"
+                   "print(json.dumps([since, waited, startup.seconds()]))")
+    since, waited, parts = out
+    assert abs(since - waited) < 0.01 and since >= then - started_at  # the driver's wait, this process's own in it
+    assert parts == {}  # no start-up of its own is reported
+
+
+def test_a_start_given_by_a_clock_far_ahead_gives_no_first_batch_time():
+    # Another node's clock ahead of this one's by more than the wait: no negative time is reported.
+    out, _ = fresh("import json, time\nfrom jobs.telemetry import startup\nstartup.arm_at(time.time() + 30)\n"
+                   "print(json.dumps(startup.since_start()))")
+    assert out is None

@@ -35,6 +35,7 @@ from jobs.output.leases import HOST
 from jobs.output.mirror import Mirror, open_shards
 from jobs.plan.units import PlanManifest, UnitInfo, read_manifest
 from jobs.preflight import check_config
+from jobs.telemetry import startup
 from jobs.telemetry.summary import JobStats, StageTimer
 from jobs.worker.loop import generate_all
 from jobs.worker.prepare import Prepared, assemble
@@ -48,9 +49,11 @@ LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"  # Hydra's, 
 
 
 class Worker:
-    def __init__(self, cfg: GenerateConfig, part: int, parts: int):
+    def __init__(self, cfg: GenerateConfig, part: int, parts: int, started_at: Optional[float] = None):
         if not logging.getLogger().handlers:  # Ray forwards the actor's stderr to the driver
             logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+        if started_at is not None:  # the driver's start (a unix time): summary.json's first_batch_s counts from it
+            startup.arm_at(started_at)
         self.cfg, self.part, self.parts = cfg, part, parts
         self.stats = JobStats(model=cfg.model.name)
         self.stop = StopFlag()

@@ -37,6 +37,7 @@ from jobs.output.mirror import LocalShards, open_shards
 from jobs.plan.publish import join_or_make_plan
 from jobs.plan.units import PlanManifest, UnitInfo
 from jobs.preflight import Checked, check_config
+from jobs.telemetry import startup
 from jobs.telemetry.summary import JobStats, StageTimer
 from jobs.worker.prepare import check_done_units, renderer_of
 from jobs.worker.stop import StopFlag
@@ -47,9 +48,11 @@ ACTOR_THREADS = 4 + AHEAD  # run, warm, progress, end/halt, and each unit's call
 
 
 def run_ray_job(cfg: GenerateConfig) -> JobStats:
+    startup.job_begins()
     cfg = for_actors(cfg)
     assert cfg.ray is not None  # for_actors checked it: jobs/generate.py comes here only when cfg.ray is set
     checked = check_config(cfg)
+    startup.mark("checks")
     address = connect(cfg.ray)
     workers = worker_count(cfg.ray, ray.cluster_resources(), ray.nodes())
     shards = open_shards(cfg.output_dir, cfg.job.staging_dir)
@@ -57,6 +60,7 @@ def run_ray_job(cfg: GenerateConfig) -> JobStats:
     # machine's plain run) is refused while this one is live. Actors stage per node, unclaimed: their
     # units come from this driver, never from lease files another folder could also grant.
     staging = shards.claim_staging(cfg.job.lease_ttl_s)
+    startup.mark("connect")  # the start-up ends where the plan begins, as a worker's does
     try:
         return _run_claimed(cfg, checked, shards, address, workers)
     finally:
@@ -90,6 +94,9 @@ def _run_claimed(cfg: GenerateConfig, checked: Checked, shards: LocalShards, add
     finally:
         progress.close()
         merged = merge(result, manifest, done_items, dict(timer.seconds), status, cfg.model.name, shards.shown)
+        merged.startup_seconds = startup.seconds()  # the driver's own; the actors' first batch is timed from it
+        if merged.startup_seconds:
+            merged.stage_seconds["startup"] = sum(merged.startup_seconds.values())
         write_summary(checked.output_dir, shards, merged, ray_block(result, address, n))
         for line in merged.lines():
             log.info(line)
@@ -157,11 +164,12 @@ def actor_factory(cfg: GenerateConfig, parts: int):
     assert r is not None  # run_ray_job's for_actors checked it
     actor_class = ray.remote(Worker)
     job = ray.get_runtime_context().get_job_id()
+    started_at = startup.started_at()  # the actors time their first batch from the driver's start
 
     def spawn(part: int):
         # Named so `ray list actors` (and the tests) find them: bcgen-<Ray job>-part0003.
         return actor_class.options(name=f"bcgen-{job}-part{part:04d}", num_gpus=r.gpus_per_worker,
                                    num_cpus=r.cpus_per_worker, max_concurrency=ACTOR_THREADS,
-                                   max_restarts=0).remote(cfg, part, parts)
+                                   max_restarts=0).remote(cfg, part, parts, started_at)
 
     return spawn

@@ -12,7 +12,13 @@ worker reads them into summary.json's `startup_seconds` and `first_batch_s`.
 interpreter: Python's own start and the front door's imports (Hydra, omegaconf, the config schema);
 compose: the command-line check, Hydra's compose (its logging and run folder) and the typed config;
 worker_imports: torch and the worker's modules; checks: the device, the process group, the config,
-the model source and the output folder's claim.
+the model source and the output folder's claim. A Ray driver (jobs/cluster/driver.py) has one part
+more, connect: Ray's start or its join of the cluster, and the output folder's claim.
+
+A Ray job's first batch comes from an actor, a process Ray started on some node: the driver hands its
+own start to each actor as a unix time (`started_at`), and the actor times its first batch from it
+(`arm_at`), so `first_batch_s` is what the user waited for, on the driver's clock. Two nodes' clocks
+agree to NTP's precision, a few milliseconds; an actor whose clock runs far behind reports none.
 
 Only a process whose own front door ran (`arm`, from `jobs.generate.cli`) reports, and only for its
 first job: a test or a notebook that calls the worker in a process started long before has no
@@ -26,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Dict, Optional
 
-STARTUP_PART_ORDER = ("interpreter", "compose", "worker_imports", "checks")
+STARTUP_PART_ORDER = ("interpreter", "compose", "worker_imports", "checks", "connect")
 
 _marks: Dict[str, float] = {}  # part -> time.perf_counter() when it ended
 _started: Optional[float] = None  # time.perf_counter() at the process's start, once armed
@@ -76,6 +82,19 @@ def arm() -> None:
         _started = _marks.pop(first)
 
 
+def started_at() -> Optional[float]:
+    """The process's start as a unix time, for another process (a Ray actor) to time from; None when
+    this process was not armed."""
+    return None if _started is None else time.time() - (time.perf_counter() - _started)
+
+
+def arm_at(unix_start: float) -> None:
+    """Time this process's first batch from another process's start (`started_at` there), not its own:
+    a Ray actor's, from its driver's. This process's own start-up is not reported (no marks are read)."""
+    global _started
+    _started = time.perf_counter() - (time.time() - unix_start)
+
+
 def seconds() -> Dict[str, float]:
     """The parts marked so far, each from the end of the one before (the first from the process's start),
     in the order they ran; {} when this process was not armed."""
@@ -89,5 +108,9 @@ def seconds() -> Dict[str, float]:
 
 
 def since_start() -> Optional[float]:
-    """Seconds from the process's start to now; None when this process was not armed."""
-    return None if _started is None else round(time.perf_counter() - _started, 3)
+    """Seconds from the process's start to now; None when this process was not armed, or when it was armed
+    from another node's clock that runs ahead of this one's by more than the wait."""
+    if _started is None:
+        return None
+    since = time.perf_counter() - _started
+    return round(since, 3) if since >= 0 else None
