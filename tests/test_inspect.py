@@ -7,10 +7,12 @@ what those two commands wrote.
 
 from __future__ import annotations
 
+import html
 import io
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -56,8 +58,9 @@ def inspected(tmp_path_factory):
     # of two sizes a signature (the image presets' default, [8], would pad each run to one batch).
     # bcg.warmup=random: every batch's first call captures, so each timeline line says replay (with
     # the default, live, a key's first batch of these few steps is all warm-up calls: eager).
-    run_cli(f"dataset.path={data}", f"output_dir={out}", "sink.maxcount=4", "bcg.backend=tape",
-            "bcg.capture=always", "bcg.warmup=random", "bcg.batch_sizes=[1,2,4,8]", *FAST)
+    job = run_cli(f"dataset.path={data}", f"output_dir={out}", "sink.maxcount=4", "bcg.backend=tape",
+                  "bcg.capture=always", "bcg.warmup=random", "bcg.batch_sizes=[1,2,4,8]", *FAST)
+    (tmp / "job.log").write_text(job.stdout + job.stderr)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.run([sys.executable, "-m", "jobs.inspect", str(out), "--out", str(view), "--samples",
                            str(SAMPLES)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
@@ -161,6 +164,40 @@ def test_throughput_plot_shows_each_signature_and_the_captures(inspected):
     plot_area = plot.crop((0, 0, layout.width - layout.right, layout.height))  # the axes, left of the legend
     colours = {c for _, c in plot_area.getcolors(1 << 20)}
     assert set(PALETTE[:3]) | {CAPTURE, RELEASE} <= colours and PALETTE[3] not in colours
+
+
+def summary_on_page(view: Path) -> list:
+    page = (view / "index.html").read_text()
+    found = re.search(r'<pre class="summary">(.*?)</pre>', page, re.S)
+    return html.unescape(found.group(1)).split("\n") if found else []
+
+
+def test_page_opens_with_the_closing_summary_the_job_logged(inspected):
+    out, view, _ = inspected
+    logged = [line.split("] - ", 1)[1] for line in (out.parent / "job.log").read_text().splitlines() if "] - " in line]
+    start = next(i for i, line in enumerate(logged) if line.startswith("bcgen complete:"))
+    shown = summary_on_page(view)
+    assert shown[0] == logged[start] == f"bcgen complete: 9 images written of 9 planned (0 already done) -> {out}"
+    # read back from summary.json's rounded figures: the same lines, a last digit aside
+    digits = re.compile(r"\d+(\.\d+)?")
+    same_text = [digits.sub("#", line) for line in logged[start:start + len(shown)]]
+    assert [digits.sub("#", line) for line in shown] == same_text
+    assert any(line.startswith("  stages: startup ") for line in shown)
+    assert any("first batch" in line and "after the process started" in line for line in shown)
+
+
+@pytest.mark.parametrize("damage", ["{not json", "[1, 2]", "{}", b"\xff\xfe"])
+def test_a_summary_that_cannot_be_read_leaves_the_page_without_one(inspected, tmp_path, caplog, damage):
+    from jobs.look.report import inspect_output
+
+    out, _, _ = inspected
+    for shard in sorted(out.glob("shard-*.tar")):
+        (tmp_path / shard.name).symlink_to(shard)
+    (tmp_path / "summary.json").write_bytes(damage if isinstance(damage, bytes) else damage.encode())
+    caplog.set_level(logging.WARNING)
+    report = inspect_output(tmp_path, tmp_path / "view", samples=3)
+    assert len(report.samples) == 3 and summary_on_page(tmp_path / "view") == []
+    assert f"{tmp_path / 'summary.json'} cannot be read" in caplog.text
 
 
 def test_bad_output_dir_exits_2_naming_it(tmp_path, caplog):

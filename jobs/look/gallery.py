@@ -38,6 +38,7 @@ figure img, figure video { width: 100%; image-rendering: pixelated; }
 figure audio { width: 100%; }
 figcaption { font-size: 12px; word-wrap: break-word; }
 .key { font-weight: bold; } .meta { color: #666; font-family: monospace; }
+pre.summary { background: #fff; border: 1px solid #ddd; padding: 8px; white-space: pre-wrap; font-size: 12px; }
 """
 
 
@@ -53,14 +54,17 @@ def nav_html(prev: Optional[str], up: Optional[str], next: Optional[str]) -> str
 
 
 def gallery_html(title: str, figures: Sequence[Figure], extras: Sequence[str] = (), note: str = "",
-                 nav: str = "") -> str:
-    """The page: a header naming the output folder, links to `extras` (sheet, plot), the figures;
-    `nav` (trusted HTML this package made, nav_html) above and below them."""
+                 nav: str = "", summary: Sequence[str] = ()) -> str:
+    """The page: a header naming the output folder, the job's closing summary (`summary`, its lines),
+    links to `extras` (sheet, plot), the figures; `nav` (trusted HTML this package made, nav_html) above
+    and below them."""
     parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
              f"<title>{_e(title)}</title><style>{STYLE}</style></head><body>",
              f"<h1>{_e(title)}</h1>"]
     if note:
         parts.append(f"<p>{_e(note)}</p>")
+    if summary:
+        parts.append(f'<pre class="summary">{_e(chr(10).join(summary))}</pre>')
     if nav:
         parts.append(nav)
     for src in extras:

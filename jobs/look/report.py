@@ -1,5 +1,6 @@
 """A look at what a job wrote (`python -m jobs.inspect`): samples chosen from the committed shards,
-a contact sheet, a gallery page and the throughput plot.
+a contact sheet, a gallery page and the throughput plot; the page opens with the job's closing summary,
+as the job logged it, read back from summary.json.
 
 Samples come from the committed shards that index.wids.json lists (every `shard-*.tar` before
 the job has written its index), read with webdataset. They are chosen round-robin over signatures
@@ -26,7 +27,8 @@ from jobs.look.gallery import Figure, gallery_html
 from jobs.look.media_info import video_info, wav_seconds
 from jobs.look.pages import Filter, write_pages
 from jobs.look.throughput_plot import throughput_plot
-from jobs.output.layout import INDEX_FILE, TIMELINE_DIR
+from jobs.output.layout import INDEX_FILE, SUMMARY_FILE, TIMELINE_DIR
+from jobs.telemetry.parts import merge_stats
 from jobs.telemetry.timeline import read_timeline
 
 log = logging.getLogger("jobs.inspect")
@@ -209,8 +211,22 @@ def inspect_output(output_dir: Path, out: Optional[Path] = None, samples: int = 
             f"signatures." + ("" if plot else " No timeline was recorded, so there is no throughput plot."))
     page = out / "index.html"
     extras = ["contact_sheet.png"] + (["throughput.png"] if plot else [])
-    page.write_text(gallery_html(f"bcgen output: {output_dir}", figures, extras, note), encoding="utf-8")
+    html = gallery_html(f"bcgen output: {output_dir}", figures, extras, note, summary=summary_lines(output_dir))
+    page.write_text(html, encoding="utf-8")
     return Report(out=out, samples=chosen, sheet=sheet, page=page, plot=plot)
+
+
+def summary_lines(output_dir: Path) -> List[str]:
+    """The job's closing summary (the lines it logged at its end), from summary.json; [] where there is none
+    yet (a job still running, killed) or it cannot be read: the page is drawn from the shards either way."""
+    path = output_dir / SUMMARY_FILE
+    if not path.is_file():
+        return []
+    try:
+        return merge_stats([json.loads(path.read_text(encoding="utf-8"))], 1).lines()
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as e:
+        log.warning("%s cannot be read (%s: %s): the page has no summary", path, type(e).__name__, e)
+        return []
 
 
 def _thumbnail(s: Sample):
