@@ -106,6 +106,8 @@ def test_estimate_uses_the_rate_measured_here_then_the_cached_one(job, tmp_path)
         rates = json.load(f)
     (key, rate), = rates.items()
     assert key == "sana_tiny|cpu|lossless" and rate["items"] >= 1 and rate["cost_per_s"] > 0
+    # the resumed run's wait for its first batch, as its summary said (the rerun after it had no batch)
+    assert rate["first_batch_s"] > 0 and "before its first batch" not in log_of(here)  # nothing left to wait for
     fresh = [a if not a.startswith("output_dir=") else f"output_dir={tmp_path / 'new'}" for a in args]
     new = cli(*fresh, "--estimate", module=("-m", "jobs.plan"), env=cache)
     plan = json.loads((tmp_path / "new" / "_plan" / "plan.json").read_text())
@@ -113,6 +115,7 @@ def test_estimate_uses_the_rate_measured_here_then_the_cached_one(job, tmp_path)
     assert f"estimate: 8 of 8 planned items left, {format_cost(cost)} megapixel-steps" in log_of(new)
     assert f"{format_duration(cost / rate['cost_per_s'])} on one worker" in log_of(new)
     assert f"cached: {rate['items']} items on cpu" in log_of(new)
+    assert f"plus {rate['first_batch_s']:.1f}s a worker before its first batch" in log_of(new)
     none = cli(*[a.replace("new", "none") for a in fresh], "--estimate", module=("-m", "jobs.plan"),
                env={"BCGEN_RATE_CACHE": str(tmp_path / "empty.json")})
     assert "no measured rate for this model and quality tier here: time unknown" in log_of(none), log_of(none)

@@ -23,6 +23,8 @@ class RateLike(Protocol):
     def source(self) -> str: ...
     @property
     def device(self) -> str: ...
+    @property
+    def first_batch_s(self) -> Optional[float]: ...
 
 
 @dataclass(frozen=True)
@@ -47,11 +49,15 @@ class Estimate:
         seconds, gpu_hours = self.seconds, self.gpu_hours
         assert seconds is not None and gpu_hours is not None  # estimate() gives seconds whenever it has a rate
         wall = seconds / workers
-        return [head,
-                f"  at {format_cost(self.rate.cost_per_s)} megapixel-steps/s a worker ({self.rate.source}):",
-                f"  {format_duration(seconds)} on one worker"
-                + (f", {format_duration(wall)} on {workers}" if workers > 1 else "")
-                + f"; {format_cost(gpu_hours)} {'GPU' if self.rate.device != 'cpu' else 'CPU-worker'}-hours"]
+        lines = [head,
+                 f"  at {format_cost(self.rate.cost_per_s)} megapixel-steps/s a worker ({self.rate.source}):",
+                 f"  {format_duration(seconds)} on one worker"
+                 + (f", {format_duration(wall)} on {workers}" if workers > 1 else "")
+                 + f"; {format_cost(gpu_hours)} {'GPU' if self.rate.device != 'cpu' else 'CPU-worker'}-hours"]
+        if self.rate.first_batch_s and self.items_left:  # the fixed part of a worker's wait, not in the rate
+            lines.append(f"  plus {self.rate.first_batch_s:.1f}s a worker before its first batch (its start-up, the "
+                         f"plan and the model's load, as that job waited)")
+        return lines
 
 
 def format_cost(x: float) -> str:

@@ -7,7 +7,9 @@
                                          last measured rate per (model, device, quality tier), written by
                                          every job that finishes, read by `jobs.plan --estimate`
 
-A rate is per worker (one process, one GPU): the time of W workers is the time of one over W.
+A rate is per worker (one process, one GPU): the time of W workers is the time of one over W. Each worker
+also waits before its first batch (its start-up, the plan, the model's load): a rate carries that job's
+wait, summary.json's `first_batch_s`: for a short job, most of what a user waits for.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional
 
+from jobs.output.layout import SUMMARY_FILE
 from jobs.telemetry.timeline import read_timeline
 from jobs.user_cache import user_cache_dir
 from sinks.atomic import atomic_write_bytes
@@ -32,10 +35,12 @@ class Rate:
     seconds: float
     source: str  # where it was measured, for a person
     device: str = ""
+    first_batch_s: Optional[float] = None  # that job's wait from its process's start to its first batch
 
 
 def measured_rate(output_dir: Path, cost_of: Mapping[str, float], source: str = "") -> Optional[Rate]:
-    """The rate of the batches in output_dir's timeline whose signature has a cost; None without any."""
+    """The rate of the batches in output_dir's timeline whose signature has a cost, with the wait for the
+    first batch of the job that last wrote its summary; None without any batch."""
     entries = read_timeline(output_dir)
     cost, items, seconds = 0.0, 0, 0.0
     runs: Dict[tuple, float] = {}
@@ -48,7 +53,14 @@ def measured_rate(output_dir: Path, cost_of: Mapping[str, float], source: str = 
     if not items or seconds <= 0:
         return None
     return Rate(cost_per_s=cost / seconds, items=items, seconds=seconds,
-                source=source or f"measured on {items} items in {output_dir}")
+                source=source or f"measured on {items} items in {output_dir}", first_batch_s=first_batch_wait(output_dir))
+
+
+def first_batch_wait(output_dir: Path) -> Optional[float]:
+    """The last job's wait in output_dir from its process's start to its first batch (summary.json); None
+    where none was timed (a rerun with nothing to do, a job started from Python) or it cannot be read."""
+    wait = _read(output_dir / SUMMARY_FILE).get("first_batch_s")
+    return float(wait) if isinstance(wait, (int, float)) and wait > 0 else None
 
 
 def rate_cache(environ: Mapping[str, str] = os.environ) -> Path:
@@ -63,9 +75,10 @@ def rate_key(model: str, device: str, tier: str) -> str:
 
 def _read(path: Path) -> dict:
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}  # none yet, or torn by a crash: a cache, not a record
+    return data if isinstance(data, dict) else {}
 
 
 def record_rate(model: str, device: str, tier: str, rate: Rate, when: str) -> None:
@@ -84,5 +97,5 @@ def cached_rates(model: str, tier: str) -> List[Rate]:
         if m == model and t == tier and d.get("cost_per_s", 0) > 0:
             out.append(Rate(cost_per_s=d["cost_per_s"], items=d["items"], seconds=d["seconds"], device=device,
                             source=f"cached: {d['items']} items on {device} at {d.get('measured', '?')} "
-                                   f"({rate_cache()})"))
+                                   f"({rate_cache()})", first_batch_s=d.get("first_batch_s")))
     return sorted(out, key=lambda r: -r.cost_per_s)
