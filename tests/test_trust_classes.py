@@ -115,6 +115,30 @@ def test_a_deleted_run_json_is_restored_not_answered_with_overwrite(finished, tm
     assert verify_output(out).problems == []
 
 
+def test_a_flipped_bit_that_leaves_run_json_valid_is_restored_from_the_plan(finished, tmp_path, caplog):
+    # Found by the property test's seed 217: one bit (0x10) turned a key of the identity into another
+    # key, still valid JSON, so run.json named another run than its own plan, and the rerun was refused.
+    out = _copy(finished, tmp_path)
+    shards = sorted(p.name for p in out.glob("shard-*"))
+    before = _bytes(out, shards)
+    raw = (out / "run.json").read_bytes()
+    at = raw.index(b'"attention_head_dim"') + 4  # the "e" of "attention"
+    (out / "run.json").write_bytes(raw[:at] + bytes([raw[at] ^ 0x10]) + raw[at + 1:])
+    assert b'"attuntion_head_dim"' in (out / "run.json").read_bytes()
+    # Another config is still another run: refused, and nothing deleted.
+    with caplog.at_level(logging.ERROR):
+        assert _rerun(finished, out, "sampling.seed=7") == 2
+    assert "holds a run with a different dataset or config" in caplog.text and _bytes(out, shards) == before
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        assert _rerun(finished, out) == 0
+    assert "run.json disagrees with _plan/plan.json, which holds this job's identity" in caplog.text
+    plan = json.loads((out / "_plan" / "plan.json").read_text())
+    run = json.loads((out / "run.json").read_text())
+    assert {k: v for k, v in run.items() if k != "provenance"} == plan["identity"]
+    assert run["provenance"]["restored"] and _bytes(out, shards) == before and verify_output(out).problems == []
+
+
 def test_a_lost_lease_is_one_line_and_commits_nothing(tmp_path):
     from jobs.worker.lease import LeaseLost, Leaser
 

@@ -112,9 +112,17 @@ def _claim_locked(output_dir: Path, identity: dict, overwrite: bool, shard_glob:
                             f"this job's, restore run.json from a backup; else use another output_dir")
     if run_file.exists():
         old = json.loads(run_file.read_text())
-        old.pop(PROVENANCE_KEY, None)
+        before = old.pop(PROVENANCE_KEY, None)
         diff = _differences(old, identity)
         if not diff:
+            return True
+        if _planned_identity(output_dir) == identity:
+            # run.json names another run than the plan it was claimed with, and that plan is this job's:
+            # run.json was damaged and still parses (a flipped bit), or a rewrite of it was cut short.
+            log.warning("%s disagrees with _plan/%s, which holds this job's identity (%s): restoring it from there",
+                        run_file, PLAN_FILE, "; ".join(diff[:3]))
+            _rewrite_locked(output_dir, identity, dict(before) if isinstance(before, dict) else provenance or {},
+                            identity_id(old), "restored", provenance)
             return True
         if not overwrite:
             raise UserError(
@@ -198,11 +206,17 @@ def rewrite_run(output_dir: Path, identity: dict, provenance: Optional[dict], ev
     of a run whose device part was pending: its own), keeping when it was first claimed, and when
     it changed under `event`; under the claim lock, by the job that holds the plan lock."""
     with dir_lock(output_dir, "claim"):
-        before = run_id(output_dir)
         old = json.loads((output_dir / RUN_FILE).read_text())
-        prov = dict(old.get(PROVENANCE_KEY) or {}, **{event: (provenance or {}).get("time")})
-        prov["lineage"] = sorted(set(prov.get("lineage", [])) | {before})  # the ids its shards may carry
-        atomic_write_bytes(output_dir / RUN_FILE, run_bytes(identity, prov))
+        _rewrite_locked(output_dir, identity, old.get(PROVENANCE_KEY) or {}, identity_id(old), event, provenance)
+
+
+def _rewrite_locked(output_dir: Path, identity: dict, kept: dict, before: str, event: str,
+                    provenance: Optional[dict]) -> None:
+    """run.json anew with `identity`: the provenance it had (`kept`), when it changed under `event`, and the
+    id it had (`before`) in its lineage, so the shards committed under that id stay the run's."""
+    prov = dict(kept, **{event: (provenance or {}).get("time")})
+    prov["lineage"] = sorted(set(prov.get("lineage", [])) | {before})  # the ids its shards may carry
+    atomic_write_bytes(output_dir / RUN_FILE, run_bytes(identity, prov))
 
 
 def publish_once(path: Path, data: bytes) -> bool:

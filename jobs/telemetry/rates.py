@@ -53,7 +53,8 @@ def measured_rate(output_dir: Path, cost_of: Mapping[str, float], source: str = 
     if not items or seconds <= 0:
         return None
     return Rate(cost_per_s=cost / seconds, items=items, seconds=seconds,
-                source=source or f"measured on {items} items in {output_dir}", first_batch_s=first_batch_wait(output_dir))
+                source=source or f"measured on {items} items in {output_dir}",
+                first_batch_s=first_batch_wait(output_dir))
 
 
 def first_batch_wait(output_dir: Path) -> Optional[float]:
