@@ -186,7 +186,7 @@ def test_page_opens_with_the_closing_summary_the_job_logged(inspected):
     assert any("first batch" in line and "after the process started" in line for line in shown)
 
 
-@pytest.mark.parametrize("damage", ["{not json", "[1, 2]", "{}", b"\xff\xfe"])
+@pytest.mark.parametrize("damage", ["{not json", "[1, 2]", "{}", b"\xff\xfe", '{"status": "?"}'])
 def test_a_summary_that_cannot_be_read_leaves_the_page_without_one(inspected, tmp_path, caplog, damage):
     from jobs.look.report import inspect_output
 
