@@ -60,8 +60,12 @@ def measured_rate(output_dir: Path, cost_of: Mapping[str, float], source: str = 
 def first_batch_wait(output_dir: Path) -> Optional[float]:
     """The last job's wait in output_dir from its process's start to its first batch (summary.json); None
     where none was timed (a rerun with nothing to do, a job started from Python) or it cannot be read."""
-    wait = _read(output_dir / SUMMARY_FILE).get("first_batch_s")
-    return float(wait) if isinstance(wait, (int, float)) and wait > 0 else None
+    return _positive(_read(output_dir / SUMMARY_FILE).get("first_batch_s"))
+
+
+def _positive(value) -> Optional[float]:
+    """A number of seconds read from a file another process wrote, or None where it is not one."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 else None
 
 
 def rate_cache(environ: Mapping[str, str] = os.environ) -> Path:
@@ -98,5 +102,5 @@ def cached_rates(model: str, tier: str) -> List[Rate]:
         if m == model and t == tier and d.get("cost_per_s", 0) > 0:
             out.append(Rate(cost_per_s=d["cost_per_s"], items=d["items"], seconds=d["seconds"], device=device,
                             source=f"cached: {d['items']} items on {device} at {d.get('measured', '?')} "
-                                   f"({rate_cache()})", first_batch_s=d.get("first_batch_s")))
+                                   f"({rate_cache()})", first_batch_s=_positive(d.get("first_batch_s"))))
     return sorted(out, key=lambda r: -r.cost_per_s)
