@@ -139,6 +139,39 @@ def test_a_flipped_bit_that_leaves_run_json_valid_is_restored_from_the_plan(fini
     assert run["provenance"]["restored"] and _bytes(out, shards) == before and verify_output(out).problems == []
 
 
+def test_a_flipped_bit_in_a_done_markers_sha256_is_caught_by_its_digest_and_rewritten(finished, tmp_path, caplog):
+    # Found by the property test's seed 881: the marker still parsed, its sizes and stamps matched, so the
+    # resume check trusted it, and the index took the flipped sha256 from it.
+    out = _copy(finished, tmp_path)
+    shards = sorted(p.name for p in out.glob("shard-*"))
+    before = _bytes(out, shards)
+    marker = out / "_plan" / "done" / "unit-0000001.json"
+    body = json.loads(marker.read_text())
+    good = body["shards"][0]["sha256"]
+    body["shards"][0]["sha256"] = ("0" if good[0] != "0" else "1") + good[1:]  # one hex digit, as a bit flip does
+    marker.write_text(json.dumps(body))
+    problems = verify_output(out).problems
+    assert any("unit-0000001.json: unreadable or damaged" in p and "a plain rerun" in p for p in problems), problems
+    with caplog.at_level(logging.WARNING):
+        assert _rerun(finished, out) == 0
+    assert "done unit 1: its marker did not list its shards as committed (its done marker is unreadable or " \
+           "damaged); rewritten from their manifests" in caplog.text, caplog.text
+    assert json.loads(marker.read_text())["shards"][0]["sha256"] == good
+    assert _bytes(out, shards) == before and verify_output(out).problems == []
+
+
+def test_a_done_marker_written_before_the_digest_is_read_as_it_is(finished, tmp_path, caplog):
+    out = _copy(finished, tmp_path)
+    marker = out / "_plan" / "done" / "unit-0000001.json"
+    body = json.loads(marker.read_text())
+    del body["digest"]
+    marker.write_text(json.dumps(body))
+    assert verify_output(out).problems == []
+    with caplog.at_level(logging.WARNING):
+        assert _rerun(finished, out) == 0
+    assert "done unit" not in caplog.text and "digest" not in json.loads(marker.read_text())  # trusted, untouched
+
+
 def test_a_lost_lease_is_one_line_and_commits_nothing(tmp_path):
     from jobs.worker.lease import LeaseLost, Leaser
 

@@ -4,10 +4,10 @@ index against the manifests, and every sample read back with webdataset.
 Checks, for every shard: its manifest exists and the shard matches it (size, members from the tar
 headers, sha256), and so do its parquet and stats (sizes, sha256; the parquet's keys are the shard's,
 and no parquet or stats file is without its shard); for the index: it lists exactly the manifests'
-shards with their counts, sizes and hashes; then every sample is read back with webdataset (the
-reader users have): each has its json, txt and image (or video), its key is the one the manifest
-lists there, and no key is in two shards. A `.tar` with no manifest is a problem too: a copy of a
-shard would be read twice by a glob of output_dir.
+shards with their counts, sizes and hashes; every done marker is whole (its own digest); then every
+sample is read back with webdataset (the reader users have): each has its json, txt and image (or
+video), its key is the one the manifest lists there, and no key is in two shards. A `.tar` with no
+manifest is a problem too: a copy of a shard would be read twice by a glob of output_dir.
 Read-only: it moves and rewrites nothing (a rerun of the job quarantines and regenerates).
 """
 
@@ -20,6 +20,7 @@ from typing import Dict, List
 
 from jobs.errors import UserError
 from jobs.output.claim import run_id, run_lineage
+from jobs.output.done import read_marker
 from jobs.output.layout import DONE_DIR, INDEX_FILE, LOG_DIR, MANIFEST_DIR, PLAN_DIR, RUN_FILE
 from sinks.manifest import load_manifest, verify_shard
 from sinks.sidecars import PARQUET_SUFFIX, STATS_SUFFIX, check_sidecars, sidecar_names
@@ -151,6 +152,9 @@ def _check_planned_keys(output_dir: Path, owners: Dict[str, str], report: Report
         return
     missing = []
     for marker in sorted(done_dir.glob("unit-*.json")):
+        if read_marker(marker) is None:
+            report.problems.append(f"{PLAN_DIR}/{DONE_DIR}/{marker.name}: unreadable or damaged (its own digest "
+                                   f"does not match; {fix.plain}: it rewrites it from the shards' manifests)")
         unit_file = output_dir / PLAN_DIR / (marker.stem + ".parquet")
         try:
             keys = pq.read_table(unit_file, columns=["key"]).column("key").to_pylist()

@@ -8,25 +8,25 @@ its shards and one of its manifests, whatever the run's size):
     each shard the marker lists:  tar, parquet and stats there, with their committed size;
                                   its manifest there; each file's stamp (mtime, or the object's
                                   ETag) as committed, else the unit is checked with sha256
-    the marker itself:            readable
+    the marker itself:            readable, and its own digest matching (jobs/output/done.py)
 
 A unit that fails is taken (its lease, so no live worker is writing it), scanned as a leased unit
 is (sinks/owned_scan.py: damaged shards to _quarantine/, only this run's own shards adopted), and
 loses its done marker when a shard it listed is gone: its missing samples are generated again by
-this run, like any unfinished unit. What this cannot see (a changed byte with the size and stamp
+this run, like any unfinished unit. Where its shards are whole and hold every key of the unit but the
+marker is not what they say (damaged, unreadable), the marker is rewritten from their manifests. What this cannot see (a changed byte with the size and stamp
 kept) needs `job.verify=full`, which scans every done unit so, with sha256.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, List, Set, Tuple
 
 from jobs.output.claim import run_lineage
-from jobs.output.done import done_path, done_units, mark_done
+from jobs.output.done import done_path, done_units, mark_done, marker_records
 from jobs.output.layout import unit_name, unit_shard_glob
 from jobs.output.mirror import LocalShards
 from jobs.plan.units import PlanManifest, read_unit_keys
@@ -46,15 +46,6 @@ class Recheck:
     reopened: List[int] = field(default_factory=list)  # lost their marker: generated again
     quarantined: List[dict] = field(default_factory=list)
     skipped: List[int] = field(default_factory=list)  # leased by a live worker: left to it
-
-
-def marker_records(plan_dir: Path, unit: int) -> List[ShardRecord] | None:
-    """The shards a done marker lists; None when the marker is unreadable."""
-    try:
-        body = json.loads(done_path(plan_dir, unit).read_bytes())
-        return [ShardRecord(**s) for s in body["shards"]]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
 
 
 def manifests_of(facts: FactDict) -> Dict[int, Set[str]]:
@@ -114,7 +105,7 @@ def recheck_done_units(manifest: PlanManifest, plan_dir: Path, shards: LocalShar
         out.checked += 1
         records = marker_records(plan_dir, unit)
         if records is None:
-            level, why = "members", "its done marker is unreadable"
+            level, why = "members", "its done marker is unreadable or damaged"
         else:
             problems, moved = stat_problems(records, facts, unit)
             if not problems and not moved and not full:
@@ -139,6 +130,8 @@ def _reopen_if_damaged(unit: int, records, why: str, level: str, manifest: PlanM
                                   Ownership(run, frozenset(keys), run_lineage(plan_dir.parent)))
         out.quarantined += moved
         listed = {r.url for r in records} if records is not None else None
+        if listed is None and not moved and set(keys) <= {k for r in kept for k in r.keys}:
+            listed = {r.url for r in kept}  # a damaged marker over whole shards: rewritten below, not reopened
         marker = done_path(plan_dir, unit)
         if moved or listed is None or not listed <= {r.url for r in kept}:
             marker.unlink(missing_ok=True)
@@ -146,7 +139,7 @@ def _reopen_if_damaged(unit: int, records, why: str, level: str, manifest: PlanM
             out.reopened.append(unit)
             log.warning("resume: done unit %d no longer holds what it committed (%s): reopened, its missing samples "
                         "are generated again", unit, why)
-        elif _facts_of(shards.with_manifest_stamps(kept)) != _facts_of(records):
+        elif records is None or _facts_of(shards.with_manifest_stamps(kept)) != _facts_of(records):
             # the shards are whole and the marker says otherwise: the marker is what changed
             marker.unlink(missing_ok=True)
             mark_done(plan_dir, unit, shards.with_manifest_stamps(kept), leaser.owner)
