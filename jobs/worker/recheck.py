@@ -14,8 +14,9 @@ A unit that fails is taken (its lease, so no live worker is writing it), scanned
 is (sinks/owned_scan.py: damaged shards to _quarantine/, only this run's own shards adopted), and
 loses its done marker when a shard it listed is gone: its missing samples are generated again by
 this run, like any unfinished unit. Where its shards are whole and hold every key of the unit but the
-marker is not what they say (damaged, unreadable), the marker is rewritten from their manifests. What this cannot see (a changed byte with the size and stamp
-kept) needs `job.verify=full`, which scans every done unit so, with sha256.
+marker is not what they say (damaged, unreadable), the marker is rewritten from their manifests. What
+this cannot see (a changed byte with the size and stamp kept) needs `job.verify=full`, which scans
+every done unit so, with sha256.
 """
 
 from __future__ import annotations
