@@ -81,3 +81,28 @@ def test_extend_refuses_an_edited_or_removed_row(extended, tmp_path):
     with pytest.raises(UserError, match=r"1 row\(s\) the run planned are not in the dataset any more \(keys 'k005'\)"):
         _plan_with(tmp_path, copy, prompts(5))
     assert json.loads((copy / "run.json").read_text()) == json.loads((out / "run.json").read_text())  # unchanged
+
+
+@pytest.mark.parametrize("damage", ["truncated", "deleted"])
+def test_an_extended_runs_run_json_restored_from_its_plan_keeps_its_lineage(extended, tmp_path, damage):
+    # The first run's shards carry the run id from before the extend; run.json's lineage names it. A run.json
+    # restored from plan.json must keep it, or those shards read as another run's.
+    import shutil
+
+    from jobs.output.audit import verify_output
+
+    _, _, out, args, _, _, grown, _ = extended
+    assert grown.returncode == 0, log_of(grown)
+    copy = tmp_path / "out"
+    shutil.copytree(out, copy)
+    lineage = json.loads((copy / "run.json").read_text())["provenance"]["lineage"]
+    assert lineage and json.loads((copy / "_plan" / "plan.json").read_text())["lineage"] == lineage
+    if damage == "truncated":
+        (copy / "run.json").write_bytes((copy / "run.json").read_bytes()[:40])
+    else:
+        (copy / "run.json").unlink()
+    rerun = cli(*[a if not a.startswith("output_dir=") else f"output_dir={copy}" for a in args], "job.extend=true")
+    assert rerun.returncode == 0 and "restoring it" in log_of(rerun), log_of(rerun)
+    assert json.loads((copy / "run.json").read_text())["provenance"]["lineage"] == lineage
+    report = verify_output(copy)
+    assert report.problems == [] and report.foreign == [], (report.problems, report.foreign)

@@ -101,10 +101,13 @@ def _claim_locked(output_dir: Path, identity: dict, overwrite: bool, shard_glob:
     identity = {k: v for k, v in identity.items() if k != PROVENANCE_KEY}
     if (run_file.exists() and _unreadable(run_file)) or (not run_file.exists() and shards):
         if _planned_identity(output_dir) == identity:
-            # run.json says what the plan says (plan.json carries the identity too): restore it from there
+            # run.json says what the plan says (plan.json carries the identity too): restore it from there,
+            # with the lineage the plan keeps (an extended run's earlier ids: its shards committed under them)
             log.warning("%s is %s, but _plan/%s holds this job's identity: restoring it", run_file,
                         "missing" if not run_file.exists() else "unreadable", PLAN_FILE)
-            atomic_write_bytes(run_file, run_bytes(identity, provenance))
+            lineage = _planned_lineage(output_dir)
+            atomic_write_bytes(run_file, run_bytes(identity, dict(provenance or {}, **({"lineage": lineage}
+                                                                                      if lineage else {}))))
             return True
         if run_file.exists():
             raise UserError(f"{shown}/{RUN_FILE} is unreadable (damaged), and _plan/{PLAN_FILE} does not hold "
@@ -121,8 +124,9 @@ def _claim_locked(output_dir: Path, identity: dict, overwrite: bool, shard_glob:
             # run.json was damaged and still parses (a flipped bit), or a rewrite of it was cut short.
             log.warning("%s disagrees with _plan/%s, which holds this job's identity (%s): restoring it from there",
                         run_file, PLAN_FILE, "; ".join(diff[:3]))
-            _rewrite_locked(output_dir, identity, dict(before) if isinstance(before, dict) else provenance or {},
-                            identity_id(old), "restored", provenance)
+            kept = dict(before) if isinstance(before, dict) else dict(provenance or {})
+            kept["lineage"] = sorted(set(kept.get("lineage") or []) | set(_planned_lineage(output_dir)))
+            _rewrite_locked(output_dir, identity, kept, identity_id(old), "restored", provenance)
             return True
         if not overwrite:
             raise UserError(
@@ -160,6 +164,15 @@ def _planned_identity(output_dir: Path):
         return json.loads((output_dir / PLAN_DIR / PLAN_FILE).read_bytes())["identity"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def _planned_lineage(output_dir: Path) -> List[str]:
+    """The lineage plan.json keeps (jobs/plan/units.py PlanManifest.lineage), or [] where it has none."""
+    try:
+        lineage = json.loads((output_dir / PLAN_DIR / PLAN_FILE).read_bytes()).get("lineage", [])
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [str(i) for i in lineage] if isinstance(lineage, list) else []
 
 
 def run_id(output_dir: Path) -> str:

@@ -111,7 +111,7 @@ def extend_plan(old: PlanManifest, plan_dir: Path, new: PlanManifest, work: Path
     digests = dict(old.unit_digests, **{str(info.id): unit_digest(plan_dir / f"{unit_name(info.id)}.parquet")
                                         for info, _ in added})  # the new units are checked on lease as the old
     manifest = replace(old, identity=new.identity, dataset=dataset, units=units, truncated=old.truncated + truncated,
-                       signatures=signatures, unit_digests=digests)
+                       signatures=signatures, unit_digests=digests, lineage=old.lineage_with_own_id())
     write_manifest(plan_dir, manifest)
     shutil.rmtree(work, ignore_errors=True)
     return manifest, n_added

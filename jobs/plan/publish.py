@@ -174,6 +174,7 @@ def _of_device(difference: str) -> bool:
 def _settle_device(cfg: GenerateConfig, output_dir: Path, plan_dir: Path, plan: PlanManifest, ident: dict,
                    renderer: Renderer, claimed: Optional[dict]) -> None:
     """This worker is the first of a run claimed with its device part pending: record its own."""
+    plan.lineage = plan.lineage_with_own_id()  # as rewrite_run keeps the pending id in run.json's
     plan.identity = ident
     write_manifest(plan_dir, plan)
     if claimed is not None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Dict, List, Sequence, Union
 
 from jobs.errors import UserError
+from jobs.output.claim import identity_id
 from jobs.output.layout import PLAN_FILE, unit_name
 from jobs.plan import Item, Signature
 from sinks.atomic import atomic_write_bytes
@@ -68,10 +69,18 @@ class PlanManifest:
     """The files under model.path: size, mtime and sha256 each, and their digest, which the run
     identity carries (jobs/plan/weights_digest.py); empty without a model.path, and in plans made
     before weight digests."""
+    lineage: List[str] = field(default_factory=list)
+    """The run ids this run had before its identity changed (job.extend; the device part settled by its
+    first worker), as run.json's provenance lists them: shards committed under them are the run's. Kept
+    here too, so that a run.json restored from this plan keeps them; empty in plans made before."""
 
     @property
     def n_items(self) -> int:
         return sum(u.count for u in self.units)
+
+    def lineage_with_own_id(self) -> List[str]:
+        """Its lineage and its identity's run id: the lineage once the identity is changed."""
+        return sorted(set(self.lineage) | {identity_id(self.identity)})
 
     @property
     def source_files(self) -> List[str]:
@@ -84,7 +93,8 @@ class PlanManifest:
                 "unit_items": self.unit_items, "items": self.n_items, "truncated": self.truncated,
                 "signatures": self.signatures, "units": [u.to_json() for u in self.units],
                 **({"unit_digests": self.unit_digests} if self.unit_digests else {}),
-                **({"weights": self.weights} if self.weights else {})}
+                **({"weights": self.weights} if self.weights else {}),
+                **({"lineage": self.lineage} if self.lineage else {})}
 
     @classmethod
     def from_json(cls, d: dict) -> "PlanManifest":
@@ -93,7 +103,8 @@ class PlanManifest:
                              f"{PLAN_VERSION}; plan again into a new output_dir (or job.overwrite=true)")
         return cls(identity=d["identity"], dataset=d["dataset"], unit_items=d["unit_items"],
                    units=[UnitInfo.from_json(u) for u in d["units"]], truncated=d["truncated"],
-                   signatures=d["signatures"], unit_digests=d.get("unit_digests", {}), weights=d.get("weights", {}))
+                   signatures=d["signatures"], unit_digests=d.get("unit_digests", {}), weights=d.get("weights", {}),
+                   lineage=list(d.get("lineage", [])))
 
 
 class DamagedPlan(UserError):
