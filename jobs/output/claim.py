@@ -125,7 +125,7 @@ def _claim_locked(output_dir: Path, identity: dict, overwrite: bool, shard_glob:
             log.warning("%s disagrees with _plan/%s, which holds this job's identity (%s): restoring it from there",
                         run_file, PLAN_FILE, "; ".join(diff[:3]))
             kept = dict(before) if isinstance(before, dict) else dict(provenance or {})
-            kept["lineage"] = sorted(set(kept.get("lineage") or []) | set(_planned_lineage(output_dir)))
+            kept["lineage"] = sorted(set(_ids(kept.get("lineage"))) | set(_planned_lineage(output_dir)))
             _rewrite_locked(output_dir, identity, kept, identity_id(old), "restored", provenance)
             return True
         if not overwrite:
@@ -169,9 +169,13 @@ def _planned_identity(output_dir: Path):
 def _planned_lineage(output_dir: Path) -> List[str]:
     """The lineage plan.json keeps (jobs/plan/units.py PlanManifest.lineage), or [] where it has none."""
     try:
-        lineage = json.loads((output_dir / PLAN_DIR / PLAN_FILE).read_bytes()).get("lineage", [])
+        return _ids(json.loads((output_dir / PLAN_DIR / PLAN_FILE).read_bytes()).get("lineage"))
     except (OSError, ValueError, AttributeError):
         return []
+
+
+def _ids(lineage) -> List[str]:
+    """A lineage as read from a file (a list of run ids); [] for anything else (damage)."""
     return [str(i) for i in lineage] if isinstance(lineage, list) else []
 
 
@@ -195,7 +199,8 @@ def run_lineage(output_dir: Path) -> frozenset:
         doc = json.loads((output_dir / RUN_FILE).read_bytes())
     except (OSError, ValueError):
         return frozenset()
-    return frozenset((doc.get(PROVENANCE_KEY) or {}).get("lineage", []))
+    prov = doc.get(PROVENANCE_KEY) if isinstance(doc, dict) else None
+    return frozenset(_ids(prov.get("lineage") if isinstance(prov, dict) else None))
 
 
 def run_differences(output_dir: Path, identity: dict) -> List[str]:
@@ -228,7 +233,7 @@ def _rewrite_locked(output_dir: Path, identity: dict, kept: dict, before: str, e
     """run.json anew with `identity`: the provenance it had (`kept`), when it changed under `event`, and the
     id it had (`before`) in its lineage, so the shards committed under that id stay the run's."""
     prov = dict(kept, **{event: (provenance or {}).get("time")})
-    prov["lineage"] = sorted(set(prov.get("lineage", [])) | {before})  # the ids its shards may carry
+    prov["lineage"] = sorted(set(_ids(prov.get("lineage"))) | {before})  # the ids its shards may carry
     atomic_write_bytes(output_dir / RUN_FILE, run_bytes(identity, prov))
 
 
