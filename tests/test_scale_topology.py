@@ -71,6 +71,27 @@ def test_merged_summary_adds_counts_keeps_dataset_counts_and_the_worst_status():
     assert merge_stats([_part(0, "complete", 5, 2.0), _part(1, "complete", 1, 1.0)], parts=2).status == "complete"
 
 
+@pytest.mark.parametrize("damage", ['{"stat', "[]", "missing status", "status 5"])
+def test_a_part_record_damaged_on_disk_is_left_out_and_the_summary_says_running(tmp_path, caplog, damage):
+    # Found in session 50: a torn part file crashed the finishing part with a traceback after all its work.
+    import json
+    import logging
+
+    from jobs.telemetry.parts import part_summary_path, read_part_summaries
+
+    good = _part(0, "complete", 5, 2.0)
+    bad = {"missing status": {k: v for k, v in _part(1, "complete", 3, 1.0).items() if k != "status"},
+           "status 5": dict(_part(1, "complete", 3, 1.0), status=5)}.get(damage, damage)
+    for part, record in ((0, good), (1, bad)):
+        path = part_summary_path(tmp_path, part, 2)
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(record if isinstance(record, str) else json.dumps(record))
+    with caplog.at_level(logging.WARNING):
+        records = read_part_summaries(tmp_path, 2)
+    assert records == [good] and merge_stats(records, parts=2).status == "running"
+    assert "part-0001-of-0002.json cannot be read" in caplog.text and "part 1 is left out" in caplog.text
+
+
 def test_merged_summary_keeps_each_load_parts_slowest():
     slow = dict(_part(0, "complete", 5, 2.0), load_seconds={"imports": 6.0, "weights": 0.4})
     fast = dict(_part(1, "complete", 3, 1.0), load_seconds={"imports": 2.0, "weights": 0.9})

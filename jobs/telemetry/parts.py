@@ -2,18 +2,23 @@
 group merges the files of the current layout.
 
 Files, not a gather: a failing rank still leaves its record, and array tasks, which share no
-process group, merge the same way.
+process group, merge the same way. A part's file that cannot be read (damaged on disk) is left out
+with a warning, as a part that has not finished is: the summary says "running" until that part runs
+again and writes it anew; the job that finishes is not failed for it.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections import Counter
 from pathlib import Path
 
 from jobs.output.layout import SUMMARY_DIR
 from jobs.telemetry.summary import JobStats
 from sinks.atomic import atomic_write_bytes
+
+log = logging.getLogger(__name__)
 
 STATUS_ORDER = ("failed", "interrupted", "preempted", "running", "complete")  # worst first
 
@@ -30,11 +35,20 @@ def write_part_summary(output_dir, part: int, parts: int, stats: JobStats) -> No
 
 
 def read_part_summaries(output_dir, parts: int) -> list:
+    """The parts' records that exist and can be read (see the module docstring)."""
     out = []
     for part in range(parts):
         path = part_summary_path(output_dir, part, parts)
-        if path.exists():
-            out.append(json.loads(path.read_text()))
+        if not path.exists():
+            continue
+        try:
+            record = json.loads(path.read_text())
+            merge_stats([record], 1)  # every field the merge reads is there, of its type
+        except Exception as e:  # noqa: BLE001 - whatever the damage, this part's record is not used
+            log.warning("%s cannot be read (%s: %s): part %d is left out of summary.json until it runs again",
+                        path, type(e).__name__, e, part)
+            continue
+        out.append(record)
     return out
 
 
