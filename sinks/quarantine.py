@@ -91,8 +91,24 @@ def append_log(output_dir: Path, entry: dict) -> None:
 
 
 def quarantine_log(output_dir: Path) -> List[dict]:
-    """Every shard ever quarantined in output_dir, oldest first."""
+    """Every shard ever quarantined in output_dir, oldest first. A line that is not an entry (torn by a
+    kill mid-append, damaged) is left out with a warning: the log is a record for a person, and the
+    summary that repeats it must still be written."""
     path = Path(output_dir) / QUARANTINE_DIR / QUARANTINE_LOG
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    entries, bad = [], 0
+    for line in path.read_bytes().splitlines():
+        if not line.strip():
+            continue
+        try:
+            entry = json.loads(line)
+        except ValueError:  # UnicodeDecodeError and JSONDecodeError both
+            entry = None
+        if isinstance(entry, dict):
+            entries.append(entry)
+        else:
+            bad += 1
+    if bad:
+        log.warning("%s: %d line(s) are not entries (torn or damaged): left out of summary.json", path, bad)
+    return entries
