@@ -5,7 +5,9 @@ names and sizes), kept in `OUTPUT_DIR/_manifest/NAME.json` and written atomicall
 shard's commit. It is the witness of what was committed: a shard that no longer matches it was
 changed afterwards, and is moved to `_quarantine/` (sinks/tar_check.py, sinks/quarantine.py) so its
 samples are generated again. A manifest that is missing (a crash between commit and manifest
-write) or unreadable is rebuilt from the tar, if the tar has the layout every shard has.
+write) or unreadable (its own digest, from version 5, included) is rebuilt from the tar, if the tar
+has the layout every shard has; where the shard must be its run's own (sinks/owned_scan.py), it is
+quarantined instead.
 The `_manifest/` folder keeps output_dir's `shard-*.tar` listing to shards only.
 
 `scan_output` is the resume entry point. It deletes the temp files (`.NAME.tmp`) that match its
@@ -34,7 +36,9 @@ from sinks.tar_check import check_against_manifest, check_layout, sha256_file
 
 log = logging.getLogger(__name__)
 
-MANIFEST_VERSION = 4  # 2 added `members`, 3 `sidecars`, 4 `run` and `stamps`; versions 1 to 3 are still read
+# 2 added `members`, 3 `sidecars`, 4 `run` and `stamps`, 5 its own `digest`; versions 1 to 4 are still read
+MANIFEST_VERSION = 5
+DIGEST_KEY = "digest"
 # The names this package's writers give shards (DEFAULT_NAME_PATTERN, or one per rank, shard-rPPPP-NNNNNN):
 # a file matching a shard glob but not this (`shard-000001 (copy).tar`) is a stray, never adopted.
 # u: a work unit's (jobs/worker/).
@@ -87,7 +91,9 @@ def write_manifest(output_dir: Path, record: ShardRecord, exclusive: bool = Fals
     (FileExistsError otherwise: another writer's, never overwritten)."""
     path = manifest_path(output_dir, record.url)
     path.parent.mkdir(exist_ok=True)
-    data = json.dumps({"manifest_version": MANIFEST_VERSION, **asdict(record)}, ensure_ascii=False).encode("utf-8")
+    body = {"manifest_version": MANIFEST_VERSION, **asdict(record)}
+    body[DIGEST_KEY] = _digest(body)
+    data = json.dumps(body, ensure_ascii=False).encode("utf-8")
     if not exclusive:
         atomic_write_bytes(path, data)
         return
@@ -100,18 +106,31 @@ def write_manifest(output_dir: Path, record: ShardRecord, exclusive: bool = Fals
     fsync_dir(path.parent)
 
 
+def _digest(body: dict) -> str:
+    """sha256 of a manifest's body, its own digest left out, in one canonical form."""
+    import hashlib
+
+    rest = {k: v for k, v in body.items() if k != DIGEST_KEY}
+    return hashlib.sha256(json.dumps(rest, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+                          .encode("utf-8")).hexdigest()
+
+
 def load_manifest(output_dir: Path, url: str) -> ShardRecord | None:
-    """The manifest's record as written, or None when it is missing or unreadable. Whether the
-    shard still matches it is `verify_shard`'s question."""
+    """The manifest's record as written, or None when it is missing or unreadable: not JSON, not a
+    record, or (from version 5) its own digest does not match, so a flipped bit in any field (a member's
+    name, a key, the run id) that still parses is not taken for a fact. Whether the shard still matches
+    it is `verify_shard`'s question."""
     path = manifest_path(output_dir, url)
     try:
         data = json.loads(path.read_bytes())
-        assert data.pop("manifest_version") in (1, 2, 3, MANIFEST_VERSION)
+        digest = data.pop(DIGEST_KEY, None)
+        assert digest is None or digest == _digest(data), "its own digest does not match: damaged"
+        assert data.pop("manifest_version") in (1, 2, 3, 4, MANIFEST_VERSION)
         record = ShardRecord(**data)
         assert record.url == url and record.nsamples == len(record.keys)
     except FileNotFoundError:
         return None
-    except (OSError, ValueError, TypeError, KeyError, AssertionError) as err:
+    except (OSError, ValueError, TypeError, KeyError, AttributeError, AssertionError) as err:
         log.warning("manifest %s is unreadable (%s); rebuilding it from the shard", path, err or type(err).__name__)
         return None
     return record

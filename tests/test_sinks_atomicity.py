@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from sinks import AsyncSink, CorruptShardError, Sample, SinkConfig, record_from_tar, scan_output
-from sinks.manifest import manifest_path
+from sinks.manifest import load_manifest, manifest_path, write_manifest
 from sinks.tar_shard import TarShard
 
 REPO = Path(__file__).resolve().parents[1]
@@ -118,9 +118,9 @@ def test_a_shard_that_disagrees_with_its_manifest_is_quarantined(tmp_path):
     with AsyncSink(tmp_path, SinkConfig(format="png", maxcount=3)) as sink:
         for s in samples(7):
             sink.put(s)
-    stale = json.loads(manifest_path(tmp_path, "shard-000002.tar").read_text())
-    stale["filesize"] += 512
-    manifest_path(tmp_path, "shard-000002.tar").write_text(json.dumps(stale))
+    stale = load_manifest(tmp_path, "shard-000002.tar")  # a whole manifest (its digest made anew) of another size
+    stale.filesize += 512
+    write_manifest(tmp_path, stale)
     scan = scan_output(tmp_path)
     assert [r.url for r in scan.records] == ["shard-000000.tar", "shard-000001.tar"]
     assert [(q["url"], q["moved_to"], q["reason"]) for q in scan.quarantined] == [
@@ -221,3 +221,36 @@ def test_sigkill_of_a_busy_writer_at_any_moment(tmp_path, delay):
     child.wait()
     scan = _check_after_kill(tmp_path, expect_temp=False)
     assert scan.records
+
+
+def test_a_manifest_edited_in_place_is_read_as_damaged_and_the_shard_rebuilds_it(tmp_path, caplog):
+    # Found by the S3 property test's seed 232: one bit turned a member's name into another ("k006.jsol"); the
+    # manifest still parsed, matched the tar's size and sha256, and was taken for the facts.
+    import logging
+
+    with AsyncSink(tmp_path, SinkConfig(format="png", maxcount=3)) as sink:
+        for s in samples(6):
+            sink.put(s)
+    path = manifest_path(tmp_path, "shard-000000.tar")
+    whole = load_manifest(tmp_path, "shard-000000.tar")
+    doc = json.loads(path.read_text())
+    assert doc["manifest_version"] == 5 and len(doc["digest"]) == 64
+    doc["members"][1][0] = doc["members"][1][0][:-1] + "l"
+    path.write_text(json.dumps(doc))
+    with caplog.at_level(logging.WARNING):
+        assert load_manifest(tmp_path, "shard-000000.tar") is None
+        scan = scan_output(tmp_path)  # no owner: a manifest is rebuilt from a whole tar
+    assert "its own digest does not match: damaged" in caplog.text
+    assert [r.url for r in scan.records] == ["shard-000000.tar", "shard-000001.tar"] and scan.quarantined == []
+    assert load_manifest(tmp_path, "shard-000000.tar").members == whole.members
+
+
+def test_a_manifest_written_before_the_digest_is_read_as_it_is(tmp_path):
+    with AsyncSink(tmp_path, SinkConfig(format="png", maxcount=3)) as sink:
+        for s in samples(3):
+            sink.put(s)
+    path = manifest_path(tmp_path, "shard-000000.tar")
+    doc = json.loads(path.read_text())
+    del doc["digest"]
+    path.write_text(json.dumps(dict(doc, manifest_version=4)))
+    assert load_manifest(tmp_path, "shard-000000.tar").sha256 == doc["sha256"]
