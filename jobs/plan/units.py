@@ -104,7 +104,7 @@ class PlanManifest:
         return cls(identity=d["identity"], dataset=d["dataset"], unit_items=d["unit_items"],
                    units=[UnitInfo.from_json(u) for u in d["units"]], truncated=d["truncated"],
                    signatures=d["signatures"], unit_digests=d.get("unit_digests", {}), weights=d.get("weights", {}),
-                   lineage=list(d.get("lineage", [])))
+                   lineage=[str(i) for i in d.get("lineage", [])] if isinstance(d.get("lineage", []), list) else [])
 
 
 class DamagedPlan(UserError):
