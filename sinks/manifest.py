@@ -18,6 +18,7 @@ only (`indexed_records`): a `.tar` without one (a copy of a shard, say) is never
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -108,8 +109,6 @@ def write_manifest(output_dir: Path, record: ShardRecord, exclusive: bool = Fals
 
 def _digest(body: dict) -> str:
     """sha256 of a manifest's body, its own digest left out, in one canonical form."""
-    import hashlib
-
     rest = {k: v for k, v in body.items() if k != DIGEST_KEY}
     return hashlib.sha256(json.dumps(rest, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
                           .encode("utf-8")).hexdigest()
@@ -123,14 +122,18 @@ def load_manifest(output_dir: Path, url: str) -> ShardRecord | None:
     path = manifest_path(output_dir, url)
     try:
         data = json.loads(path.read_bytes())
+        # Checks, not asserts: `python -O` must not take a damaged manifest for the facts.
         digest = data.pop(DIGEST_KEY, None)
-        assert digest is None or digest == _digest(data), "its own digest does not match: damaged"
-        assert data.pop("manifest_version") in (1, 2, 3, 4, MANIFEST_VERSION)
+        if digest is not None and digest != _digest(data):
+            raise ValueError("its own digest does not match: damaged")
+        if data.pop("manifest_version") not in (1, 2, 3, 4, MANIFEST_VERSION):
+            raise ValueError("a manifest_version this bcgen does not know")
         record = ShardRecord(**data)
-        assert record.url == url and record.nsamples == len(record.keys)
+        if record.url != url or record.nsamples != len(record.keys):
+            raise ValueError(f"it names {record.url} with {record.nsamples} samples and {len(record.keys)} keys")
     except FileNotFoundError:
         return None
-    except (OSError, ValueError, TypeError, KeyError, AttributeError, AssertionError) as err:
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as err:
         log.warning("manifest %s is unreadable (%s); rebuilding it from the shard", path, err or type(err).__name__)
         return None
     return record
