@@ -93,7 +93,7 @@ def write_manifest(output_dir: Path, record: ShardRecord, exclusive: bool = Fals
     path = manifest_path(output_dir, record.url)
     path.parent.mkdir(exist_ok=True)
     body = {"manifest_version": MANIFEST_VERSION, **asdict(record)}
-    body[DIGEST_KEY] = _digest(body)
+    body[DIGEST_KEY] = self_digest(body)
     data = json.dumps(body, ensure_ascii=False).encode("utf-8")
     if not exclusive:
         atomic_write_bytes(path, data)
@@ -107,8 +107,9 @@ def write_manifest(output_dir: Path, record: ShardRecord, exclusive: bool = Fals
     fsync_dir(path.parent)
 
 
-def _digest(body: dict) -> str:
-    """sha256 of a manifest's body, its own digest left out, in one canonical form."""
+def self_digest(body: dict) -> str:
+    """sha256 of a JSON record's body, its own `digest` left out, in one canonical form: what a manifest,
+    and a done marker (jobs/output/done.py), carry to tell a flipped bit that still parses."""
     rest = {k: v for k, v in body.items() if k != DIGEST_KEY}
     return hashlib.sha256(json.dumps(rest, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
                           .encode("utf-8")).hexdigest()
@@ -124,7 +125,7 @@ def load_manifest(output_dir: Path, url: str) -> ShardRecord | None:
         data = json.loads(path.read_bytes())
         # Checks, not asserts: `python -O` must not take a damaged manifest for the facts.
         digest = data.pop(DIGEST_KEY, None)
-        if digest is not None and digest != _digest(data):
+        if digest is not None and digest != self_digest(data):
             raise ValueError("its own digest does not match: damaged")
         if data.pop("manifest_version") not in (1, 2, 3, 4, MANIFEST_VERSION):
             raise ValueError("a manifest_version this bcgen does not know")

@@ -14,7 +14,6 @@ written before the digest have none and are read as they are.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -24,11 +23,9 @@ from typing import List, Optional, Set
 
 from jobs.output.layout import DONE_DIR, unit_name
 from sinks.atomic import fsync_dir, write_synced
-from sinks.manifest import ShardRecord
+from sinks.manifest import DIGEST_KEY, ShardRecord, self_digest
 
 log = logging.getLogger(__name__)
-
-DIGEST_KEY = "digest"
 
 
 def done_units(plan_dir: Path) -> Set[int]:
@@ -50,7 +47,7 @@ def mark_done(plan_dir: Path, unit: int, records: List[ShardRecord], owner: str)
     tmp = d / f".{path.name}.{os.getpid()}.tmp"
     body = {"unit": unit, "owner": owner, "items": sum(r.nsamples for r in records),
             "shards": [{k: v for k, v in asdict(r).items() if k != "keys"} for r in records]}
-    body[DIGEST_KEY] = _digest(body)
+    body[DIGEST_KEY] = self_digest(body)
     try:
         write_synced(tmp, json.dumps(body).encode())
         os.link(tmp, path)
@@ -62,12 +59,6 @@ def mark_done(plan_dir: Path, unit: int, records: List[ShardRecord], owner: str)
     return True
 
 
-def _digest(body: dict) -> str:
-    """sha256 of a marker's body, its own digest left out, in one canonical form."""
-    rest = {k: v for k, v in body.items() if k != DIGEST_KEY}
-    return hashlib.sha256(json.dumps(rest, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-
-
 def read_marker(path: Path) -> Optional[dict]:
     """A done marker's body; None where it is unreadable, not a marker, or its digest does not match."""
     try:
@@ -76,7 +67,7 @@ def read_marker(path: Path) -> Optional[dict]:
         return None
     if not isinstance(body, dict) or not isinstance(body.get("shards"), list):
         return None
-    if DIGEST_KEY in body and body[DIGEST_KEY] != _digest(body):
+    if DIGEST_KEY in body and body[DIGEST_KEY] != self_digest(body):
         return None
     return body
 
