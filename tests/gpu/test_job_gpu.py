@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from jobs.worker.batch_sizer import cache_dir as batching_cache_dir
 from tests.helpers import write_jsonl
 from tests.test_job_e2e import run_cli
 
@@ -100,16 +102,25 @@ def test_grown_pool_replays_and_keeps_the_bytes(tmp_path):
                                               for i in range(40)])  # one signature
     common = [f"dataset.path={data}", "sink=png", "sampling.steps=4", "model.dtype=bfloat16", "job.progress=false",
               "device=cuda", *encoder_overrides()]
-    run_cli(*common, f"output_dir={tmp_path / 'grown'}", "bcg.batch_sizes=[1,2,4]", "bcg.batch_grow=auto",
-            "bcg.batch_grow_max=16", "bcg.capture=always")
-    summary = json.loads((tmp_path / "grown" / "summary.json").read_text())
-    pick = summary["batching"]
+    # The growth is measured, and with the GPU suite's 8 workers sharing one GPU a batch of 8 once timed 16%
+    # dearer an image than 4 (gpu_tests_11cbbb5.txt). What this test pins is the grown sizes' replay and
+    # bytes, not the sizer's margin (tests/test_batch_sizer.py pins that): so grow at any gain, and measure
+    # again, in a fresh folder and with no cached pick, when the other workers' noise still won.
+    for attempt in range(3):
+        shutil.rmtree(batching_cache_dir(), ignore_errors=True)  # this pytest process's own (tests/conftest.py)
+        grown = tmp_path / f"grown{attempt}"
+        run_cli(*common, f"output_dir={grown}", "bcg.batch_sizes=[1,2,4]", "bcg.batch_grow=auto",
+                "bcg.batch_grow_max=16", "bcg.batch_grow_min_gain=0", "bcg.capture=always")
+        summary = json.loads((grown / "summary.json").read_text())
+        pick = summary["batching"]
+        if pick["grown"]:
+            break
     assert pick["source"] == "measured" and pick["grown"], pick
     graph = summary["graph"]
     assert graph["captures"] > 0 and graph["hits"] > 0 and graph["misses"] == 0, graph
     sizes = ",".join(map(str, pick["sizes"]))
     run_cli(*common, f"output_dir={tmp_path / 'eager'}", "bcg=off", f"bcg.batch_sizes=[{sizes}]", "bcg.batch_grow=off")
-    g, e = images(tmp_path / "grown"), images(tmp_path / "eager")
+    g, e = images(grown), images(tmp_path / "eager")
     assert sorted(g) == sorted(e) and len(g) == 40
     assert max(v[1]["batch_size"] for v in g.values()) == max(pick["grown"])
     for k in g:
