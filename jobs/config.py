@@ -259,11 +259,10 @@ class BcgConfig(RunnerConfig):
     row, quality tier, device and software stack), not of the batch size, its neighbours, the pool,
     the partition or a resume. The pool (batch_sizes, pad_short_batches, batch_grow) then leaves the
     run identity: a run may resume with another pool. Off by default: on the CPU it costs a few x the
-    eager forward on the tiny presets (benchmarks/results/batch_invariance_cpu.md), and on the H200
-    over a whole SANA-1.6B-size job 7.1% and 4.0% at 1024², 3.6% and 8.9% at 512², on two machines,
-    with cuBLAS run where it gives the canonical GEMM's bits
-    (benchmarks/results/job_wall_h200_{1024,512}_invariant_s4{5,6}.md; session 46's with the attention
-    row by row, cuDNN first; 25% and 15% on the canonical kernels alone). Its fused chains' verdicts
+    eager forward on the tiny presets (benchmarks/results/batch_invariance_cpu.md). On the H200 over
+    a whole SANA-1.6B-size job it cost 7.1% and 4.0% at 1024², 3.6% and 8.9% at 512² in sessions 45-46
+    (job_wall_h200_{1024,512}_invariant_s4{5,6}.md), and 1.4% at 1024², 1.0% while generating at 512²
+    in session 51, its verdicts kept across runs (job_wall_h200_{1024,512}_s51.md). Its fused chains' verdicts
     have a cache file of their own (bcg/fusions/cache.py)."""
 
     def __post_init__(self) -> None:
