@@ -15,11 +15,16 @@ cost of an image, and eager. This probe says where that time goes before any ker
   which is not lossless and is here only as the bound a fusion could reach.
 
     python benchmarks/probe_vae_decode.py --out benchmarks/results --configs 1024x8,512x8 --compile
+
+`--invariant-profile` runs only this (issue 30: the decode's extra time under `bcg.invariant`): the decode as the job
+runs it (the lossless tier installed where CUDA is) without and with the batch-invariant mode, each installed and
+verified on first sight in its own mode, then timed and profiled by kind of kernel and heaviest kernels.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import statistics
 import sys
@@ -240,6 +245,34 @@ def fused_profile_rows(vae, z: torch.Tensor, case: str, reps: int) -> list[dict]
     return rows
 
 
+def invariant_profile_rows(vae, z: torch.Tensor, case: str, reps: int) -> list[dict]:
+    """The job's decode without and with bcg.invariant: its time, GPU time by kind and heaviest kernels."""
+    from bcg.fusions import install_fusions
+    from bcg.invariant import batch_invariant
+
+    rows: list[dict] = []
+    for mode in ("default", "invariant"):
+        with batch_invariant() if mode == "invariant" else contextlib.nullcontext():
+            dv = copy.deepcopy(vae)
+            fused = install_fusions(dv) if torch.cuda.is_available() else None  # the tier is CUDA's
+
+            def decode():
+                return dv.decode(z, return_dict=False)[0]
+
+            decode()  # first sight: with the tier, every chain verified against this mode's own eager
+            ts = timed(decode, reps)
+            by_kind, top = kinds(decode, n=20)
+        total = sum(by_kind.values())
+        what = f"{fused.stats()['modules']} fused blocks" if fused is not None else "eager (no CUDA: no tier)"
+        rows.append(dict(case=case, part=f"{mode} decode", name=what, ms=med(ts), ms_min=round(min(ts), 3),
+                         ms_max=round(max(ts), 3), note=f"{total:.1f} GPU ms in the profiled call"))
+        rows += [dict(case=case, part=f"{mode} kind", name=k, ms=ms, note=f"{100 * ms / total:.1f}% of {total:.1f}")
+                 for k, ms in by_kind.items()]
+        rows += [dict(case=case, part=f"{mode} kernel", name=name, ms=ms, note=f"{calls} calls")
+                 for name, ms, calls in top]
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default="benchmarks/results")
@@ -247,6 +280,8 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--compile", action="store_true", help="also time torch.compile(decoder)")
     p.add_argument("--tag", default="")
+    p.add_argument("--invariant-profile", action="store_true",
+                   help="only the decode as the job runs it, without and with bcg.invariant (see the docstring)")
     p.add_argument("--fused-profile", action="store_true",
                    help="also profile the fused decode (kinds, heaviest kernels, stages): what the tier leaves")
     a = p.parse_args()
@@ -259,6 +294,9 @@ def main() -> None:
             z = torch.randn(batch, 32, res // 32, res // 32, generator=torch.Generator(device=device).manual_seed(1),
                             device=device, dtype=torch.bfloat16)
             case = f"{res}² B{batch}"
+            if a.invariant_profile:
+                rows += invariant_profile_rows(vae, z, case, a.reps)
+                continue
             for v in variants(vae, z, a.reps, a.compile):
                 rows.append(dict(case=case, part="variant", name=v.pop("variant"), **v))
             by_kind, top = kinds(lambda: vae.decode(z, return_dict=False)[0])
@@ -276,6 +314,9 @@ def main() -> None:
             del z
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
+    if a.invariant_profile:
+        notes.append("--invariant-profile: '<mode> decode' is the median of --reps calls after the first (which installs "
+                     "and verifies); kind/kernel rows are one profiled call in that mode")
     notes.append("variant rows: bytes_equal compares the decoded tensor with the eager decode of the same latents")
     notes.append("fused rows (--fused-profile): the same for the decode with the lossless tier installed")
     notes.append("kind/kernel rows: one profiled eager call; stage/op rows: median of --reps calls, each op on its real input")
