@@ -221,7 +221,11 @@ def build_flux(args) -> None:
 
 # -- modes ---------------------------------------------------------------------------------
 JOB_MODES = {
-    "bcg": [],  # the default job: overlapped stages, capture every key (always), fused kernels, the pool as configured
+    # the default job: overlapped stages, capture every key (always), fused kernels, the pool as configured,
+    # and on CUDA the batch-invariant mode (bcg.invariant=null, since session 52)
+    "bcg": [],
+    # the default job's fast path before session 52: the batch-dependent kernels (the pool is in the identity)
+    "bcg-variant": ["bcg.invariant=false"],
     "bcg-nofuse": ["bcg.fusions=off"],  # the job around the denoiser alone (issue 9's 1.1x target)
     # The pool as configured: bytes are compared with `bcg`, whose pool is the default [8] (up to
     # session 31: [1, 2, 4, 8]) unless its report's `batch` column says it grew (then compare with

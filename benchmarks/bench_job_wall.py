@@ -9,7 +9,8 @@ and (for `-compile`) its compile. Modes:
     bcg              python -m jobs.generate model=sana model.path=DIR ... (the default job)
     off              the same with bcg=off bcg.batch_grow=off
     <job mode>       any other mode of bench_job_realsize.JOB_MODES (bcg-nofuse, bcg-serial, ...; issue 30's
-                     contract: bcg-invariant = bcg.invariant=true, bcg-fixed8 = bcg.batch_sizes=[8])
+                     contract: bcg-invariant = bcg.invariant=true, bcg-fixed8 = bcg.batch_sizes=[8]; since session
+                     52 the mode is the default on CUDA, and bcg-variant = bcg.invariant=false is the fast path)
     plainN           SanaPipeline.from_pretrained(DIR) called on N prompts at a time (no warm-up call:
                      what a user runs; it writes no files)
     plain-picked     the plain loop at the largest batch the bcg run of this call picked (needs bcg;

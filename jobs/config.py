@@ -253,17 +253,30 @@ class BcgConfig(RunnerConfig):
     the bytes stay eager's; on CUDA with bcg.enabled and bcg.fusions=lossless only. A speed setting: at
     1024², batch 8, on the H200 the decode's elementwise work was over half its GPU time
     (benchmarks/results/vae_decode_h200_s34.md)."""
-    invariant: bool = False
+    invariant: Optional[bool] = None
     """The batch-invariant mode (bcg/invariant, issue 30): the worker installs kernels that compute
     every row the same way whatever its batch, so a sample's bytes are a function of its row (model,
     row, quality tier, device and software stack), not of the batch size, its neighbours, the pool,
     the partition or a resume. The pool (batch_sizes, pad_short_batches, batch_grow) then leaves the
-    run identity: a run may resume with another pool. Off by default: on the CPU it costs a few x the
-    eager forward on the tiny presets (benchmarks/results/batch_invariance_cpu.md). On the H200 over
-    a whole SANA-1.6B-size job it cost 7.1% and 4.0% at 1024², 3.6% and 8.9% at 512² in sessions 45-46
-    (job_wall_h200_{1024,512}_invariant_s4{5,6}.md), and 1.4% at 1024², 1.0% while generating at 512²
-    in session 51, its verdicts kept across runs (job_wall_h200_{1024,512}_s51.md). Its fused chains' verdicts
+    run identity: a run may resume with another pool.
+
+    null (the default): on where the job renders on CUDA with a quality tier that can hold it
+    (lossless or off), off on the CPU and with the compiled forward (`invariant_on`). On the H200
+    over a whole SANA-1.6B-size job it cost 1.4% at 1024², and 1.0% while generating at 512², its
+    verdicts kept across runs (session 51, job_wall_h200_{1024,512}_s51.md; 7.1% and 4.0% at 1024²,
+    3.6% and 8.9% at 512² in sessions 45-46, before its fast paths were kept). On the CPU it costs a
+    few x the eager forward on the tiny presets (benchmarks/results/batch_invariance_cpu.md), so a
+    CPU job keeps the batch-dependent kernels unless this is true. false: the batch-dependent
+    kernels everywhere (the pool is then part of the run identity). Its fused chains' verdicts
     have a cache file of their own (bcg/fusions/cache.py)."""
+
+    def invariant_on(self, device_type: str) -> bool:
+        """Whether a job rendering on `device_type` ("cuda", "cpu") runs the batch-invariant mode:
+        `invariant` where set, else on CUDA unless the compiled forward (fast tier) is there, whose
+        Inductor kernels the mode does not replace."""
+        if self.invariant is not None:
+            return bool(self.invariant)
+        return device_type == "cuda" and self.tier != "fast"
 
     def __post_init__(self) -> None:
         try:
@@ -287,7 +300,8 @@ class BcgConfig(RunnerConfig):
               "a fraction in [0, 1)")
         check("bcg.batch_grow_memory_fraction", 0 < self.batch_grow_memory_fraction <= 1,
               self.batch_grow_memory_fraction, "a fraction in (0, 1]")
-        check("bcg.invariant", isinstance(self.invariant, bool), self.invariant, "true or false")
+        check("bcg.invariant", self.invariant is None or isinstance(self.invariant, bool), self.invariant,
+              "true, false or null (on with CUDA)")
         if self.invariant and self.tier == "fast":
             # Inductor's generated kernels (fused reductions, its own GEMM templates) are not the aten
             # ops the mode replaces: the compiled forward would break the contract without a word.

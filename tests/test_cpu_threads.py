@@ -1,6 +1,8 @@
 """A CPU run's identity holds its thread count (it changes bytes); a GPU run's does not. The count
 is the renderer's: a run claimed by a job that renders nothing (`python -m jobs.plan`) has its
-device part pending until its first worker settles it (jobs/plan/publish.py)."""
+device part pending until its first worker settles it (jobs/plan/publish.py), and with it how the
+run batches (bcg.invariant=null: the batch-invariant mode on with CUDA, the pool in the identity on
+the CPU)."""
 
 from __future__ import annotations
 
@@ -75,7 +77,8 @@ def test_the_first_cpu_worker_settles_its_thread_count(planned):
     assert joined.identity["cpu_threads"] == 2 and "device" not in joined.identity
     assert run["cpu_threads"] == 2 and "device" not in run and _planned(out) == joined.identity
     assert run["provenance"]["device_settled"] and run["provenance"]["lineage"]  # the pending id kept
-    assert {k: v for k, v in run.items() if k not in ("provenance", "cpu_threads")} == \
+    assert run["batching"]["batch_sizes"] == [8] and "invariant" not in run  # the CPU's kernels: the pool counts
+    assert {k: v for k, v in run.items() if k not in ("provenance", "cpu_threads", "batching")} == \
         {k: v for k, v in pending_id.items() if k not in ("provenance", "device")}
     plan(CPU2)  # the same count: joins
     with pytest.raises(ValueError, match="cpu_threads: 2 -> 1"):
@@ -91,6 +94,7 @@ def test_the_first_gpu_worker_settles_a_gpu_run(planned):
     joined = plan(GPU)
     assert "device" not in joined.identity and "cpu_threads" not in joined.identity
     assert "device" not in _run(out) and "cpu_threads" not in _run(out)
+    assert joined.identity["invariant"] is True and "batching" not in joined.identity  # bcg.invariant=null on CUDA
     plan(Renderer("cuda:1", 8))  # another GPU of any host joins
     with pytest.raises(ValueError, match="cpu_threads: null -> 2"):
         plan(CPU2)

@@ -26,8 +26,11 @@ import torch
 
 from bcg.invariant import batch_invariant
 from jobs.errors import UserError
+from jobs.models.registry import get_family
 from jobs.output.compare import compare_outputs
 from jobs.plan import Batch
+from jobs.plan.identity import Renderer
+from jobs.plan.publish import open_plan
 from jobs.worker.outputs import latent_sha256
 from jobs.worker.pipeline import Pipeline
 from padding import get_padder
@@ -196,11 +199,19 @@ def test_an_output_without_latent_digests_is_refused_naming_the_fix(runs, tmp_pa
 
 # -- the run identity, planned only (refused before any model loads) -----------------------------------
 def test_identity_without_the_mode_refuses_another_pool_naming_batching(tmp_path):
+    """On the CPU the mode is off unless set (bcg.invariant=null: on with CUDA only), so the pool is in
+    the identity once the run's first worker settled its device part; `jobs.plan` (device=auto, no
+    renderer) leaves both pending."""
     data = write_jsonl(tmp_path / "p.jsonl", prompts(3))
-    args = [f"dataset.path={data}", f"output_dir={tmp_path / 'out'}", *FAST]
+    out = tmp_path / "out"
+    args = [f"dataset.path={data}", f"output_dir={out}", *FAST]
     planned = cli(*args, "bcg.batch_sizes=[1]", module=("-m", "jobs.plan"))
     assert planned.returncode == 0, log_of(planned)
-    assert json.loads((tmp_path / "out" / "run.json").read_text())["batching"]["batch_sizes"] == [1]
+    pending = json.loads((out / "run.json").read_text())
+    assert pending["device"] == "pending" and "batching" not in pending and "invariant" not in pending
+    cfg = compose_cfg([*args, "bcg.batch_sizes=[1]"])  # its first worker, as the CLI's (one thread)
+    open_plan(cfg, out, get_family(cfg.model.family).spatial_divisor(cfg.model), renderer=Renderer("cpu", 1))
+    assert json.loads((out / "run.json").read_text())["batching"]["batch_sizes"] == [1]
     refused = cli(*args, "bcg.batch_sizes=[8]")
     assert refused.returncode == 2 and "batching.batch_sizes: [1] -> [8]" in log_of(refused), log_of(refused)
     mixed = cli(*args, "bcg.batch_sizes=[1]", "bcg.invariant=true")  # the mode is part of the identity too
@@ -208,8 +219,9 @@ def test_identity_without_the_mode_refuses_another_pool_naming_batching(tmp_path
 
 
 def test_identity_with_the_mode_has_no_pool(tmp_path):
+    """device=cuda: the device part is known without a worker (`jobs.plan` runs no tensor op)."""
     data = write_jsonl(tmp_path / "p.jsonl", prompts(3))
-    args = [f"dataset.path={data}", f"output_dir={tmp_path / 'out'}", *ON]
+    args = [f"dataset.path={data}", f"output_dir={tmp_path / 'out'}", *ON, "device=cuda"]
     for pool in ("[1]", "[2,3]"):
         planned = cli(*args, f"bcg.batch_sizes={pool}", "bcg.pad_short_batches=false", module=("-m", "jobs.plan"))
         assert planned.returncode == 0, log_of(planned)
@@ -291,4 +303,8 @@ def test_the_mode_refuses_the_compiled_forward():
         with pytest.raises(UserError, match="bcg.invariant=true cannot hold with the compiled forward"):
             compose_cfg(["bcg.invariant=true", tier, "output_dir=/tmp/x"])
     assert compose_cfg(["bcg.invariant=true", "output_dir=/tmp/x"]).bcg.invariant is True
-    assert compose_cfg(["output_dir=/tmp/x"]).bcg.invariant is False
+    assert compose_cfg(["output_dir=/tmp/x"]).bcg.invariant is None  # null: on with CUDA, off on the CPU
+    for tier in ("bcg.compile=true", "bcg.fusions=fast"):  # null gives way to the compiled forward
+        bcg = compose_cfg([tier, "output_dir=/tmp/x"]).bcg
+        assert not bcg.invariant_on("cuda") and compose_cfg(["output_dir=/tmp/x"]).bcg.invariant_on("cuda")
+    assert not compose_cfg(["output_dir=/tmp/x"]).bcg.invariant_on("cpu")

@@ -45,16 +45,23 @@ def _differences(old: dict, new: dict, prefix: str = "") -> List[str]:
 
 
 def _batching_hint(old: dict, new: dict) -> str:
-    """The `bcg.*` overrides that resume `old`'s run when its batching is all that differs: the pool
-    is a default a user rarely sets, so a rerun after the default changed (the image presets' [1, 2,
-    4, 8] became [8]) would otherwise be refused with no way back but the old value."""
+    """The `bcg.*` overrides that resume `old`'s run when how it batched is all that differs: the pool
+    and the batch-invariant mode are defaults a user rarely sets, so a rerun after a default changed
+    (the image presets' [1, 2, 4, 8] became [8]; bcg.invariant=null turned the mode on with CUDA)
+    would otherwise be refused with no way back but the old values."""
+    keys = ("batching", "invariant")
+    if {k: v for k, v in old.items() if k not in keys} != {k: v for k, v in new.items() if k not in keys}:
+        return ""
     a, b = old.get("batching"), new.get("batching")
-    if not isinstance(a, dict) or not isinstance(b, dict) or a == b:
+    if old.get("invariant") and not new.get("invariant"):
+        return "\nTo resume that run, pass its batch-invariant mode back: bcg.invariant=true"
+    if not isinstance(a, dict) or a == b:
         return ""
-    if {k: v for k, v in old.items() if k != "batching"} != {k: v for k, v in new.items() if k != "batching"}:
-        return ""
-    args = " ".join(f"bcg.{k}={_override_value(v)}" for k, v in sorted(a.items()) if b.get(k) != v)
-    return f"\nTo resume that run, pass its batching back: {args}"
+    # new's pool is not in its identity where the mode is on: pass every one of old's settings back
+    pool = sorted(a.items()) if not isinstance(b, dict) else [(k, v) for k, v in sorted(a.items()) if b.get(k) != v]
+    args = " ".join(f"bcg.{k}={_override_value(v)}" for k, v in pool)
+    mode = "bcg.invariant=false " if new.get("invariant") else ""
+    return f"\nTo resume that run, pass its batching back: {mode}{args}"
 
 
 def _override_value(v) -> str:

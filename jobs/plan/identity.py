@@ -16,7 +16,9 @@ usable, and `python -m jobs.plan` runs no tensor op and imports no torch; it may
 login node without the workers' GPUs. A job that renders passes its `Renderer`; a job that
 renders nothing takes the run's device part as it is, and where there is no run yet it claims one
 with the device part pending (a GPU config's is known: none), which the first worker settles
-(jobs/plan/publish.py).
+(jobs/plan/publish.py). How the renderer batches belongs to that part: with bcg.invariant=null the
+batch-invariant mode is on with CUDA and off on the CPU, so whether the pool is in the identity
+follows from the device too.
 """
 
 from __future__ import annotations
@@ -32,8 +34,10 @@ from jobs.models.registry import get_family
 #: The device part of a run claimed by a job that renders nothing (`python -m jobs.plan`): its first
 #: worker replaces it with its own (`Renderer.identity`).
 DEVICE_PENDING = {"device": "pending"}
-#: Every top-level identity key the device part may hold.
-DEVICE_KEYS = ("cpu_threads", "device")
+#: Every top-level identity key the device part may hold: the renderer's own (its device, its thread
+#: count) and how it batches (`batching_identity`), which follows from its device where bcg.invariant
+#: is null (on with CUDA).
+DEVICE_KEYS = ("cpu_threads", "device", "invariant", "batching")
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,14 @@ def device_part(identity: dict) -> dict:
     return {k: identity[k] for k in DEVICE_KEYS if k in identity}
 
 
+def renders_on(part: dict) -> Optional[str]:
+    """The device type ("cuda", "cpu") a device part (`Renderer.identity`, `unsettled_device`) was
+    made by, or None while it is pending."""
+    if part.get("device") == DEVICE_PENDING["device"]:
+        return None
+    return "cpu" if "cpu_threads" in part else "cuda"
+
+
 def unsettled_device(cfg: GenerateConfig) -> dict:
     """The device part a job that renders nothing claims a new run with: none for device=cuda (no
     thread count to record), else pending."""
@@ -64,8 +76,10 @@ def run_identity(cfg: GenerateConfig, digest: str, n_records: int, weights: Opti
                  device: Optional[dict] = None) -> dict:
     """`weights`: the digest of the files under model.path (jobs/plan/weights_digest.py), None where
     there is none to record (a tiny preset; a plan made before weight digests, whose run.json has none).
-    `device`: the device part (`Renderer.identity`, `device_part` of the run); None: `unsettled_device`."""
+    `device`: the renderer's part (`Renderer.identity`); None: `unsettled_device`. The batching part
+    follows from it (`batching_identity`): pending with it, it is settled with it by the first worker."""
     m = cfg.model
+    part = unsettled_device(cfg) if device is None else device
     sampling, sink = asdict(cfg.sampling), {"format": cfg.sink.format, "quality": cfg.sink.quality}
     if get_family(m.family).video:
         sink.update(video_crf=cfg.sink.video_crf, video_preset=cfg.sink.video_preset,
@@ -89,19 +103,25 @@ def run_identity(cfg: GenerateConfig, digest: str, n_records: int, weights: Opti
         "sink": sink,
         "bcg_fusions": cfg.bcg.fusions,  # the quality tier: fast changes pixels, lossless must not
         "bcg_compile": cfg.bcg.compile,  # compiled kernels change pixels; graph replay alone does not
-        **(unsettled_device(cfg) if device is None else device),
-        **batching_identity(cfg.bcg),
+        **part,
+        **batching_identity(cfg.bcg, renders_on(part)),
     }
 
 
-def batching_identity(bcg) -> dict:
-    """How items are batched, where it changes bytes. Without the batch-invariant mode the batch an
-    item is denoised in changes its bytes (kernels pick other reductions per batch size: 5 of 40 JPEGs
-    differed between batch 1 and 8), so the batching is part of the identity; grown sizes are measured
-    once per output_dir and published in _plan/batching.json, so every worker and resume cuts the same
-    batches (jobs/worker/batch_sizer.py). With `bcg.invariant` a row's bytes are its own whatever its
-    batch: the pool is a speed setting, and the identity says only that the contract holds."""
-    if bcg.invariant:
+def batching_identity(bcg, device_type: Optional[str]) -> dict:
+    """How items are batched, where it changes bytes, on a `device_type` renderer (None: not known
+    yet, the device part pending: nothing; the first worker settles it with its device, as
+    bcg.invariant=null follows the device).
+
+    Without the batch-invariant mode the batch an item is denoised in changes its bytes (kernels pick
+    other reductions per batch size: 5 of 40 JPEGs differed between batch 1 and 8), so the batching is
+    part of the identity; grown sizes are measured once per output_dir and published in
+    _plan/batching.json, so every worker and resume cuts the same batches (jobs/worker/batch_sizer.py).
+    With the mode a row's bytes are its own whatever its batch: the pool is a speed setting, and the
+    identity says only that the contract holds."""
+    if device_type is None:
+        return {}
+    if bcg.invariant_on(device_type):
         return {"invariant": True}
     return {"batching": {"batch_sizes": list(bcg.batch_sizes), "pad_short_batches": bcg.pad_short_batches,
                          "batch_grow": bcg.batch_grow, "batch_grow_max": bcg.batch_grow_max}}

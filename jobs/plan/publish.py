@@ -149,8 +149,9 @@ def _identity_in(path: Path, key: Optional[str] = None) -> Optional[dict]:
 
 def _pending(planned: dict, claimed: Optional[dict]) -> bool:
     """Whether the run's device part waits for its first worker: in plan.json, or in run.json (a
-    worker that settled plan.json and died before run.json)."""
-    return any(device_part(i) == DEVICE_PENDING for i in (planned, claimed) if i is not None)
+    worker that settled plan.json and died before run.json). An older bcgen's pending part also held
+    the batching part, which the first worker settles with it."""
+    return any(device_part(i).get("device") == DEVICE_PENDING["device"] for i in (planned, claimed) if i is not None)
 
 
 def _run_differences(claimed: Optional[dict], ident: dict, settles: bool) -> List[str]:

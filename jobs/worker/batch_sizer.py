@@ -263,7 +263,7 @@ def cache_key(identity: dict, sig: Signature, pool: Sequence[int], cfg_bcg, devi
              "model": identity.get("model"), "tier": [identity.get("bcg_fusions"), identity.get("bcg_compile")],
              "signature": str(sig), "pool": list(pool), "max": cfg_bcg.batch_grow_max,
              "min_gain": cfg_bcg.batch_grow_min_gain, "memory_fraction": cfg_bcg.batch_grow_memory_fraction}
-    if cfg_bcg.invariant:  # other kernels, other timings (named only when on: the keys of picks cached before stay)
+    if cfg_bcg.invariant_on(device.type):  # other kernels, other timings (named only when on: older keys stay)
         parts["invariant"] = True
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
@@ -295,8 +295,9 @@ def choose(cfg, manifest, plan_dir: Path, pipeline, run: str,
     With `bcg.invariant` the pool changes no byte, so no pick binds another worker or a resume: each
     worker cuts with its own (configured, cached or measured) and publishes nothing, so a rerun
     with another `bcg.batch_sizes` uses that pool rather than the first run's."""
-    settle = _own if cfg.bcg.invariant else publish
-    if not cfg.bcg.invariant:
+    invariant = cfg.bcg.invariant_on(pipeline.device.type)
+    settle = _own if invariant else publish
+    if not invariant:
         published = read_published(plan_dir, run, lineage)
         if published is not None:
             return published

@@ -97,15 +97,17 @@ def attach_decoder_fusions(pipe, cfg: GenerateConfig, device: torch.device) -> O
     return fused
 
 
-def batch_invariance(cfg: GenerateConfig) -> "contextlib.AbstractContextManager[Optional[BatchInvariance]]":
-    """`with batch_invariance(cfg) as inv:` the batch-invariant kernels (bcg.invariant), installed for
-    the whole worker process until the block ends, or nothing (inv is None) with bcg.invariant=false.
+def batch_invariance(cfg: GenerateConfig, device: torch.device,
+                     ) -> "contextlib.AbstractContextManager[Optional[BatchInvariance]]":
+    """`with batch_invariance(cfg, device) as inv:` the batch-invariant kernels (bcg.invariant; null:
+    on with CUDA), installed for the whole worker process until the block ends, or nothing (inv is
+    None) where the mode is off.
 
     Entered before the model loads: a row's text embedding and its decode must not depend on its batch
     any more than its denoising, and graphs must capture the replacement kernels. Process-wide
     (torch.library registrations), so the prefetch (encode) thread and the decode stream's work run
     under it too."""
-    return batch_invariant() if cfg.bcg.invariant else contextlib.nullcontext()
+    return batch_invariant() if cfg.bcg.invariant_on(device.type) else contextlib.nullcontext()
 
 
 def invariance_report(inv: Optional[BatchInvariance]) -> dict:

@@ -150,3 +150,26 @@ def test_at_one_batch_shape_a_key_keeps_its_bytes_whatever_its_neighbours_and_po
             assert np.array_equal(pixels, ref_pixels), f"{name}: {k}'s pixels differ"
             assert meta["batch_size"] == 4 and meta["mode"] == "replay", meta
     assert len(got["shifted"]) == 9 and "f005" in got["alone"]
+
+
+def test_by_default_a_key_keeps_its_bytes_whatever_the_pool(tmp_path):
+    """bcg.invariant=null runs the batch-invariant mode on CUDA (issue 30's contract as the default):
+    the same rows, cut in batches of 1 and of 8 (a tail padded), graphs and lossless fusions on, give
+    every key the same latents and pixels; the run identity says the mode holds and leaves the pool
+    out, so the second pool could also resume the first run."""
+    data = write_jsonl(tmp_path / "p.jsonl", rows(12))
+    common = [f"dataset.path={data}", "sink=png", "sampling.steps=4", "model.dtype=bfloat16", "job.progress=false",
+              "device=cuda", "bcg.capture=always", *encoder_overrides()]
+    for pool in ("1", "8"):
+        run_cli(*common, f"output_dir={tmp_path / pool}", f"bcg.batch_sizes=[{pool}]")
+    one, eight = images(tmp_path / "1"), images(tmp_path / "8")
+    assert sorted(one) == sorted(eight) and len(one) == 12
+    assert {m["batch_size"] for _, m in one.values()} == {1} and {m["batch_size"] for _, m in eight.values()} == {8}
+    for k in one:
+        assert one[k][1]["latent_sha256"] == eight[k][1]["latent_sha256"], f"{k}: latents differ at batch 1 and 8"
+        assert np.array_equal(one[k][0], eight[k][0]), f"{k}: pixels differ at batch 1 and 8"
+    for pool in ("1", "8"):
+        ident = json.loads((tmp_path / pool / "run.json").read_text())
+        assert ident["invariant"] is True and "batching" not in ident, ident
+        summary = json.loads((tmp_path / pool / "summary.json").read_text())
+        assert summary["invariant"]["enabled"] is True and summary["graph"]["hits"] > 0, summary["invariant"]
