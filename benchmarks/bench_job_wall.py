@@ -197,6 +197,8 @@ def run_job(a, mode: str, data: Path, out: Path, env: dict, log: Path) -> dict:
             # where the generate stage went: device time by stage, captures, padding, the batches' pace
             "gpu_stage_ms": s.get("gpu_stage_ms"), "padding_rows": s.get("padding_rows"),
             "captures": graph.get("captures"), "capture_seconds": graph.get("capture_seconds"),
+            # whether the batch-invariant mode ran (bcg.invariant; null: on with CUDA since session 52)
+            "invariant": bool((s.get("invariant") or {}).get("enabled")),
             **pace, **gc_seen, **trace}
 
 
