@@ -57,7 +57,7 @@ def generate_all(prep: Prepared, stats: JobStats, timer: StageTimer, stop: StopF
         log.info("nothing to generate: every planned item is already committed")
         return
     stats.device = str(prep.device)
-    with batch_invariance(prep.cfg, prep.device) as invariance:  # bcg.invariant: from the model's load to the end
+    with batch_invariance(prep.cfg, prep.device) as invariance:  # bcg.invariant: from before the load to the end
         try:
             _generate(prep, stats, timer, stop)
         finally:
