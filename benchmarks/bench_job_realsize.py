@@ -224,7 +224,7 @@ JOB_MODES = {
     # the default job: overlapped stages, capture every key (always), fused kernels, the pool as configured,
     # and on CUDA the batch-invariant mode (bcg.invariant=null, since session 52)
     "bcg": [],
-    # the default job's fast path before session 52: the batch-dependent kernels (the pool is in the identity)
+    # the fast path, the default job before session 52: the batch-dependent kernels (the pool is in the identity)
     "bcg-variant": ["bcg.invariant=false"],
     "bcg-nofuse": ["bcg.fusions=off"],  # the job around the denoiser alone (issue 9's 1.1x target)
     # The pool as configured: bytes are compared with `bcg`, whose pool is the default [8] (up to

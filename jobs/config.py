@@ -307,8 +307,8 @@ class BcgConfig(RunnerConfig):
             # ops the mode replaces: the compiled forward would break the contract without a word.
             raise UserError("bcg.invariant=true cannot hold with the compiled forward (bcg.compile=true or "
                             "bcg.fusions=fast): its Inductor kernels are not the ones the batch-invariant mode "
-                            "replaces. Use bcg.fusions=lossless (or off) with bcg.compile=false, or "
-                            "bcg.invariant=false")
+                            "replaces. Use bcg.fusions=lossless (or off) with bcg.compile=false, or leave "
+                            "bcg.invariant unset (null: off with the compiled forward) or false")
 
 
 @dataclass
