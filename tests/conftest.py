@@ -34,6 +34,16 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _torch_threads_restored():
+    """Some modules pin torch to one thread for their jobs (a CPU run's bytes and its run.json's
+    `cpu_threads` follow the count). Restore the count at each module's end, so the next module on
+    this process (xdist sends a worker several) starts from the machine's default, not a neighbour's."""
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(autouse=True)
 def _own_fusion_cache(tmp_path_factory, monkeypatch):
     from bcg.fusions.cache import ENV_DIR
