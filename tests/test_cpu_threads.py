@@ -108,6 +108,37 @@ def test_a_worker_whose_config_differs_settles_nothing(planned, tmp_path):
     assert _run(out)["device"] == "pending" and _planned(out)["device"] == "pending"
 
 
+def _planner(out, data, *overrides):
+    """`python -m jobs.plan` with `overrides`, in process: no renderer."""
+    cfg = compose_cfg([f"dataset.path={data}", f"output_dir={out}", *overrides])
+    return open_plan(cfg, out, get_family(cfg.model.family).spatial_divisor(cfg.model))
+
+
+def test_a_planner_batching_otherwise_than_the_settled_run_is_refused_at_plan_time(planned, tmp_path):
+    """The run's renderer is known once settled, so how the planner's own config batches there is too:
+    another pool or mode is refused by `jobs.plan`, not first by the workers it planned for."""
+    out, plan = planned
+    data = tmp_path / "p.jsonl"
+    plan(CPU2)
+    run = _run(out)
+    with pytest.raises(ValueError, match=r"batching.batch_sizes: \[8\] -> \[1\]"):
+        _planner(out, data, "bcg.batch_sizes=[1]")
+    with pytest.raises(ValueError, match="invariant: null -> true"):
+        _planner(out, data, "bcg.invariant=true")
+    assert _planner(out, data, "bcg.invariant=false").identity == plan(CPU2).identity  # off: the CPU's default
+    assert _run(out) == run  # nothing refused was written
+
+
+def test_a_planner_joining_a_settled_gpu_run_is_told_its_pool(planned, tmp_path):
+    out, plan = planned
+    data = tmp_path / "p.jsonl"
+    plan(GPU)  # bcg.invariant=null on CUDA: the mode, no pool
+    with pytest.raises(ValueError, match="invariant: true -> null") as refused:
+        _planner(out, data, "bcg.invariant=false")
+    assert "batching" in str(refused.value)
+    assert _planner(out, data, "bcg.batch_sizes=[1,2]").identity["invariant"] is True  # the pool: speed only
+
+
 def test_a_lost_run_json_is_restored_from_the_settled_plan(planned):
     out, plan = planned
     settled = plan(CPU2).identity

@@ -38,6 +38,9 @@ DEVICE_PENDING = {"device": "pending"}
 #: count) and how it batches (`batching_identity`), which follows from its device where bcg.invariant
 #: is null (on with CUDA).
 DEVICE_KEYS = ("cpu_threads", "device", "invariant", "batching")
+#: The renderer's own keys of the device part (`Renderer.identity`, `DEVICE_PENDING`); the rest follow from
+#: them and the bcg config (`batching_identity`).
+RENDERER_KEYS = ("cpu_threads", "device")
 
 
 @dataclass(frozen=True)

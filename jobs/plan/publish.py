@@ -12,7 +12,8 @@ file's size and mtime are unchanged, so joining a 10M-prompt plan does not read 
 
 The identity's device part (a CPU run's thread count, jobs/plan/identity.py) is the renderer's. A
 worker passes its `Renderer`. `python -m jobs.plan` renders nothing and passes none: it joins or
-extends a run with the run's device part, and claims a new run with it pending. The first worker
+extends a run with the run's renderer (and batches as its own config says on that renderer's device,
+so another pool is refused at plan time), and claims a new run with the device part pending. The first worker
 to join a pending run settles it, under the plan lock: plan.json's identity first (a run.json lost
 later is restored from it), then run.json's (the old id kept in its lineage, as job.extend keeps it).
 """
@@ -44,7 +45,16 @@ from jobs.output.mirror import LocalShards, Mirror
 from jobs.plan.build import dataset_digest, dataset_files, plan_dataset, source_digest
 from jobs.plan.digests import digest_if_changed
 from jobs.plan.extend import check_files_appended, extend_plan, only_dataset_changed
-from jobs.plan.identity import DEVICE_KEYS, DEVICE_PENDING, Renderer, device_part, plan_identity
+from jobs.plan.identity import (
+    DEVICE_KEYS,
+    DEVICE_PENDING,
+    RENDERER_KEYS,
+    Renderer,
+    batching_identity,
+    device_part,
+    plan_identity,
+    renders_on,
+)
 from jobs.plan.units import DamagedPlan, PlanManifest, check_unit_file, read_manifest, unit_digest, write_manifest
 from jobs.plan.weights_digest import weights_now, weights_record
 from jobs.provenance import provenance
@@ -133,7 +143,21 @@ def _job_identity(cfg: GenerateConfig, digest: str, records: int, weights: Optio
     rest = [d for d in identity_differences(run, ident) if not _of_device(d)]
     if rest and not only_dataset_changed(rest):
         return ident  # another run: refused, or replaced (job.overwrite) with this job's device part
-    return {**{k: v for k, v in ident.items() if k not in DEVICE_KEYS}, **device_part(run)}
+    return {**{k: v for k, v in ident.items() if k not in DEVICE_KEYS}, **_on_the_run_renderer(cfg, run)}
+
+
+def _on_the_run_renderer(cfg: GenerateConfig, run: dict) -> dict:
+    """The device part a job that renders nothing joins `run` with. Pending: the run's as it is (its
+    first worker settles it). Settled: the run's renderer (its device, its thread count), and how this
+    job's bcg config batches on that device, which is known now: so a `jobs.plan` with another pool or
+    another bcg.invariant than the run's is refused here, naming the field, and not later, when the
+    workers it planned for join."""
+    part = device_part(run)
+    device_type = renders_on(part)
+    if device_type is None:
+        return part
+    renderer = {k: v for k, v in part.items() if k in RENDERER_KEYS}
+    return {**renderer, **batching_identity(cfg.bcg, device_type)}
 
 
 def _identity_in(path: Path, key: Optional[str] = None) -> Optional[dict]:
