@@ -129,7 +129,9 @@ def test_a_planner_batching_otherwise_than_the_settled_run_is_refused_at_plan_ti
     assert _run(out) == run  # nothing refused was written
 
 
-def test_a_planner_joining_a_settled_gpu_run_is_told_its_pool(planned, tmp_path):
+def test_a_planner_turning_the_mode_off_in_a_settled_gpu_run_is_refused(planned, tmp_path):
+    """A GPU run holds the mode (bcg.invariant=null on CUDA), so the pool is a speed setting there and
+    the planner may change it; turning the mode off would batch otherwise, and is refused."""
     out, plan = planned
     data = tmp_path / "p.jsonl"
     plan(GPU)  # bcg.invariant=null on CUDA: the mode, no pool
