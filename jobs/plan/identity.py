@@ -34,13 +34,11 @@ from jobs.models.registry import get_family
 #: The device part of a run claimed by a job that renders nothing (`python -m jobs.plan`): its first
 #: worker replaces it with its own (`Renderer.identity`).
 DEVICE_PENDING = {"device": "pending"}
-#: Every top-level identity key the device part may hold: the renderer's own (its device, its thread
-#: count) and how it batches (`batching_identity`), which follows from its device where bcg.invariant
-#: is null (on with CUDA).
-DEVICE_KEYS = ("cpu_threads", "device", "invariant", "batching")
-#: The renderer's own keys of the device part (`Renderer.identity`, `DEVICE_PENDING`); the rest follow from
-#: them and the bcg config (`batching_identity`).
+#: The renderer's own keys of the device part (`Renderer.identity`, `DEVICE_PENDING`): its thread count, its device.
 RENDERER_KEYS = ("cpu_threads", "device")
+#: Every top-level identity key the device part may hold: the renderer's own and how it batches
+#: (`batching_identity`), which follows from them and the bcg config (bcg.invariant=null: on with CUDA).
+DEVICE_KEYS = RENDERER_KEYS + ("invariant", "batching")
 
 
 @dataclass(frozen=True)
