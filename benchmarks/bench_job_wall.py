@@ -36,7 +36,8 @@ Triton's, Inductor's and bcgen's own caches (its verdicts and digests, BCGEN_CAC
 --work: --cache warm (default) shares them between the runs of a mode (run 1 compiles cold, the rest
 reuse: the median is a warm run), --cache cold gives each run empty ones. Until session 47 bcgen's own
 stayed in the user's cache folder, so a "cold" run had them warm.
---warmup N first runs each job and compiled mode once on N prompts in that shared cache, untimed, so
+--warmup N first runs each job and compiled mode once on N prompts of the timed set, an equal share from
+each unit the job plans it into (so every text bucket is warm), in that shared cache, untimed, so
 that run 1 is warm too (with --resume over device calls: the cache is --work's).
 A run that would end past --budget-s (estimated from the mode's last run) is skipped and said so.
 --pyspy DIR runs every run under py-spy (idle frames and every thread; --pyspy-format speedscope keeps
@@ -169,9 +170,7 @@ def run_job(a, mode: str, data: Path, out: Path, env: dict, log: Path) -> dict:
     from jobs.telemetry.timeline import read_timeline
 
     shutil.rmtree(out, ignore_errors=True)  # a fresh output_dir: nothing to resume, batch sizing measured again
-    overrides = [f"model={a.family}", f"model.path={a.dir}", f"dataset.path={data}", f"output_dir={out}",
-                 f"sampling.height={a.res}", f"sampling.width={a.res}", f"sampling.steps={a.steps}",
-                 f"sampling.guidance_scale={a.guidance}", "job.progress=false", *JOB_MODES.get(mode, []), *a.extra]
+    overrides = [*job_overrides(a, data, out), "job.progress=false", *JOB_MODES.get(mode, []), *a.extra]
     gc_file = log.with_suffix(".gc.json")
     if a.gc:  # the same job, with the process's garbage collections recorded (gc_pauses.py)
         gc_file.unlink(missing_ok=True)
@@ -513,9 +512,9 @@ def warm_up(a, gpu) -> dict:
     first sight (a 1,000-prompt run's first batch came 10 s later, session 41's `_s41cold`), and a compiled
     loop's first run compiles. The plain eager loop has nothing to warm. Unprofiled: --trace, --gc and
     --pyspy are for the timed runs. Returns each mode's wall seconds, or its error."""
-    data = write_prompts(a.work / f"prompts_warmup_{a.warmup}.jsonl", a.warmup)
     plain = argparse.Namespace(**{**vars(a), "trace": None, "gc": False})
     env = child_env(gpu, a.work / "cache")
+    data = spread_prompts(a, max(a.datasets)[1], a.warmup, env)
     spy = os.environ.pop("BENCH_PYSPY_DIR", None)  # read by timed(); no lane runs yet
     done: dict = {}
     try:
@@ -540,6 +539,40 @@ def warm_up(a, gpu) -> dict:
         if spy is not None:
             os.environ["BENCH_PYSPY_DIR"] = spy
     return done
+
+
+def job_overrides(a, data: Path, out: Path) -> list:
+    """What `jobs.generate` (and `jobs.plan`) are given for `data` into `out`, before the mode's own."""
+    return [f"model={a.family}", f"model.path={a.dir}", f"dataset.path={data}", f"output_dir={out}",
+            f"sampling.height={a.res}", f"sampling.width={a.res}", f"sampling.steps={a.steps}",
+            f"sampling.guidance_scale={a.guidance}"]
+
+
+def spread_prompts(a, timed: Path, n: int, env: dict) -> Path:
+    """n prompts of the timed set `timed` that meet every signature the job plans it into, for the warm-up:
+    the first n prompts met one of SANA's four text buckets at 1,000 prompts (session 53), so three buckets
+    compiled and verified their kernels inside the timed run (11 s above the steady pace) where a user's
+    second run has them all warm. The job's own planner cuts the timed set (`python -m jobs.plan`), then
+    each unit gives an equal share (at least one prompt each, so n may be exceeded by a unit or two)."""
+    from jobs.output.layout import PLAN_DIR
+    from jobs.plan.units import read_manifest, read_unit_keys
+
+    out = a.work / "warmup-plan"
+    shutil.rmtree(out, ignore_errors=True)
+    log = a.work / "warmup-plan.log"
+    with open(log, "w") as f:
+        done = subprocess.run([sys.executable, "-m", "jobs.plan", *job_overrides(a, timed, out), *a.extra],
+                              cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
+    if done.returncode:
+        raise RuntimeError(f"jobs.plan for the warm-up's prompts exited {done.returncode}: see {log}")
+    plan_dir = out / PLAN_DIR
+    units = read_manifest(plan_dir).units
+    share = max(1, n // max(1, len(units)))
+    keys = {k for u in units for k in read_unit_keys(plan_dir, u)[:share]}
+    rows = [line for line in timed.read_text().splitlines() if line.strip() and json.loads(line)["key"] in keys]
+    path = a.work / f"prompts_warmup_{n}.jsonl"
+    path.write_text("".join(r + "\n" for r in rows))
+    return path
 
 
 def lane(a, modes: list, gpu, results: Results, t_start: float, bcg_done: threading.Event) -> None:
@@ -662,7 +695,8 @@ def main() -> None:
                                                "job_wall_flux_<tag> for --family flux)")
     p.add_argument("--out", default="benchmarks/results")
     p.add_argument("--warmup", type=int, default=0, metavar="N",
-                   help="first run each job and compiled mode once on N prompts, untimed, in --work's cache "
+                   help="first run each job and compiled mode once on N prompts (a share of each planned unit of the "
+                        "largest --prompts set: every text bucket), untimed, in --work's cache "
                         "(Triton, Inductor, the fused kernels' verdicts): a fresh machine's first run is a "
                         "cold one. Needs --cache warm")
     p.add_argument("--resume", action="store_true",

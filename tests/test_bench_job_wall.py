@@ -244,3 +244,35 @@ def test_the_pace_column_says_how_much_of_the_first_hand_off_was_the_devices():
     runs.append({"batch_interval_s": 0.556, "first_handoff_s": 4.6})  # a summary before first_batch_ms
     assert _pace(runs) == ("steady 0.556, first 4.60 (device: encode 0.10, denoise 0.60, decode 0.20), "
                            "switches 1.50")
+
+
+@pytest.mark.slow
+def test_the_warm_up_meets_every_text_bucket_of_the_timed_prompts(tmp_path):
+    """--warmup N takes its prompts from every unit the job plans the timed set into: the first N prompts
+    met one of four text buckets at 1,000 prompts (session 53), leaving three to compile in the timed run."""
+    import os
+    import subprocess
+
+    from bench_job_wall import spread_prompts
+
+    from jobs.models.text_encoders import minilm_path
+
+    root = Path(__file__).resolve().parents[1]
+    model = tmp_path / "sana"
+    subprocess.run([sys.executable, str(root / "benchmarks" / "bench_job_realsize.py"), "build", "--tiny",
+                    "--dir", str(model), "--tokenizer", minilm_path()], cwd=root, check=True, capture_output=True)
+    words = "a misty forest river at dawn with an old stone castle"
+    lengths = [3] * 12 + [12] * 2 + [24] * 2  # about 30, 130 and 260 tokens: three text buckets, the first 12 short
+    timed = tmp_path / "prompts.jsonl"
+    timed.write_text("".join(json.dumps({"key": f"w{i:06d}", "prompt": " ".join([words] * n)}) + "\n"
+                             for i, n in enumerate(lengths)))
+    a = SimpleNamespace(work=tmp_path / "work", family="sana", dir=model, res=64, steps=2, guidance=4.5,
+                        extra=["model.dtype=float32"])
+    a.work.mkdir()
+    env = dict(child_env(None, a.work / "cache"), CUDA_VISIBLE_DEVICES="")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
+    warm = [json.loads(line) for line in spread_prompts(a, timed, 6, env).read_text().splitlines()]
+    chosen = {int(r["key"][1:]) for r in warm}
+    assert {lengths[i] for i in chosen} == {3, 12, 24}, chosen  # every bucket, where the first 6 meet one
+    rows = [json.loads(line) for line in timed.read_text().splitlines()]
+    assert len(chosen) == 6 and all(r == rows[int(r["key"][1:])] for r in warm)  # the timed set's own rows
