@@ -354,6 +354,11 @@ class Results:
             raise SystemExit(f"--resume: {path} holds runs of another setting: "
                              + ", ".join(f"{k} {a!r} there, {b!r} here" for k, (a, b) in differ.items())
                              + "; pass another --tag, or leave out --resume")
+        # What each earlier call ran, its warm-up above all: the caches the resumed runs found warm
+        # were filled there, and this call's own meta would not say so.
+        em = earlier["meta"]
+        self.meta["earlier_calls"] = em.get("earlier_calls", []) + [
+            {k: em.get(k) for k in ("date", "command", "warmup") if em.get(k) is not None}]
         for row in earlier["rows"]:
             for run in row.get("all_runs") or []:
                 self.runs.setdefault((row["mode"], row["prompts"]), []).append(run)
@@ -416,6 +421,9 @@ class Results:
                  f"- caches: {self.a.cache} (Triton/Inductor/bcgen); page cache warmed by reading the model folder once; "
                  f"lanes (GPU: modes, run in series): {self.meta.get('lanes')}",
                  *[f"- merged (merge_job_wall.py): {m['date']}, `{m['command']}`" for m in self.meta.get("merged", [])],
+                 *[f"- resumed from (--resume): {c.get('date')}, `{c.get('command')}`"
+                   + (f"; warm-up {c['warmup']}" if c.get("warmup") else "") for c in self.meta.get("earlier_calls", [])],
+                 *([f"- warm-up (--warmup): {self.meta['warmup']}"] if self.meta.get("warmup") else []),
                  "",
                  "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
         for r in rows:

@@ -75,6 +75,9 @@ def test_flux_job_and_plain_flux_pipeline_loop_on_a_tiny_folder(tmp_path):
     rows = {r["mode"]: r for r in result["rows"]}
     assert set(rows) == {"bcg", "off", "plain2"}
     assert result["meta"]["resumed_runs"] == 3
+    (first_call,) = result["meta"]["earlier_calls"]  # what the resumed runs came from, said in the table too
+    assert "--runs 1" in first_call["command"] and "--resume" not in first_call["command"]
+    assert f"- resumed from (--resume): {first_call['date']}" in (out / "job_wall_flux_cpu.md").read_text()
     warmed = result["meta"]["warmup"]
     assert warmed["prompts"] == 2 and set(warmed["wall_s"]) == {"bcg", "off"}
     assert all(isinstance(s, float) and s > 0 for s in warmed["wall_s"].values()), warmed
