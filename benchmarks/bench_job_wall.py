@@ -561,7 +561,8 @@ def spread_prompts(a, timed: Path, n: int, env: dict) -> Path:
     the first n prompts met one of SANA's four text buckets at 1,000 prompts (session 53), so three buckets
     compiled and verified their kernels inside the timed run (11 s above the steady pace) where a user's
     second run has them all warm. The job's own planner cuts the timed set (`python -m jobs.plan`), then
-    each unit gives an equal share (at least one prompt each, so n may be exceeded by a unit or two)."""
+    each unit gives an equal share, n // units, at least one prompt (so a plan of more units than n
+    gives one a unit, more than n in all), or all its prompts where it has fewer."""
     from jobs.output.layout import PLAN_DIR
     from jobs.plan.units import read_manifest, read_unit_keys
 
