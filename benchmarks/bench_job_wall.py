@@ -30,8 +30,13 @@ signature switch, and the slowest intervals). --gc records each job run's garbag
 busy time, the streams' overlap, idle gaps, the top kernels.
 
 Modes run in lanes, one per GPU of --gpus (round robin), each lane's runs in series; run i of
-every mode is done before run i+1 of any mode of that lane. The model folder is built once
-(`--build`, bench_job_realsize.py build) and read once before the first run (page cache warm).
+every mode is done before run i+1 of any mode of that lane. --lanes runs spreads the runs instead: every
+lane takes the next run of one shared list (run i of every mode before run i+1 of any) when its last one
+ends, so runs of one mode go on at once on several GPUs of the host, each with its own output folder (on
+8 GPUs, 3 runs of 3 modes at 1024² and 1,000 prompts end in about the eager loop's one run, where one GPU
+takes 3 + 3 + 3 in series: longer than a session's device time). Each run records its GPU; runs side by
+side share the host's CPUs, disk and page cache. The model folder is built once (`--build`,
+bench_job_realsize.py build) and read once before the first run (page cache warm).
 Triton's, Inductor's and bcgen's own caches (its verdicts and digests, BCGEN_CACHE_DIR), all under
 --work: --cache warm (default) shares them between the runs of a mode (run 1 compiles cold, the rest
 reuse: the median is a warm run), --cache cold gives each run empty ones. Until session 47 bcgen's own
@@ -54,7 +59,10 @@ FLUX.1-dev folder, ~34 GB), e.g.
 
 Its runs take longer than one 10-minute device call: run the same command again while the machine is
 warm (`--resume` keeps --work's outputs and caches and the runs already in --out's JSON, and runs
-only what is missing), then copy --out's files back.
+only what is missing), then copy --out's files back. A single run longer than a call (the eager loop at
+5,000 prompts: about 13 minutes at 512² on an H100) cannot be resumed: start the whole command with
+`benchmarks/detached.sh start DIR -- python benchmarks/bench_job_wall.py ...` (its own process session
+outlives the call), and `benchmarks/detached.sh wait DIR 580` in the calls after it.
 
 The job is `model=flux` (conf/model/flux.yaml: T5 at max_sequence_length 512, guidance 3.5 into the
 distilled guidance embedding, no negative branch); plainN is FluxPipeline.from_pretrained(DIR) called
@@ -76,7 +84,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from pathlib import Path
+from typing import Deque
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -419,7 +429,7 @@ class Results:
                  f"- {self.meta['date']}; commit `{self.meta['commit']}`; {self.meta['gpu']}, torch {self.meta['torch']}",
                  f"- command: `{self.meta['command']}`",
                  f"- caches: {self.a.cache} (Triton/Inductor/bcgen); page cache warmed by reading the model folder once; "
-                 f"lanes (GPU: modes, run in series): {self.meta.get('lanes')}",
+                 + _lanes(self.meta),
                  *[f"- merged (merge_job_wall.py): {m['date']}, `{m['command']}`" for m in self.meta.get("merged", [])],
                  *[f"- resumed from (--resume): {c.get('date')}, `{c.get('command')}`"
                    + (f"; warm-up {c['warmup']}" if c.get("warmup") else "") for c in self.meta.get("earlier_calls", [])],
@@ -443,6 +453,14 @@ class Results:
                           f"{text_length(self.a)}; guidance {self.a.guidance:g} is the distilled guidance embedding, "
                           f"no negative branch, so FLOPs count one transformer row per step."]
         (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
+
+
+def _lanes(meta: dict) -> str:
+    """How the runs were laid on the GPUs, for the table's header."""
+    if meta.get("lanes_take") == "runs":
+        return (f"lanes (--lanes runs: each GPU took the next run of any mode, so runs went side by side): "
+                f"{', '.join(meta['lanes'])}")
+    return f"lanes (GPU: what it runs, one run at a time): {meta.get('lanes')}"
 
 
 def _fixed(runs: list) -> str:
@@ -507,7 +525,8 @@ def one_run(a, mode: str, prompts: int, data: Path, gpu, i: int, results: Result
         batch = results.picked_batch(prompts) if m.group(1) == "-picked" else int(m.group(1))
         run = run_plain(a, batch, bool(m.group(2)), data, env, log)
     else:
-        run = run_job(a, mode, data, a.work / f"out-{mode}-{prompts}", env, log)
+        run = run_job(a, mode, data, job_out(a, mode, prompts, i), env, log)
+    run["gpu"] = gpu  # with --lanes runs, a mode's runs went to several
     results.add(mode, prompts, run)
     print(f"[gpu {gpu}] {mode} {prompts} prompts run {i + 1}: {run['items'] / run['wall_s']:.3f} images/s wall "
           f"({run['wall_s']:.1f} s), {run['images_per_s']} generating, first batch {run['first_batch_s']:.1f} s",
@@ -584,37 +603,65 @@ def spread_prompts(a, timed: Path, n: int, env: dict) -> Path:
     return path
 
 
-def lane(a, modes: list, gpu, results: Results, t_start: float, bcg_done: threading.Event) -> None:
-    modes = sorted(modes, key=lambda m: m != "bcg")  # plain-picked may wait for bcg's first run: never in its own lane
-    last: dict = {key: runs[-1]["wall_s"] for key, runs in results.runs.items()}  # an earlier call's (--resume)
-    for prompts, data in a.datasets:
-        for i in range(a.runs):
-            for mode in modes:
-                if len(results.runs.get((mode, prompts), [])) > i or (i and mode in a.once):
-                    continue  # done in an earlier call (--resume), or a mode run once (--once)
-                if mode == "plain-picked":
-                    bcg_done.wait()
-                    picked = results.picked_batch(prompts)
-                    if picked is None or f"plain{picked}" in a.mode_order:
-                        results.skip(mode, prompts, "no bcg run in this call" if picked is None
-                                     else f"bcg picked {picked}: the same as plain{picked}")
-                        continue
-                if (mode, prompts) in results.skipped:
-                    continue
-                left = a.budget_s - (time.perf_counter() - t_start)
-                if left < _estimate(last, mode, prompts) * 1.1:
-                    results.skip(mode, prompts, f"budget: {left:.0f} s left of --budget-s {a.budget_s:.0f} after "
-                                                f"{len(results.runs.get((mode, prompts), []))} run(s)")
-                    continue
-                t0 = time.perf_counter()
-                try:
-                    one_run(a, mode, prompts, data, gpu, i, results)
-                except RuntimeError as e:  # a failing mode is a row, not a crash of the others
-                    results.skip(mode, prompts, f"error: {str(e).splitlines()[0][:300]}")
-                finally:
-                    if mode == "bcg":
-                        bcg_done.set()
-                last[(mode, prompts)] = time.perf_counter() - t0
+def job_out(a, mode: str, prompts: int, i: int) -> Path:
+    """A job run's output_dir: one a mode, each run replacing the last, where a mode's runs are in series;
+    one a run where they may go on at once (--lanes runs)."""
+    return a.work / (f"out-{mode}-{prompts}" + (f"-{i}" if a.lanes == "runs" else ""))
+
+
+def last_out(a, mode: str, prompts: int):
+    """The output_dir of a mode's last finished job run (for --bytes-against), or None."""
+    name = re.compile(rf"out-{re.escape(mode)}-{prompts}(-\d+)?")
+    done = [p / "summary.json" for p in a.work.iterdir() if name.fullmatch(p.name)]
+    done = [s for s in done if s.exists()]
+    return max(done, key=lambda s: s.stat().st_mtime_ns).parent if done else None
+
+
+class RunList:
+    """The runs left for one lane (--lanes modes: its own modes) or for every lane (--lanes runs),
+    taken in order by whichever lane is free: (prompts, data, run index, mode)."""
+
+    def __init__(self, a, modes: list, results: Results):
+        modes = sorted(modes, key=lambda m: m != "bcg")  # plain-picked waits for bcg's first run: bcg first
+        self.items: Deque[tuple] = deque(
+            (prompts, data, i, mode) for prompts, data in a.datasets for i in range(a.runs) for mode in modes
+            # not those done in an earlier call (--resume), nor again a mode run once (--once)
+            if len(results.runs.get((mode, prompts), [])) <= i and not (i and mode in a.once))
+        self.lock = threading.Lock()
+
+    def take(self):
+        with self.lock:
+            return self.items.popleft() if self.items else None
+
+
+def lane(a, runs: RunList, gpu, results: Results, t_start: float, bcg_done: threading.Event, last: dict) -> None:
+    """Take runs off `runs` until none is left, each on `gpu`. `last`: each (mode, prompts)'s last wall
+    seconds, shared by the lanes, for the budget's estimates."""
+    while (item := runs.take()) is not None:
+        prompts, data, i, mode = item
+        if mode == "plain-picked":
+            bcg_done.wait()
+            picked = results.picked_batch(prompts)
+            if picked is None or f"plain{picked}" in a.mode_order:
+                results.skip(mode, prompts, "no bcg run in this call" if picked is None
+                             else f"bcg picked {picked}: the same as plain{picked}")
+                continue
+        if (mode, prompts) in results.skipped:
+            continue
+        left = a.budget_s - (time.perf_counter() - t_start)
+        if left < _estimate(last, mode, prompts) * 1.1:
+            results.skip(mode, prompts, f"budget: {left:.0f} s left of --budget-s {a.budget_s:.0f} after "
+                                        f"{len(results.runs.get((mode, prompts), []))} run(s)")
+            continue
+        t0 = time.perf_counter()
+        try:
+            one_run(a, mode, prompts, data, gpu, i, results)
+        except RuntimeError as e:  # a failing mode is a row, not a crash of the others
+            results.skip(mode, prompts, f"error: {str(e).splitlines()[0][:300]}")
+        finally:
+            if mode == "bcg":
+                bcg_done.set()
+        last[(mode, prompts)] = time.perf_counter() - t0
     bcg_done.set()  # a lane without bcg never holds the others
 
 
@@ -637,12 +684,12 @@ def compare_bytes(a, results: Results) -> None:
     from jobs.output.compare import compare_outputs
 
     for prompts, _ in a.datasets:
-        there = a.work / f"out-{a.bytes_against}-{prompts}"
+        there = last_out(a, a.bytes_against, prompts)
         for mode in a.mode_order:
-            here = a.work / f"out-{mode}-{prompts}"
-            if mode == a.bytes_against or mode.startswith("plain") or not (here / "summary.json").exists():
+            here = last_out(a, mode, prompts)
+            if mode == a.bytes_against or mode.startswith("plain") or here is None:
                 continue
-            if not (there / "summary.json").exists():
+            if there is None:
                 results.bytes[(mode, prompts)] = f"no {a.bytes_against} output to compare with"
                 continue
             c = compare_outputs(here, there)
@@ -692,7 +739,11 @@ def main() -> None:
     p.add_argument("--prompts", default="200", help="comma list of prompt counts, e.g. 200,1000,5000")
     p.add_argument("--modes", default="bcg,plain8,plain8-compile")
     p.add_argument("--runs", type=int, default=3)
-    p.add_argument("--gpus", default="0", help="GPU lanes (modes round robin); 'none' for --device cpu")
+    p.add_argument("--gpus", default="0", help="GPU lanes, e.g. 0,1,2; 'none' for --device cpu (none,none: two "
+                                              "lanes on the CPU)")
+    p.add_argument("--lanes", choices=["modes", "runs"], default="modes",
+                   help="modes: each lane its own modes (round robin), their runs in series; runs: every lane takes "
+                        "the next run of one shared list, so runs of a mode go on at once on several GPUs")
     p.add_argument("--device", default="cuda", help="cpu: a smoke test of this script (tiny folder)")
     p.add_argument("--tiny", action=argparse.BooleanOptionalAction, default=None,
                    help="--build a narrow folder of the same classes (default: with --device cpu)")
@@ -761,16 +812,25 @@ def main() -> None:
     results = Results(a, meta)
     if a.resume:
         meta["resumed_runs"] = results.resume(Path(a.out) / f"job_wall_{a.tag}.json")
-    gpus = [None] if a.gpus == "none" else a.gpus.split(",")
+    gpus = [None if g == "none" else g for g in a.gpus.split(",")]
     if a.warmup:
         meta["warmup"] = {"prompts": a.warmup, "wall_s": warm_up(a, gpus[0])}
-    lanes = [a.mode_order[i::len(gpus)] for i in range(len(gpus))]
-    meta["lanes"] = {str(g): modes for modes, g in zip(lanes, gpus) if modes}
+    names = [f"cpu{k}" if g is None else str(g) for k, g in enumerate(gpus)]
+    meta["lanes_take"] = a.lanes
+    if a.lanes == "runs":  # one list: each GPU takes the next run when free
+        shared = RunList(a, a.mode_order, results)
+        lanes = [(shared, g) for g in gpus]
+        meta["lanes"] = {name: list(a.mode_order) for name in names}
+    else:
+        modes = [a.mode_order[i::len(gpus)] for i in range(len(gpus))]
+        lanes = [(RunList(a, m, results), g) for m, g in zip(modes, gpus) if m]
+        meta["lanes"] = {name: m for m, name in zip(modes, names) if m}
     bcg_done = threading.Event()
     if "bcg" not in a.mode_order or any(m == "bcg" for m, _ in results.runs):
         bcg_done.set()
-    threads = [threading.Thread(target=lane, args=(a, modes, g, results, t_start, bcg_done))
-               for modes, g in zip(lanes, gpus) if modes]
+    last: dict = {key: runs[-1]["wall_s"] for key, runs in results.runs.items()}  # an earlier call's (--resume)
+    threads = [threading.Thread(target=lane, args=(a, runs, g, results, t_start, bcg_done, last))
+               for runs, g in lanes]
     for t in threads:
         t.start()
     for t in threads:

@@ -39,6 +39,9 @@ def merge(paths: list[Path], out: Path, tag: str) -> Path:
         for gpu, ran in (earlier["meta"].get("lanes") or {}).items():
             lanes.setdefault(gpu, []).extend(m for m in ran if m not in lanes[gpu])
     meta["lanes"] = lanes
+    # Some runs went side by side where any input's did (bench_job_wall.py --lanes runs): its header says so.
+    takes = {json.loads(p.read_text())["meta"].get("lanes_take", "modes") for p in paths}
+    meta["lanes_take"] = "runs" if "runs" in takes else "modes"
     a = argparse.Namespace(family=meta.get("family", "sana"), steps=meta["steps"], guidance=meta["guidance"],
                            res=first["rows"][0]["resolution"], mode_order=modes, out=str(out), tag=tag, dir=None,
                            cache=meta.get("cache"))

@@ -276,3 +276,57 @@ def test_the_warm_up_meets_every_text_bucket_of_the_timed_prompts(tmp_path):
     assert {lengths[i] for i in chosen} == {3, 12, 24}, chosen  # every bucket, where the first 6 meet one
     rows = [json.loads(line) for line in timed.read_text().splitlines()]
     assert len(chosen) == 6 and all(r == rows[int(r["key"][1:])] for r in warm)  # the timed set's own rows
+
+
+def test_a_modes_last_job_output_is_found_among_one_folder_a_mode_and_one_a_run(tmp_path):
+    """--bytes-against compares each mode's last finished output: `out-<mode>-<prompts>` (--lanes modes) or
+    `out-<mode>-<prompts>-<run>` (--lanes runs), never another mode's or another prompt count's folder."""
+    import os
+
+    from bench_job_wall import last_out
+
+    a = SimpleNamespace(work=tmp_path)
+    for name, t in (("out-bcg-100-0", 1), ("out-bcg-100-1", 3), ("out-bcg-1000", 5), ("out-bcg-variant-100", 6),
+                    ("out-off-100", 2)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "summary.json").write_text("{}")
+        os.utime(tmp_path / name / "summary.json", ns=(t * 10**9, t * 10**9))
+    (tmp_path / "out-bcg-100-2").mkdir()  # a run that never finished
+    assert last_out(a, "bcg", 100) == tmp_path / "out-bcg-100-1"
+    assert last_out(a, "off", 100) == tmp_path / "out-off-100"
+    assert last_out(a, "bcg-variant", 100) == tmp_path / "out-bcg-variant-100"
+    assert last_out(a, "bcg-fixed8", 100) is None
+
+
+@pytest.mark.slow
+def test_lanes_runs_runs_a_modes_runs_side_by_side_each_in_its_own_folder(tmp_path):
+    """--lanes runs: two lanes take the two runs of one mode at once (a host's GPUs: 3 runs of 3 modes in
+    one device call); each run writes its own output_dir, and both finish whole."""
+    import os
+    import subprocess
+
+    from jobs.models.text_encoders import minilm_path
+
+    root = Path(__file__).resolve().parents[1]
+    out, work = tmp_path / "out", tmp_path / "work"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
+    cmd = [sys.executable, str(root / "benchmarks" / "bench_job_wall.py"), "--build", "--tiny",
+           "--dir", str(tmp_path / "sana"), "--tokenizer", minilm_path(), "--device", "cpu", "--gpus", "none,none",
+           "--lanes", "runs", "--res", "64", "--steps", "2", "--prompts", "3", "--modes", "bcg", "--runs", "2",
+           "--extra", "model.dtype=float32", "--work", str(work), "--out", str(out), "--tag", "cpu"]
+    proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((out / "job_wall_cpu.json").read_text())
+    (row,) = result["rows"]
+    assert row["mode"] == "bcg" and row["runs"] == 2 and row["skipped"] is None
+    runs = row["all_runs"]
+    assert [r["items"] for r in runs] == [3, 3]
+    (early, late) = sorted(runs, key=lambda r: r["start_unix"])
+    assert late["start_unix"] < early["start_unix"] + early["wall_s"], runs  # side by side, not in series
+    for i in range(2):
+        summary = json.loads((work / f"out-bcg-3-{i}" / "summary.json").read_text())
+        assert summary["status"] == "complete" and summary["items_written"] == 3
+    assert not (work / "out-bcg-3").exists()
+    assert result["meta"]["lanes"] == {"cpu0": ["bcg"], "cpu1": ["bcg"]} and result["meta"]["lanes_take"] == "runs"
+    assert "lanes (--lanes runs: each GPU took the next run of any mode, so runs went side by side): cpu0, cpu1" in (
+        out / "job_wall_cpu.md").read_text()
