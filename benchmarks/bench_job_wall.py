@@ -19,7 +19,7 @@ and (for `-compile`) its compile. Modes:
 Per mode and prompt count: wall images/s (median, min, max of --runs), generation-stage images/s
 (the job's summary; the plain loop's batches after its first), first_batch_s (process start to the
 first batch out of the decoder: the job's first _timeline line, start + t; the plain loop's first
-call), and the generation stage's model TFLOP/s (jobs/models/flops.py, each mode's own text
+call), and the generation stage's model TFLOP/s (jobs/models/flops/, each mode's own text
 lengths: the job's buckets, the pipeline's 300) with its fraction of the H200's 989 dense bf16.
 Each job run in the JSON also says where its generate stage went: device time by stage (encode,
 denoise, decode), captures and their seconds, padding rows, and the batches' pace from its timeline
@@ -317,7 +317,7 @@ _SIG = re.compile(r"^(\d+)x(\d+)(?:/f\d+)?/t(\d+)/s(\d+)/(?:cfg([\d.]+)|nocfg)/(
 
 def flops_per_image(a, signatures: dict):
     """The mean model FLOPs of an image over a run's signatures ({str(Signature): items}), or None.
-    (Flux counts one row a step whatever the signature's cfg: jobs/models/flops.py.)"""
+    (Flux counts one row a step whatever the signature's cfg: jobs/models/flops/.)"""
     from jobs.models.flops import transformer_flops
     from jobs.plan import Signature
 
@@ -441,7 +441,7 @@ class Results:
         lines += ["", "wall_images_per_s: items / (exit - start) of each run, median [min, max]; images_per_s: the "
                       "generation stage (the job's summary; the plain loop's batches after its first); first_batch_s: "
                       "process start to the first batch out of the decoder; tflops: images_per_s x the model FLOPs of "
-                      "an image at that mode's text lengths (jobs/models/flops.py); peak_fraction: of 989 TFLOP/s; "
+                      "an image at that mode's text lengths (jobs/models/flops/); peak_fraction: of 989 TFLOP/s; "
                       "pace_s (the job's timeline, medians): steady, the interval between two batches of one part; "
                       "first, the generate stage's start to its first batch handed to the sink (its captures and "
                       "first sights), with that batch's device time by stage; switches, what the signature switches "

@@ -90,7 +90,7 @@ def test_flux_job_and_plain_flux_pipeline_loop_on_a_tiny_folder(tmp_path):
         assert row["all_runs"][0] == first[mode][0]  # taken over, not run again
         assert [r["items"] for r in row["all_runs"]] == [3] * runs
         assert row["wall_images_per_s"] > 0
-        assert row["flops_per_image"] > 0  # jobs/models/flops.py counts Flux: both at T5's 512 tokens
+        assert row["flops_per_image"] > 0  # jobs/models/flops/ counts Flux: both at T5's 512 tokens
     assert rows["plain2"]["all_runs"][0]["pipeline"] == "FluxPipeline"
     assert rows["bcg"]["flops_per_image"] == rows["plain2"]["flops_per_image"]
     assert rows["bcg"]["bytes_equal"] == "3/3 identical" and rows["off"]["bytes_equal"] is None

@@ -1,4 +1,4 @@
-"""jobs/models/flops.py against torch's own FLOP counter, on tiny real diffusers transformers (CPU).
+"""jobs/models/flops/ against torch's own FLOP counter, on tiny real diffusers transformers (CPU).
 
 The math SDPA backend is forced so attention's two products reach the counter as bmm's on every
 machine (the fused CPU kernels are not all in its registry)."""

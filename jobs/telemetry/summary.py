@@ -89,7 +89,7 @@ class JobStats:
     capture_policy: List[dict] = field(default_factory=list)  # per (signature, batch): decision, ms
     batching: dict = field(default_factory=dict)  # the pool used and how it was chosen (jobs/worker/batch_sizer.py)
     invariant: dict = field(default_factory=dict)  # bcg.invariant: enabled, devices, kernel calls (bcg/invariant)
-    flops: dict = field(default_factory=dict)  # model FLOPs per image, TFLOP/s, peak fraction (jobs/models/flops.py)
+    flops: dict = field(default_factory=dict)  # model FLOPs per image, TFLOP/s, peak fraction (jobs/models/flops/)
     # a pipeline's per-batch warning (reason -> batches it was said on), logged once (library_warnings.py)
     library_warnings: Dict[str, int] = field(default_factory=dict)
     device: str = ""

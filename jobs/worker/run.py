@@ -106,7 +106,7 @@ def record_plan(stats: JobStats, prep: Prepared, timer: StageTimer, count_done_a
 
 def _flops(prep: Prepared, images: dict, seconds: float) -> dict:
     """Model FLOPs per image (counted from the family's config), achieved TFLOP/s over the generate
-    stage, and the fraction of the GPU's dense bf16 peak where it is known (jobs/models/flops.py)."""
+    stage, and the fraction of the GPU's dense bf16 peak where it is known (jobs/models/flops/)."""
     if prep.family.name not in known_families():
         return {"counted": False, "reason": f"no FLOPs rule for family {prep.family.name!r}"}
     if not images:

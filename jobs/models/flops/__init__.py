@@ -1,0 +1,35 @@
+"""Model FLOPs of a family's transformer per image, counted from its config and the plan's signature.
+
+    flops = transformer_flops("sana", transformer_config, vae_config, signature)   # None: not counted
+    flops_summary("sana", signature, images=510, seconds=167.7,
+                  transformer_config=..., vae_config=...)   # {"tflops": ..., "peak_fraction": ...}
+    flops_summary_mix("sana", {sig_a: 452, sig_b: 58}, 167.7, transformer_config=..., vae_config=...)
+
+What is counted is what `torch.utils.flop_counter.FlopCounterMode` counts: matmuls (2 FLOPs per
+multiply-add), convolutions and attention's two products; elementwise ops, norms and softmax are
+not (they are memory-bound and a few percent of the FLOPs). tests/test_flops.py checks each rule
+against the counter on a tiny real diffusers model. The count is the model's work: an engine that
+skips work (bcgen's prompt memo makes SANA's caption projection and cross-attention K/V once per
+prompt batch, not once per step) does fewer FLOPs for the same image, and its achieved TFLOP/s is
+stated against the model's count, as MFU is.
+
+Families register a rule by name, one module a family here (sana.py, flux.py, ...), on the
+mechanism of base.py; an unknown name gives None, which callers report as "not counted". Peak: H200
+dense bf16, 989 TFLOP/s (datasheet; about 790 measured on a large GEMM).
+"""
+
+from jobs.models.flops import flux, sana  # noqa: F401 - each module registers its family's rule
+from jobs.models.flops.base import (
+    DENSE_BF16_TFLOPS,
+    H200_BF16_DENSE_TFLOPS,
+    FlopCount,
+    dense_bf16_peak,
+    flops_summary,
+    flops_summary_mix,
+    known_families,
+    register_flops,
+    transformer_flops,
+)
+
+__all__ = ["DENSE_BF16_TFLOPS", "H200_BF16_DENSE_TFLOPS", "FlopCount", "dense_bf16_peak", "flops_summary",
+           "flops_summary_mix", "known_families", "register_flops", "transformer_flops"]
