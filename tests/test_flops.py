@@ -107,8 +107,8 @@ def test_sana_1600m_at_1024_is_about_1_1e14_an_image():
 
 def test_unknown_families_are_not_counted():
     sig = _signature(1024, 1024, 64, steps=20, cfg=True)
-    assert transformer_flops("qwen_image", {}, None, sig) is None
-    out = flops_summary("qwen_image", sig, images=10, seconds=5.0, transformer_config={})
+    assert transformer_flops("no_such_family", {}, None, sig) is None
+    out = flops_summary("no_such_family", sig, images=10, seconds=5.0, transformer_config={})
     assert out["counted"] is False and "not counted" in out["reason"] and "sana" in out["reason"]
 
 
