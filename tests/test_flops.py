@@ -137,3 +137,15 @@ def test_flux_guidance_is_one_row_not_cfg():
     one = transformer_flops("flux", dict(FLUX_TINY), None, _signature(64, 64, 8, steps=4))
     guided = transformer_flops("flux", dict(FLUX_TINY), None, _signature(64, 64, 8, steps=4, cfg=True))
     assert guided.rows == 1 and guided.per_image == one.per_image == 4 * one.per_forward
+
+
+def test_the_peak_is_the_boards_own():
+    """An H100 PCIe board is not the SXM board's 989 TFLOP/s: the fraction would read a quarter low."""
+    from jobs.models.flops.base import peak_by_name
+
+    assert peak_by_name("NVIDIA H100 80GB HBM3") == 989.0  # SXM, as the device machine names it
+    assert peak_by_name("NVIDIA H100 PCIe") == 756.0
+    assert peak_by_name("NVIDIA H100 NVL") == 835.0
+    assert peak_by_name("NVIDIA H200") == 989.0
+    assert peak_by_name("NVIDIA A100-SXM4-80GB") == 312.0
+    assert peak_by_name("NVIDIA GeForce RTX 4090") is None

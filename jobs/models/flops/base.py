@@ -66,8 +66,11 @@ def transformer_flops(
     return None if rule is None else rule(transformer_config, vae_config, signature)
 
 
-# Dense bf16 TFLOP/s by the GPU's name (datasheets): where the name is not here, no fraction is claimed.
-DENSE_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "B200": 2250.0}
+# Dense bf16 TFLOP/s by the GPU's name (datasheets), the first name found in the device's wins: so the
+# H100's PCIe and NVL boards (lower clocks and power) come before the SXM board's plain "H100"
+# ("NVIDIA H100 80GB HBM3"). Where no name is found, no fraction is claimed.
+DENSE_BF16_TFLOPS = {"H200": 989.0, "H100 PCIe": 756.0, "H100 NVL": 835.0, "H100": 989.0, "A100": 312.0,
+                     "B200": 2250.0}
 
 
 def dense_bf16_peak(device) -> Optional[float]:
@@ -76,7 +79,11 @@ def dense_bf16_peak(device) -> Optional[float]:
 
     if getattr(device, "type", str(device)) != "cuda":
         return None
-    name = torch.cuda.get_device_name(device)
+    return peak_by_name(torch.cuda.get_device_name(device))
+
+
+def peak_by_name(name: str) -> Optional[float]:
+    """DENSE_BF16_TFLOPS's entry for a GPU named `name` (torch.cuda.get_device_name), or None."""
     return next((v for k, v in DENSE_BF16_TFLOPS.items() if k in name), None)
 
 
