@@ -18,7 +18,12 @@ mechanism of base.py; an unknown name gives None, which callers report as "not c
 dense bf16, 989 TFLOP/s (datasheet; about 790 measured on a large GEMM).
 """
 
-from jobs.models.flops import flux, longcat_image, sana, wan  # noqa: F401 - each module registers its family's rule
+from jobs.models.flops import (  # noqa: F401 - each module registers its family's rule
+    flux,
+    longcat_image,
+    sana,
+    wan,
+)
 from jobs.models.flops.base import (
     DENSE_BF16_TFLOPS,
     H200_BF16_DENSE_TFLOPS,
