@@ -23,6 +23,7 @@ from jobs.models.flops import (  # noqa: F401 - each module registers its family
     longcat_image,
     sana,
     wan,
+    z_image,
 )
 from jobs.models.flops.base import (
     DENSE_BF16_TFLOPS,
