@@ -23,6 +23,7 @@ from jobs.models.flops import (  # noqa: F401 - each module registers its family
     longcat_image,
     qwen_image,
     sana,
+    sana_video,
     wan,
     z_image,
 )
