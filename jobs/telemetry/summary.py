@@ -179,11 +179,15 @@ class JobStats:
 
     def _flops_line(self) -> str:
         f = self.flops
-        if not f.get("counted") or not f.get("tflops"):
+        if not f.get("counted") or not f.get("flops_per_image"):
             return "  model FLOPs: " + (f.get("reason") or "not counted")
+        # tflops is rounded to 2 places: a tiny model on a CPU reads 0.0, counted all the same
+        tflops = f.get("tflops")
+        rate = "" if tflops is None else f", {tflops:.1f} TFLOP/s while generating" if tflops else \
+            ", under 0.01 TFLOP/s while generating"
         peak = f" = {f['peak_fraction']:.0%} of the GPU's dense bf16 peak ({f['peak_tflops']:g})" \
             if f.get("peak_fraction") else ""
-        return f"  model FLOPs: {f['flops_per_image']:.3g} an image, {f['tflops']:.1f} TFLOP/s while generating{peak}"
+        return f"  model FLOPs: {f['flops_per_image']:.3g} a sample{rate}{peak}"
 
     def _batching_line(self) -> str:
         b = self.batching
