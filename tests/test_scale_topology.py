@@ -191,3 +191,22 @@ def test_the_closing_summary_counts_the_verdicts_kept_from_earlier_runs():
                                                                                     "kept": k}}})
              for i, k in ((0, 2), (1, 0))]
     assert merge_stats(parts, parts=2).invariant["fast_paths"] == {"gemm": {"agree": 4, "differ": 0, "kept": 2}}
+
+
+def test_merged_flops_add_the_parts_rates_and_average_a_sample_over_every_parts_samples():
+    """Parts lease different units: a part of long prompts does more work a sample than one of short ones."""
+    def flops(per_sample: float, tflops: float) -> dict:
+        return {"counted": True, "flops_per_image": per_sample, "flops_per_image_with_prompt_memo": per_sample / 2,
+                "tflops": tflops, "peak_tflops": 989.0, "peak_fraction": round(tflops / 989.0, 4)}
+
+    short = dict(_part(0, "complete", 6, 2.0), flops=flops(1.0e14, 400.0))
+    long = dict(_part(1, "complete", 2, 2.0), flops=flops(2.0e14, 420.0))
+    merged = merge_stats([short, long], parts=2).flops
+    assert merged["flops_per_image"] == (6 * 1.0e14 + 2 * 2.0e14) / 8
+    assert merged["flops_per_image_with_prompt_memo"] == (6 * 0.5e14 + 2 * 1.0e14) / 8
+    assert merged["tflops"] == 820.0 and merged["peak_tflops"] == 2 * 989.0 and merged["parts"] == 2
+    assert merged["peak_fraction"] == round(820.0 / 1978.0, 4)
+    on_a_cpu = dict(_part(0, "complete", 2, 2.0), flops=dict(flops(3.0e8, 0.0), peak_tflops=None, peak_fraction=None))
+    assert merge_stats([on_a_cpu], parts=1).flops["flops_per_image"] == 3.0e8  # counted, the rate rounding to 0
+    not_counted = {"counted": False, "reason": "no FLOPs rule for family 'x'"}
+    assert merge_stats([dict(_part(0, "complete", 2, 2.0), flops=not_counted)], parts=1).flops == not_counted

@@ -63,13 +63,19 @@ def _add(a: dict, b: dict) -> dict:
 
 
 def _merged_flops(parts: list) -> dict:
-    """Parts generate at once: the job's rate is the sum of theirs, its peak the sum of their GPUs'."""
-    counted = [f for f in parts if f.get("counted") and f.get("tflops")]
+    """`parts`: each part's (flops, items written). Parts generate at once: the job's rate is the sum of
+    theirs, its peak the sum of their GPUs'. A sample's FLOPs are the mean over every part's samples: parts
+    lease different units, so their signatures (sizes, text buckets) and their FLOPs a sample differ."""
+    counted = [(f, n) for f, n in parts if f.get("counted") and f.get("flops_per_image")]
     if not counted:
-        return next((f for f in parts if f), {})
-    tflops = sum(f["tflops"] for f in counted)
-    peaks = [f.get("peak_tflops") for f in counted]
-    merged = dict(counted[0], tflops=round(tflops, 2), parts=len(counted))
+        return next((f for f, _ in parts if f), {})
+    tflops = sum(f.get("tflops") or 0.0 for f, _ in counted)
+    peaks = [f.get("peak_tflops") for f, _ in counted]
+    merged = dict(counted[0][0], tflops=round(tflops, 2), parts=len(counted))
+    items = sum(n for _, n in counted)
+    for key in ("flops_per_image", "flops_per_image_with_prompt_memo"):
+        if items and all(f.get(key) is not None for f, _ in counted):
+            merged[key] = sum(f[key] * n for f, n in counted) / items
     merged["peak_tflops"] = sum(peaks) if all(peaks) else None
     merged["peak_fraction"] = round(tflops / merged["peak_tflops"], 4) if merged["peak_tflops"] else None
     return merged
@@ -132,7 +138,7 @@ def merge_stats(records: list, parts: int) -> JobStats:
         merged.ended = max(merged.ended, r.get("ended", ""))
         merged.invariant = _merged_invariant(merged.invariant, r.get("invariant", {}))
         merged.library_warnings = _add(merged.library_warnings, r.get("library_warnings", {}))
-    merged.flops = _merged_flops([r.get("flops", {}) for r in records])
+    merged.flops = _merged_flops([(r.get("flops", {}), r["items_written"]) for r in records])
     busy = [r["gpu_busy"] for r in records if r.get("gpu_busy") is not None]
     merged.gpu_busy = sum(busy) / len(busy) if busy else None
     merged.device = ", ".join(sorted({r["device"] for r in records if r["device"]}))
