@@ -22,7 +22,7 @@ class FlopCount:
     per_forward_image: float  # every step: the latent path
     per_forward_prompt: float  # every step in the model, once per prompt with a prompt memo
     steps: int
-    rows: int  # transformer rows per image and step: 2 with classifier-free guidance
+    rows: int  # transformer rows per image and step: 2 with classifier-free guidance (LTX-2: 4, its calls' mean)
 
     @property
     def per_forward(self) -> float:
