@@ -15,7 +15,8 @@ from tests.helpers import compose_cfg, write_jsonl
 # A preset a family runs tiny, and what turns its CFG on where the preset's default is off.
 TINY = {"sana": ("sana_tiny", []), "flux": ("flux_tiny", []), "qwen_image": ("qwen_image_tiny", []),
         "z_image": ("z_image_tiny", ["sampling.guidance_scale=3.0"]), "longcat_image": ("longcat_image_tiny", []),
-        "wan": ("wan_tiny", []), "sana_video": ("sana_video_tiny", []), "ltx2": ("ltx2_tiny", [])}
+        "wan": ("wan_tiny", []), "sana_video": ("sana_video_tiny", []), "ltx2": ("ltx2_tiny", []),
+        "glm_image": ("glm_image_tiny", [])}
 
 
 def test_every_family_with_a_rule_is_checked_here():

@@ -20,6 +20,7 @@ dense bf16, 989 TFLOP/s (datasheet; about 790 measured on a large GEMM).
 
 from jobs.models.flops import (  # noqa: F401 - each module registers its family's rule
     flux,
+    glm_image,
     longcat_image,
     ltx2,
     qwen_image,
