@@ -23,6 +23,7 @@ from jobs.models.flops import (  # noqa: F401 - each module registers its family
     glm_image,
     longcat_image,
     ltx2,
+    minimax_h3,
     qwen_image,
     sana,
     sana_video,
