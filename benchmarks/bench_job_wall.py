@@ -94,7 +94,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_job_realsize import JOB_MODES, PROMPTS  # noqa: E402
 
-H200_PEAK_TFLOPS = 989.0
+H200_PEAK_TFLOPS = 989.0  # where the GPU's name is not in jobs/models/flops/base.py's table (a CPU smoke run)
 PIPELINE_TEXT_LEN = 300  # SanaPipeline encodes every prompt to max_sequence_length
 # Per family: the size in the titles, the plain loop's pipeline class and the keywords of its call beyond
 # prompt, guidance_scale, num_inference_steps, height, width, generator, output_type (Flux adds
@@ -410,12 +410,18 @@ class Results:
                            images_per_s=round(ips, 3) if ips else None,
                            first_batch_s=round(statistics.median(first), 2) if first else None,
                            flops_per_image=fpi, tflops=round(tflops, 1) if tflops else None,
-                           peak_fraction=round(tflops / H200_PEAK_TFLOPS, 4) if tflops else None,
+                           peak_fraction=round(tflops / self.peak(), 4) if tflops else None,
                            wall_s=round(statistics.median(r["wall_s"] for r in runs), 1), fixed_s=_fixed(runs),
                            pace_s=_pace(runs),
                            bytes_equal=self.bytes.get(key), all_runs=runs)
             out.append(row)
         return out
+
+    def peak(self) -> float:
+        """The dense bf16 peak of the GPU the runs were on (an H100 PCIe board's is not the SXM board's)."""
+        from jobs.models.flops.base import peak_by_name
+
+        return peak_by_name(str(self.meta.get("gpu") or "")) or H200_PEAK_TFLOPS
 
     def write(self) -> None:
         rows = self.rows()
@@ -441,7 +447,8 @@ class Results:
         lines += ["", "wall_images_per_s: items / (exit - start) of each run, median [min, max]; images_per_s: the "
                       "generation stage (the job's summary; the plain loop's batches after its first); first_batch_s: "
                       "process start to the first batch out of the decoder; tflops: images_per_s x the model FLOPs of "
-                      "an image at that mode's text lengths (jobs/models/flops/); peak_fraction: of 989 TFLOP/s; "
+                      "an image at that mode's text lengths (jobs/models/flops/); peak_fraction: of "
+                      f"{self.peak():g} TFLOP/s, the GPU's dense bf16 peak; "
                       "pace_s (the job's timeline, medians): steady, the interval between two batches of one part; "
                       "first, the generate stage's start to its first batch handed to the sink (its captures and "
                       "first sights), with that batch's device time by stage; switches, what the signature switches "

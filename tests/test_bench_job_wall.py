@@ -153,14 +153,14 @@ def test_jitter_around_the_steady_pace_nets_out_of_the_excess(tmp_path):
     assert pace["excess_s"] == round(0.2 + 0.5, 2)  # jitter nets out: the switch and t300's slower pace
 
 
-def _call_json(folder: Path, commit: str, mode: str, walls: list, fpi: float) -> Path:
+def _call_json(folder: Path, commit: str, mode: str, walls: list, fpi: float, gpu: str = "g") -> Path:
     """A bench_job_wall.py JSON as one device call writes it (Results.write), its runs given."""
     from bench_job_wall import Results
 
     a = SimpleNamespace(family="sana", steps=20, guidance=4.5, res=1024, mode_order=[mode], out=str(folder),
                         tag="t", dir=None, cache="warm")
     meta = {"commit": commit, "family": "sana", "steps": 20, "guidance": 4.5, "cache": "warm", "date": "d",
-            "gpu": "g", "torch": "t", "command": f"call of {mode}", "lanes": {"0": [mode]}}
+            "gpu": gpu, "torch": "t", "command": f"call of {mode}", "lanes": {"0": [mode]}}
     results = Results(a, meta)
     results.fpi[(mode, 100)] = fpi
     for w in walls:
@@ -189,6 +189,15 @@ def test_merge_takes_every_call_s_runs_of_one_commit_and_refuses_another_commit(
     other = _call_json(tmp_path / "4", "fff9999", "bcg", [45.0], 1e14)
     with pytest.raises(SystemExit, match="commit"):
         merge([one, other], tmp_path, "n")
+
+
+def test_the_peak_fraction_is_of_the_boards_own_peak(tmp_path):
+    """An H100 PCIe board's runs are a fraction of its 756 TFLOP/s, not of the SXM board's 989."""
+    for gpu, peak in (("NVIDIA H100 PCIe", 756.0), ("NVIDIA H100 80GB HBM3", 989.0), ("none", 989.0)):
+        path = _call_json(tmp_path / gpu, "abc1234", "bcg", [50.0], 1e14, gpu=gpu)
+        (row,) = json.loads(path.read_text())["rows"]
+        assert row["peak_fraction"] == round(row["tflops"] / peak, 4)
+        assert f"peak_fraction: of {peak:g} TFLOP/s" in path.with_suffix(".md").read_text()
 
 
 def test_the_pace_column_splits_a_modes_cost_into_per_batch_and_once_a_run():
