@@ -20,7 +20,7 @@ Per mode and prompt count: wall images/s (median, min, max of --runs), generatio
 (the job's summary; the plain loop's batches after its first), first_batch_s (process start to the
 first batch out of the decoder: the job's first _timeline line, start + t; the plain loop's first
 call), and the generation stage's model TFLOP/s (jobs/models/flops/, each mode's own text
-lengths: the job's buckets, the pipeline's 300) with its fraction of the H200's 989 dense bf16.
+lengths: the job's buckets, the pipeline's 300) with its fraction of the GPU's dense bf16 peak.
 Each job run in the JSON also says where its generate stage went: device time by stage (encode,
 denoise, decode), captures and their seconds, padding rows, and the batches' pace from its timeline
 (`batch_pace`: a steady batch's interval, the seconds other intervals took above it, those across a
