@@ -230,3 +230,23 @@ def test_config_rejects_bad_values(field, value, expected):
     with pytest.raises(ValueError) as info:
         DatasetConfig(**{field: value})
     assert expected in str(info.value)
+
+
+def test_kept_fields_must_be_strict_json_text(tmp_path):
+    """A kept NaN passed the plan and failed each sample's json after the model's load, on every rerun; a kept
+    lone surrogate failed the planner with a traceback. Both are bad rows, named by file:line."""
+    path = write_jsonl(tmp_path / "kept.jsonl", [
+        '{"key": "nan", "prompt": "x", "score": NaN}',
+        '{"key": "inf", "prompt": "x", "score": {"max": -Infinity}}',
+        '{"key": "sur", "prompt": "x", "url": "\\ud800x"}',
+        '{"key": "ok", "prompt": "x", "score": 1.5, "url": "http://e/é"}',
+        '{"key": "dropped", "prompt": "x", "other": NaN}'])  # not kept: never written
+    result = load(path, on_error="skip", keep_fields=["url", "score"])
+    assert [str(e) for e in result.errors] == [
+        f"{path}:1: dataset.keep_fields: 'score' holds float nan: JSON has no NaN or Infinity (Python's json "
+        f"writes them); write null, a number or a string",
+        f"{path}:2: dataset.keep_fields: 'score' holds dict {{'max': -inf}}: JSON has no NaN or Infinity "
+        f"(Python's json writes them); write null, a number or a string",
+        f"{path}:3: dataset.keep_fields: 'url' holds a lone surrogate (a broken \\uXXXX escape), not valid text"]
+    assert [r.key for r in result.records] == ["ok", "dropped"]
+    assert json.loads(result.records[0].extra) == {"url": "http://e/é", "score": 1.5}

@@ -167,6 +167,23 @@ def _text(value: object, name: str) -> str:
     return value
 
 
+def _kept_json(kept: dict) -> str:
+    """The row's kept fields as the JSON text each sample's json and parquet carry. Strict JSON: Python's
+    json reads and writes NaN and Infinity, but a sample's json refuses them (after the model's load, on
+    every rerun), so they are a bad row here; and valid text: a lone surrogate has no UTF-8 form.
+    sort_keys=False: the fields' order is the config's (the caller's dict)."""
+    for name, value in kept.items():
+        try:
+            text = json.dumps(value, ensure_ascii=False, allow_nan=False)
+        except ValueError:
+            raise _Invalid(f"dataset.keep_fields: {name!r} holds {show(value)}: JSON has no NaN or Infinity "
+                           f"(Python's json writes them); write null, a number or a string") from None
+        if not text.isascii() and _SURROGATE.search(text):
+            raise _Invalid(f"dataset.keep_fields: {name!r} holds a lone surrogate (a broken \\uXXXX escape), "
+                           f"not valid text")
+    return json.dumps(kept, ensure_ascii=False)
+
+
 def _check_key(value: object) -> str:
     if type(value) is not str:
         raise _Invalid(f"key must be a non-empty string, got {show(value)}")
@@ -255,8 +272,7 @@ class RowValidator:
         options: Dict[str, Any] = {}  # Record's optional fields by name, each of its own type
         if self._keep:
             kept = {name: row[name] for name in self._keep if name in row}
-            # sort_keys=False: the row's order of the kept fields is the config's, given above
-            options["extra"] = json.dumps(kept, ensure_ascii=False) if kept else None
+            options["extra"] = _kept_json(kept) if kept else None
         for name, check in _OPTIONAL_CHECKS:
             value = row.get(name)
             if value is not None:
