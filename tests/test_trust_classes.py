@@ -264,7 +264,10 @@ def test_environment_failures_are_one_message():
 
 
 def test_inspect_treats_member_names_as_untrusted(tmp_path):
-    from jobs.look.report import inspect_output
+    """The contact sheet's gallery and --pages alike: a crafted member name (../../x) or one with a folder in it
+    (`tar -C dir .` makes sub/x) picks no path; --pages wrote ../../evil.png outside output_dir (session 55)."""
+    from jobs.look.pages import Filter
+    from jobs.look.report import inspect_output, inspect_pages
     from PIL import Image
 
     out = tmp_path / "out"
@@ -272,15 +275,18 @@ def test_inspect_treats_member_names_as_untrusted(tmp_path):
     png = io.BytesIO()
     Image.new("RGB", (8, 8), "red").save(png, "PNG")
     with tarfile.open(out / "shard-u0000000-0000.tar", "w") as tar:
-        for name, data in (("../../evil.png", png.getvalue()), ("../../evil.json", b'{"key": "e"}')):
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
+        for stem in ("../../evil", "sub/dir"):
+            for name, data in ((f"{stem}.png", png.getvalue()), (f"{stem}.json", b'{"key": "e"}')):
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
     report = inspect_output(out)
+    folder, matched = inspect_pages(out, None, Filter(), page_size=10)
     written = {p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file()}
-    assert not (tmp_path / "evil.png").exists() and not any("evil" in w for w in written)
+    assert not (tmp_path / "evil.png").exists() and not any("evil" in w or "sub/" in w for w in written), written
     assert all(w.startswith("out/") for w in written), written
-    assert len(report.samples) == 1
+    assert len(report.samples) == 2 and matched == 2
+    assert len(list((folder / "images").glob("member-*.png"))) == 2
 
 
 def test_hydra_overrides_that_write_or_call_elsewhere_are_refused(monkeypatch):

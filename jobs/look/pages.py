@@ -3,6 +3,7 @@
     OUT/_inspect/pages/index.html        the filter, the count, a link to every page
     OUT/_inspect/pages/page-0001.html    --page-size samples each, prev / next links
     OUT/_inspect/pages/images/STEM.EXT   the matching samples' images (videos: mp4), byte for byte
+                                         (a stem that is not a plain name: a digest, names.py)
 
 Filters, all of them must hold: `signature` (a part of it, e.g. `128x128` or `/s20/`), `text` (in
 the prompt or the key, any case), `mode` (replay, eager, mixed), `flag` (nonfinite: NaN/Inf
@@ -19,6 +20,7 @@ from typing import List, Optional, Sequence
 
 from jobs.errors import UserError
 from jobs.look.gallery import Figure, gallery_html, nav_html
+from jobs.look.names import safe_name
 
 FLAGS = ("nonfinite", "truncated")
 MODES = ("replay", "eager", "mixed")
@@ -75,7 +77,7 @@ def write_pages(samples, out: Path, flt: Filter, page_size: int, title: str) -> 
             _write_page(out, pages, page, title, flt, last=False)
             page = []
         matched += 1
-        rel = f"images/{stem}.{ext}"
+        rel = f"images/{safe_name(stem)}.{ext}"  # a crafted member name (../../x) picks no path
         (out / rel).write_bytes(raw[ext])
         page.append(Figure(src=rel, key=str(meta.get("key", stem)), prompt=str(meta.get("prompt", "")),
                            signature=str(meta.get("signature", "")), mode=str(meta.get("mode", "")),

@@ -12,11 +12,9 @@ at most N² samples, however large the output. PIL draws the sheet, matplotlib t
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import logging
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -25,6 +23,7 @@ from jobs.errors import UserError
 from jobs.look.contact_sheet import Tile, contact_sheet
 from jobs.look.gallery import Figure, gallery_html
 from jobs.look.media_info import video_info, wav_seconds
+from jobs.look.names import safe_name
 from jobs.look.pages import Filter, write_pages
 from jobs.look.throughput_plot import throughput_plot
 from jobs.output.layout import INDEX_FILE, SUMMARY_FILE, TIMELINE_DIR
@@ -67,18 +66,6 @@ class Report:
     sheet: Path
     page: Path
     plot: Optional[Path]  # None when the output has no timeline
-
-
-_SAFE = re.compile(r"[A-Za-z0-9_%+=@,-][A-Za-z0-9_%+=@,.-]{0,199}")
-
-
-def safe_name(stem: str) -> str:
-    """A member stem as a file name under images/: the stem itself when it is a plain name (what
-    this job writes, sinks/keys.py), else a digest of it. Member names come from the tar, which
-    anyone may have crafted (`../../x`, `/etc/y`): nothing read from a shard picks a path."""
-    if _SAFE.fullmatch(stem) and ".." not in stem:
-        return stem
-    return "member-" + hashlib.sha256(stem.encode("utf-8", "surrogateescape")).hexdigest()[:16]
 
 
 def _plain_url(index: Path, url) -> str:
