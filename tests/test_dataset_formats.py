@@ -221,3 +221,24 @@ def test_readers_agree_across_formats(tmp_path):
     expected = [("a", "one", 3), ("b", "two", None)]
     for name in ("x.jsonl", "x.csv", "x.parquet", "x.tar"):
         assert fields(name) == expected, name
+
+
+def test_csv_and_parquet_keep_fields_and_name_unknown_columns_as_jsonl_does(tmp_path, caplog):
+    """dataset.keep_fields reached each sample from JSONL only: CSV and Parquet readers dropped every column the
+    job does not read, silently (Parquet) or at INFO (CSV), and a `guidance` column got no did-you-mean."""
+    csv_path = tmp_path / "keep.csv"
+    csv_path.write_text("key,prompt,url,guidance\nk1,a red circle,http://x/1,7.5\nk2,a star,,\n")
+    pq_path = tmp_path / "keep.parquet"
+    pq.write_table(pa.table({"key": ["p1"], "prompt": ["a star"], "url": ["http://x/2"], "score": [0.5],
+                             "tags": [["a", "b"]], "guidance": [7.5], "image": [b"\x89PNG" * 10]}), pq_path)
+    with caplog.at_level("WARNING"):
+        from_csv = load(csv_path, keep_fields=["url"]).records
+        from_pq = load(pq_path, keep_fields=["url", "score", "tags"]).records
+    assert [(r.key, r.extra and json.loads(r.extra)) for r in from_csv] == [("k1", {"url": "http://x/1"}), ("k2", None)]
+    assert json.loads(from_pq[0].extra) == {"url": "http://x/2", "score": 0.5, "tags": ["a", "b"]}
+    warned = [r.getMessage() for r in caplog.records]
+    assert any(f"{csv_path}" in m and "'guidance' (did you mean 'guidance_scale'?)" in m for m in warned), warned
+    assert any(f"{pq_path}" in m and "'guidance' (did you mean 'guidance_scale'?)" in m for m in warned), warned
+    assert not any("'image'" in m for m in warned)  # a binary column (an image) is never read
+    with pytest.raises(DatasetError, match=r"keep.parquet:1: undecodable bytes in column 'image': not UTF-8"):
+        load(pq_path, keep_fields=["image"])  # a kept binary column is read as text, as a caption would be

@@ -16,19 +16,16 @@ from __future__ import annotations
 
 import csv
 import json
-import logging
 import re
 import tarfile
 from pathlib import Path
-from typing import Callable, Dict, Iterator, Optional, Union
+from typing import Callable, Dict, Iterator, Optional, Sequence, Union
 
 from jobs.dataset.lines import LineTooLong, read_lines
 from jobs.dataset.rules import FLOAT_FIELDS, INT_FIELDS, OPTIONAL_FIELDS, TEXT_FIELDS, Bad, DatasetError
 
-log = logging.getLogger(__name__)
-
 Row = tuple[int, Union[dict, str, Bad]]
-Reader = Callable[[Path, str, str, int], Iterator[Row]]
+Reader = Callable[..., Iterator[Row]]  # (path, prompt_field, key_field, max_line_bytes, keep=())
 
 _JSON_TYPE = {dict: "object", list: "array", str: "string", int: "number", float: "number",
               bool: "boolean", type(None): "null"}
@@ -46,7 +43,8 @@ def _decode_error(exc: UnicodeDecodeError, where: str = "", key: Optional[str] =
 
 # --- JSONL -------------------------------------------------------------------------------
 
-def read_jsonl(path: Path, prompt_field: str, key_field: str, max_line_bytes: int) -> Iterator[Row]:
+def read_jsonl(path: Path, prompt_field: str, key_field: str, max_line_bytes: int,
+               keep: Sequence[str] = ()) -> Iterator[Row]:
     # Bytes in, so that one bad line is a row error rather than a decode crash of the file.
     for line, raw, _ in read_lines(path, max_line_bytes):
         if type(raw) is LineTooLong:
@@ -76,7 +74,8 @@ def read_jsonl(path: Path, prompt_field: str, key_field: str, max_line_bytes: in
 
 # --- TXT ---------------------------------------------------------------------------------
 
-def read_txt(path: Path, prompt_field: str, key_field: str, max_line_bytes: int) -> Iterator[Row]:
+def read_txt(path: Path, prompt_field: str, key_field: str, max_line_bytes: int,
+             keep: Sequence[str] = ()) -> Iterator[Row]:
     for line, raw, _ in read_lines(path, max_line_bytes):
         if type(raw) is LineTooLong:
             yield line, Bad(raw.reason)
@@ -91,24 +90,20 @@ def read_txt(path: Path, prompt_field: str, key_field: str, max_line_bytes: int)
 
 # --- CSV ---------------------------------------------------------------------------------
 
-def _csv_columns(header: list[str], path: Path, prompt_field: str, key_field: str) -> dict:
+def _csv_columns(header: list[str], path: Path, prompt_field: str, key_field: str, keep: Sequence[str]) -> dict:
+    """Column name -> index, every column of the header: the validator keeps dataset.keep_fields and names the
+    unknown ones (did you mean ...?) as it does a JSONL row's fields. A name the job reads or keeps may not
+    appear twice; another repeated column is read once (its first), for that warning."""
     if prompt_field not in header:
         found = ", ".join(repr(c) for c in header[:20]) or "none"
         raise DatasetError(
             f"{path}:1: the CSV header has no column {prompt_field!r} (columns found: {found}). "
             f"Name the prompt column {prompt_field!r} or set dataset.prompt_field; a file of one "
             f"prompt a line with no header is dataset.format=txt")
-    wanted = (prompt_field, key_field, *OPTIONAL_FIELDS)
-    columns = {}
-    for name in wanted:
+    for name in (prompt_field, key_field, *OPTIONAL_FIELDS, *keep):
         if header.count(name) > 1:
             raise DatasetError(f"{path}:1: the CSV header names column {name!r} twice; rename one")
-        if name in header:
-            columns[name] = header.index(name)
-    ignored = [c for c in header if c not in columns]
-    if ignored:
-        log.info("%s: ignoring CSV columns %s", path, ", ".join(map(repr, ignored)))
-    return columns
+    return {name: header.index(name) for name in dict.fromkeys(header)}
 
 
 def _csv_value(name: str, cell: str) -> object:
@@ -155,13 +150,14 @@ def _csv_text(path: Path, max_line_bytes: int, too_long: list) -> Iterator[str]:
         yield (raw + ending).decode("utf-8", errors="surrogateescape")
 
 
-def read_csv(path: Path, prompt_field: str, key_field: str, max_line_bytes: int) -> Iterator[Row]:
+def read_csv(path: Path, prompt_field: str, key_field: str, max_line_bytes: int,
+             keep: Sequence[str] = ()) -> Iterator[Row]:
     too_long: list = []
     reader = csv.reader(_csv_text(path, max_line_bytes, too_long), strict=True)
     header = next(reader, None)
     if header is None:
         return
-    columns = _csv_columns(header, path, prompt_field, key_field)
+    columns = _csv_columns(header, path, prompt_field, key_field, keep)
     done = reader.line_num  # lines consumed so far; the next row starts on done + 1
     while True:
         start = done + 1
@@ -185,7 +181,9 @@ def read_csv(path: Path, prompt_field: str, key_field: str, max_line_bytes: int)
 
 # --- Parquet -----------------------------------------------------------------------------
 
-def _parquet_columns(schema, path: Path, prompt_field: str, key_field: str) -> list[str]:
+def _parquet_columns(schema, path: Path, prompt_field: str, key_field: str, keep: Sequence[str]) -> list[str]:
+    """The columns read: the job's fields, dataset.keep_fields, and every other column but a binary one (an
+    image beside its caption is never read), so the validator keeps and warns as it does for JSONL."""
     import pyarrow as pa
 
     names = schema.names
@@ -201,7 +199,10 @@ def _parquet_columns(schema, path: Path, prompt_field: str, key_field: str) -> l
             if not any(is_type(kind) for is_type in text_types):
                 raise DatasetError(f"{path}: column {name!r} has type {kind}, expected string; "
                                    f"cast it to string when writing the file")
-    return [n for n in (prompt_field, key_field, *OPTIONAL_FIELDS) if n in names]
+    used = (prompt_field, key_field, *OPTIONAL_FIELDS, *keep)
+    bulky = (pa.types.is_binary, pa.types.is_large_binary, pa.types.is_fixed_size_binary)
+    return [n for n in dict.fromkeys(names)
+            if n in used or not any(is_type(schema.field(n).type) for is_type in bulky)]
 
 
 def _parquet_text(value: object, name: str) -> Union[object, Bad]:
@@ -213,7 +214,8 @@ def _parquet_text(value: object, name: str) -> Union[object, Bad]:
     return value
 
 
-def read_parquet(path: Path, prompt_field: str, key_field: str, max_line_bytes: int) -> Iterator[Row]:
+def read_parquet(path: Path, prompt_field: str, key_field: str, max_line_bytes: int,
+                 keep: Sequence[str] = ()) -> Iterator[Row]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -222,7 +224,7 @@ def read_parquet(path: Path, prompt_field: str, key_field: str, max_line_bytes: 
     except (pa.ArrowException, OSError) as exc:
         raise DatasetError(f"dataset.path={path}: cannot read it as Parquet ({exc}); "
                            f"check the file, or set dataset.format") from exc
-    columns = _parquet_columns(pf.schema_arrow, path, prompt_field, key_field)
+    columns = _parquet_columns(pf.schema_arrow, path, prompt_field, key_field, keep)
     binary = {n for n in columns if pa.types.is_binary(pf.schema_arrow.field(n).type)
               or pa.types.is_large_binary(pf.schema_arrow.field(n).type)}
     line = 0
@@ -284,7 +286,8 @@ def _wds_sample(key: str, first: int, parts: dict, prompt_field: str, key_field:
     return first, fields
 
 
-def read_wds(path: Path, prompt_field: str, key_field: str, max_line_bytes: int) -> Iterator[Row]:
+def read_wds(path: Path, prompt_field: str, key_field: str, max_line_bytes: int,
+             keep: Sequence[str] = ()) -> Iterator[Row]:
     try:
         # Stream mode: members in order, and bodies we never read (images) are skipped.
         tar = tarfile.open(path, "r|*")

@@ -184,7 +184,8 @@ def load_dataset(cfg: DatasetConfig) -> LoadResult:
                                      keep=cfg.keep_fields)
             check = validator.check
             try:
-                for line, value in READERS[fmt](path, cfg.prompt_field, cfg.key_field, cfg.max_line_bytes):
+                for line, value in READERS[fmt](path, cfg.prompt_field, cfg.key_field, cfg.max_line_bytes,
+                                                keep=cfg.keep_fields):
                     out = check(line, value)
                     if type(out) is Record:
                         records.append(out)

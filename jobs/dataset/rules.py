@@ -178,6 +178,9 @@ def _kept_json(kept: dict) -> str:
         except ValueError:
             raise _Invalid(f"dataset.keep_fields: {name!r} holds {show(value)}: JSON has no NaN or Infinity "
                            f"(Python's json writes them); write null, a number or a string") from None
+        except TypeError:  # a Parquet binary column, a timestamp: no JSON form
+            raise _Invalid(f"dataset.keep_fields: {name!r} holds {show(value)}, which JSON cannot hold; keep a "
+                           f"string, number, boolean, list or object column") from None
         if not text.isascii() and _SURROGATE.search(text):
             raise _Invalid(f"dataset.keep_fields: {name!r} holds a lone surrogate (a broken \\uXXXX escape), "
                            f"not valid text")

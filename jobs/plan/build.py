@@ -135,7 +135,8 @@ def _row_chunks(cfg: GenerateConfig, path: Path, file: int, fmt: str, rows_per_c
     if fmt == "hf":
         reader = hf_rows(open_hf(str(path), cfg.dataset.split), cfg.dataset.prompt_field, cfg.dataset.max_line_bytes)
     else:
-        reader = READERS[fmt](path, cfg.dataset.prompt_field, cfg.dataset.key_field, cfg.dataset.max_line_bytes)
+        reader = READERS[fmt](path, cfg.dataset.prompt_field, cfg.dataset.key_field, cfg.dataset.max_line_bytes,
+                              keep=cfg.dataset.keep_fields)
     for row in reader:
         rows.append(row)
         if len(rows) >= rows_per_chunk:
