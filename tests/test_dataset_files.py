@@ -209,3 +209,16 @@ def test_a_folder_without_prompt_files_says_what_it_looked_for(tmp_path):
     (tmp_path / "notes.md").write_text("x")
     with pytest.raises(DatasetError, match="is a directory with no files ending in .jsonl"):
         _plan(_cfg(tmp_path, tmp_path), tmp_path / "w")
+
+
+@pytest.mark.skipif(not Path("/proc/self/mem").exists(), reason="needs Linux's /proc")
+@pytest.mark.parametrize("ext", ["jsonl", "txt", "csv"])
+def test_a_file_that_cannot_be_read_is_named_with_the_fix(tmp_path, ext):
+    """An I/O error reading a dataset file (/proc/self/mem reads as EIO) was a traceback from the planner, and
+    under jobs.generate an exit 75, which a scheduler retries forever, saying 'writing'. The planner names it."""
+    broken = tmp_path / f"broken.{ext}"
+    broken.symlink_to("/proc/self/mem")
+    cfg = _cfg(tmp_path, broken)
+    with pytest.raises(DatasetError, match=rf"dataset.path='{broken}': cannot read it \(Input/output error\); "
+                                           r"check its permissions and its disk"):
+        _plan(cfg, tmp_path / "work")

@@ -99,6 +99,16 @@ def dataset_digest(files: List[DatasetFile], digests: List[str]) -> str:
     return combined_digest((f.path.name, d) for f, d in zip(files, digests))
 
 
+def _reading(path: Path, tasks: Iterator[ChunkTask]) -> Iterator[ChunkTask]:
+    """The chunks of the dataset file `path`, its read errors (permission, I/O) a DatasetError that names it
+    and the fix: not a traceback, nor an output folder's write error (exit 75, which a scheduler retries)."""
+    try:
+        yield from tasks
+    except OSError as exc:
+        raise DatasetError(f"dataset.path={str(path)!r}: cannot read it ({exc.strerror or exc}); check its "
+                           f"permissions and its disk, or leave it out of dataset.path") from exc
+
+
 def _byte_chunks(path: Path, file: int, chunk_bytes: int, digest, index: Iterator[int],
                  declined: Set[int]) -> Iterator[ChunkTask]:
     """JSONL/TXT cut at line ends; lines are counted here so every chunk knows its first line. Once a
@@ -354,14 +364,15 @@ def _read_all(cfg: GenerateConfig, files: List[DatasetFile], workers: _Workers,
     def fast_tasks() -> Iterator[ChunkTask]:
         for i, f in enumerate(files):
             if f.fmt == "jsonl":
-                yield from _byte_chunks(f.path, i, chunk_bytes, hashes[i], index, declined)
+                yield from _reading(f.path, _byte_chunks(f.path, i, chunk_bytes, hashes[i], index, declined))
             else:
-                yield from _row_chunks(cfg, f.path, i, f.fmt, 20000, index)
+                yield from _reading(f.path, _row_chunks(cfg, f.path, i, f.fmt, 20000, index))
 
     results = _stream(fast_tasks(), workers, t0, declined)
     for i in sorted(declined):  # the readers' rules decide
         log.info("%s: not plain LF-separated JSON objects throughout; reading it row by row", files[i].path)
-    slow = (task for i in sorted(declined) for task in _row_chunks(cfg, files[i].path, i, "jsonl", 20000, index))
+    slow = (task for i in sorted(declined)
+            for task in _reading(files[i].path, _row_chunks(cfg, files[i].path, i, "jsonl", 20000, index)))
     results += _stream(slow, workers, t0, set())
     digests = [hashes[i].hexdigest() if i in hashes else source_digest(cfg, f) for i, f in enumerate(files)]
     return _Collected.of(results), digests
