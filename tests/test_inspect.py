@@ -368,3 +368,61 @@ def test_pages_walk_every_sample_and_filters_keep_what_they_say(inspected, tmp_p
     assert main([str(out), "--out", str(tmp_path / "nan"), "--flag", "nonfinite", "--samples", "1"]) == 0
     assert "0 samples match (flag &#x27;nonfinite&#x27;)" in (tmp_path / "nan" / "pages" / "index.html").read_text()
     assert main([str(out), "--flag", "nan"]) == 2  # names the choices
+
+
+def _damaged_copy(out: Path, to: Path) -> Path:
+    """A copy of a real output's shards and index (the bookkeeping is not read by inspect)."""
+    to.mkdir()
+    for f in [*out.glob("shard-*.tar"), out / "index.wids.json"]:
+        (to / f.name).write_bytes(f.read_bytes())
+    return to
+
+
+def test_damaged_outputs_are_named_with_the_fix_not_a_traceback(inspected, tmp_path, caplog):
+    """A truncated shard, a sample json that does not parse: one message naming the file and jobs.verify, exit 2
+    (both were tracebacks). An image that does not decode is reported on the page, as a broken clip is. An index
+    that lists a shard twice shows its samples once (it failed an assertion). --out a file: named."""
+    from jobs.inspect import main
+
+    out, _, _ = inspected
+    caplog.set_level(logging.INFO)
+    first = sorted(out.glob("shard-*.tar"))[0].name
+
+    cut = _damaged_copy(out, tmp_path / "cut")
+    (cut / first).write_bytes((cut / first).read_bytes()[:3000])
+    assert main([str(cut)]) == 2
+    assert f"{cut / first} cannot be read (ReadError" in caplog.text
+    assert f"the shard is damaged; `python -m jobs.verify {cut}` names every damaged file" in caplog.text
+
+    def rewrite(path: Path, change) -> None:
+        with tarfile.open(path) as tf:
+            members = [(m, tf.extractfile(m).read()) for m in tf.getmembers()]
+        with tarfile.open(path, "w") as tf:
+            for m, data in members:
+                data = change(m.name, data)
+                m.size = len(data)
+                tf.addfile(m, io.BytesIO(data))
+
+    bad_json = _damaged_copy(out, tmp_path / "json")
+    rewrite(bad_json / first, lambda name, data: b"{not json" if name.endswith(".json") else data)
+    caplog.clear()
+    assert main([str(bad_json)]) == 2
+    assert f"{bad_json / first}: the json of sample" in caplog.text and "does not parse" in caplog.text
+
+    bad_image = _damaged_copy(out, tmp_path / "image")
+    rewrite(bad_image / first, lambda name, data: b"\xff\xd8not a jpeg" if name.endswith(".jpg") else data)
+    caplog.clear()
+    assert main([str(bad_image), "--samples", "20"]) == 0
+    assert "jpg does not decode" in (bad_image / "_inspect" / "index.html").read_text()
+
+    twice = _damaged_copy(out, tmp_path / "twice")
+    index = json.loads((twice / "index.wids.json").read_text())
+    index["shardlist"] *= 2
+    (twice / "index.wids.json").write_text(json.dumps(index))
+    assert main([str(twice), "--samples", "50"]) == 0
+    assert len(list((twice / "_inspect" / "images").glob("*.jpg"))) == len(tar_samples(out))
+
+    caplog.clear()
+    (tmp_path / "a-file").write_text("")
+    assert main([str(out), "--out", str(tmp_path / "a-file")]) == 2
+    assert f"cannot write {tmp_path / 'a-file' / 'images'}" in caplog.text and "pass --out DIR" in caplog.text

@@ -13,7 +13,6 @@ memory holds one page of samples, and a page is written once the next one has be
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Sequence
@@ -62,14 +61,13 @@ def page_name(n: int) -> str:
 
 
 def write_pages(samples, out: Path, flt: Filter, page_size: int, title: str) -> int:
-    """`samples`: (stem, ext, raw webdataset sample) in shard order. Returns how many matched."""
+    """`samples`: (stem, ext, raw webdataset sample, its json) in shard order. Returns how many matched."""
     if page_size < 1:
         raise UserError(f"--page-size {page_size}: give at least 1")
     (out / "images").mkdir(parents=True, exist_ok=True)
     page: List[Figure] = []
     pages = matched = 0
-    for stem, ext, raw in samples:
-        meta = json.loads(raw["json"])
+    for stem, ext, raw, meta in samples:
         if not flt.keeps(meta):
             continue
         if len(page) == page_size:  # a next page exists: this one can link to it

@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -90,7 +91,9 @@ def shard_paths(output_dir: Path) -> List[Path]:
         except (ValueError, KeyError, TypeError) as e:
             raise InspectError(f"{index} is not a wids shard index ({e}); delete it to read shard-*.tar instead, "
                                f"or rerun the job to rewrite it") from None
-        paths = [output_dir / _plain_url(index, u) for u in urls]
+        # Each shard once: an index that lists one twice (a hand edit) would show its samples twice
+        # (jobs.verify reports the duplicate entry).
+        paths = list(dict.fromkeys(output_dir / _plain_url(index, u) for u in urls))
         missing = [str(p) for p in paths if not p.is_file()]
         if missing:
             raise InspectError(f"{index} lists {len(missing)} shard(s) that are not there: {', '.join(missing[:3])}; "
@@ -103,14 +106,39 @@ def shard_paths(output_dir: Path) -> List[Path]:
     return paths
 
 
+def damaged(output_dir: Path) -> str:
+    """What to do about a damaged file in output_dir."""
+    return (f"`python -m jobs.verify {output_dir}` names every damaged file, and a rerun of the job's command "
+            f"quarantines them and generates their samples again")
+
+
 def _media_samples(paths: Sequence[Path]):
-    """(stem, ext, raw sample) for every bcgen image or video sample in the shards, in shard order."""
+    """(stem, ext, raw sample, its json) for every bcgen image or video sample in the shards, in shard order.
+    A shard that cannot be read, or a sample json that does not parse, is an InspectError naming it."""
     import webdataset as wds
 
-    for raw in wds.WebDataset([str(p) for p in paths], shardshuffle=False):
-        ext = next((e for e in MEDIA_EXTS if e in raw), None)
-        if ext is not None and "json" in raw:  # anything else is not a bcgen sample
-            yield raw["__key__"], ext, raw
+    for path in paths:
+        try:
+            for raw in wds.WebDataset([str(path)], shardshuffle=False):
+                ext = next((e for e in MEDIA_EXTS if e in raw), None)
+                if ext is not None and "json" in raw:  # anything else is not a bcgen sample
+                    yield raw["__key__"], ext, raw, _sample_json(path, raw)
+        except (tarfile.TarError, EOFError, OSError) as e:
+            why = str(e.args[0] if e.args else e).split(" @ <")[0]  # webdataset adds the stream's repr
+            raise InspectError(f"{path} cannot be read ({type(e).__name__}: {why}): the shard is damaged; "
+                               f"{damaged(path.parent)}") from None
+
+
+def _sample_json(path: Path, raw: dict) -> dict:
+    try:
+        meta = json.loads(raw["json"])
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+        raise InspectError(f"{path}: the json of sample {raw['__key__']!r} does not parse ({e}); "
+                           f"{damaged(path.parent)}") from None
+    if not isinstance(meta, dict):
+        raise InspectError(f"{path}: the json of sample {raw['__key__']!r} is not an object; "
+                           f"{damaged(path.parent)}")
+    return meta
 
 
 def select(paths: Sequence[Path], n: int) -> List[Sample]:
@@ -121,8 +149,7 @@ def select(paths: Sequence[Path], n: int) -> List[Sample]:
     the chosen samples' images from the shards that hold them.
     """
     groups: Dict[str, List[tuple]] = {}
-    for stem, _, raw in _media_samples(paths):
-        meta = json.loads(raw["json"])
+    for stem, _, raw, meta in _media_samples(paths):
         sig = str(meta.get("signature", "?"))
         if sig not in groups and len(groups) >= n:
             continue
@@ -137,7 +164,7 @@ def select(paths: Sequence[Path], n: int) -> List[Sample]:
     wanted = {(url, stem): i for i, (url, stem, _) in enumerate(chosen)}
     found: Dict[int, Sample] = {}
     shards = [p for p in paths if any(str(p) == url for url, _ in wanted)]
-    for stem, ext, raw in _media_samples(shards):
+    for stem, ext, raw, _ in _media_samples(shards):
         i = wanted.get((raw["__url__"], stem))
         if i is not None:
             found[i] = Sample(stem=stem, ext=ext, image=raw[ext], meta=chosen[i][2], shard=Path(raw["__url__"]).name,
@@ -150,6 +177,7 @@ def inspect_pages(output_dir: Path, out: Optional[Path], flt: Filter, page_size:
     """Every matching sample of the run, page by page (jobs/look/pages.py): (the pages' folder, matches)."""
     output_dir = Path(output_dir)
     folder = (Path(out) if out is not None else output_dir / DEFAULT_OUT) / PAGES_DIR
+    writable(folder / "images")
     matched = write_pages(_media_samples(shard_paths(output_dir)), folder, flt, page_size,
                           f"bcgen output: {output_dir}")
     return folder, matched
@@ -165,7 +193,7 @@ def inspect_output(output_dir: Path, out: Optional[Path] = None, samples: int = 
         raise InspectError(f"the {len(paths)} shard(s) in {output_dir} hold no image or video samples "
                            f"(members {'/'.join(MEDIA_EXTS)} with a .json): is it a bcgen output_dir?")
     out = Path(out) if out is not None else output_dir / DEFAULT_OUT
-    (out / "images").mkdir(parents=True, exist_ok=True)
+    writable(out / "images")
     tiles, figures = [], []
     for s in chosen:
         rel = f"images/{safe_name(s.stem)}.{s.ext}"
@@ -203,6 +231,15 @@ def inspect_output(output_dir: Path, out: Optional[Path] = None, samples: int = 
     return Report(out=out, samples=chosen, sheet=sheet, page=page, plot=plot)
 
 
+def writable(folder: Path) -> None:
+    """Make `folder`, or say why not: a finished dataset often sits on a read-only mount."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise InspectError(f"cannot write {folder} ({e.strerror or e}): pass --out DIR, a folder you can write "
+                           f"(the output_dir itself is only read)") from None
+
+
 def summary_lines(output_dir: Path) -> List[str]:
     """The job's closing summary (the lines it logged at its end), from summary.json; [] where there is none
     yet (a job still running, killed) or it cannot be read: the page is drawn from the shards either way."""
@@ -228,5 +265,11 @@ def _thumbnail(s: Sample):
             log.warning("%s.mp4 (%s) does not decode: %s", s.stem, s.shard, e)
             return Image.new("RGB", (1, 1)), f"mp4 does not decode: {e}"
         return Image.fromarray(info.first), info.describe()
-    image = Image.open(io.BytesIO(s.image))
+    try:
+        image = Image.open(io.BytesIO(s.image))
+        image.load()
+    except Exception as e:  # noqa: BLE001 - as a clip: a broken image is reported on the page, not a crash
+        log.warning("%s.%s (%s) does not decode: %s; `python -m jobs.verify` names every damaged file",
+                    s.stem, s.ext, s.shard, e)
+        return Image.new("RGB", (1, 1)), f"{s.ext} does not decode: {e}"
     return image, f"{image.size[0]}x{image.size[1]}"
