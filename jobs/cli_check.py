@@ -118,6 +118,7 @@ def _runs(overrides: List[str], multirun: bool) -> List[List[str]]:
     except HydraException as e:
         message = _brace_hint(overrides) or f"command line: {_first_line(e)}; write overrides as key=value"
         raise UserError(message) from None
+    _check_each_key_once(parsed)
     if not multirun:
         sweeps = [o.input_line for o in parsed if o.is_sweep_override()]
         if sweeps:
@@ -137,6 +138,27 @@ def _runs(overrides: List[str], multirun: bool) -> List[List[str]]:
         else:
             return []  # range/interval sweeps of other sweepers (Optuna, Ax): theirs to expand
     return [list(job) for job in itertools.product(*choices.values())]
+
+
+def _check_each_key_once(parsed) -> None:
+    """Hydra keeps the last of a key given twice. The usual cause is the shell: an unquoted brace list,
+    dataset.path=p-{000..099}.jsonl, reaches Hydra as 100 arguments, and the job would read p-099.jsonl alone
+    (1% of the dataset, exit 0). So a key set twice is refused, naming both. (Deleting with ~key and setting it
+    again is Hydra's way to replace a group and stays allowed.)"""
+    from hydra.core.override_parser.types import OverrideType
+
+    given: dict = {}
+    for o in parsed:
+        if o.type != OverrideType.DEL:
+            given.setdefault(o.get_key_element(), []).append(o.input_line)
+    twice = {key: lines for key, lines in given.items() if len(lines) > 1}
+    if not twice:
+        return
+    key, lines = next(iter(twice.items()))
+    shown = ", ".join(repr(line) for line in lines[:3]) + (f" and {len(lines) - 3} more" if len(lines) > 3 else "")
+    raise UserError(f"command line: {key} is given {len(lines)} times ({shown}); Hydra would keep only the last. "
+                    f"An unquoted brace list is expanded by the shell into one argument a file: quote it for the shell "
+                    f"and for Hydra, '{key}=\"prompts-{{000..099}}.jsonl\"'; otherwise give {key} once")
 
 
 def _brace_hint(overrides: Sequence[str]) -> str:

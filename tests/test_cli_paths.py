@@ -56,6 +56,34 @@ def test_a_slash_in_a_swept_value_does_not_open_a_subfolder():
     assert out == "outputs/sana_tiny--sampling.negative_prompt:a_b"
 
 
+def test_a_model_name_or_a_long_value_keeps_the_folder_one_plain_name_under_outputs():
+    """model.name=../x climbed out of outputs/ and a/b nested in a run's folder; a 280-byte negative prompt made
+    a folder name longer than the file system allows (a traceback)."""
+    assert composed(["model.name=../escaped"])[0] == "outputs/.._escaped--model.name:.._escaped"
+    assert composed(["model.name=sana_tiny/x"])[0] == "outputs/sana_tiny_x--model.name:sana_tiny_x"
+    from jobs.output.layout import run_folder_name
+
+    assert run_folder_name("..", "") == "_.." and run_folder_name("a/b", "") == "a_b"  # a preset's own name
+    long = composed(["sampling.negative_prompt=" + "blurry_" * 40])[0]
+    other = composed(["sampling.negative_prompt=" + "blurry_" * 41])[0]
+    assert long != other and long == composed(["sampling.negative_prompt=" + "blurry_" * 40])[0]
+    for folder in (long, other):
+        name = Path(folder).name
+        assert Path(folder).parent == Path("outputs") and len(name.encode()) <= 200, folder
+        assert name.startswith("sana_tiny--sampling.negative_prompt:blurry_blurry_")
+
+
+def test_a_key_given_twice_is_refused_naming_both():
+    """The shell expands an unquoted brace list, dataset.path=p-{000..001}.jsonl, into two arguments; Hydra kept
+    the last and the job read one file of the two, exit 0."""
+    with pytest.raises(UserError, match=r"dataset.path is given 2 times \('dataset.path=p-000.jsonl', "
+                                        r"'dataset.path=p-001.jsonl'\); Hydra would keep only the last"):
+        check_command_line(["dataset.path=p-000.jsonl", "dataset.path=p-001.jsonl"])
+    with pytest.raises(UserError, match="sampling.steps is given 2 times"):
+        check_command_line(["-m", "sampling.steps=1,2", "sampling.steps=3"])
+    assert _runs(["~sampling.steps", "sampling.steps=3"], multirun=False)  # delete, then set: Hydra's own idiom
+
+
 def test_a_run_folder_can_be_passed_back_as_output_dir():
     out, _ = composed(["sampling.steps=2", "sampling.guidance_scale=3"])
     assert composed([f"output_dir={out}"])[0] == out  # no `=` or `,` for Hydra's grammar to trip on

@@ -24,6 +24,8 @@ agree on what a run owns. Names sinks/ gives its files come from sinks/names.py.
 
 from __future__ import annotations
 
+import hashlib
+
 from sinks.names import INDEX_NAME, MANIFEST_DIR, QUARANTINE_DIR, QUARANTINE_LOG
 
 # -- files at the top ------------------------------------------------------------------------
@@ -61,9 +63,25 @@ def run_folder_name(model: str, overrides: str) -> str:
     a sweep; conf/generate.yaml sets Hydra's `k:v--k:v` form). Side by side, so no run's folder lies
     inside another's: a reader of one run's folder (pyarrow's folder discovery, a glob of its shards)
     sees that run alone."""
-    if not overrides:
-        return model
-    return f"{model}--{overrides.replace('/', '_')}"  # a `/` in a value must not open a subfolder
+    # A `/` in a value (or in model.name) must not open a subfolder, nor `..` climb out of outputs/.
+    name = model.replace("/", "_").replace("\\", "_")
+    name = f"_{name}" if name in ("", ".", "..") else name
+    if overrides:
+        name = f"{name}--{overrides.replace('/', '_').replace(chr(92), '_')}"
+    return _fits(name)
+
+
+MAX_FOLDER_BYTES = 200  # file systems allow 255 bytes a name; a long negative prompt in the overrides passes that
+
+
+def _fits(name: str) -> str:
+    """`name`, or where it is too long for a folder name, its first bytes and a digest of the whole (so two
+    commands still get two folders, and the same command the same folder)."""
+    raw = name.encode("utf-8", "surrogateescape")
+    if len(raw) <= MAX_FOLDER_BYTES:
+        return name
+    head = raw[:MAX_FOLDER_BYTES - 18].decode("utf-8", "ignore")
+    return f"{head}--{hashlib.sha256(raw).hexdigest()[:16]}"
 
 
 def unit_name(unit: int) -> str:
