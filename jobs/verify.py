@@ -1,6 +1,7 @@
 """`python -m jobs.verify OUTPUT_DIR`: check everything a job committed, and read it all back.
 
-    python -m jobs.verify /data/synth            # exit 0: all good; 1: problems, each named; 2: usage
+    python -m jobs.verify /data/synth            # exit 0: what is committed is sound; 1: problems, each
+                                                 # named; 2: usage. Its last line says whether the run is complete
     python -m jobs.verify /data/a --against /data/b   # 0: every common key identical, none missing; 1: not
 
 With `--against OTHER_DIR` it compares two outputs key by key instead (jobs/output/compare.py):
@@ -53,7 +54,8 @@ def main(argv=None) -> int:
     verdict = f"{len(report.problems)} problem(s)" if report.problems else "OK"
     if report.foreign:
         verdict += f" ({len(report.foreign)} file(s) in it are not the run's, listed above)"
-    log.info("%s: %s; %d shard(s), %d sample(s) read back", args.output_dir, verdict, report.shards, report.samples)
+    log.info("%s: %s; %d shard(s), %d sample(s) read back; %s", args.output_dir, verdict, report.shards,
+             report.samples, report.completeness())
     return 1 if report.problems else 0
 
 

@@ -65,6 +65,23 @@ def test_a_deleted_shard_of_a_done_unit_is_regenerated_by_a_plain_rerun(finished
     assert indexed_keys(out) == Counter(r["key"] for r in finished["rows"])
 
 
+def test_verify_says_whether_the_run_is_complete(finished, tmp_path):
+    """verify said OK for a run holding none of its planned samples: its exit speaks of what is committed, so its
+    last line says whether that is all of the plan."""
+    out = _copy(finished, tmp_path)
+    assert verify_output(out).completeness() == "the run is complete (8 of 8 planned items)"
+    for shard in out.glob("shard-u0000000-*"):
+        shard.unlink()
+    for manifest in (out / "_manifest").glob("shard-u0000000-*"):
+        manifest.unlink()
+    shutil.rmtree(out / "_plan" / "done")
+    report = verify_output(out)
+    assert report.completeness().startswith(f"the run is NOT complete: {report.samples} of 8 planned items")
+    assert report.samples < 8
+    (out / "_plan" / "plan.json").write_text("{")
+    assert verify_output(out).completeness() == "no readable plan to count against"
+
+
 def test_a_foreign_shard_is_left_alone_listed_and_never_indexed(finished, tmp_path):
     out = _copy(finished, tmp_path)
     other = tmp_path / "other"

@@ -16,12 +16,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from jobs.errors import UserError
 from jobs.output.claim import run_id, run_lineage
 from jobs.output.done import read_marker
-from jobs.output.layout import DONE_DIR, INDEX_FILE, LOG_DIR, MANIFEST_DIR, PLAN_DIR, RUN_FILE
+from jobs.output.layout import DONE_DIR, INDEX_FILE, LOG_DIR, MANIFEST_DIR, PLAN_DIR, PLAN_FILE, RUN_FILE
 from sinks.manifest import load_manifest, verify_shard
 from sinks.sidecars import PARQUET_SUFFIX, STATS_SUFFIX, check_sidecars, sidecar_names
 
@@ -37,6 +37,16 @@ class Report:
     foreign: List[str] = field(default_factory=list)  # in output_dir, not the run's: left alone, never indexed
     shards: int = 0
     samples: int = 0
+    planned: Optional[int] = None  # the plan's items (_plan/plan.json), None where there is no readable plan
+
+    def completeness(self) -> str:
+        """Whether the run is done: verify's exit says what is committed is sound, not that it is all there."""
+        if self.planned is None:
+            return "no readable plan to count against"
+        if self.samples >= self.planned:
+            return f"the run is complete ({self.planned} of {self.planned} planned items)"
+        return (f"the run is NOT complete: {self.samples} of {self.planned} planned items committed (rerun the job's "
+                f"command to finish it)")
 
 
 def verify_output(output_dir: Path) -> Report:
@@ -85,7 +95,17 @@ def verify_output(output_dir: Path) -> Report:
         report.notes.append(f"{len(temps)} shard temp file(s) ({temps[0]}, ...): a job is writing, or one was killed "
                             f"(its rerun removes them)")
     report.shards = len(manifests)
+    report.planned = _planned_items(output_dir)
     return report
+
+
+def _planned_items(output_dir: Path) -> Optional[int]:
+    """The plan's item count, read from _plan/plan.json as JSON (output/ reads no planner code); None without one."""
+    try:
+        items = json.loads((output_dir / PLAN_DIR / PLAN_FILE).read_text()).get("items")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return items if type(items) is int else None
 
 
 def _run_id(output_dir: Path, report: Report) -> str:
