@@ -150,6 +150,22 @@ def test_other_dataset_is_refused_then_overwrite_starts_over(killed_chain, tmp_p
     assert {n.rsplit(".", 1)[0].removesuffix("_stats") for n in sidecars(out)} == {n[:-4] for n in shard_bytes(out)}
 
 
+def test_sigterm_in_a_units_last_batch_is_a_preemption_not_complete(tmp_path):
+    """The signal came in unit 0's last batch: the loop then found no next unit (the source gives none once a
+    stop is asked) and the job ended `complete`, exit 0, with unit 1 never run: no scheduler requeues that."""
+    rows = prompts(6)
+    data = write_jsonl(tmp_path / "prompts.jsonl", rows)
+    out = tmp_path / "out"
+    args = [f"dataset.path={data}", f"output_dir={out}", *FAST, "plan.unit_items=4"]  # two units of 3 items
+    stopped = cli(*args, env={"BCGEN_TEST_KILL_AT": "batch:2", "BCGEN_TEST_KILL_SIGNAL": "TERM"})
+    assert stopped.returncode == 143, log_of(stopped)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "preempted" and summary["items_written"] == 3  # unit 0, whole
+    resumed = cli(*args)
+    assert resumed.returncode == 0, log_of(resumed)
+    assert shard_keys(out) == Counter({r["key"]: 1 for r in rows})
+
+
 def test_sigterm_finishes_the_batch_commits_and_exits_resumable(tmp_path):
     rows = prompts(6)
     data = write_jsonl(tmp_path / "prompts.jsonl", rows)

@@ -22,6 +22,7 @@ from bcg import GraphRunner
 from bcg.rewrites import Rewrite
 from jobs.errors import EnvironmentFailure
 from jobs.output.claim import run_id
+from jobs.output.done import done_units
 from jobs.output.layout import PLAN_DIR
 from jobs.telemetry.library_warnings import RepeatedWarnings
 from jobs.telemetry.summary import JobStats, StageTimer
@@ -81,6 +82,10 @@ def _generate(prep: Prepared, stats: JobStats, timer: StageTimer, stop: StopFlag
             _run_units(prep, loaded, handoff, watch, should_stop)
         with timer("sink_close"):
             prep.sink.close()
+        # A signal while the model loads, while leases are awaited or in a unit's last batch ends the loop with
+        # no batch left to refuse: the source just gives no next unit. It is a preemption (exit 143, which a
+        # scheduler requeues) unless the plan is done; a signal in the job's very last batch still ends complete.
+        stopped = stopped or (bool(stop.reason) and _units_not_done(prep) > 0)
         stats.status = "preempted" if stopped else "complete"
     except SinkError:
         stats.status = "failed"
@@ -156,6 +161,12 @@ def _run_units(prep: Prepared, loaded: Loaded, handoff: Handoff, watch: Watch, s
                             runner.stats() if runner else {}, runner.counters if runner else None)
         finally:
             results.close()  # stops the prefetch thread if the loop ended early
+
+
+def _units_not_done(prep: Prepared) -> int:
+    """The plan's units without a done marker, by any worker: what a stopped job leaves for its rerun."""
+    done = done_units(prep.plan.plan_dir)
+    return sum(1 for u in prep.plan.manifest.units if u.id not in done)
 
 
 def _commit_what_is_complete(prep: Prepared) -> None:
