@@ -109,3 +109,21 @@ def test_a_killed_holder_not_yet_reaped_counts_as_gone(tmp_path):
         assert live_leases(tmp_path) == []
     finally:
         proc.join(10)
+
+
+def test_a_damaged_lease_expires_by_its_mtime_and_names_itself(tmp_path):
+    """A lease file that does not parse was fresh forever: a rerun waited for it without end, and job.overwrite
+    was refused for its 'live lease'. It now ages from its mtime (a live holder still touches it)."""
+    path = lease_path(tmp_path, 1)
+    path.parent.mkdir(parents=True)
+    path.write_text("not json")
+    fresh = read_lease(path)
+    assert fresh.unit == 1 and not fresh.expired() and str(path) in fresh.describe()
+    assert [lease.unit for lease in live_leases(tmp_path)] == [1]
+    assert Leaser(tmp_path, "w", ttl_s=60).try_take(1) is None  # a holder may still be at work
+    hours_ago = time.time() - 7200
+    os.utime(path, (hours_ago, hours_ago))
+    assert read_lease(path).expired() and live_leases(tmp_path) == []
+    taker = Leaser(tmp_path, "w", ttl_s=60)
+    assert taker.try_take(1) is not None and read_lease(path).owner == "w"
+    taker.release_all()

@@ -89,12 +89,25 @@ def read_lease(path: Path) -> Optional[LeaseInfo]:
             data = json.loads(f.read() or b"{}")
     except FileNotFoundError:
         return None
-    except ValueError:  # unreadable: treat as fresh rather than break a lease we cannot read
-        return LeaseInfo(unit=-1, owner="?", host="?", pid=-1, start_time=None, ttl_s=float("inf"),
-                         heartbeat=time.time(), ino=-1)
+    except ValueError:
+        # Leases are written whole before they are linked in (jobs/worker/lease.py), so one that does not parse
+        # is damaged, not half written. Its holder, if alive, still touches it: judged by its mtime and the
+        # default TTL it expires like any other (it never did, and a rerun waited for it forever). Breaking a
+        # live holder's lease is the takeover the lease guard handles: that holder stops writing the unit.
+        return LeaseInfo(unit=_unit_of(path), owner=f"a damaged lease file ({path})", host="?", pid=-1,
+                         start_time=None, ttl_s=DAMAGED_LEASE_TTL_S, heartbeat=st.st_mtime, ino=st.st_ino)
     return LeaseInfo(unit=data.get("unit", -1), owner=data.get("owner", "?"), host=data.get("host", "?"),
                      pid=int(data.get("pid", -1)), start_time=data.get("start_time"),
                      ttl_s=float(data.get("ttl_s", 0)), heartbeat=st.st_mtime, ino=st.st_ino)
+
+
+DAMAGED_LEASE_TTL_S = 600.0  # job.lease_ttl_s's default: a damaged lease's own TTL cannot be read
+
+
+def _unit_of(path: Path) -> int:
+    """The unit a lease file names (unit-0000042.lease), or -1."""
+    digits = path.stem.partition("-")[2]
+    return int(digits) if digits.isdigit() else -1
 
 
 def live_leases(plan_dir: Path) -> List[LeaseInfo]:
