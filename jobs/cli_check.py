@@ -72,7 +72,25 @@ def check_command_line(argv: Sequence[str]) -> List[Path]:
     runs = _runs(args.overrides, args.multirun)[:MAX_SWEEP_CHECKED]
     for overrides in runs:
         _check_ray_section(overrides)
-    return [_check_one(overrides, args.multirun) for overrides in runs]
+    folders = [_check_one(overrides, args.multirun) for overrides in runs]
+    _check_one_folder_a_job(runs, folders)
+    return folders
+
+
+def _check_one_folder_a_job(runs: List[List[str]], folders: List[Path]) -> None:
+    """Two jobs of a sweep in one output folder: the second is refused as another run (a swept dataset.path),
+    or resumes the first and skips its work (bcg=on,off: the off job ran nothing, exit 0). Keys that say where
+    or how to run stay out of a folder's name (conf/generate.yaml), and an output_dir= given with -m is one
+    folder for all: both are refused before anything runs."""
+    first: dict = {}
+    for overrides, folder in zip(runs, folders):
+        other = first.setdefault(folder.resolve(), overrides)
+        if other is not overrides:
+            differ = [o for o in overrides if o not in other] or overrides
+            raise UserError(f"command line: two jobs of the sweep write to one folder, {folder} (the second sets "
+                            f"{', '.join(differ)}): a run's folder is named by its overrides, leaving out those that "
+                            f"say where or how to run. Sweep a key that names the folder, run the jobs one by one "
+                            f"with an output_dir= each, or drop output_dir= from a sweep")
 
 
 # Hydra keys that choose where Hydra writes, or what code it calls: a typo or a copied command line
@@ -140,21 +158,33 @@ def _runs(overrides: List[str], multirun: bool) -> List[List[str]]:
     return [list(job) for job in itertools.product(*choices.values())]
 
 
+# Hydra keeps the last of a key given twice, which scripts use (defaults, then the user's own). A brace list the
+# shell expanded is another thing: its arguments come in a row, and for dataset.path it silently drops files.
+BRACE_LIST_KEYS = ("dataset.path",)  # given twice anywhere: refused
+BRACE_RUN = 3  # any key given this many times in a row: refused
+
+
 def _check_each_key_once(parsed) -> None:
-    """Hydra keeps the last of a key given twice. The usual cause is the shell: an unquoted brace list,
-    dataset.path=p-{000..099}.jsonl, reaches Hydra as 100 arguments, and the job would read p-099.jsonl alone
-    (1% of the dataset, exit 0). So a key set twice is refused, naming both. (Deleting with ~key and setting it
-    again is Hydra's way to replace a group and stays allowed.)"""
+    """Refuse what an unquoted brace list becomes: dataset.path=p-{000..099}.jsonl reaches Hydra as 100 arguments,
+    and the job read p-099.jsonl alone (1% of the dataset, exit 0). dataset.path given twice anywhere, or any key
+    given BRACE_RUN times in a row, names the arguments and the quoting. (~key, a deletion, does not count.)"""
     from hydra.core.override_parser.types import OverrideType
 
+    sets = [(o.get_key_element(), o.input_line) for o in parsed if o.type != OverrideType.DEL]
     given: dict = {}
-    for o in parsed:
-        if o.type != OverrideType.DEL:
-            given.setdefault(o.get_key_element(), []).append(o.input_line)
-    twice = {key: lines for key, lines in given.items() if len(lines) > 1}
+    for key, line in sets:
+        given.setdefault(key, []).append(line)
+    twice = [key for key in BRACE_LIST_KEYS if len(given.get(key, [])) > 1]
+    run_start = 0
+    for i in range(1, len(sets) + 1):
+        if i == len(sets) or sets[i][0] != sets[run_start][0]:
+            if i - run_start >= BRACE_RUN:
+                twice.append(sets[run_start][0])
+            run_start = i
     if not twice:
         return
-    key, lines = next(iter(twice.items()))
+    key = twice[0]
+    lines = given[key]
     shown = ", ".join(repr(line) for line in lines[:3]) + (f" and {len(lines) - 3} more" if len(lines) > 3 else "")
     raise UserError(f"command line: {key} is given {len(lines)} times ({shown}); Hydra would keep only the last. "
                     f"An unquoted brace list is expanded by the shell into one argument a file: quote it for the shell "

@@ -75,13 +75,27 @@ def test_a_model_name_or_a_long_value_keeps_the_folder_one_plain_name_under_outp
 
 def test_a_key_given_twice_is_refused_naming_both():
     """The shell expands an unquoted brace list, dataset.path=p-{000..001}.jsonl, into two arguments; Hydra kept
-    the last and the job read one file of the two, exit 0."""
+    the last and the job read one file of the two, exit 0. Other keys keep Hydra's last-wins (a script's defaults,
+    then the user's), but for a run of three in a row."""
     with pytest.raises(UserError, match=r"dataset.path is given 2 times \('dataset.path=p-000.jsonl', "
                                         r"'dataset.path=p-001.jsonl'\); Hydra would keep only the last"):
         check_command_line(["dataset.path=p-000.jsonl", "dataset.path=p-001.jsonl"])
-    with pytest.raises(UserError, match="sampling.steps is given 2 times"):
-        check_command_line(["-m", "sampling.steps=1,2", "sampling.steps=3"])
+    with pytest.raises(UserError, match="model.loras is given 3 times"):  # a brace list of another key: 3 in a row
+        check_command_line(["model.loras=[a1]", "model.loras=[a2]", "model.loras=[a3]"])
+    # A script's default, then the user's own value, is Hydra's last-wins, and stays so.
+    assert _runs(["sampling.steps=1", "sampling.guidance_scale=3", "sampling.steps=3"], multirun=False)
     assert _runs(["~sampling.steps", "sampling.steps=3"], multirun=False)  # delete, then set: Hydra's own idiom
+
+
+def test_two_jobs_of_a_sweep_in_one_folder_are_refused_before_anything_runs():
+    """bcg=on,off put both jobs in one folder (bcg stays out of its name): the off job resumed the on job's run and
+    generated nothing, exit 0. A swept dataset.path, or an output_dir= given with -m, did the same."""
+    with pytest.raises(UserError, match=r"two jobs of the sweep write to one folder, outputs/sana_tiny "
+                                        r"\(the second sets bcg=off\)"):
+        check_command_line(["-m", "bcg=on,off"])
+    with pytest.raises(UserError, match="the second sets sampling.steps=2"):
+        check_command_line(["-m", "sampling.steps=1,2", "output_dir=/tmp/one-folder"])
+    assert len(check_command_line(["-m", "sampling.steps=1,2"])) == 2  # a key that names the folder
 
 
 def test_a_run_folder_can_be_passed_back_as_output_dir():
