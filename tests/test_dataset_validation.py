@@ -250,3 +250,22 @@ def test_kept_fields_must_be_strict_json_text(tmp_path):
         f"{path}:3: dataset.keep_fields: 'url' holds a lone surrogate (a broken \\uXXXX escape), not valid text"]
     assert [r.key for r in result.records] == ["ok", "dropped"]
     assert json.loads(result.records[0].extra) == {"url": "http://e/é", "score": 1.5}
+
+
+def test_a_re_plan_rewrites_the_bad_rows_and_keeps_the_nan_images_entries(tmp_path):
+    """job.extend deleted errors.jsonl and wrote the new plan's bad rows: the NaN/Inf images the run had found
+    (job.on_nonfinite=ledger) were then in no shard and no ledger."""
+    from jobs.dataset import NONFINITE_REASON, rewrite_error_ledger
+
+    ledger = tmp_path / "errors.jsonl"
+    write_error_ledger(ledger, [RowError("p.jsonl", 3, None, "malformed JSON: ..."),
+                                RowError("p.jsonl", 1, "nan1", NONFINITE_REASON)])
+    with open(ledger, "a", encoding="utf-8") as f:
+        f.write('{"file": "p.jsonl", "li')  # a torn last line (a kill mid-append): nothing to keep of it
+    rewrite_error_ledger(ledger, [RowError("p.jsonl", 3, None, "malformed JSON: ..."),
+                                  RowError("p.jsonl", 9, None, "seed must be ...")])
+    rows = [json.loads(line) for line in ledger.read_text().splitlines()]
+    assert [(r["line"], r["key"], r["reason"]) for r in rows] == [
+        (3, None, "malformed JSON: ..."), (9, None, "seed must be ..."), (1, "nan1", NONFINITE_REASON)]
+    rewrite_error_ledger(tmp_path / "new.jsonl", [])  # no ledger yet, no bad rows: none written
+    assert not (tmp_path / "new.jsonl").exists()

@@ -8,6 +8,7 @@ a Record or a RowError).
 
 from jobs.dataset.load import (
     BUNDLED_PROMPTS,
+    NONFINITE_REASON,
     DatasetConfig,
     LoadResult,
     check_readable,
@@ -17,12 +18,13 @@ from jobs.dataset.load import (
     load_dataset,
     resolve_format,
     resolve_path,
+    rewrite_error_ledger,
     write_error_ledger,
 )
 from jobs.dataset.rules import DatasetError, Record, RowError
 
 __all__ = [
-    "BUNDLED_PROMPTS", "DatasetConfig", "DatasetError", "LoadResult", "Record", "RowError", "check_readable",
-    "dataset_label", "dataset_sources", "format_row_errors", "load_dataset", "resolve_format", "resolve_path",
-    "write_error_ledger",
+    "BUNDLED_PROMPTS", "NONFINITE_REASON", "DatasetConfig", "DatasetError", "LoadResult", "Record", "RowError",
+    "check_readable", "dataset_label", "dataset_sources", "format_row_errors", "load_dataset", "resolve_format",
+    "resolve_path", "rewrite_error_ledger", "write_error_ledger",
 ]

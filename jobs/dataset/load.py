@@ -232,6 +232,39 @@ def format_row_errors(label: str, errors: list[RowError], shown: int = ERRORS_SH
     return "\n".join(lines)
 
 
+NONFINITE_REASON = "generated image has NaN/Inf values"  # job.on_nonfinite=ledger's entries (jobs/worker/handoff.py)
+
+
+def generated_entries(path: os.PathLike | str) -> List[str]:
+    """The ledger's lines that generation wrote (NaN/Inf images), not the plan's bad rows: a re-plan (job.extend)
+    rewrites the bad rows from the dataset, and must keep these, which no plan finds again."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        return []
+    kept = []
+    for line in lines:
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue  # a torn last line: nothing to keep of it
+        if isinstance(entry, dict) and entry.get("reason") == NONFINITE_REASON:
+            kept.append(line)
+    return kept
+
+
+def rewrite_error_ledger(path: os.PathLike | str, errors: Iterable[RowError]) -> None:
+    """The plan's bad rows `errors`, in place of the ledger's earlier ones; generation's entries kept, after them."""
+    kept = generated_entries(path)
+    Path(path).unlink(missing_ok=True)
+    errors = list(errors)
+    if errors:  # no bad rows: no ledger, unless generation's entries make one
+        write_error_ledger(path, errors)
+    if kept:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write("".join(line + "\n" for line in kept))
+
+
 def write_error_ledger(path: os.PathLike | str, errors: Iterable[RowError]) -> None:
     """Append one JSON line {file, line, key, reason} per bad row."""
     path = Path(path)

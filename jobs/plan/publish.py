@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from jobs.config import GenerateConfig
-from jobs.dataset import write_error_ledger
+from jobs.dataset import rewrite_error_ledger
 from jobs.errors import UserError
 from jobs.kill_hook import kill_hook
 from jobs.output.claim import (
@@ -264,10 +264,7 @@ def _make(cfg: GenerateConfig, output_dir: Path, plan_dir: Path, divisor: int, r
         manifest = result.manifest
         _seal(cfg, manifest, work, renderer, claimed)
         open_run(output_dir, manifest.identity, cfg.job.overwrite, provenance=_provenance(cfg, renderer))
-        errors_file = output_dir / ERRORS_FILE
-        errors_file.unlink(missing_ok=True)
-        if result.errors:
-            write_error_ledger(errors_file, result.errors)
+        rewrite_error_ledger(output_dir / ERRORS_FILE, result.errors)  # a NaN image's entry outlives a re-plan
         try:
             os.rename(work, plan_dir)
         except OSError:  # an identical job published first (its claim matched ours): use its plan
@@ -308,10 +305,7 @@ def _extend(cfg: GenerateConfig, output_dir: Path, plan_dir: Path, existing: Pla
         check_files_appended(existing, new)
         manifest, added = extend_plan(existing, plan_dir, new, work)
         rewrite_run(output_dir, manifest.identity, _provenance(cfg, renderer))
-        errors_file = output_dir / ERRORS_FILE
-        errors_file.unlink(missing_ok=True)
-        if result.errors:
-            write_error_ledger(errors_file, result.errors)
+        rewrite_error_ledger(output_dir / ERRORS_FILE, result.errors)  # a NaN image's entry outlives a re-plan
     finally:
         shutil.rmtree(work, ignore_errors=True)
     log.info("job.extend: %d new item(s) in %d new unit(s) added to the %d of the run in %s (its done units are kept)",

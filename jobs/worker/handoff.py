@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import List
 
 from jobs.config import GenerateConfig
-from jobs.dataset import RowError, write_error_ledger
+from jobs.dataset import NONFINITE_REASON, RowError, write_error_ledger
 from jobs.kill_hook import KILL_AT_ENV, kill_hook
 from jobs.output.layout import ERRORS_FILE
 from jobs.plan import Item
@@ -60,4 +60,4 @@ class Handoff:
 
 def _nonfinite_row(it: Item) -> RowError:
     path, _, line = it.source.rpartition(":")
-    return RowError(file=path, line=int(line or 0), key=it.key, reason="generated image has NaN/Inf values")
+    return RowError(file=path, line=int(line or 0), key=it.key, reason=NONFINITE_REASON)
