@@ -59,7 +59,20 @@ def check_config(cfg: GenerateConfig) -> Checked:
             raise UserError(f"model={cfg.model.name} writes videos (KEY.mp4), but {why}")
     output = resolve(cfg.output_dir, cfg.job.staging_dir)  # an object store: its local staging folder
     check_writable(output.local)
+    _check_dataset_apart(cfg.dataset.path, output.local)
     return Checked(family=family, padder=padder, output_dir=output.local, divisor=divisor)
+
+
+def _check_dataset_apart(path_text: str, output_dir: Path) -> None:
+    """A dataset folder that is output_dir: its first run works, then every rerun reads the run's own shards and
+    parquet as prompt files (a .tar is the webdataset format), so a resume is refused as another dataset."""
+    if not path_text:
+        return
+    folder = Path(path_text).expanduser()
+    if folder.is_dir() and output_dir.exists() and folder.resolve() == output_dir.resolve():
+        raise UserError(f"dataset.path={path_text!r} is the output_dir: a rerun would read the run's own shards "
+                        f"and parquet as prompts. Keep the prompts in a folder of their own (or name the prompt "
+                        f"files: dataset.path={str(folder / 'prompts.jsonl')!r}), or write to another output_dir")
 
 
 def _check_keep_fields(names) -> None:

@@ -222,3 +222,18 @@ def test_a_file_that_cannot_be_read_is_named_with_the_fix(tmp_path, ext):
     with pytest.raises(DatasetError, match=rf"dataset.path='{broken}': cannot read it \(Input/output error\); "
                                            r"check its permissions and its disk"):
         _plan(cfg, tmp_path / "work")
+
+
+def test_a_dataset_folder_that_is_the_output_dir_is_refused_before_anything_is_written(tmp_path):
+    """Its first run worked; every rerun then read the run's shards and parquet as prompt files and was refused as
+    another dataset, so a killed run could not resume."""
+    from jobs.preflight import check_config
+
+    folder = tmp_path / "data"
+    folder.mkdir()
+    write_jsonl(folder / "p.jsonl", prompts(2))
+    with pytest.raises(UserError, match=r"dataset.path='.*data' is the output_dir: a rerun would read the run's own "
+                                        r"shards and parquet as prompts"):
+        check_config(compose_cfg([f"dataset.path={folder}", f"output_dir={folder}"]))
+    assert sorted(p.name for p in folder.iterdir()) == ["p.jsonl"]
+    check_config(compose_cfg([f"dataset.path={folder / 'p.jsonl'}", f"output_dir={folder}"]))  # a file: fine
