@@ -166,3 +166,20 @@ def test_header_reader_agrees_with_tarfile_and_checks_checksums(tmp_path):
     path.write_bytes(bytes(data))
     with pytest.raises(tarfile.ReadError, match=f"bad header checksum at byte {second.offset}"):
         tar_members(path)
+
+
+def test_the_repair_command_is_the_runs_own_for_this_folder(tmp_path):
+    """verify's advice took the newest Hydra log: a job refused at the door (another config) logs too, so the
+    advice was a command that is refused; after a move it named the old folder; after an overwrite it wiped."""
+    from jobs.output.audit import RepairAdvice
+
+    out = tmp_path / "moved"
+    for name, overrides, log in (
+            ("2026-12-01_10-00-00-rank0", ["sampling.steps=2", "output_dir=/old/place", "job.overwrite=true"],
+             "[jobs.run][INFO] - part 0: 8 of 8 planned items left in 1 of 1 units\n"),
+            ("2026-12-02_10-00-00-rank0", ["sampling.steps=3", "output_dir=/old/place"],
+             "[jobs.generate][ERROR] - output_dir='/old/place' holds a run with a different config\n")):
+        (out / "logs" / name / ".hydra").mkdir(parents=True)
+        (out / "logs" / name / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
+        (out / "logs" / name / "generate.log").write_text(log)
+    assert RepairAdvice(out).plain == f"a plain rerun repairs it: python -m jobs.generate sampling.steps=2 output_dir={out}"

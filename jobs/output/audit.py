@@ -147,20 +147,33 @@ class RepairAdvice:
 
 
 def _last_command(output_dir: Path) -> str:
-    """`python -m jobs.generate OVERRIDES` of the newest run Hydra logged under output_dir/logs/."""
+    """`python -m jobs.generate OVERRIDES output_dir=OUTPUT_DIR` of the newest job Hydra logged under
+    output_dir/logs/ that ran on it: a job refused at the door (another config) logs too, and its command
+    would be refused again. job.overwrite and job.verify are left out (a repair must not wipe), and output_dir
+    is the folder verified (it may have moved since)."""
     import shlex
 
     runs = sorted((output_dir / LOG_DIR).glob("*/.hydra/overrides.yaml"), key=lambda p: p.parent.parent.name)
-    if not runs:
+    ran = [r for r in runs if _worked_here(r.parent.parent)]
+    if not (ran or runs):
         return ""
     try:
         import yaml
 
-        overrides = [str(o) for o in yaml.safe_load(runs[-1].read_text()) or []
-                     if not str(o).startswith("job.verify=")]
+        overrides = [str(o) for o in yaml.safe_load((ran or runs)[-1].read_text()) or []
+                     if not str(o).startswith(("job.verify=", "job.overwrite=", "output_dir="))]
     except (OSError, ValueError, ImportError):
         return ""
-    return "python -m jobs.generate " + " ".join(shlex.quote(o) for o in overrides)
+    return "python -m jobs.generate " + " ".join(shlex.quote(o) for o in [*overrides, f"output_dir={output_dir}"])
+
+
+def _worked_here(log_folder: Path) -> bool:
+    """Whether the job of this Hydra log folder joined the run (its worker counted the units left)."""
+    try:
+        return any("planned items left" in line for line in
+                   (log_folder / "generate.log").read_text(encoding="utf-8", errors="replace").splitlines())
+    except OSError:
+        return False
 
 
 def _check_planned_keys(output_dir: Path, owners: Dict[str, str], report: Report, fix: RepairAdvice) -> None:
