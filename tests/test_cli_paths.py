@@ -206,3 +206,20 @@ def test_dir_lock_excludes_another_process(tmp_path):
     p.start()
     p.join(10)
     assert q.get(timeout=5) == "got it"
+
+
+def test_a_run_inside_or_around_another_runs_folder_is_refused(tmp_path):
+    """A run in OTHER/sub (or one around OTHER) made a reader of the outer folder read both runs' samples as one
+    dataset (pyarrow's folder discovery: 12 rows of 8 + 4, duplicates and all)."""
+    from jobs.output.claim import check_writable
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.json").write_text("{}")
+    with pytest.raises(UserError, match=r"is inside the folder of the run in .*run: a reader of that folder would "
+                                        r"read both runs as one"):
+        check_writable(run / "sub")
+    with pytest.raises(UserError, match=r"holds the run in .*run: a reader of output_dir would read both runs"):
+        check_writable(tmp_path)
+    check_writable(run)  # its own folder: a resume
+    check_writable(tmp_path / "beside")

@@ -303,6 +303,24 @@ def check_not_inside_a_run(output_dir: Path) -> None:
             raise UserError(f"output_dir={str(output_dir)!r} is inside {parent / rel[0]}, the bookkeeping of the "
                             f"run in {parent}: that run's resume or job.overwrite would delete or move this one's "
                             f"files. Choose an output_dir outside {parent}/{rel[0]}")
+    # A run inside another's folder, or around one: a reader of the outer folder (pyarrow's folder discovery,
+    # a glob of its parquet) reads both runs' samples as one dataset, duplicates and all.
+    outer = next((parent for parent in path.parents if (parent / RUN_FILE).is_file()), None)
+    if outer is not None:
+        raise UserError(f"output_dir={str(output_dir)!r} is inside the folder of the run in {outer}: a reader of "
+                        f"that folder would read both runs as one. Choose a folder beside it, e.g. "
+                        f"{outer.parent / (path.name + '-' + outer.name)}")
+    inner = next((child for child in _subfolders(path) if (child / RUN_FILE).is_file()), None)
+    if inner is not None and not (path / RUN_FILE).is_file():
+        raise UserError(f"output_dir={str(output_dir)!r} holds the run in {inner}: a reader of output_dir would read "
+                        f"both runs as one. Choose a folder beside that run, not around it (e.g. {inner}-2)")
+
+
+def _subfolders(path: Path) -> list:
+    try:
+        return [p for p in path.iterdir() if p.is_dir()]
+    except OSError:  # not there yet, or not a folder: nothing inside
+        return []
 
 
 def check_writable(output_dir: Path) -> None:
