@@ -239,6 +239,11 @@ def test_csv_and_parquet_keep_fields_and_name_unknown_columns_as_jsonl_does(tmp_
     warned = [r.getMessage() for r in caplog.records]
     assert any(f"{csv_path}" in m and "'guidance' (did you mean 'guidance_scale'?)" in m for m in warned), warned
     assert any(f"{pq_path}" in m and "'guidance' (did you mean 'guidance_scale'?)" in m for m in warned), warned
-    assert not any("'image'" in m for m in warned)  # a binary column (an image) is never read
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        load(pq_path)
+    (unkept,) = [r.getMessage() for r in caplog.records]
+    assert all(f"'{name}'" in unkept for name in ("url", "score", "guidance")), unkept  # scalar columns: named
+    assert "'image'" not in unkept and "'tags'" not in unkept  # an image, an embedding: never read unless kept
     with pytest.raises(DatasetError, match=r"keep.parquet:1: undecodable bytes in column 'image': not UTF-8"):
         load(pq_path, keep_fields=["image"])  # a kept binary column is read as text, as a caption would be

@@ -182,8 +182,9 @@ def read_csv(path: Path, prompt_field: str, key_field: str, max_line_bytes: int,
 # --- Parquet -----------------------------------------------------------------------------
 
 def _parquet_columns(schema, path: Path, prompt_field: str, key_field: str, keep: Sequence[str]) -> list[str]:
-    """The columns read: the job's fields, dataset.keep_fields, and every other column but a binary one (an
-    image beside its caption is never read), so the validator keeps and warns as it does for JSONL."""
+    """The columns read: the job's fields, dataset.keep_fields, and every other scalar column (text, number,
+    boolean), so the validator keeps and warns as it does for JSONL; an image or an embedding beside the caption
+    (binary, list) is never read unless kept."""
     import pyarrow as pa
 
     names = schema.names
@@ -200,9 +201,10 @@ def _parquet_columns(schema, path: Path, prompt_field: str, key_field: str, keep
                 raise DatasetError(f"{path}: column {name!r} has type {kind}, expected string; "
                                    f"cast it to string when writing the file")
     used = (prompt_field, key_field, *OPTIONAL_FIELDS, *keep)
-    bulky = (pa.types.is_binary, pa.types.is_large_binary, pa.types.is_fixed_size_binary)
+    scalar = (pa.types.is_string, pa.types.is_large_string, pa.types.is_integer, pa.types.is_floating,
+              pa.types.is_boolean)
     return [n for n in dict.fromkeys(names)
-            if n in used or not any(is_type(schema.field(n).type) for is_type in bulky)]
+            if n in used or any(is_type(schema.field(n).type) for is_type in scalar)]
 
 
 def _parquet_text(value: object, name: str) -> Union[object, Bad]:
