@@ -136,7 +136,7 @@ def _runs(overrides: List[str], multirun: bool) -> List[List[str]]:
     except HydraException as e:
         message = _brace_hint(overrides) or f"command line: {_first_line(e)}; write overrides as key=value"
         raise UserError(message) from None
-    _check_each_key_once(parsed)
+    _check_brace_lists(parsed)
     if not multirun:
         sweeps = [o.input_line for o in parsed if o.is_sweep_override()]
         if sweeps:
@@ -164,7 +164,7 @@ BRACE_LIST_KEYS = ("dataset.path",)  # given twice anywhere: refused
 BRACE_RUN = 3  # any key given this many times in a row: refused
 
 
-def _check_each_key_once(parsed) -> None:
+def _check_brace_lists(parsed) -> None:
     """Refuse what an unquoted brace list becomes: dataset.path=p-{000..099}.jsonl reaches Hydra as 100 arguments,
     and the job read p-099.jsonl alone (1% of the dataset, exit 0). dataset.path given twice anywhere, or any key
     given BRACE_RUN times in a row, names the arguments and the quoting. (~key, a deletion, does not count.)"""
