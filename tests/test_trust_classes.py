@@ -325,3 +325,15 @@ def test_an_output_dir_inside_another_runs_bookkeeping_is_refused(finished, tmp_
 
         check_writable(out / "_plan" / "mine")
     assert not (out / "_plan" / "mine").exists()
+
+
+def test_an_index_that_lists_a_shard_twice_is_a_problem_a_plain_rerun_repairs(finished, tmp_path):
+    """wids read every sample of a shard listed twice twice; verify said OK."""
+    out = _copy(finished, tmp_path)
+    index = json.loads((out / "index.wids.json").read_text())
+    index["shardlist"] = index["shardlist"] + index["shardlist"][:1]
+    (out / "index.wids.json").write_text(json.dumps(index))
+    url = index["shardlist"][0]["url"]
+    assert any(f"index.wids.json lists {url} 2 times" in p and "a plain rerun" in p for p in verify_output(out).problems)
+    assert _rerun(finished, out) == 0
+    assert verify_output(out).problems == []

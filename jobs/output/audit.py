@@ -242,6 +242,10 @@ def _check_index(path: Path, manifests: dict, report: Report, fix: RepairAdvice)
     except (OSError, ValueError, KeyError, TypeError) as err:
         report.problems.append(f"{path.name}: unreadable ({type(err).__name__}: {err}); {fix.plain}: it rewrites it")
         return
+    urls = [s["url"] for s in index["shardlist"]]
+    for url in sorted({u for u in urls if urls.count(u) > 1}):  # wids would read its samples that many times
+        report.problems.append(f"{path.name} lists {url} {urls.count(url)} times: a reader of the index gets each "
+                               f"of its samples as often ({fix.plain}: it rewrites the index)")
     if index.get("__kind__") != "wids-shard-index-v1":
         report.problems.append(f"{path.name}: __kind__ is {index.get('__kind__')!r}, expected 'wids-shard-index-v1'")
     for url in sorted(set(listed) - set(manifests)):
