@@ -223,3 +223,17 @@ def test_a_run_inside_or_around_another_runs_folder_is_refused(tmp_path):
         check_writable(tmp_path)
     check_writable(run)  # its own folder: a resume
     check_writable(tmp_path / "beside")
+
+
+def test_a_run_that_committed_nothing_is_refused_saying_that_starting_over_loses_nothing(tmp_path):
+    """A job that failed before its first shard (a bad model.path, fixed since) left a claim; the refusal of the
+    corrected rerun offered to 'delete its shards', of which there were none."""
+    from jobs.output.claim import open_run
+
+    open_run(tmp_path, {"model": {"path": "/ckpt/broken"}}, overwrite=False)
+    with pytest.raises(UserError, match="job.overwrite=true to start over: it holds no committed shard, so nothing is "
+                                        "lost"):
+        open_run(tmp_path, {"model": {"path": "/ckpt/fixed"}}, overwrite=False)
+    (tmp_path / "shard-u0000000-0000.tar").write_bytes(b"")
+    with pytest.raises(UserError, match="job.overwrite=true to delete its shards and start over"):
+        open_run(tmp_path, {"model": {"path": "/ckpt/fixed"}}, overwrite=False)

@@ -136,10 +136,14 @@ def _claim_locked(output_dir: Path, identity: dict, overwrite: bool, shard_glob:
             _rewrite_locked(output_dir, identity, kept, identity_id(old), "restored", provenance)
             return True
         if not overwrite:
+            # A run that committed nothing (a job that failed before its first shard, a bad model.path fixed
+            # since): say that starting over loses nothing, rather than send the user to restore what failed.
+            over = ("job.overwrite=true to start over: it holds no committed shard, so nothing is lost" if not shards
+                    else "job.overwrite=true to delete its shards and start over")
             raise UserError(
                 f"output_dir={shown!r} holds a run with a different dataset or config:\n  "
                 + "\n  ".join(diff[:20])
-                + "\nUse another output_dir, or job.overwrite=true to delete its shards and start over."
+                + f"\nUse another output_dir, or {over}."
                 + _batching_hint(old, identity))
         wipe(output_dir, shard_glob)
     elif shards and not overwrite:
