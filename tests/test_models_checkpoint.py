@@ -72,3 +72,40 @@ def test_model_path_required_for_real_preset():
     cfg = compose_cfg(["model=sana", "output_dir=/tmp/x"])
     with pytest.raises(ValueError, match="pass model.path=/local/diffusers/folder"):
         check_config(cfg)
+
+
+@pytest.mark.parametrize("damage,message", [
+    ("cut", r"transformer/diffusion_pytorch_model.safetensors: its tensors end at byte \d+, the file has \d+; the "
+            r"file is damaged or was cut short"),
+    ("gone", r"transformer: no weights \(\*.safetensors\) beside its config.json: the checkpoint is incomplete"),
+    ("config", r"vae/config.json: cannot read it as JSON"),
+    ("shard", r"diffusion_pytorch_model.safetensors.index.json maps weights to "
+              r"diffusion_pytorch_model-00002-of-00002.safetensors, which is not in"),
+])
+def test_a_damaged_checkpoint_is_refused_before_anything_is_claimed(saved, tmp_path, damage, message):
+    """A missing or truncated weight file, or a config that does not parse, was a traceback from the load after
+    the job had claimed output_dir; the corrected rerun was then refused as another run."""
+    import json
+    import os
+    import shutil
+
+    _, _, _, path = saved
+    copy = tmp_path / "damaged"
+    shutil.copytree(path, copy)
+    weights = copy / "transformer" / "diffusion_pytorch_model.safetensors"
+    if damage == "cut":
+        os.truncate(weights, weights.stat().st_size - 100)
+    elif damage == "gone":
+        weights.unlink()
+    elif damage == "config":
+        (copy / "vae" / "config.json").write_text('{"in_channels": 3,')
+    else:  # a sharded checkpoint missing its second shard
+        weights.rename(weights.with_name("diffusion_pytorch_model-00001-of-00002.safetensors"))
+        index = {"metadata": {}, "weight_map": {"a.weight": "diffusion_pytorch_model-00001-of-00002.safetensors",
+                                                "b.weight": "diffusion_pytorch_model-00002-of-00002.safetensors"}}
+        (copy / "transformer" / "diffusion_pytorch_model.safetensors.index.json").write_text(json.dumps(index))
+    out = tmp_path / "out"
+    cfg = compose_cfg(["model=sana", f"model.path={copy}", f"output_dir={out}"])
+    with pytest.raises(ValueError, match=message):
+        check_config(cfg)
+    assert not out.exists()

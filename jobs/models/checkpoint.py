@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Sequence
+from typing import Optional, Sequence
 
 from jobs.errors import UserError
 
@@ -45,6 +45,65 @@ def check_diffusers_folder(path: str, pipeline_class: str, components: Sequence[
                          f"a {pipeline_class} folder holds {', '.join(c + '/' for c in components)}")
     for comp in components:
         refuse_pickle_only(os.path.join(path, comp))
+        check_model_weights(os.path.join(path, comp))
+
+
+def check_model_weights(folder: str) -> None:
+    """A model component (a folder with config.json) has a config that parses and whole safetensors weights:
+    a missing or truncated weight file, or a config that does not parse, was a traceback after the job had
+    claimed output_dir, and the corrected rerun was refused as another run. Reads the files' headers only."""
+    config = os.path.join(folder, "config.json")
+    if not os.path.isfile(config):
+        return  # a tokenizer, a scheduler: no weights
+    try:
+        read_json(config)
+    except (OSError, ValueError) as e:
+        raise UserError(f"{config}: cannot read it as JSON ({e}); restore the checkpoint's file") from None
+    names = os.listdir(folder)
+    indexes = sorted(n for n in names if n.endswith(".safetensors.index.json"))
+    files = sorted(n for n in names if n.endswith(".safetensors"))
+    for index in indexes:  # sharded weights: every shard it maps must be there
+        try:
+            mapped = set(read_json(os.path.join(folder, index))["weight_map"].values())
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise UserError(f"{os.path.join(folder, index)}: not a safetensors index ({e}); restore it") from None
+        gone = sorted(m for m in mapped if m not in names)
+        if gone:
+            raise UserError(f"{os.path.join(folder, index)} maps weights to {', '.join(gone[:3])}, which "
+                            f"{'is' if len(gone) == 1 else 'are'} not in {folder}: the checkpoint is incomplete")
+    if not files:
+        raise UserError(f"{folder}: no weights (*.safetensors) beside its config.json: the checkpoint is "
+                        f"incomplete; copy the component's weights, or save it with save_pretrained")
+    for name in files:
+        why = safetensors_damage(os.path.join(folder, name))
+        if why:
+            raise UserError(f"{os.path.join(folder, name)}: {why}; the file is damaged or was cut short (a copy "
+                            f"that did not finish?): copy it again")
+
+
+def safetensors_damage(path: str) -> Optional[str]:
+    """Why the file is not whole safetensors, from its header alone (an 8-byte length, a JSON table of tensors
+    with their byte ranges, then the data), or None."""
+    size = os.path.getsize(path)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                return f"{size} bytes, shorter than a safetensors header"
+            n = int.from_bytes(head, "little")
+            if n > min(size - 8, 100 << 20):
+                return f"its header claims {n} bytes, the file has {size}"
+            table = json.loads(f.read(n))
+    except (OSError, ValueError) as e:
+        return f"its header does not parse ({e})"
+    if not isinstance(table, dict):
+        return "its header is not a table of tensors"
+    ends = [t["data_offsets"][1] for k, t in table.items()
+            if k != "__metadata__" and isinstance(t, dict) and isinstance(t.get("data_offsets"), list)]
+    end = 8 + n + max(ends, default=0)
+    if end != size:
+        return f"its tensors end at byte {end}, the file has {size}"
+    return None
 
 
 def refuse_pickle_only(folder: str) -> None:
