@@ -134,14 +134,18 @@ def _runs(overrides: List[str], multirun: bool) -> List[List[str]]:
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
     except HydraException as e:
-        message = _brace_hint(overrides) or f"command line: {_first_line(e)}; write overrides as key=value"
+        message = _brace_hint(overrides) or (f"command line: {_first_line(e)}; write overrides as key=value, and "
+                                             f"quote a value that holds a quote, '=' or spaces for Hydra inside the "
+                                             f"shell's quotes: 'sampling.negative_prompt=\"don\'t, blur\"'")
         raise UserError(message) from None
     _check_brace_lists(parsed)
     if not multirun:
         sweeps = [o.input_line for o in parsed if o.is_sweep_override()]
         if sweeps:
+            key = sweeps[0].split("=", 1)[0]
             raise UserError(f"command line: {sweeps[0]!r} sweeps over several values; add -m (--multirun) to run "
-                            f"one job per value, or give one value")
+                            f"one job per value, or give one value. If the commas are part of one value (a prompt), "
+                            f"quote it for Hydra inside the shell's quotes: '{key}=\"{sweeps[0].split('=', 1)[1]}\"'")
         return [list(overrides)]
     choices = {}  # key -> its `key=value` strings; a key given twice keeps its last (as the sweeper does)
     for o in parsed:

@@ -108,6 +108,13 @@ def test_sweep_expansion_is_the_product_in_command_line_order():
         ["a=1", "b=x", "c=0"], ["a=1", "b=x", "c=1"], ["a=2", "b=x", "c=0"], ["a=2", "b=x", "c=1"]]
     with pytest.raises(UserError, match="add -m"):
         _runs(["sampling.steps=1,2"], multirun=False)
+    # A prompt's commas and apostrophes: the advice quotes it, and the quoted form is one value.
+    with pytest.raises(UserError, match="""quote it for Hydra inside the shell's quotes: 'sampling.negative_prompt="""
+                                        """"blurry, low quality"'"""):
+        _runs(["sampling.negative_prompt=blurry, low quality"], multirun=False)
+    with pytest.raises(UserError, match="quote a value that holds a quote"):
+        _runs(["sampling.negative_prompt=don't"], multirun=False)
+    assert _runs(['sampling.negative_prompt="don\'t, blur"'], multirun=False)
 
 
 def test_a_swept_typo_is_refused_before_hydra_runs():
