@@ -77,16 +77,22 @@ def check_command_line(argv: Sequence[str]) -> List[Path]:
     return folders
 
 
+# Keys whose values are workers of one run: a sweep over them shares one folder by design (`-m
+# hydra/launcher=submitit_local job.partition=0/2,1/2`: array tasks that split one run's units).
+WORKER_KEYS = ("job.partition", "device")
+
+
 def _check_one_folder_a_job(runs: List[List[str]], folders: List[Path]) -> None:
     """Two jobs of a sweep in one output folder: the second is refused as another run (a swept dataset.path),
     or resumes the first and skips its work (bcg=on,off: the off job ran nothing, exit 0). Keys that say where
     or how to run stay out of a folder's name (conf/generate.yaml), and an output_dir= given with -m is one
-    folder for all: both are refused before anything runs."""
+    folder for all: both are refused before anything runs, unless the jobs differ only in WORKER_KEYS."""
     first: dict = {}
     for overrides, folder in zip(runs, folders):
         other = first.setdefault(folder.resolve(), overrides)
-        if other is not overrides:
-            differ = [o for o in overrides if o not in other] or overrides
+        differ = [o for o in overrides if o not in other]
+        if other is not overrides and any(o.split("=", 1)[0].lstrip("+~") not in WORKER_KEYS for o in differ):
+            differ = [o for o in differ if o.split("=", 1)[0].lstrip("+~") not in WORKER_KEYS]
             raise UserError(f"command line: two jobs of the sweep write to one folder, {folder} (the second sets "
                             f"{', '.join(differ)}): a run's folder is named by its overrides, leaving out those that "
                             f"say where or how to run. Sweep a key that names the folder, run the jobs one by one "
@@ -140,12 +146,12 @@ def _runs(overrides: List[str], multirun: bool) -> List[List[str]]:
         raise UserError(message) from None
     _check_brace_lists(parsed)
     if not multirun:
-        sweeps = [o.input_line for o in parsed if o.is_sweep_override()]
+        sweeps = [str(o.input_line) for o in parsed if o.is_sweep_override()]
         if sweeps:
-            key = sweeps[0].split("=", 1)[0]
+            key, _, value = sweeps[0].partition("=")
             raise UserError(f"command line: {sweeps[0]!r} sweeps over several values; add -m (--multirun) to run "
                             f"one job per value, or give one value. If the commas are part of one value (a prompt), "
-                            f"quote it for Hydra inside the shell's quotes: '{key}=\"{sweeps[0].split('=', 1)[1]}\"'")
+                            f"quote it for Hydra inside the shell's quotes: '{key}=\"{value}\"'")
         return [list(overrides)]
     choices = {}  # key -> its `key=value` strings; a key given twice keeps its last (as the sweeper does)
     for o in parsed:

@@ -244,3 +244,11 @@ def test_a_run_that_committed_nothing_is_refused_saying_that_starting_over_loses
     (tmp_path / "shard-u0000000-0000.tar").write_bytes(b"")
     with pytest.raises(UserError, match="job.overwrite=true to delete its shards and start over"):
         open_run(tmp_path, {"model": {"path": "/ckpt/fixed"}}, overwrite=False)
+
+
+def test_a_sweep_over_where_one_runs_workers_run_shares_its_folder():
+    """`-m hydra/launcher=submitit_local job.partition=0/2,1/2`: array tasks of one run, one folder by design."""
+    folders = check_command_line(["-m", "job.partition=0/2,1/2"])
+    assert len(folders) == 2 and folders[0] == folders[1]
+    with pytest.raises(UserError, match=r"the second sets sampling.steps=2\)"):
+        check_command_line(["-m", "job.partition=0/2,1/2", "sampling.steps=1,2", "output_dir=/tmp/one-folder"])
