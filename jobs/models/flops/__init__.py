@@ -7,15 +7,16 @@
 
 What is counted is what `torch.utils.flop_counter.FlopCounterMode` counts: matmuls (2 FLOPs per
 multiply-add), convolutions and attention's two products; elementwise ops, norms and softmax are
-not (they are memory-bound and a few percent of the FLOPs). tests/test_flops.py checks each rule
-against the counter on a tiny real diffusers model. The count is the model's work: an engine that
-skips work (bcgen's prompt memo makes SANA's caption projection and cross-attention K/V once per
-prompt batch, not once per step) does fewer FLOPs for the same image, and its achieved TFLOP/s is
-stated against the model's count, as MFU is.
+not (they are memory-bound and a few percent of the FLOPs). Each rule equals the counter on tiny
+real diffusers models (tests/test_flops.py for SANA and Flux, tests/test_flops_<family>.py for the
+others), and over a whole tiny job of every family (tests/test_flops_job.py). The count is the
+model's work: an engine that skips work (bcgen's prompt memo makes SANA's caption projection and
+cross-attention K/V once per prompt batch, not once per step) does fewer FLOPs for the same image,
+and its achieved TFLOP/s is stated against the model's count, as MFU is.
 
-Families register a rule by name, one module a family here (sana.py, flux.py, ...), on the
-mechanism of base.py; an unknown name gives None, which callers report as "not counted". Peak: H200
-dense bf16, 989 TFLOP/s (datasheet; about 790 measured on a large GEMM).
+Families register a rule by name, one module a family here, on the mechanism of base.py; an
+unknown name gives None, which callers report as "not counted". Peak: the board's dense bf16
+(base.DENSE_BF16_TFLOPS: H200 and H100 SXM 989 TFLOP/s datasheet, about 790 measured on a large GEMM).
 """
 
 from jobs.models.flops import (  # noqa: F401 - each module registers its family's rule
