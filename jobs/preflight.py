@@ -19,6 +19,7 @@ from jobs.config import GenerateConfig
 from jobs.errors import UserError
 from jobs.hub import cached_snapshot, is_repo_id
 from jobs.models.base import ModelFamily
+from jobs.models.checkpoint import check_weights
 from jobs.models.lora import check_loras
 from jobs.models.registry import get_family
 from jobs.models.scheduler import check_scheduler
@@ -41,7 +42,9 @@ class Checked:
     divisor: int
 
 
-def check_config(cfg: GenerateConfig) -> Checked:
+def check_config(cfg: GenerateConfig, loads_weights: bool = True) -> Checked:
+    """`loads_weights`: this role loads the model (a worker, a Ray actor), so model.path's weights must be there
+    and whole; a planner (jobs.plan, the Ray driver) reads configs and the tokenizer only."""
     family = get_family(cfg.model.family)
     padder = get_padder(cfg.model.family, buckets=cfg.text_buckets, native_length=cfg.model.max_sequence_length)
     check_loras(cfg.model.loras, family.pipeline_class)
@@ -49,6 +52,8 @@ def check_config(cfg: GenerateConfig) -> Checked:
     check_tensorboard(cfg.job.tensorboard)
     _check_keep_fields(cfg.dataset.keep_fields)
     _check_model_source(cfg, family)
+    if loads_weights and cfg.model.path is not None:
+        check_weights(cfg.model.path, family.components)
     divisor = family.spatial_divisor(cfg.model)
     _check_sampling(cfg, family, divisor)
     if family.video:

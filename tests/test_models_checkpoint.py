@@ -109,3 +109,5 @@ def test_a_damaged_checkpoint_is_refused_before_anything_is_claimed(saved, tmp_p
     with pytest.raises(ValueError, match=message):
         check_config(cfg)
     assert not out.exists()
+    if damage != "config":  # a plan reads configs and the tokenizer, no weights: jobs.plan may run without them
+        check_config(compose_cfg(["model=sana", f"model.path={copy}", f"output_dir={out}"]), loads_weights=False)

@@ -51,7 +51,7 @@ def run_ray_job(cfg: GenerateConfig) -> JobStats:
     startup.job_begins()
     cfg = for_actors(cfg)
     assert cfg.ray is not None  # for_actors checked it: jobs/generate.py comes here only when cfg.ray is set
-    checked = check_config(cfg)
+    checked = check_config(cfg, loads_weights=False)  # the driver plans; actors load
     startup.mark("checks")
     address = connect(cfg.ray)
     workers = worker_count(cfg.ray, ray.cluster_resources(), ray.nodes())

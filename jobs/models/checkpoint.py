@@ -45,20 +45,34 @@ def check_diffusers_folder(path: str, pipeline_class: str, components: Sequence[
                          f"a {pipeline_class} folder holds {', '.join(c + '/' for c in components)}")
     for comp in components:
         refuse_pickle_only(os.path.join(path, comp))
-        check_model_weights(os.path.join(path, comp))
+        _check_config_json(os.path.join(path, comp))
 
 
-def check_model_weights(folder: str) -> None:
-    """A model component (a folder with config.json) has a config that parses and whole safetensors weights:
-    a missing or truncated weight file, or a config that does not parse, was a traceback after the job had
-    claimed output_dir, and the corrected rerun was refused as another run. Reads the files' headers only."""
+def _check_config_json(folder: str) -> None:
+    """A component's config.json parses (the plan reads some: a VAE's scale, a transformer's patch), or is named:
+    it was a traceback from the first reader."""
     config = os.path.join(folder, "config.json")
     if not os.path.isfile(config):
-        return  # a tokenizer, a scheduler: no weights
+        return
     try:
         read_json(config)
     except (OSError, ValueError) as e:
         raise UserError(f"{config}: cannot read it as JSON ({e}); restore the checkpoint's file") from None
+
+
+def check_weights(path: str, components: Sequence[str]) -> None:
+    """What a load will read is there and whole (check_model_weights of each component): checked by the roles
+    that load the model, before they claim output_dir. A plan needs the configs and the tokenizer only."""
+    for comp in components:
+        check_model_weights(os.path.join(path, comp))
+
+
+def check_model_weights(folder: str) -> None:
+    """A model component (a folder with config.json) has whole safetensors weights: a missing or truncated weight
+    file was a traceback after the job had claimed output_dir, and the corrected rerun was refused as another
+    run. Reads the files' headers only."""
+    if not os.path.isfile(os.path.join(folder, "config.json")):
+        return  # a tokenizer, a scheduler: no weights
     names = os.listdir(folder)
     indexes = sorted(n for n in names if n.endswith(".safetensors.index.json"))
     files = sorted(n for n in names if n.endswith(".safetensors"))

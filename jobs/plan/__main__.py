@@ -33,7 +33,7 @@ def plan_typed(cfg: GenerateConfig, estimate: bool = False) -> None:
     from jobs.plan.publish import join_or_make_plan
     from jobs.preflight import check_config
 
-    checked = check_config(cfg)
+    checked = check_config(cfg, loads_weights=False)  # a plan reads no weights
     shards = open_shards(cfg.output_dir, cfg.job.staging_dir, keep_fields=cfg.dataset.keep_fields)
     manifest = join_or_make_plan(cfg, shards, checked.divisor)  # an object store: staged, then published
     if estimate:
