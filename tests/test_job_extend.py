@@ -76,7 +76,8 @@ def test_extend_refuses_an_edited_or_removed_row(extended, tmp_path):
     shutil.copytree(out, copy)
     rows = prompts(7)
     rows[2]["prompt"] = "edited"
-    with pytest.raises(UserError, match=r"key 'k002' \(dataset line 3\) was planned with other values"):
+    edited = r"key 'k002' at \S*changed.jsonl:3 was planned with other values \(prompt .* -> 'edited'\)"
+    with pytest.raises(UserError, match=edited):
         _plan_with(tmp_path, copy, rows)
     with pytest.raises(UserError, match=r"1 row\(s\) the run planned are not in the dataset any more \(keys 'k005'\)"):
         _plan_with(tmp_path, copy, prompts(5))

@@ -8,8 +8,9 @@ joins the extended run.
 
 Only the dataset may differ (its digest, its row count, dataset.limit); anything else that changes
 output bytes is another run (refused, as without extend). A row the run planned must come back
-unchanged (prompt, negative prompt, seed, signature): an edited row is refused, naming its key.
-Memory: one entry per planned key.
+unchanged (prompt, negative prompt, seed, signature, a video's fps, its dataset.keep_fields): an edited
+row is refused before a model loads, naming its key, its file:line and what changed; its done shards
+and the new ones would otherwise disagree on its bytes or its json. Memory: one entry per planned key.
 """
 
 from __future__ import annotations
@@ -20,9 +21,18 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Dict, List, Tuple
 
+from jobs.dataset.rules import short_repr
 from jobs.errors import UserError
 from jobs.output.layout import unit_name
-from jobs.plan.units import SIGNATURE_COLUMNS, PlanManifest, UnitInfo, item_cost, unit_digest, write_manifest
+from jobs.plan.units import (
+    FILE_COLUMN,
+    SIGNATURE_COLUMNS,
+    PlanManifest,
+    UnitInfo,
+    item_cost,
+    unit_digest,
+    write_manifest,
+)
 
 EXTENDABLE = ("dataset.", "plan.dataset_limit")  # the identity keys job.extend may see change
 
@@ -48,19 +58,42 @@ def check_files_appended(old: PlanManifest, new: PlanManifest) -> None:
                         f"another output_dir")
 
 
+# What a planned row must keep, each column with the name a refusal gives it: every one reaches the row's
+# bytes or its json. `fps` only where the row is a video (frames > 1): an image plays at no rate.
+# `extra` (dataset.keep_fields) is in the plans that keep fields, `fps` in those planned since videos.
+COMPARED = (("prompt", "prompt"), ("negative_prompt", "negative prompt"), ("seed", "seed"),
+            *((c, c) for c in SIGNATURE_COLUMNS), ("fps", "fps"), ("extra", "kept fields (dataset.keep_fields)"))
+_COLUMNS = [c for c, _ in COMPARED]
+_FPS = _COLUMNS.index("fps")
+
+
 def _row_key(row: dict) -> tuple:
-    return (row["prompt"], row["negative_prompt"], row["seed"], *(row[c] for c in SIGNATURE_COLUMNS))
+    values = [row.get(c) for c in _COLUMNS]  # a column the unit file lacks: None, as it was planned
+    if row["frames"] <= 1:  # a signature column: in every unit file
+        values[_FPS] = None
+    return tuple(values)
 
 
 def _planned(plan_dir: Path, manifest: PlanManifest) -> Dict[str, tuple]:
     import pyarrow.parquet as pq
 
-    cols = ["key", "prompt", "negative_prompt", "seed", *SIGNATURE_COLUMNS]
     out: Dict[str, tuple] = {}
     for u in manifest.units:
-        for row in pq.read_table(plan_dir / f"{unit_name(u.id)}.parquet", columns=cols).to_pylist():
+        path = plan_dir / f"{unit_name(u.id)}.parquet"
+        names = set(pq.read_schema(path).names)
+        for row in pq.read_table(path, columns=["key", *(c for c in _COLUMNS if c in names)]).to_pylist():
             out[row["key"]] = _row_key(row)
     return out
+
+
+def _edited(row: dict, before: tuple, after: tuple, files: List[str]) -> UserError:
+    """The refusal of a planned row that changed: its key, its file:line and each value it changed."""
+    changes = [f"{label} {short_repr(a)} -> {short_repr(b)}"
+               for (_, label), a, b in zip(COMPARED, before, after) if a != b]
+    where = f"{files[row.get(FILE_COLUMN) or 0]}:{row['line']}"
+    return UserError(f"job.extend=true: the row with key {row['key']!r} at {where} was planned with other values "
+                     f"({'; '.join(changes)}); extend adds rows and changes none, and the run's shards hold the "
+                     f"planned ones. Restore the row, or use another output_dir (job.overwrite=true starts over)")
 
 
 def extend_plan(old: PlanManifest, plan_dir: Path, new: PlanManifest, work: Path) -> Tuple[PlanManifest, int]:
@@ -79,11 +112,9 @@ def extend_plan(old: PlanManifest, plan_dir: Path, new: PlanManifest, work: Path
         keys = table.column("key").to_pylist()
         is_old = [k in planned for k in keys]
         for row in table.filter(is_old).to_pylist():
-            if planned[row["key"]] != _row_key(row):
-                raise UserError(f"job.extend=true: the row with key {row['key']!r} (dataset line {row['line']}) was "
-                                f"planned with other values (prompt, negative prompt, seed or size/steps/guidance); "
-                                f"extend adds rows and changes none. Restore it, or use another output_dir "
-                                f"(job.overwrite=true starts over)")
+            after = _row_key(row)
+            if planned[row["key"]] != after:
+                raise _edited(row, planned[row["key"]], after, new.source_files)
             seen.add(row["key"])
         fresh = table.filter(pc.invert(is_old)) if any(is_old) else table
         if fresh.num_rows:
