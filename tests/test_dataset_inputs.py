@@ -128,3 +128,69 @@ def test_brace_list_reads_in_order_and_names_file_and_line(tmp_path):
     with pytest.raises(DatasetError) as e:
         load(str(tmp_path / "prompts-{000..004}.jsonl"))
     assert "names 5 files and 2 do not exist" in str(e.value) and "prompts-003.jsonl" in str(e.value)
+
+
+UNTERMINATED = 'Close the quote (a quote inside a quoted field is written twice: "")'
+
+
+def test_an_unterminated_csv_quote_is_named_where_it_starts_not_one_bad_row(tmp_path):
+    """csv reads an open quote to the end of the file: every row after it vanished into one "malformed CSV" row."""
+    from tests.test_resume_kill import cli
+
+    path = tmp_path / "p.csv"
+    path.write_text('key,prompt\na,red fox\nb,"blue lake\nc,green hill\nd,old bridge\n', encoding="utf-8")
+    for on_error in ("fail", "skip"):
+        with pytest.raises(DatasetError) as e:
+            load(path, on_error=on_error)
+        assert str(e.value) == (f"unterminated quote starting at {path}:3: the quoted field opened there runs to the "
+                                f"end of the file (lines 3-5), taking every row after it as its text. {UNTERMINATED}")
+    # The planner reads with the same reader: one message, exit 2, before any model (and no traceback).
+    plan = cli(f"dataset.path={path}", f"output_dir={tmp_path / 'o'}", module=("-m", "jobs.plan"))
+    said = plan.stdout + plan.stderr
+    assert plan.returncode == 2 and f"unterminated quote starting at {path}:3" in said and "Traceback" not in said, said
+    # On the last line it took no other row: a bad row, the rows before it kept.
+    path.write_text('key,prompt\na,red fox\nb,"blue lake\n', encoding="utf-8")
+    result = load(path, on_error="skip")
+    assert [r.key for r in result.records] == ["a"]
+    assert [str(e) for e in result.errors] == [
+        f"{path}:3: unterminated quote: the quoted field opened on this line runs to the end of the file. "
+        f"{UNTERMINATED}"]
+
+
+def test_a_csv_quote_that_runs_past_max_line_bytes_is_refused_there_and_the_fix_reads_it(tmp_path):
+    # The quote on line 2 is closed by the stray one on line 40: csv took lines 2-40 as one field.
+    rows = ['a,"red fox'] + [f"k{i},prompt number {i} " + "x" * 40 for i in range(3, 40)] + ['z,"quoted" x', "y,ok"]
+    path = tmp_path / "p.csv"
+    path.write_text("key,prompt\n" + "\n".join(rows) + "\n", encoding="utf-8")
+    with pytest.raises(DatasetError) as e:
+        load(path, on_error="skip", max_line_bytes=1000)
+    assert str(e.value).startswith(f"unterminated quote starting at {path}:2? The quoted field opened there spans "
+                                   f"lines 2-")
+    assert str(e.value).endswith("and more than dataset.max_line_bytes=1000 bytes, taking the rows after it as its "
+                                 f"text. {UNTERMINATED}, or raise dataset.max_line_bytes if the field is that long")
+    # Under the limit, csv's own error names the span and the quote it suspects.
+    result = load(path, on_error="skip")
+    assert [str(e) for e in result.errors] == [
+        f"{path}:2: malformed CSV: ',' expected after '\"' (on line 40, in a quoted field opened on line 2: is its "
+        f"quote unterminated?)"]
+    assert [r.key for r in result.records] == ["y"]
+
+
+def test_a_long_csv_field_is_bounded_by_max_line_bytes_as_other_formats_not_by_csvs_128_kib(tmp_path):
+    import csv
+
+    limit = csv.field_size_limit()
+    prompt = "a red fox " * 20_000  # 200 kB: over the csv module's default field limit (128 KiB)
+    one_line = tmp_path / "one.csv"
+    one_line.write_text(f'key,prompt\na,"{prompt}"\nb,ok\n', encoding="utf-8")
+    two_lines = tmp_path / "two.csv"
+    two_lines.write_text(f'key,prompt\na,"{prompt}\n{prompt}"\nb,ok\n', encoding="utf-8")
+    assert [r.prompt for r in load(one_line).records] == [prompt, "ok"]  # under the 1 MiB default: read
+    assert [r.prompt for r in load(two_lines).records] == [f"{prompt}\n{prompt}", "ok"]
+    # Over max_line_bytes: JSONL's message for the line, and the rows after it read.
+    result = load(one_line, on_error="skip", max_line_bytes=100_000)
+    assert [r.prompt for r in result.records] == ["ok"]
+    assert [str(e) for e in result.errors] == [
+        f"{one_line}:2: line longer than 100000 bytes (dataset.max_line_bytes): is this a text file of prompts? "
+        f"Split the line, or raise dataset.max_line_bytes"]
+    assert csv.field_size_limit() == limit  # the process-wide setting is the module's again

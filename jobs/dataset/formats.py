@@ -6,6 +6,9 @@ that are not UTF-8, a CSV row with too many cells). Field rules live in `dataset
 A problem with the whole file (no prompt column, not a tar) raises `DatasetError` at once.
 Text formats read lines through `dataset_lines.read_lines`: LF, CRLF and CR end lines, a BOM picks
 the encoding, and a line longer than `max_line_bytes` is a row error read in bounded memory.
+A CSV record is bounded by it too: a quoted field that runs to the end of the file or past it over
+several lines (an unterminated quote, which would take every row after it as its text) is a
+DatasetError naming the line the quote opens on.
 
 `line` is 1-based: the file line (JSONL, TXT, CSV, where a quoted CSV field may span lines and
 the row's first line counts), the row (Parquet), or the index of the sample's first member
@@ -138,43 +141,111 @@ def _csv_row(row: list[str], columns: dict, width: int, prompt_field: str) -> Un
     return fields
 
 
-def _csv_text(path: Path, max_line_bytes: int, too_long: list) -> Iterator[str]:
+class _Runaway(Exception):
+    """A quoted field ran past dataset.max_line_bytes over several lines (raised through csv.reader)."""
+
+
+class _CsvLines:
     """The file's lines as text for csv.reader, one item a line so its line_num stays the file's.
-    A line too long to read is noted in `too_long` and handed over as a blank line."""
-    for line, raw, ending in read_lines(path, max_line_bytes):
+
+    A line too long to read is noted in `too_long` and handed over as a blank line. It also counts the
+    bytes of the record in progress (`record()` starts the next one): csv.reader asks for another line
+    within a record only inside a quoted field, and one that grows past max_line_bytes is an unterminated
+    quote (or a field too long), stopped here with _Runaway rather than read to the end of the file."""
+
+    def __init__(self, path: Path, max_line_bytes: int):
+        self._lines = read_lines(path, max_line_bytes)
+        self._limit = max_line_bytes
+        self.too_long: list = []
+        self.last = 0  # the last line handed over
+        self._bytes = 0  # of the record in progress
+        self._open = False  # a line of the record in progress was handed over
+
+    def record(self) -> None:
+        self._bytes, self._open = 0, False
+
+    def __iter__(self) -> "_CsvLines":
+        return self
+
+    def __next__(self) -> str:
+        line, raw, ending = next(self._lines)
+        self.last = line
         if type(raw) is LineTooLong:
-            too_long.append((line, raw))
-            yield "\n"
-            continue
-        # surrogateescape: bad bytes become lone surrogates that _csv_row reports per row.
-        yield (raw + ending).decode("utf-8", errors="surrogateescape")
+            size, text = self._limit + 1, "\n"
+            self.too_long.append((line, raw))
+        else:
+            size = len(raw) + len(ending)
+            # surrogateescape: bad bytes become lone surrogates that _csv_row reports per row.
+            text = (raw + ending).decode("utf-8", errors="surrogateescape")
+        if self._open and self._bytes + size > self._limit:
+            raise _Runaway()
+        self._bytes += size
+        self._open = True
+        return text
+
+
+_CLOSE = 'Close the quote (a quote inside a quoted field is written twice: "")'
+
+
+def _unterminated(path: Path, start: int, end: int) -> str:
+    return (f"unterminated quote starting at {path}:{start}: the quoted field opened there runs to the end of the "
+            f"file (lines {start}-{end}), taking every row after it as its text. {_CLOSE}")
+
+
+def _runaway(path: Path, start: int, end: int, max_line_bytes: int) -> str:
+    return (f"unterminated quote starting at {path}:{start}? The quoted field opened there spans lines {start}-{end} "
+            f"and more than dataset.max_line_bytes={max_line_bytes} bytes, taking the rows after it as its text. "
+            f"{_CLOSE}, or raise dataset.max_line_bytes if the field is that long")
+
+
+def _next_record(reader, lines: _CsvLines, path: Path, start: int, max_line_bytes: int) -> Union[list, None, Bad]:
+    """The record starting on line `start`: its cells, None at the end of the file, or a Bad. A quoted field
+    that swallowed the rest of the file, or more than max_line_bytes over several lines, is a DatasetError:
+    no row after it can be trusted. The csv module's field limit is max_line_bytes meanwhile, as every other
+    format's rows are bounded; its own (a process-wide setting, 128 KiB by default) is restored after."""
+    lines.record()
+    before = csv.field_size_limit(max_line_bytes)
+    try:
+        return next(reader, None)
+    except _Runaway:
+        raise DatasetError(_runaway(path, start, lines.last, max_line_bytes)) from None
+    except csv.Error as exc:
+        end = reader.line_num
+        if str(exc) == "unexpected end of data":  # strict: the file ended inside a quoted field
+            if end > start:  # it took the lines after its own: the rest of the file is unread
+                raise DatasetError(_unterminated(path, start, end)) from None
+            return Bad(f"unterminated quote: the quoted field opened on this line runs to the end of the file. "
+                       f"{_CLOSE}")
+        spans = f" (on line {end}, in a quoted field opened on line {start}: is its quote unterminated?)"
+        return Bad(f"malformed CSV: {exc}" + (spans if end > start else ""))
+    finally:
+        csv.field_size_limit(before)
 
 
 def read_csv(path: Path, prompt_field: str, key_field: str, max_line_bytes: int,
              keep: Sequence[str] = ()) -> Iterator[Row]:
-    too_long: list = []
-    reader = csv.reader(_csv_text(path, max_line_bytes, too_long), strict=True)
-    header = next(reader, None)
+    lines = _CsvLines(path, max_line_bytes)
+    too_long = lines.too_long
+    reader = csv.reader(lines, strict=True)
+    header = _next_record(reader, lines, path, 1, max_line_bytes)
     if header is None:
         return
+    if isinstance(header, Bad):
+        raise DatasetError(f"{path}:1: the CSV header is malformed: {header.reason}")
     columns = _csv_columns(header, path, prompt_field, key_field, keep)
     done = reader.line_num  # lines consumed so far; the next row starts on done + 1
     while True:
         start = done + 1
-        try:
-            row = next(reader)
-        except StopIteration:
-            row = None
-        except csv.Error as exc:
-            done = reader.line_num
-            yield start, Bad(f"malformed CSV: {exc}")
+        row = _next_record(reader, lines, path, start, max_line_bytes)
+        done = reader.line_num
+        if isinstance(row, Bad):
+            yield start, row
             continue
         while too_long:
             line, bad = too_long.pop(0)
             yield line, Bad(bad.reason)
         if row is None:
             return
-        done = reader.line_num
         if row:  # [] is a blank line
             yield start, _csv_row(row, columns, len(header), prompt_field)
 
