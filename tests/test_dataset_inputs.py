@@ -194,3 +194,27 @@ def test_a_long_csv_field_is_bounded_by_max_line_bytes_as_other_formats_not_by_c
         f"{one_line}:2: line longer than 100000 bytes (dataset.max_line_bytes): is this a text file of prompts? "
         f"Split the line, or raise dataset.max_line_bytes"]
     assert csv.field_size_limit() == limit  # the process-wide setting is the module's again
+
+
+def test_a_link_to_a_missing_file_is_refused_naming_where_it_points_not_skipped(tmp_path):
+    folder = tmp_path / "prompts"
+    folder.mkdir()
+    (folder / "a.jsonl").write_text('{"prompt": "a1"}\n')
+    gone = tmp_path / "moved" / "b.jsonl"
+    (folder / "b.jsonl").symlink_to(gone)
+    (folder / ".c.jsonl").symlink_to(gone)  # hidden: skipped, as hidden files are
+    (folder / "notes.md").symlink_to(gone)  # not a prompt file's extension: never read
+    with pytest.raises(DatasetError) as e:
+        load(folder, on_error="skip")
+    assert str(e.value) == (f"dataset.path={str(folder)!r}: {folder / 'b.jsonl'} is a symbolic link to {str(gone)!r}, "
+                            f"which does not exist (moved or deleted, or links that loop); every file of the folder "
+                            f"is the dataset. Point the link at the file, or remove it")
+    # The link as the dataset itself, and in a brace list: where it points, not a bare "no such file".
+    with pytest.raises(DatasetError, match=rf"is a symbolic link to {str(gone)!r}, which does not exist"):
+        load(folder / "b.jsonl")
+    with pytest.raises(DatasetError, match=rf"b.jsonl \(a symbolic link to {str(gone)!r}, which does not exist\)"):
+        load(f"{folder}/{{a,b}}.jsonl")
+    # The fix it names works: the link points at the file again.
+    gone.parent.mkdir()
+    gone.write_text('{"prompt": "b1"}\n')
+    assert [r.prompt for r in load(folder).records] == ["a1", "b1"]

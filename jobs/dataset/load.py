@@ -22,7 +22,7 @@ from typing import Iterable, List, Sequence
 from jobs.dataset.formats import READERS
 from jobs.dataset.hf import is_saved_dataset
 from jobs.dataset.lines import DEFAULT_MAX_LINE_BYTES
-from jobs.dataset.paths import check_file, dataset_files
+from jobs.dataset.paths import broken_link, check_file, dataset_files
 from jobs.dataset.rules import OPTIONAL_FIELDS, DatasetError, Record, RowError, RowValidator, unknown_fields_message
 
 log = logging.getLogger(__name__)
@@ -136,6 +136,11 @@ def check_readable(path: Path, bundled: bool) -> None:
         raise DatasetError(f"dataset.path is empty, which means the bundled prompts, but {path} "
                            f"is missing from this install; install from a checkout with "
                            f"`pip install -e .`, or set dataset.path")
+    target = broken_link(path)
+    if target is not None:
+        raise DatasetError(f"dataset.path={str(path)!r} is a symbolic link to {target!r}, which does not exist "
+                           f"(moved or deleted, or links that loop); point the link at the file, or dataset.path "
+                           f"at the file itself")
     if not path.exists():
         raise DatasetError(f"dataset.path={str(path)!r}: no such file (working directory "
                            f"{os.getcwd()}); give an existing file, or leave dataset.path empty "

@@ -2,7 +2,8 @@
 
     prompts.jsonl                    one file
     /data/prompts/                   every file directly inside, by sorted name (hidden files skipped;
-                                     with dataset.format=auto, only known extensions)
+                                     with dataset.format=auto, only known extensions; a link to a file
+                                     that is gone is refused, not skipped)
     /data/prompts-{000..099}.jsonl   a brace list (braceexpand, as webdataset expands shard urls)
 
 Files are read in sorted order, so keys and the plan do not depend on the order the filesystem
@@ -15,7 +16,7 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
-from typing import Iterable, List
+from typing import Iterable, List, Optional
 
 from jobs.dataset.rules import DatasetError
 
@@ -33,7 +34,7 @@ def dataset_files(path_text: str, extensions: Iterable[str], any_extension: bool
             raise DatasetError(f"dataset.path={path_text!r} is not a valid brace list ({exc}); "
                                f"write e.g. prompts-{{000..099}}.jsonl") from None
         files = [Path(n) for n in names]
-        missing = [str(f) for f in files if not f.exists()]
+        missing = [str(f) + _link_note(f) for f in files if not f.exists()]
         if missing:
             raise DatasetError(f"dataset.path={path_text!r} names {len(files)} files and {len(missing)} do not exist: "
                                f"{', '.join(missing[:SHOWN])}{' ...' if len(missing) > SHOWN else ''} (working "
@@ -48,13 +49,35 @@ def dataset_files(path_text: str, extensions: Iterable[str], any_extension: bool
 
 
 def _directory_files(directory: Path, extensions: tuple, any_extension: bool) -> List[Path]:
-    names = sorted(p.name for p in directory.iterdir() if not p.name.startswith(".") and p.is_file())
-    files = [directory / n for n in names if any_extension or n.lower().endswith(extensions)]
+    entries = sorted((p for p in directory.iterdir() if not p.name.startswith(".")), key=lambda p: p.name)
+    wanted = [p for p in entries if any_extension or p.name.lower().endswith(extensions)]
+    for p in wanted:
+        # is_file() is False for a link to nothing: skipping it would make the dataset silently smaller.
+        target = broken_link(p)
+        if target is not None:
+            raise DatasetError(f"dataset.path={str(directory)!r}: {p} is a symbolic link to {target!r}, which "
+                               f"does not exist (moved or deleted, or links that loop); every file of the folder "
+                               f"is the dataset. Point the link at the file, or remove it")
+    files = [p for p in wanted if p.is_file()]
     if not files:
         what = "files" if any_extension else f"files ending in {', '.join(extensions)}"
         raise DatasetError(f"dataset.path={str(directory)!r} is a directory with no {what}; "
                            f"point dataset.path at a prompt file, a folder of them, or a brace list")
     return files
+
+
+def broken_link(path: Path) -> Optional[str]:
+    """Where `path` points (as the link says it) if it is a symbolic link to nothing, else None."""
+    try:
+        return os.readlink(path) if path.is_symlink() and not path.exists() else None
+    except OSError:
+        return None
+
+
+def _link_note(path: Path) -> str:
+    """` (a symbolic link to 'x', which does not exist)` for a link to nothing: the name alone looks like a file."""
+    target = broken_link(path)
+    return "" if target is None else f" (a symbolic link to {target!r}, which does not exist)"
 
 
 def check_file(path: Path, path_text: str) -> None:
