@@ -218,3 +218,55 @@ def test_a_link_to_a_missing_file_is_refused_naming_where_it_points_not_skipped(
     gone.parent.mkdir()
     gone.write_text('{"prompt": "b1"}\n')
     assert [r.prompt for r in load(folder).records] == ["a1", "b1"]
+
+
+@pytest.mark.parametrize("ext, text", [("txt", "a red fox\nblue lake\n"), ("csv", "prompt\na red fox\n"),
+                                       ("jsonl", '{"prompt": "a red fox"}\n{"prompt": "blue lake"}\n')])
+@pytest.mark.parametrize("encoding", ["utf-16-le", "utf-16-be"])
+def test_utf16_without_a_byte_order_mark_is_refused_not_read_as_nul_filled_prompts(tmp_path, ext, text, encoding):
+    path = tmp_path / f"p.{ext}"
+    path.write_bytes(text.encode(encoding))
+    name = encoding.upper().replace("-LE", "LE").replace("-BE", "BE")
+    with pytest.raises(DatasetError) as e:
+        load(path, on_error="skip")
+    assert str(e.value) == (f"{path}:1: not UTF-8: it looks like {name} without a byte order mark (a NUL byte every "
+                            f"other byte); re-encode it as UTF-8, e.g. `iconv -f {name} -t UTF-8 {path} > "
+                            f"prompts-utf8.{ext}`")
+    # The fix it names works.
+    path.write_bytes(path.read_bytes().decode(encoding).encode("utf-8"))
+    assert load(path).records[0].prompt == "a red fox"
+
+
+def test_a_prompt_holding_nul_characters_is_a_bad_row_in_every_format(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    utf16 = "blue lake".encode("utf-16-le")  # one line pasted from a UTF-16 file into a UTF-8 one
+    looks_utf16 = ("prompt is not UTF-8 text: it looks like UTF-16 (a NUL character every other character, "
+                   "'b\\x00l\\x00u\\x00e\\x00 \\x00l...); re-encode the file as UTF-8")
+    one_nul = "prompt holds a NUL character (U+0000) at index 1, which no text has; remove it"
+    txt = tmp_path / "p.txt"
+    txt.write_bytes(b"a red fox\n" * 4 + utf16 + b"\nok\n")
+    csv = tmp_path / "p.csv"
+    csv.write_bytes(b"prompt\n" + b"a red fox\n" * 4 + utf16 + b"\nok\n")
+    jsonl = tmp_path / "p.jsonl"
+    jsonl.write_text('{"prompt": "a red fox"}\n{"prompt": "a\\u0000b"}\n{"prompt": "ok"}\n')
+    parquet = tmp_path / "p.parquet"
+    pq.write_table(pa.table({"prompt": ["a red fox", "a\x00b", "ok"]}), parquet)
+    for path, bad in ((txt, f"{txt}:5: {looks_utf16}"), (csv, f"{csv}:6: {looks_utf16}"),
+                      (jsonl, f"{jsonl}:2: {one_nul}"), (parquet, f"{parquet}:2: {one_nul}")):
+        result = load(path, on_error="skip")
+        assert [str(e) for e in result.errors] == [bad]
+        assert result.records[-1].prompt == "ok" and all("\x00" not in r.prompt for r in result.records)
+
+
+def test_the_planner_refuses_a_nul_escape_as_the_reader_does_not_through_its_fast_lane(tmp_path):
+    from jobs.models.registry import get_family
+    from jobs.plan.build import plan_dataset
+    from tests.helpers import compose_cfg
+
+    path = tmp_path / "p.jsonl"  # clean JSONL otherwise: the planner's Arrow lane would take it whole
+    path.write_text('{"prompt": "a red fox"}\n{"prompt": "a\\u0000b"}\n')
+    cfg = compose_cfg([f"dataset.path={path}", f"output_dir={tmp_path / 'out'}"])
+    with pytest.raises(DatasetError, match=rf"{path}:2: prompt holds a NUL character \(U\+0000\) at index 1"):
+        plan_dataset(cfg, get_family(cfg.model.family).spatial_divisor(cfg.model), tmp_path / "work")

@@ -164,7 +164,18 @@ def _text(value: object, name: str) -> str:
     # A JSON "\ud800" escape parses, but the text cannot be tokenized or written as UTF-8.
     if not value.isascii() and _SURROGATE.search(value):
         raise _Invalid(f"{name} holds a lone surrogate (a broken \\uXXXX escape), not valid text")
+    if "\x00" in value:
+        raise _Invalid(_nul_reason(name, value))
     return value
+
+
+def _nul_reason(name: str, value: str) -> str:
+    """A NUL is no prompt's text: many of them are UTF-16 read as UTF-8 (a NUL byte every other byte)."""
+    nuls = value.count("\x00")
+    if nuls > 1 and nuls * 3 >= len(value):
+        return (f"{name} is not UTF-8 text: it looks like UTF-16 (a NUL character every other character, "
+                f"{short_repr(value, 30)}); re-encode the file as UTF-8")
+    return f"{name} holds a NUL character (U+0000) at index {value.index(chr(0))}, which no text has; remove it"
 
 
 def _kept_json(kept: dict) -> str:

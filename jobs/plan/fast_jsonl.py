@@ -4,7 +4,7 @@ of jobs/dataset/rules.py, instead of json.loads and a RowValidator call per row.
 It answers only when the answer is certain to equal the row-by-row path: every line one JSON
 object, only known fields, every value of the expected type and range. On anything else (a blank
 line, a CR, a BOM, a line over dataset.max_line_bytes, a bad row, a float where an int belongs, an
-escaped surrogate, an unknown field) it returns None, and the planner reads the file with the
+escaped surrogate or NUL, an unknown field) it returns None, and the planner reads the file with the
 dataset readers (jobs/dataset/formats.py), which name each bad row with its reason.
 tests/test_plan_units.py checks both paths give the same plan.
 """
@@ -18,7 +18,8 @@ from typing import Optional
 from jobs.dataset.rules import MAX_FPS, MAX_FRAMES, MAX_KEY_CHARS, MAX_SIDE, MAX_STEPS, SEED_END
 from jobs.plan.resolve import Rows
 
-_SURROGATE_ESCAPE = re.compile(rb"\\[uU][dD][89a-fA-F]")  # Arrow cannot hold what the row rules reject
+# Arrow cannot hold a lone surrogate, and keeps a NUL, which the row rules reject.
+_REJECTED_ESCAPE = re.compile(rb"\\[uU](?:[dD][89a-fA-F]|0000)")
 _BOMS = (codecs.BOM_UTF8, codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE, codecs.BOM_UTF32_BE)  # the readers decode these
 _INTS = {"seed": (0, SEED_END - 1), "width": (8, MAX_SIDE), "height": (8, MAX_SIDE), "steps": (1, MAX_STEPS),
          "num_frames": (1, MAX_FRAMES)}
@@ -32,7 +33,7 @@ def arrow_rows(data: bytes, first_line: int, stem: str, prompt_field: str, key_f
 
     n_lines = data.count(b"\n") + (0 if data.endswith(b"\n") else 1)
     if (not data or b"\n\n" in data or data.startswith((b"\n", *_BOMS)) or b"\r" in data
-            or _SURROGATE_ESCAPE.search(data)):
+            or b"\x00" in data or _REJECTED_ESCAPE.search(data)):
         return None
     if not data.isascii():
         try:  # Arrow's JSON reader does not check UTF-8: a Latin-1 byte is a row error for the readers to word
