@@ -11,6 +11,8 @@
                                   (from OUTPUT_DIR/_timeline/, written while the job ran)
         pages/                    with --pages (or a filter): every sample, or those the filters keep,
                                   --page-size a page (index.html, page-0001.html, ...; jobs/look/pages.py)
+        .inspect-files            (here and in pages/) what the last look wrote: the next look into the
+                                  folder removes those it does not write again, and nothing else
 
     python -m jobs.inspect OUT --pages                                  the whole run
     python -m jobs.inspect OUT --signature 128x128/t64 --text star      filtered (all filters must hold)

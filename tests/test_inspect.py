@@ -370,6 +370,54 @@ def test_pages_walk_every_sample_and_filters_keep_what_they_say(inspected, tmp_p
     assert main([str(out), "--flag", "nan"]) == 2  # names the choices
 
 
+def _files(folder: Path) -> set:
+    return {str(f.relative_to(folder)) for f in folder.rglob("*") if f.is_file()}
+
+
+def test_a_second_look_into_a_folder_replaces_its_own_files_and_no_others(inspected, tmp_path):
+    """Pages of 9 samples, then of the one the filter keeps, into the same --out: the second leaves no page
+    or image of the first (page-0005.html, 8 images of samples it does not show were left there), and the
+    gallery keeps the images of its 2 samples, not the first look's 6. Someone's own files stay, and so do
+    files a hand-edited record names outside the folder. A look that fails midway removes nothing; the
+    next complete one removes what both wrote."""
+    from jobs.inspect import main
+
+    out, _, _ = inspected
+    every = tar_samples(out)
+    view = tmp_path / "view"
+    assert main([str(out), "--out", str(view), "--pages", "--page-size", "2", "--samples", "6"]) == 0
+    pages = view / "pages"
+    assert {f"page-000{i}.html" for i in range(1, 6)} <= _files(pages)
+    assert len(list((pages / "images").iterdir())) == 9 and len(list((view / "images").iterdir())) == 6
+    (pages / "notes.txt").write_text("mine")  # a person's own files, in both folders
+    (view / "images" / "mine.jpg").write_bytes(b"mine")
+    (tmp_path / "outside.txt").write_text("not inspect's")
+    with open(pages / ".inspect-files", "a") as record:  # a hand edit: never followed out of the folder
+        record.write(f"../../outside.txt\n{tmp_path / 'outside.txt'}\n")
+
+    (stem,) = [s for s, (_, m) in every.items() if m["prompt"] == MARKUP]
+    assert main([str(out), "--out", str(view), "--text", "BOLD", "--samples", "2"]) == 0
+    assert _files(pages) == {"index.html", "page-0001.html", f"images/{stem}.jpg", "notes.txt", ".inspect-files"}
+    assert (tmp_path / "outside.txt").read_text() == "not inspect's"
+    assert len(list((view / "images").iterdir())) == 2 + 1 and (view / "images" / "mine.jpg").read_bytes() == b"mine"
+    assert not [n for n in (view / ".inspect-files").read_text().splitlines() if n.startswith("pages/")]
+
+    # A look that fails after writing some pages (an image's name is taken by a folder): every page it and
+    # the look before wrote stays, until a complete look replaces them.
+    blocker = pages / "images" / f"{list(every)[-1]}.jpg"  # the last in shard order
+    blocker.mkdir()
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    failed = subprocess.run([sys.executable, "-m", "jobs.inspect", str(out), "--out", str(view), "--pages",
+                             "--page-size", "1", "--samples", "1"], cwd=ROOT, env=env, capture_output=True,
+                            text=True, timeout=300)
+    assert failed.returncode == 1 and "IsADirectoryError" in failed.stderr
+    assert "page-0008.html" in _files(pages) and f"images/{stem}.jpg" in _files(pages)
+    blocker.rmdir()
+    other = sorted(set(every) - {stem})[0]
+    assert main([str(out), "--out", str(view), "--text", every[other][1]["key"], "--samples", "1"]) == 0
+    assert _files(pages) == {"index.html", "page-0001.html", f"images/{other}.jpg", "notes.txt", ".inspect-files"}
+
+
 def _damaged_copy(out: Path, to: Path) -> Path:
     """A copy of a real output's shards and index (the bookkeeping is not read by inspect)."""
     to.mkdir()

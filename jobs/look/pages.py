@@ -4,6 +4,8 @@
     OUT/_inspect/pages/page-0001.html    --page-size samples each, prev / next links
     OUT/_inspect/pages/images/STEM.EXT   the matching samples' images (videos: mp4), byte for byte
                                          (a stem that is not a plain name: a digest, names.py)
+    OUT/_inspect/pages/.inspect-files    what this write made: the next one into the folder removes
+                                         those it does not make again (written.py), nothing else
 
 Filters, all of them must hold: `signature` (a part of it, e.g. `128x128` or `/s20/`), `text` (in
 the prompt or the key, any case), `mode` (replay, eager, mixed), `flag` (nonfinite: NaN/Inf
@@ -20,6 +22,7 @@ from typing import List, Optional, Sequence
 from jobs.errors import UserError
 from jobs.look.gallery import Figure, gallery_html, nav_html
 from jobs.look.names import safe_name
+from jobs.look.written import WrittenFiles
 
 FLAGS = ("nonfinite", "truncated")
 MODES = ("replay", "eager", "mixed")
@@ -61,40 +64,43 @@ def page_name(n: int) -> str:
 
 
 def write_pages(samples, out: Path, flt: Filter, page_size: int, title: str) -> int:
-    """`samples`: (stem, ext, raw webdataset sample, its json) in shard order. Returns how many matched."""
+    """`samples`: (stem, ext, raw webdataset sample, its json) in shard order. Returns how many matched.
+    The pages and images an earlier write left in `out` and this one does not write again are removed."""
     if page_size < 1:
         raise UserError(f"--page-size {page_size}: give at least 1")
     (out / "images").mkdir(parents=True, exist_ok=True)
     page: List[Figure] = []
     pages = matched = 0
-    for stem, ext, raw, meta in samples:
-        if not flt.keeps(meta):
-            continue
-        if len(page) == page_size:  # a next page exists: this one can link to it
+    with WrittenFiles(out) as files:
+        for stem, ext, raw, meta in samples:
+            if not flt.keeps(meta):
+                continue
+            if len(page) == page_size:  # a next page exists: this one can link to it
+                pages += 1
+                _write_page(files, pages, page, title, flt, last=False)
+                page = []
+            matched += 1
+            rel = f"images/{safe_name(stem)}.{ext}"  # a crafted member name (../../x) picks no path
+            files.path(rel).write_bytes(raw[ext])
+            page.append(Figure(src=rel, key=str(meta.get("key", stem)), prompt=str(meta.get("prompt", "")),
+                               signature=str(meta.get("signature", "")), mode=str(meta.get("mode", "")),
+                               seed=meta.get("seed"), shard=Path(raw["__url__"]).name,
+                               kind="video" if ext == "mp4" else "image"))
+        if page:
             pages += 1
-            _write_page(out, pages, page, title, flt, last=False)
-            page = []
-        matched += 1
-        rel = f"images/{safe_name(stem)}.{ext}"  # a crafted member name (../../x) picks no path
-        (out / rel).write_bytes(raw[ext])
-        page.append(Figure(src=rel, key=str(meta.get("key", stem)), prompt=str(meta.get("prompt", "")),
-                           signature=str(meta.get("signature", "")), mode=str(meta.get("mode", "")),
-                           seed=meta.get("seed"), shard=Path(raw["__url__"]).name,
-                           kind="video" if ext == "mp4" else "image"))
-    if page:
-        pages += 1
-        _write_page(out, pages, page, title, flt, last=True)
-    _write_index(out, pages, matched, page_size, title, flt)
+            _write_page(files, pages, page, title, flt, last=True)
+        _write_index(files, pages, matched, page_size, title, flt)
     return matched
 
 
-def _write_page(out: Path, n: int, figures: Sequence[Figure], title: str, flt: Filter, last: bool) -> None:
+def _write_page(files: WrittenFiles, n: int, figures: Sequence[Figure], title: str, flt: Filter, last: bool) -> None:
     nav = nav_html(prev=page_name(n - 1) if n > 1 else None, up="index.html", next=None if last else page_name(n + 1))
     note = f"page {n}: {flt.describe()}"
-    (out / page_name(n)).write_text(gallery_html(f"{title}, page {n}", figures, note=note, nav=nav), encoding="utf-8")
+    files.path(page_name(n)).write_text(gallery_html(f"{title}, page {n}", figures, note=note, nav=nav),
+                                        encoding="utf-8")
 
 
-def _write_index(out: Path, pages: int, matched: int, page_size: int, title: str, flt: Filter) -> None:
+def _write_index(files: WrittenFiles, pages: int, matched: int, page_size: int, title: str, flt: Filter) -> None:
     links = "".join(f'<li><a href="{page_name(i)}">page {i}</a></li>' for i in range(1, pages + 1))
     note = f"{matched} samples match ({flt.describe()}), {page_size} a page."
-    (out / "index.html").write_text(gallery_html(title, [], note=note, nav=f"<ol>{links}</ol>"), encoding="utf-8")
+    files.path("index.html").write_text(gallery_html(title, [], note=note, nav=f"<ol>{links}</ol>"), encoding="utf-8")

@@ -27,6 +27,7 @@ from jobs.look.media_info import video_info, wav_seconds
 from jobs.look.names import safe_name
 from jobs.look.pages import Filter, write_pages
 from jobs.look.throughput_plot import throughput_plot
+from jobs.look.written import WrittenFiles
 from jobs.output.layout import INDEX_FILE, SUMMARY_FILE, TIMELINE_DIR
 from jobs.telemetry.parts import merge_stats
 from jobs.telemetry.timeline import read_timeline
@@ -194,15 +195,22 @@ def inspect_output(output_dir: Path, out: Optional[Path] = None, samples: int = 
                            f"(members {'/'.join(MEDIA_EXTS)} with a .json): is it a bcgen output_dir?")
     out = Path(out) if out is not None else output_dir / DEFAULT_OUT
     writable(out / "images")
+    with WrittenFiles(out) as files:  # an earlier look's images of other samples, its plot: removed
+        report = _draw(output_dir, paths, chosen, files)
+    return report
+
+
+def _draw(output_dir: Path, paths: Sequence[Path], chosen: List[Sample], files: WrittenFiles) -> Report:
+    """The sheet, the gallery page and the plot of `chosen`, into `files`' folder."""
     tiles, figures = [], []
     for s in chosen:
         rel = f"images/{safe_name(s.stem)}.{s.ext}"
-        (out / rel).write_bytes(s.image)
+        files.path(rel).write_bytes(s.image)
         thumb, info = _thumbnail(s)
         sound = None
         if s.audio is not None:
             sound = f"images/{safe_name(s.stem)}.wav"
-            (out / sound).write_bytes(s.audio)
+            files.path(sound).write_bytes(s.audio)
             info += f"; sound {wav_seconds(s.audio):.2f} s"
         tiles.append(Tile(image=thumb, key=s.key, prompt=str(s.meta.get("prompt", ""))))
         m = s.meta
@@ -210,13 +218,13 @@ def inspect_output(output_dir: Path, out: Optional[Path] = None, samples: int = 
                               signature=str(m.get("signature", "")), mode=str(m.get("mode", "")),
                               seed=m.get("seed"), shard=s.shard,
                               kind="video" if s.ext == "mp4" else "image", audio=sound, info=info))
-    sheet = out / "contact_sheet.png"
+    sheet = files.path("contact_sheet.png")
     contact_sheet(tiles).save(sheet)
 
     entries = read_timeline(output_dir)
     plot = None
     if entries:
-        plot = out / "throughput.png"
+        plot = files.path("throughput.png")
         throughput_plot(entries).save(plot)
     else:
         log.warning("no timeline in %s: no throughput plot (jobs record one as they run, in %s/)",
@@ -224,11 +232,11 @@ def inspect_output(output_dir: Path, out: Optional[Path] = None, samples: int = 
     n_sigs = len({f.signature for f in figures})
     note = (f"{len(figures)} samples from {len(paths)} shard(s), {n_sigs} signature(s), chosen round-robin over "
             f"signatures." + ("" if plot else " No timeline was recorded, so there is no throughput plot."))
-    page = out / "index.html"
+    page = files.path("index.html")
     extras = ["contact_sheet.png"] + (["throughput.png"] if plot else [])
     html = gallery_html(f"bcgen output: {output_dir}", figures, extras, note, summary=summary_lines(output_dir))
     page.write_text(html, encoding="utf-8")
-    return Report(out=out, samples=chosen, sheet=sheet, page=page, plot=plot)
+    return Report(out=files.folder, samples=chosen, sheet=sheet, page=page, plot=plot)
 
 
 def writable(folder: Path) -> None:
