@@ -125,6 +125,40 @@ def test_stray_tar_is_never_indexed_and_verify_names_it(chain, tmp_path):
     assert "OK (2 file(s) in it are not the run's, listed above)" in log_of(proc)
 
 
+def test_a_stray_parquet_is_named_with_the_fix_and_a_glob_of_the_folder_would_read_it(chain, tmp_path):
+    """A copy of a shard's parquet dropped beside the sidecars, under another name, in a subfolder: the
+    folder's readers see its rows twice, and verify names each, apart from the problems (verify said OK of
+    `x.parquet`; of `shard-... copy.parquet` it said a rerun would quarantine it, which a rerun does not)."""
+    import pyarrow.dataset as ds
+    import pyarrow.parquet as pq
+
+    out = tmp_path / "out"
+    shutil.copytree(chain["out"], out)
+    real = out / "shard-u0000000-0002.parquet"
+    (out / "backup").mkdir()
+    strays = ["shard-u0000000-0002 copy.parquet", "x.parquet", "backup/shard-u0000000-0002.parquet"]
+    for name in strays:
+        shutil.copy(real, out / name)
+    shutil.copy(out / "shard-u0000000-0002_stats.json", out / "shard-u0000000-0002 copy_stats.json")
+    keys = pq.read_table(sorted(map(str, out.glob("*.parquet"))), columns=["key"]).column("key").to_pylist()
+    assert len(keys) == 8 + 2 * pq.read_metadata(real).num_rows  # what a glob of the folder reads
+    files = ds.dataset(str(out), format="parquet", exclude_invalid_files=True).files
+    assert str(out / "backup/shard-u0000000-0002.parquet") in files  # and pyarrow's discovery
+
+    proc = verify_cli(out)
+    text = log_of(proc)
+    assert proc.returncode == 0, text
+    for name in strays[:2]:
+        assert (f"not the run's: {name}: a parquet no manifest names (a copy?): duckdb's read_parquet('OUTPUT_DIR/"
+                f"*.parquet') and pyarrow.dataset('OUTPUT_DIR') read its rows beside the run's; left alone") in text
+    assert ("not the run's: backup/shard-u0000000-0002.parquet: a parquet no manifest names (a copy?): "
+            "pyarrow.dataset('OUTPUT_DIR') reads its rows") in text
+    assert "not the run's: shard-u0000000-0002 copy_stats.json: a stats file no manifest names" in text
+    assert "move it out of output_dir" in text and "problem:" not in text
+    assert "OK (4 file(s) in it are not the run's, listed above)" in text
+    assert "_plan/" not in text  # its unit parquet files are the run's bookkeeping, which readers skip
+
+
 def test_members_level_catches_cut_members_of_the_same_size_but_not_payload_flips(tmp_path):
     """job.verify=members reads headers only: cheap, and blind to a changed image byte (that is `full`)."""
     import numpy as np

@@ -7,13 +7,15 @@ and no parquet or stats file is without its shard); for the index: it lists exac
 shards with their counts, sizes and hashes; every done marker is whole (its own digest); then every
 sample is read back with webdataset (the reader users have): each has its json, txt and image (or
 video), its key is the one the manifest lists there, and no key is in two shards. A `.tar` with no
-manifest is a problem too: a copy of a shard would be read twice by a glob of output_dir.
+manifest, or a parquet no manifest names (a copy, `x.parquet`, one in a subfolder), is listed apart,
+not the run's: a glob of output_dir, or pyarrow's folder discovery, would read its samples twice.
 Read-only: it moves and rewrites nothing (a rerun of the job quarantines and regenerates).
 """
 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -22,7 +24,7 @@ from jobs.errors import UserError
 from jobs.output.claim import run_id, run_lineage
 from jobs.output.done import read_marker
 from jobs.output.layout import DONE_DIR, INDEX_FILE, LOG_DIR, MANIFEST_DIR, PLAN_DIR, PLAN_FILE, RUN_FILE
-from sinks.manifest import load_manifest, verify_shard
+from sinks.manifest import is_shard_name, load_manifest, verify_shard
 from sinks.sidecars import PARQUET_SUFFIX, STATS_SUFFIX, check_sidecars, sidecar_names
 
 IMAGE_EXTS = ("jpg", "png", "webp")
@@ -57,10 +59,12 @@ def verify_output(output_dir: Path) -> Report:
     lineage = run_lineage(output_dir)  # an extended run's earlier ids
     fix = RepairAdvice(output_dir)
     manifests = {}
+    unreadable = []  # the run's too: its shard and sidecars are no stray
     for path in sorted((output_dir / MANIFEST_DIR).glob("*.tar.json")):
         url = path.name[: -len(".json")]
         record = load_manifest(output_dir, url)
         if record is None:
+            unreadable.append(url)
             report.problems.append(f"{path}: unreadable manifest ({fix.plain})")
         elif run and record.run and record.run != run and record.run not in lineage:
             report.foreign.append(f"{url}: its manifest is another run's (run {record.run}, this run is {run})")
@@ -85,6 +89,7 @@ def verify_output(output_dir: Path) -> Report:
         else:
             good[url] = record
     _check_sidecars(output_dir, good, report, fix)
+    _check_stray_sidecars(output_dir, [*manifests, *unreadable], report, fix)
     _check_index(output_dir / INDEX_FILE, manifests, report, fix)
     owners: Dict[str, str] = {}
     for url, record in good.items():
@@ -224,11 +229,39 @@ def _check_sidecars(output_dir: Path, good: dict, report: Report, advice: Repair
                 problems.append(f"{parquet.name}: its keys are not the shard's")
         how = f"{advice.plain}: it rebuilds them from the shard" if advice.plain_sees(record) else fix
         report.problems += [f"{url}: {p} ({how})" for p in problems]
-    for suffix in (PARQUET_SUFFIX, STATS_SUFFIX):
-        for path in sorted(output_dir.glob(f"shard-*{suffix}")):
-            if not (output_dir / (path.name[: -len(suffix)] + ".tar")).exists():
-                report.problems.append(f"{path.name}: its shard is missing, so it describes samples that are not "
-                                       f"there ({advice.plain}: it moves it to _quarantine/)")
+
+
+def _check_stray_sidecars(output_dir: Path, urls: List[str], report: Report, advice: RepairAdvice) -> None:
+    """Parquet and stats files that no manifest of this run names. Under a shard name whose shard is gone: a
+    problem (a rerun quarantines it). Any other (`shard-X copy.parquet`, `x.parquet`, one in a subfolder):
+    not the run's, listed apart; a reader of the folder's parquet files would read its rows beside the run's."""
+    ours = {name for url in urls for name in sidecar_names(url)}
+    for rel in _sidecar_files(output_dir):
+        if rel in ours:
+            continue
+        suffix = PARQUET_SUFFIX if rel.endswith(PARQUET_SUFFIX) else STATS_SUFFIX
+        shard = rel[: -len(suffix)] + ".tar"
+        if is_shard_name(shard) and not (output_dir / shard).exists():
+            report.problems.append(f"{rel}: its shard is missing, so it describes samples that are not "
+                                   f"there ({advice.plain}: it moves it to _quarantine/)")
+        elif suffix == PARQUET_SUFFIX:
+            readers = ("pyarrow.dataset('OUTPUT_DIR') reads" if "/" in rel else
+                       "duckdb's read_parquet('OUTPUT_DIR/*.parquet') and pyarrow.dataset('OUTPUT_DIR') read")
+            report.foreign.append(f"{rel}: a parquet no manifest names (a copy?): {readers} its rows beside the run's")
+        else:
+            report.foreign.append(f"{rel}: a stats file no manifest names (a copy?)")
+
+
+def _sidecar_files(output_dir: Path) -> List[str]:
+    """`shard-*_stats.json` at the top, and every `*.parquet` a reader of the folder sees: at the top (a glob)
+    and in subfolders pyarrow's discovery walks (all but those named `_*` or `.*`: _plan/'s unit files are
+    not read)."""
+    found = [p.name for p in output_dir.glob(f"shard-*{STATS_SUFFIX}")]
+    for folder, dirs, files in os.walk(output_dir):
+        dirs[:] = [d for d in dirs if not d.startswith(("_", "."))]
+        rel = Path(folder).relative_to(output_dir)
+        found += [(rel / f).as_posix() for f in files if f.endswith(PARQUET_SUFFIX) and not f.startswith(("_", "."))]
+    return sorted(found)
 
 
 def _check_index(path: Path, manifests: dict, report: Report, fix: RepairAdvice) -> None:
