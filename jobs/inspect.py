@@ -6,7 +6,8 @@
         images/STEM.jpg|png|webp  the samples' image members, extracted byte for byte
         images/STEM.mp4 (.wav)    a video sample's clip (and soundtrack), byte for byte; the page plays
                                   them and names frames, size and fps (sound: its length), read from
-                                  the files themselves; the sheet shows the first frame
+                                  the files themselves; the sheet shows the first frame (without
+                                  PyAV: a warning naming it and the install command, once)
         throughput.png            images/s over time by signature, captures and releases marked
                                   (from OUTPUT_DIR/_timeline/, written while the job ran)
         pages/                    with --pages (or a filter): every sample, or those the filters keep,

@@ -23,7 +23,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from jobs.errors import UserError
 from jobs.look.contact_sheet import Tile, contact_sheet
 from jobs.look.gallery import Figure, gallery_html
-from jobs.look.media_info import video_info, wav_seconds
+from jobs.look.media_info import PyAVCheck, video_info, wav_seconds
 from jobs.look.names import safe_name
 from jobs.look.pages import Filter, write_pages
 from jobs.look.throughput_plot import throughput_plot
@@ -203,10 +203,12 @@ def inspect_output(output_dir: Path, out: Optional[Path] = None, samples: int = 
 def _draw(output_dir: Path, paths: Sequence[Path], chosen: List[Sample], files: WrittenFiles) -> Report:
     """The sheet, the gallery page and the plot of `chosen`, into `files`' folder."""
     tiles, figures = [], []
+    pyav = PyAVCheck("the page plays the clips, but the sheet shows no frame of them and no caption says their "
+                     "frames, size and fps")
     for s in chosen:
         rel = f"images/{safe_name(s.stem)}.{s.ext}"
         files.path(rel).write_bytes(s.image)
-        thumb, info = _thumbnail(s)
+        thumb, info = _thumbnail(s, pyav)
         sound = None
         if s.audio is not None:
             sound = f"images/{safe_name(s.stem)}.wav"
@@ -261,12 +263,16 @@ def summary_lines(output_dir: Path) -> List[str]:
         return []
 
 
-def _thumbnail(s: Sample):
+def _thumbnail(s: Sample, pyav: PyAVCheck):
     """(PIL image for the sheet, what the page says of the member): a video's first frame and its
-    frames, size and fps; an image and its size."""
+    frames, size and fps; an image and its size. Without PyAV a clip gets a blank tile and says so,
+    never that it does not decode."""
     from PIL import Image
 
     if s.ext == "mp4":
+        missing = pyav.missing()
+        if missing is not None:
+            return Image.new("RGB", (1, 1)), missing
         try:
             info = video_info(s.image)
         except Exception as e:  # noqa: BLE001 - a broken clip is reported on the page, not a crash of inspect
