@@ -11,7 +11,8 @@
         throughput.png            images/s over time by signature, captures and releases marked
                                   (from OUTPUT_DIR/_timeline/, written while the job ran)
         pages/                    with --pages (or a filter): every sample, or those the filters keep,
-                                  --page-size a page (index.html, page-0001.html, ...; jobs/look/pages.py)
+                                  --page-size a page (index.html, page-0001.html, ...; jobs/look/pages.py),
+                                  clips with their sound, captioned as index.html's
         .inspect-files            (here and in pages/) what the last look wrote: the next look into the
                                   folder removes those it does not write again, and nothing else
 
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from jobs.errors import EXIT_USAGE, UserError
+from jobs.look.media_info import PyAVCheck
 from jobs.look.pages import Filter
 from jobs.look.report import DEFAULT_OUT, inspect_output, inspect_pages
 from jobs.output.storage import local_folder_arg
@@ -54,11 +56,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         output_dir = local_folder_arg(args.output_dir, "jobs.inspect")
         flt = Filter(signature=args.signature, text=args.text, mode=args.mode, flag=args.flag)
-        r = inspect_output(output_dir, args.out, args.samples)
+        pyav = PyAVCheck()  # one for both looks: a missing PyAV is said once
+        r = inspect_output(output_dir, args.out, args.samples, pyav)
         log.info("wrote %s, %s%s and %d samples under %s", r.sheet.name, r.page.name,
                  f", {r.plot.name}" if r.plot else "", len(r.samples), r.out)
         if args.pages or flt != Filter():
-            folder, matched = inspect_pages(output_dir, args.out, flt, args.page_size)
+            folder, matched = inspect_pages(output_dir, args.out, flt, args.page_size, pyav)
             log.info("pages: %d samples (%s), %d a page: %s", matched, flt.describe(), args.page_size,
                      folder / "index.html")
     except UserError as e:

@@ -4,6 +4,7 @@ one frame: an image with its sound), looked at with PyAV and, in a subprocess, w
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -56,15 +57,41 @@ def test_without_pyav_the_look_says_pyav_is_missing_and_how_to_install_it(job, t
     stub.mkdir(parents=True)
     (stub / "__init__.py").write_text('raise ImportError("No module named \'av\'")\n')
     view = tmp_path / "view"
-    proc = inspect_cli(str(job), "--out", str(view), pythonpath=os.pathsep.join([str(stub.parent), str(ROOT)]))
+    proc = inspect_cli(str(job), "--out", str(view), "--pages",
+                       pythonpath=os.pathsep.join([str(stub.parent), str(ROOT)]))
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log
-    assert "does not decode" not in log and "does not decode" not in (view / "index.html").read_text()
-    assert log.count("PyAV cannot be imported here (No module named 'av')") == 1, log
+    assert log.count("PyAV cannot be imported here (No module named 'av')") == 1, log  # once, for both looks
     assert "pip install -e '.[video]'" in log
-    shown = captions(view / "index.html")
-    for key in ("fox", "owl"):
-        assert shown[key].startswith("frames, size and fps not read: PyAV does not import here (pip install -e "
-                                     "'.[video]'"), shown
-        assert (view / "images" / f"{key}.mp4").is_file()  # still extracted: the browser plays it
-    assert shown["still"].startswith("64x64; sound ")  # an image needs no PyAV
+    for page in (view / "index.html", view / "pages" / "page-0001.html"):
+        assert "does not decode" not in log and "does not decode" not in page.read_text()
+        shown = captions(page)
+        for key in ("fox", "owl"):
+            assert shown[key].startswith("frames, size and fps not read: PyAV does not import here (pip install "
+                                         "-e '.[video]'"), shown
+            assert (page.parent / "images" / f"{key}.mp4").is_file()  # still extracted: the browser plays it
+        assert shown["still"].startswith("64x64; sound ")  # an image needs no PyAV
+
+
+def test_pages_play_each_clip_with_its_sound_and_say_what_the_files_hold(job, tmp_path):
+    """The pages, as the gallery: each sample's sound extracted byte for byte and played beside its clip (or
+    its one-frame image), and a caption of frames, size, fps and the sound's length. The pages read headers
+    only, the gallery decodes every frame: the two captions agree."""
+    import webdataset as wds
+
+    from jobs.inspect import main
+
+    view = tmp_path / "view"
+    assert main([str(job), "--out", str(view), "--pages"]) == 0
+    shards = {json.loads(s["json"])["key"]: s for s in
+              wds.WebDataset([str(p) for p in sorted(job.glob("shard-*.tar"))], shardshuffle=False)}
+    pages = view / "pages"
+    page = (pages / "page-0001.html").read_text()
+    for key, sample in shards.items():
+        assert f'<audio src="images/{key}.wav"' in page
+        assert (pages / "images" / f"{key}.wav").read_bytes() == sample["wav"]
+    shown = captions(pages / "page-0001.html")
+    assert shown == captions(view / "index.html"), (shown, captions(view / "index.html"))
+    assert shown["fox"].startswith("5 frames, 64x64, 24 fps; sound 0.")
+    assert shown["owl"].startswith("9 frames, 96x64, 24 fps; sound 0.")
+    assert shown["still"].startswith("64x64; sound 0.")

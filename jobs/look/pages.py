@@ -2,15 +2,18 @@
 
     OUT/_inspect/pages/index.html        the filter, the count, a link to every page
     OUT/_inspect/pages/page-0001.html    --page-size samples each, prev / next links
-    OUT/_inspect/pages/images/STEM.EXT   the matching samples' images (videos: mp4), byte for byte
-                                         (a stem that is not a plain name: a digest, names.py)
+    OUT/_inspect/pages/images/STEM.EXT   the matching samples' images (videos: mp4; a sample's sound:
+                                         STEM.wav), byte for byte (a stem that is not a plain name: a
+                                         digest, names.py)
     OUT/_inspect/pages/.inspect-files    what this write made: the next one into the folder removes
                                          those it does not make again (written.py), nothing else
 
 Filters, all of them must hold: `signature` (a part of it, e.g. `128x128` or `/s20/`), `text` (in
 the prompt or the key, any case), `mode` (replay, eager, mixed), `flag` (nonfinite: NaN/Inf
 images; truncated: prompts cut to the model's length). One pass over the shards in index order:
-memory holds one page of samples, and a page is written once the next one has begun.
+memory holds one page of samples, and a page is written once the next one has begun. Each caption
+says what the file holds, as the gallery's do (an image's size; a clip's frames, size and fps; the
+sound's length), read from the headers: nothing is decoded, however many samples the run holds.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import List, Optional, Sequence
 
 from jobs.errors import UserError
 from jobs.look.gallery import Figure, gallery_html, nav_html
+from jobs.look.media_info import PyAVCheck, image_size, sound_info, video_header
 from jobs.look.names import safe_name
 from jobs.look.written import WrittenFiles
 
@@ -63,7 +67,7 @@ def page_name(n: int) -> str:
     return f"page-{n:04d}.html"
 
 
-def write_pages(samples, out: Path, flt: Filter, page_size: int, title: str) -> int:
+def write_pages(samples, out: Path, flt: Filter, page_size: int, title: str, pyav: PyAVCheck) -> int:
     """`samples`: (stem, ext, raw webdataset sample, its json) in shard order. Returns how many matched.
     The pages and images an earlier write left in `out` and this one does not write again are removed."""
     if page_size < 1:
@@ -82,15 +86,31 @@ def write_pages(samples, out: Path, flt: Filter, page_size: int, title: str) -> 
             matched += 1
             rel = f"images/{safe_name(stem)}.{ext}"  # a crafted member name (../../x) picks no path
             files.path(rel).write_bytes(raw[ext])
+            info, sound = _caption(ext, raw[ext], pyav), None
+            if "wav" in raw:  # LTX-2's sound, beside its clip (or its one-frame image)
+                sound = f"images/{safe_name(stem)}.wav"
+                files.path(sound).write_bytes(raw["wav"])
+                info += f"; {sound_info(raw['wav'])}"
             page.append(Figure(src=rel, key=str(meta.get("key", stem)), prompt=str(meta.get("prompt", "")),
                                signature=str(meta.get("signature", "")), mode=str(meta.get("mode", "")),
                                seed=meta.get("seed"), shard=Path(raw["__url__"]).name,
-                               kind="video" if ext == "mp4" else "image"))
+                               kind="video" if ext == "mp4" else "image", audio=sound, info=info))
         if page:
             pages += 1
             _write_page(files, pages, page, title, flt, last=True)
         _write_index(files, pages, matched, page_size, title, flt)
     return matched
+
+
+def _caption(ext: str, data: bytes, pyav: PyAVCheck) -> str:
+    """What the file holds, from its header: an image's size, a clip's frames, size and fps."""
+    missing = pyav.missing() if ext == "mp4" else None
+    if missing is not None:
+        return missing
+    try:
+        return video_header(data).describe() if ext == "mp4" else image_size(data)
+    except Exception as e:  # noqa: BLE001 - a broken file is said on its page (verify names it), not a crash
+        return f"{ext} does not open: {e}"
 
 
 def _write_page(files: WrittenFiles, n: int, figures: Sequence[Figure], title: str, flt: Filter, last: bool) -> None:

@@ -23,7 +23,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from jobs.errors import UserError
 from jobs.look.contact_sheet import Tile, contact_sheet
 from jobs.look.gallery import Figure, gallery_html
-from jobs.look.media_info import PyAVCheck, video_info, wav_seconds
+from jobs.look.media_info import PyAVCheck, sound_info, video_info
 from jobs.look.names import safe_name
 from jobs.look.pages import Filter, write_pages
 from jobs.look.throughput_plot import throughput_plot
@@ -174,17 +174,20 @@ def select(paths: Sequence[Path], n: int) -> List[Sample]:
     return [found[i] for i in range(len(chosen))]
 
 
-def inspect_pages(output_dir: Path, out: Optional[Path], flt: Filter, page_size: int) -> Tuple[Path, int]:
-    """Every matching sample of the run, page by page (jobs/look/pages.py): (the pages' folder, matches)."""
+def inspect_pages(output_dir: Path, out: Optional[Path], flt: Filter, page_size: int,
+                  pyav: Optional[PyAVCheck] = None) -> Tuple[Path, int]:
+    """Every matching sample of the run, page by page (jobs/look/pages.py): (the pages' folder, matches).
+    `pyav`: the gallery's check, so that a missing PyAV is said once."""
     output_dir = Path(output_dir)
     folder = (Path(out) if out is not None else output_dir / DEFAULT_OUT) / PAGES_DIR
     writable(folder / "images")
     matched = write_pages(_media_samples(shard_paths(output_dir)), folder, flt, page_size,
-                          f"bcgen output: {output_dir}")
+                          f"bcgen output: {output_dir}", pyav or PyAVCheck())
     return folder, matched
 
 
-def inspect_output(output_dir: Path, out: Optional[Path] = None, samples: int = 36) -> Report:
+def inspect_output(output_dir: Path, out: Optional[Path] = None, samples: int = 36,
+                   pyav: Optional[PyAVCheck] = None) -> Report:
     if samples < 1:
         raise InspectError(f"--samples {samples}: give at least 1")
     output_dir = Path(output_dir)
@@ -196,15 +199,14 @@ def inspect_output(output_dir: Path, out: Optional[Path] = None, samples: int = 
     out = Path(out) if out is not None else output_dir / DEFAULT_OUT
     writable(out / "images")
     with WrittenFiles(out) as files:  # an earlier look's images of other samples, its plot: removed
-        report = _draw(output_dir, paths, chosen, files)
+        report = _draw(output_dir, paths, chosen, files, pyav or PyAVCheck())
     return report
 
 
-def _draw(output_dir: Path, paths: Sequence[Path], chosen: List[Sample], files: WrittenFiles) -> Report:
+def _draw(output_dir: Path, paths: Sequence[Path], chosen: List[Sample], files: WrittenFiles,
+          pyav: PyAVCheck) -> Report:
     """The sheet, the gallery page and the plot of `chosen`, into `files`' folder."""
     tiles, figures = [], []
-    pyav = PyAVCheck("the page plays the clips, but the sheet shows no frame of them and no caption says their "
-                     "frames, size and fps")
     for s in chosen:
         rel = f"images/{safe_name(s.stem)}.{s.ext}"
         files.path(rel).write_bytes(s.image)
@@ -213,7 +215,7 @@ def _draw(output_dir: Path, paths: Sequence[Path], chosen: List[Sample], files: 
         if s.audio is not None:
             sound = f"images/{safe_name(s.stem)}.wav"
             files.path(sound).write_bytes(s.audio)
-            info += f"; sound {wav_seconds(s.audio):.2f} s"
+            info += f"; {sound_info(s.audio)}"
         tiles.append(Tile(image=thumb, key=s.key, prompt=str(s.meta.get("prompt", ""))))
         m = s.meta
         figures.append(Figure(src=rel, key=s.key, prompt=str(m.get("prompt", "")),
