@@ -21,6 +21,7 @@ from jobs.hub import cached_snapshot, is_repo_id
 from jobs.models.base import ModelFamily
 from jobs.models.checkpoint import check_weights
 from jobs.models.lora import check_loras
+from jobs.models.lora_match import check_lora_targets
 from jobs.models.registry import get_family
 from jobs.models.scheduler import check_scheduler
 from jobs.output.claim import check_writable
@@ -54,6 +55,7 @@ def check_config(cfg: GenerateConfig, loads_weights: bool = True) -> Checked:
     _check_model_source(cfg, family)
     if loads_weights and cfg.model.path is not None:
         check_weights(cfg.model.path, family.components)
+    check_lora_targets(cfg.model.loras, family.pipeline_class, cfg.model.path)  # before the claim and the weights
     divisor = family.spatial_divisor(cfg.model)
     _check_sampling(cfg, family, divisor)
     if family.video:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from jobs.errors import UserError
 from jobs.models.base import DenoiseRequest
 from jobs.models.lora import lora_identity
 from jobs.models.registry import get_family
@@ -122,3 +123,74 @@ def test_loras_are_part_of_the_run_identity(lora_file, tmp_path):
     before = lora_identity(compose_cfg(["output_dir=/tmp/x", with_lora(copy)]).model.loras)
     copy.write_bytes(lora_file.read_bytes()[:-4] + b"\0\0\0\0")  # retrained under the same name
     assert lora_identity(compose_cfg(["output_dir=/tmp/x", with_lora(copy)]).model.loras) != before
+
+
+def renamed(lora_file, out, rename) -> tuple:
+    """A copy of `lora_file` with `rename(i, key)` applied to each key: (its path, the keys renamed)."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(lora_file))
+    moved = {k: rename(i, k) for i, k in enumerate(tensors)}
+    save_file({moved[k]: v for k, v in tensors.items()}, str(out))
+    return out, sorted(new for k, new in moved.items() if new != k), len(tensors)
+
+
+def partly_renamed(lora_file, out) -> tuple:
+    """Every third tensor's key names a module this transformer lacks (`attn1` -> `attn9`)."""
+    return renamed(lora_file, out, lambda i, k: k.replace(".attn1.", ".attn9.") if i % 3 == 0 else k)
+
+
+def test_a_lora_that_matches_the_model_only_in_part_is_refused_before_it_is_fused(lora_file, tmp_path):
+    partial, moved, total = partly_renamed(lora_file, tmp_path / "partial.safetensors")
+    assert 0 < len(moved) < total
+    with pytest.raises(UserError) as e:
+        tiny_pipeline("sana_tiny", with_lora(partial))
+    message = str(e.value)
+    assert message.startswith(f"model.loras[0].path='{partial}': {len(moved)} of its {total} LoRA tensors match no "
+                              f"layer of SanaPipeline's transformer ({total - len(moved)} do), e.g. {moved[0]!r}, "
+                              f"{moved[1]!r}, {moved[2]!r}; fused, the LoRA would apply in part"), message
+    assert "for another model, or its keys are in a format diffusers does not convert" in message
+
+    # A LoRA saved for another component (here `unet.`) reaches nothing: refused, not a traceback from fuse_lora.
+    other, moved, total = renamed(lora_file, tmp_path / "unet.safetensors",
+                                  lambda i, k: "unet." + k.removeprefix("transformer."))
+    with pytest.raises(UserError, match=f"{total} of its {total} LoRA tensors match no layer .* \\(0 do\\).* "
+                                        f"would apply not at all"):
+        tiny_pipeline("sana_tiny", with_lora(other))
+
+
+def test_a_lora_for_the_transformer_and_the_text_encoder_reaches_both(tmp_path):
+    """Flux loads LoRAs into its text encoder too: a LoRA with layers in both is whole, and loads."""
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import get_peft_model_state_dict, inject_adapter_in_model
+
+    _, _, pipe = tiny_pipeline("flux_tiny")
+    torch.manual_seed(1)
+    adapter = dict(r=4, lora_alpha=4, init_lora_weights=False)
+    inject_adapter_in_model(PeftLoraConfig(target_modules=["to_q"], **adapter), pipe.transformer)
+    inject_adapter_in_model(PeftLoraConfig(target_modules=["q_proj"], **adapter), pipe.text_encoder)
+    type(pipe).save_lora_weights(tmp_path, transformer_lora_layers=get_peft_model_state_dict(pipe.transformer),
+                                 text_encoder_lora_layers=get_peft_model_state_dict(pipe.text_encoder))
+    both = tmp_path / "pytorch_lora_weights.safetensors"
+    _, _, fused = tiny_pipeline("flux_tiny", with_lora(both))
+    assert fused.get_list_adapters() == {}
+
+
+@pytest.mark.slow
+def test_a_job_refuses_a_partial_lora_before_it_claims_output_dir(lora_file, tmp_path):
+    """With model.path, the transformer's weight names (their headers) settle it in the config check: the job
+    exits 2 with the message, output_dir is never claimed, and the whole LoRA then runs there."""
+    from tests.test_exit_paths import refused
+    from tests.test_resume_kill import FAST, cli, log_of
+
+    _, _, plain = tiny_pipeline("sana_tiny")
+    plain.save_pretrained(tmp_path / "ckpt", safe_serialization=True)
+    partial, moved, total = partly_renamed(lora_file, tmp_path / "partial.safetensors")
+    out = tmp_path / "out"
+    args = ["model=sana", f"model.path={tmp_path / 'ckpt'}", "model.complex_human_instruction=null",
+            "dataset.limit=2", f"output_dir={out}", *FAST]
+    text = refused(*args, with_lora(partial))
+    assert f"{len(moved)} of its {total} LoRA tensors match no layer of SanaPipeline's transformer" in text
+    assert not out.exists()
+    proc = cli(*args, with_lora(lora_file))
+    assert proc.returncode == 0, log_of(proc)

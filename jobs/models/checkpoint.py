@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Set
 
 from jobs.errors import UserError
 
@@ -118,6 +118,28 @@ def safetensors_damage(path: str) -> Optional[str]:
     if end != size:
         return f"its tensors end at byte {end}, the file has {size}"
     return None
+
+
+def weight_names(folder: str) -> Optional[Set[str]]:
+    """The tensor names of a component's safetensors weights, from its index or the files' headers (no tensor
+    is read); None where the folder holds no readable weights (a plan may run where only the configs are)."""
+    from safetensors import SafetensorError, safe_open
+
+    if not os.path.isdir(folder):
+        return None
+    names = os.listdir(folder)
+    indexes = sorted(n for n in names if n.endswith(".safetensors.index.json"))
+    try:
+        if indexes:
+            return {k for index in indexes for k in read_json(os.path.join(folder, index))["weight_map"]}
+        files = sorted(n for n in names if n.endswith(".safetensors"))
+        found: Set[str] = set()
+        for name in files:
+            with safe_open(os.path.join(folder, name), framework="pt") as f:
+                found.update(f.keys())
+        return found or None
+    except (OSError, ValueError, KeyError, TypeError, SafetensorError):
+        return None  # check_weights names a damaged checkpoint where the weights are loaded
 
 
 def refuse_pickle_only(folder: str) -> None:

@@ -7,9 +7,11 @@ fused weights remain and the transformer is the plain diffusers module again, so
 wraps ordinary layers with no per-call LoRA branch, and replay equals eager with the same LoRA.
 The result equals the same three calls made by hand (tests/test_models_lora.py).
 
-Each LoRA is fused before the next loads, each at its own scale. Fusing rounds once, into the
-storage dtype: images differ from an unfused adapter run by float rounding (3.6e-7 on the tiny
-SANA preset), not by the LoRA's effect.
+Each LoRA must reach the pipeline whole: one some of whose tensors match no layer (a LoRA for
+another model, or a key format diffusers does not convert for this pipeline) is refused before it
+is fused (jobs/models/lora_match.py). Each LoRA is fused before the next loads, each at its own
+scale. Fusing rounds once, into the storage dtype: images differ from an unfused adapter run by
+float rounding (3.6e-7 on the tiny SANA preset), not by the LoRA's effect.
 
 Needs peft >= 0.17: below that diffusers 0.42 turns its PEFT backend off (MIN_PEFT_VERSION) and
 its LoRA methods refuse to run. Install it with `pip install 'bcgen[lora]'`.
@@ -24,6 +26,7 @@ from typing import Sequence
 
 from jobs.config import LoraConfig
 from jobs.errors import UserError
+from jobs.models.lora_match import check_lora_reached
 
 log = logging.getLogger(__name__)
 
@@ -69,9 +72,9 @@ def apply_loras(pipe, loras: Sequence[LoraConfig], pipeline_class: str) -> None:
         return
     check_loras(loras, pipeline_class)
     for i, lora in enumerate(loras):
-        name = f"bcgen_lora_{i}"
-        pipe.load_lora_weights(str(Path(lora.path).expanduser()), adapter_name=name, local_files_only=True,
-                               use_safetensors=True)
+        name, path = f"bcgen_lora_{i}", Path(lora.path).expanduser()
+        pipe.load_lora_weights(str(path), adapter_name=name, local_files_only=True, use_safetensors=True)
+        check_lora_reached(pipe, path, name, f"model.loras[{i}].path")  # diffusers only warns about the rest
         # Every component this LoRA reached (e.g. Flux's text encoder too), not only the default
         # "transformer": unload would silently drop an unfused component's part of the LoRA.
         components = sorted(c for c, names in pipe.get_list_adapters().items() if name in names)
