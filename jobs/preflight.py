@@ -56,6 +56,7 @@ def check_config(cfg: GenerateConfig, loads_weights: bool = True) -> Checked:
     if loads_weights and cfg.model.path is not None:
         check_weights(cfg.model.path, family.components)
     check_lora_targets(cfg.model.loras, family.pipeline_class, cfg.model.path)  # before the claim and the weights
+    _check_text_length(cfg, family)
     divisor = family.spatial_divisor(cfg.model)
     _check_sampling(cfg, family, divisor)
     if family.video:
@@ -101,6 +102,16 @@ def _check_model_source(cfg: GenerateConfig, family: ModelFamily) -> None:
                         f"pass model.path=/local/diffusers/folder")
     else:
         family.check_tiny(cfg.model)
+
+
+def _check_text_length(cfg: GenerateConfig, family: ModelFamily) -> None:
+    """model.max_sequence_length fits the text encoder and the pipeline (ModelFamily.text_length_limit). Text
+    buckets need no check of their own: every padder drops or ignores those above it (padding/)."""
+    found = family.text_length_limit(cfg.model)
+    if found is not None and cfg.model.max_sequence_length > found[0]:
+        limit, why = found
+        raise UserError(f"model.max_sequence_length={cfg.model.max_sequence_length}, but {why}; set "
+                        f"model.max_sequence_length={limit} or less")
 
 
 def _check_sampling(cfg: GenerateConfig, family: ModelFamily, d: int) -> None:

@@ -43,6 +43,7 @@ def _without(args, override: str) -> list:
     ("bcg.batch_grow=maybe", "bcg.batch_grow='maybe'"),
     ("dataset=jsonl", "dataset.format=jsonl but dataset.path is empty: pass dataset.path=/your/prompts.jsonl"),
     ("sampling.steps=2,4", "command line: 'sampling.steps=2,4' sweeps over several values; add -m (--multirun)"),
+    ("model.max_sequence_length=600", "model.max_sequence_length=600, but sana_tiny's text encoder"),
 ])
 def test_config_errors_exit_2_before_anything_is_created(tmp_path, override, message):
     out = tmp_path / "out"

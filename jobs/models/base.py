@@ -197,6 +197,13 @@ class ModelFamily:
 
         return getattr(cfg.tiny, name) if cfg.path is None else component_config(cfg.path, name)
 
+    def text_length_limit(self, cfg: ModelConfig) -> Optional[Tuple[int, str]]:
+        """The largest model.max_sequence_length this model can run, and what sets it (said after
+        "model.max_sequence_length=N, but"), from configs alone: the config check refuses a larger one
+        before any weight loads (it failed after the load, or cut prompts silently). None where nothing
+        sets one: relative (T5) and rotary (Gemma, Qwen) text positions run at any length."""
+        return None
+
     def text_lengths(self, tokenizer, prompts: Sequence[str], cfg: ModelConfig, instruction: bool) -> List[TextLength]:
         raise NotImplementedError
 

@@ -14,7 +14,7 @@ ignores the scale. FluxPipeline's optional `true_cfg_scale` is not used.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, List, Sequence
+from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 
 from jobs.config import ModelConfig
 from jobs.models.base import DenoiseRequest, ModelFamily, TextLength, cpu_generators
@@ -24,6 +24,8 @@ from padding import TextEmbeds
 
 if TYPE_CHECKING:
     import torch
+
+T5_MAX = 512  # FluxPipeline.check_inputs: "`max_sequence_length` cannot be greater than 512"
 
 
 class FluxFamily(ModelFamily):
@@ -57,6 +59,11 @@ class FluxFamily(ModelFamily):
         return 2 ** (len(vae["block_out_channels"]) - 1) * 2  # VAE x the 2x2 latent packing
 
     # -- text ------------------------------------------------------------------------------
+    def text_length_limit(self, cfg: ModelConfig) -> Optional[Tuple[int, str]]:
+        # T5 has relative positions; the cap is the pipeline's own (CLIP always takes its 77 tokens).
+        return T5_MAX, (f"FluxPipeline takes at most {T5_MAX} T5 text positions (its check_inputs refuses more, "
+                        f"once the model has loaded)")
+
     def text_lengths(self, tokenizer, prompts: Sequence[str], cfg: ModelConfig, instruction: bool) -> List[TextLength]:
         limit = cfg.max_sequence_length
         raw = [len(ids) for ids in tokenizer(list(prompts))["input_ids"]]

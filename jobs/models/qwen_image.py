@@ -23,7 +23,7 @@ transformers class from a config dict, and a fresh offline tokenizer.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, List, Protocol, Sequence, cast
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Protocol, Sequence, Tuple, cast
 
 from jobs.config import ModelConfig
 from jobs.models.base import DenoiseRequest, ModelFamily, TextLength, cpu_generators
@@ -122,6 +122,12 @@ class QwenImageFamily(ModelFamily):
         return 2 ** len(vae["temperal_downsample"]) * 2
 
     # -- text ------------------------------------------------------------------------------
+    def text_length_limit(self, cfg: ModelConfig) -> Optional[Tuple[int, str]]:
+        # Qwen2.5-VL has rotary positions; the cap is the pipeline's: past it a prompt was cut at 1024
+        # tokens (not counted as truncated) and the call refused with a traceback.
+        return TOKENIZER_MAX, (f"QwenImagePipeline encodes at most {TOKENIZER_MAX} prompt tokens (its "
+                               f"tokenizer_max_length; its check_inputs refuses more, once the model has loaded)")
+
     def text_lengths(self, tokenizer, prompts: Sequence[str], cfg: ModelConfig, instruction: bool) -> List[TextLength]:
         limit = cfg.max_sequence_length
         texts = [PROMPT_TEMPLATE.format(p) for p in prompts]

@@ -9,10 +9,11 @@ embeddings to the text bucket.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, List, Optional, Sequence
+import os
+from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 
 from jobs.config import ModelConfig
-from jobs.models import demo_weights, text_encoders
+from jobs.models import demo_weights, text_encoders, text_positions
 from jobs.models.base import DenoiseRequest, ModelFamily, TextLength, cpu_generators
 from jobs.models.registry import register_family
 from jobs.models.tiny import build_scheduler
@@ -61,6 +62,34 @@ class SanaFamily(ModelFamily):
             assert cfg.tiny is not None  # preflight refuses model.path=None without a tiny section
             return text_encoders.load_tokenizer(cfg.tiny.text_encoder)
         return super().load_tokenizer(cfg)
+
+    def text_length_limit(self, cfg: ModelConfig) -> Optional[Tuple[int, str]]:
+        # Gemma-2 (the real checkpoints) has rotary positions: no limit. An encoder with learned absolute
+        # positions (the tiny preset's MiniLM, a BERT) has max_position_embeddings of them, and the
+        # instruction prefix takes its tokens - 2 of them (encode_prompt's max_length_all).
+        where, config = self.text_encoder_config(cfg)
+        positions = None if config is None else text_positions.position_limit(config)
+        if positions is None:
+            return None
+        why = f"{cfg.name}'s text encoder ({where}) has {positions} learned positions"
+        if not cfg.complex_human_instruction:
+            return positions, why
+        taken = len(self.load_tokenizer(cfg).encode("\n".join(cfg.complex_human_instruction))) - 2
+        return positions - taken, f"{why}, and model.complex_human_instruction takes {taken} of them"
+
+    def text_encoder_config(self, cfg: ModelConfig) -> Tuple[str, Optional[dict]]:
+        """(where it is, the text encoder's config): the checkpoint's config.json, or the tiny preset's encoder
+        (a name or folder, as SANA's tiny preset names it, or a section with a class_name)."""
+        if cfg.path is None:
+            assert cfg.tiny is not None  # preflight refuses model.path=None without a tiny section
+            spec = cfg.tiny.text_encoder
+            if not isinstance(spec, str):
+                return f"model.tiny.text_encoder: {spec['class_name']}", {"class_name": spec["class_name"],
+                                                                           **spec["config"]}
+            folder = text_encoders.resolve_encoder_path(spec)
+        else:
+            folder = os.path.join(cfg.path, "text_encoder")
+        return os.path.join(folder, "config.json"), text_positions.encoder_config(folder)
 
     def spatial_divisor(self, cfg: ModelConfig) -> int:
         vae, tr = self.component_config(cfg, "vae"), self.component_config(cfg, "transformer")

@@ -14,7 +14,7 @@ families); otherwise the pipeline gets 0, which turns its CFG off (Z-Image-Turbo
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, List, Sequence
+from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 
 from jobs.config import ModelConfig
 from jobs.models.base import DenoiseRequest, ModelFamily, TextLength, cpu_generators
@@ -24,6 +24,11 @@ from padding import TextEmbeds
 
 if TYPE_CHECKING:
     import torch
+
+# diffusers' transformer_z_image.py: captions and images are padded to multiples of SEQ_MULTI_OF, and
+# axes_lens defaults to this where a transformer config leaves it out.
+SEQ_MULTI_OF = 32
+AXES_LENS = (1024, 512, 512)
 
 
 def chat_texts(tokenizer, prompts: Sequence[str]) -> List[str]:
@@ -66,6 +71,16 @@ class ZImageFamily(ModelFamily):
         return 2 ** (len(vae["block_out_channels"]) - 1) * patch
 
     # -- text ------------------------------------------------------------------------------
+    def text_length_limit(self, cfg: ModelConfig) -> Optional[Tuple[int, str]]:
+        # Qwen3 has rotary positions, but the transformer's rope table does not: `patchify_and_embed` pads a
+        # caption to a multiple of SEQ_MULTI_OF and numbers it 1.., the image from the next position, and a
+        # position past the table was an IndexError (CUDA: a device-side assert) once a long prompt came.
+        rows = int(list(self.component_config(cfg, "transformer").get("axes_lens", AXES_LENS))[0])
+        most = (rows - 2) // SEQ_MULTI_OF * SEQ_MULTI_OF
+        return most, (f"ZImageTransformer2DModel's rope table has {rows} positions on its text axis (the "
+                      f"transformer's axes_lens[0]), and a caption padded to a multiple of {SEQ_MULTI_OF} plus the "
+                      f"image's first position must fit in them: at most {most} caption tokens")
+
     def text_lengths(self, tokenizer, prompts: Sequence[str], cfg: ModelConfig, instruction: bool) -> List[TextLength]:
         limit = cfg.max_sequence_length
         raw = [len(ids) for ids in tokenizer(chat_texts(tokenizer, prompts))["input_ids"]]
