@@ -1,6 +1,6 @@
 """TEST HOOK, not a feature: make a job kill itself at a chosen instant (the kill tests).
 
-`BCGEN_TEST_KILL_AT=plan | batch:N | shard-write:N | upload:N` names the instant; unset, each
+`BCGEN_TEST_KILL_AT=plan | load | batch:N | shard-write:N | upload:N` names the instant; unset, each
 hook costs one environment lookup. It lives apart from every room so the planner, the worker and
 the object-store mirror can all call it without importing each other.
 """
@@ -20,8 +20,9 @@ KILL_SIGNAL_ENV = "BCGEN_TEST_KILL_SIGNAL"
 
 
 def kill_hook(point: str, count: int = 0, output_dir: Optional[Path] = None) -> None:
-    """TEST HOOK, not a feature: BCGEN_TEST_KILL_AT=plan | batch:N | shard-write:N | upload:N makes
-    the job signal itself (BCGEN_TEST_KILL_SIGNAL, default KILL) during planning, after the first
+    """TEST HOOK, not a feature: BCGEN_TEST_KILL_AT=plan | load | batch:N | shard-write:N | upload:N makes
+    the job signal itself (BCGEN_TEST_KILL_SIGNAL, default KILL) during planning, as its model starts
+    loading (it has joined the plan and holds no unit yet), after the first
     item of batch N is handed to the sink, while a shard is open after N shards were committed, or
     (an object-store output_dir) once shard N's tar and sidecars are uploaded but not its manifest,
     so the kill tests hit those instants deterministically. Unset, it costs one environment lookup."""

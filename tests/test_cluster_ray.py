@@ -142,6 +142,7 @@ def test_two_actors_write_every_key_once_as_one_process_does(cluster, data, refe
     index = json.loads((out / "index.wids.json").read_text())
     assert sum(s["nsamples"] for s in index["shardlist"]) == N
     assert os.listdir(out / "_plan" / "leases") == []  # the driver released every unit
+    assert os.listdir(out / "_plan" / "workers") == []  # and its hold on the run, taken as it joined the plan
     assert "job 40/40 items (100.0%)" in log and "2 worker(s) on Ray" in log
     waited(summary, outside, log)
 

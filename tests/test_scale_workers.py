@@ -1,5 +1,6 @@
 """Workers leasing units of one plan, through the real CLI: started at different times, killed and
-restarted, mixed layouts at once, a hung worker's lease expiring, job.overwrite against a live lease.
+restarted, mixed layouts at once, a hung worker's lease expiring, job.overwrite against a live lease
+or a live worker that holds none.
 
 Every test reads the shards back with webdataset and asserts each dataset key exactly once.
 """
@@ -133,3 +134,27 @@ def test_a_hung_workers_lease_expires_and_another_worker_finishes_its_unit(job):
         hung.kill()
         hung.communicate()
     every_key_once(rows, out)
+
+
+def test_overwrite_while_a_worker_loads_its_model_is_refused_until_it_is_gone(job):
+    """A worker holds no unit's lease while it loads its model: job.overwrite wiped the folder under it (found
+    in session 55), and it then failed, or wrote into the new run's folder. Its hold on the run refuses that."""
+    rows, out, args = job
+    holder = start(*args, env={"BCGEN_TEST_KILL_AT": "load", "BCGEN_TEST_KILL_SIGNAL": "STOP"})
+    try:
+        wait_stopped(holder)  # joined the plan, loading its model, no lease
+        assert os.listdir(out / "_plan" / "leases") == []
+        before = files(out)
+        refused = cli(*args, "sampling.steps=3", "job.overwrite=true")
+        text = log_of(refused)
+        assert refused.returncode == 2, text
+        assert "job.overwrite=true refused" in text and f"(pid {holder.pid} on " in text, text
+        assert "Nothing was deleted" in text and "Wait for them to finish, or stop them" in text
+        assert "Traceback" not in text and files(out) == before
+    finally:
+        holder.kill()
+        holder.communicate()
+    fresh = cli(*args, "sampling.steps=3", "job.overwrite=true")  # its process is gone: it holds nothing
+    assert fresh.returncode == 0, log_of(fresh)
+    every_key_once(rows, out)
+    assert os.listdir(out / "_plan" / "workers") == []

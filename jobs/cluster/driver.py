@@ -40,6 +40,7 @@ from jobs.preflight import Checked, check_config
 from jobs.telemetry import startup
 from jobs.telemetry.summary import JobStats, StageTimer
 from jobs.worker.prepare import check_done_units, renderer_of
+from jobs.worker.presence import Presence
 from jobs.worker.stop import StopFlag
 
 log = logging.getLogger("jobs.cluster")
@@ -60,21 +61,26 @@ def run_ray_job(cfg: GenerateConfig) -> JobStats:
     # machine's plain run) is refused while this one is live. Actors stage per node, unclaimed: their
     # units come from this driver, never from lease files another folder could also grant.
     staging = shards.claim_staging(cfg.job.lease_ttl_s)
+    # The driver's hold on the run, taken as it joins the plan and kept to its end: its actors load their
+    # models holding no unit, and a job.overwrite of the folder is refused meanwhile (jobs/worker/presence.py).
+    presence = Presence(checked.output_dir / PLAN_DIR, f"{HOST}:{os.getpid()}:ray-driver", cfg.job.lease_ttl_s)
     startup.mark("connect")  # the start-up ends where the plan begins, as a worker's does
     try:
-        return _run_claimed(cfg, checked, shards, address, workers)
+        return _run_claimed(cfg, checked, shards, address, workers, presence)
     finally:
+        presence.release()
         if staging is not None:
             staging.release()
 
 
 def _run_claimed(cfg: GenerateConfig, checked: Checked, shards: LocalShards, address: str,
-                 workers: int) -> JobStats:
+                 workers: int, presence: Presence) -> JobStats:
     timer = StageTimer()
     with timer("plan"):
         # The actors' device (for_actors), with the driver's CPU threads: CPU actors take the count the
         # identity records (actor.py's match_threads).
-        manifest = join_or_make_plan(cfg, shards, checked.divisor, renderer_of(torch.device(cfg.device)))
+        manifest = join_or_make_plan(cfg, shards, checked.divisor, renderer_of(torch.device(cfg.device)),
+                                     on_joined=presence.take)
         check_done_units(cfg, manifest, shards, checked.output_dir, f"{HOST}:{os.getpid()}:ray-driver")
     plan_dir = checked.output_dir / PLAN_DIR
     done = done_units(plan_dir)

@@ -25,7 +25,7 @@ from filelock import FileLock
 
 from jobs.errors import UserError
 from jobs.output.layout import LOCK_DIR, LOG_DIR, PLAN_DIR, PLAN_FILE, RUN_DIRS, RUN_FILE, RUN_FILES, SHARD_GLOB
-from jobs.output.leases import live_leases
+from jobs.output.leases import live_holders, live_leases
 from sinks.atomic import atomic_write_bytes, fsync_dir, write_synced
 from sinks.sidecars import sidecar_globs
 from sinks.tar_shard import link_no_replace
@@ -266,13 +266,7 @@ def publish_once(path: Path, data: bytes) -> bool:
 
 
 def wipe(output_dir: Path, shard_glob: str) -> None:
-    # A live lease means a worker is writing into this run right now: deleting under it would
-    # leave a half-deleted folder that the worker keeps filling. Refuse before touching anything.
-    live = live_leases(output_dir / PLAN_DIR)
-    if live:
-        raise UserError(f"job.overwrite=true refused: {len(live)} worker lease(s) in output_dir={str(output_dir)!r} "
-                         f"are live ({'; '.join(lease.describe() for lease in live[:3])}). Nothing was deleted. "
-                         f"Stop those workers (or wait for their leases to expire), then rerun with job.overwrite=true")
+    refuse_while_held(output_dir)
     removed = 0
     for glob in (*sidecar_globs(shard_glob), shard_glob):  # a shard's parquet and stats before the shard
         for p in list(output_dir.glob(glob)) + list(output_dir.glob("." + glob + "*")):
@@ -285,6 +279,24 @@ def wipe(output_dir: Path, shard_glob: str) -> None:
             shutil.rmtree(output_dir / name)
     log.warning("job.overwrite=true: removed %d shard file(s), the plan and the old run's index/summary in %s",
                 removed, output_dir)
+
+
+def refuse_while_held(output_dir: Path) -> None:
+    """A live worker is in this run right now (generating a unit, or loading its model, sizing batches,
+    waiting between units): deleting under it would leave a half-deleted folder that it keeps filling,
+    or fails in. Refuse before touching anything. A worker that is gone (its process on this host, or
+    not heard from for its ttl) holds nothing."""
+    plan_dir = output_dir / PLAN_DIR
+    workers, leases = live_holders(plan_dir), live_leases(plan_dir)
+    if not workers and not leases:
+        return
+    held = {(w.host, w.pid) for w in workers}  # a worker holding a unit is named once, by its hold
+    named = [w.describe() for w in workers] + [u.describe() for u in leases if (u.host, u.pid) not in held]
+    raise UserError(f"job.overwrite=true refused: output_dir={str(output_dir)!r} is in use by {len(named)} live "
+                    f"worker(s) of its run ({'; '.join(named[:3])}{'; ...' if len(named) > 3 else ''}). Nothing "
+                    f"was deleted. Wait for them to finish, or stop them, then rerun with job.overwrite=true (a "
+                    f"worker killed on another host counts as live until job.lease_ttl_s passes without its "
+                    f"heartbeat)")
 
 
 @contextlib.contextmanager

@@ -6,7 +6,7 @@
       summary.json                 the job's summary, merged over its parts
       errors.jsonl                 bad rows (dataset.on_error=skip) and NaN images (job.on_nonfinite=ledger)
       run.json                     the run's identity: a rerun with another one is refused
-      _plan/                       plan.json, unit-NNNNNNN.parquet, batching.json, done/, leases/
+      _plan/                       plan.json, unit-NNNNNNN.parquet, batching.json, done/, leases/, workers/
       _manifest/                   one json per committed shard (sinks/manifest.py)
       _quarantine/                 shards that no longer matched their manifest, with log.jsonl
       _summary/ _progress/ _timeline/    per-part summaries, live progress, per-batch timelines
@@ -49,6 +49,7 @@ PLAN_FILE = "plan.json"
 BATCHING_FILE = "batching.json"
 DONE_DIR = "done"  # _plan/done/unit-NNNNNNN.json: the unit's shards are all committed
 LEASE_DIR = "leases"  # _plan/leases/unit-NNNNNNN.lease: a worker holds the unit
+WORKER_DIR = "workers"  # _plan/workers/HOST-PID.lease: a worker is in the run (jobs/output/leases.py)
 
 # What a run owns besides its shards: a wipe removes these, a mirror keeps the remote copy of each.
 RUN_FILES = (RUN_FILE, ERRORS_FILE, INDEX_FILE, SUMMARY_FILE)
@@ -102,5 +103,5 @@ __all__ = [
     "BATCHING_FILE", "DONE_DIR", "ERRORS_FILE", "INDEX_FILE", "LEASE_DIR", "LOCK_DIR", "LOG_DIR", "MANIFEST_DIR",
     "PLAN_DIR", "PLAN_FILE", "PROGRESS_DIR", "QUARANTINE_DIR", "QUARANTINE_LOG", "RUN_DIRS", "RUN_FILE",
     "RUN_FILES", "SHARD_GLOB", "STAGING_ID_FILE", "STAGING_MARKER_DIR", "SUMMARY_DIR", "SUMMARY_FILE",
-    "TIMELINE_DIR", "run_folder_name", "unit_name", "unit_shard_glob", "unit_shard_pattern",
+    "TIMELINE_DIR", "WORKER_DIR", "run_folder_name", "unit_name", "unit_shard_glob", "unit_shard_pattern",
 ]

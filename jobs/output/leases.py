@@ -3,9 +3,16 @@
     _plan/leases/unit-NNNNNNN.lease     published by a hard link (fails if the name exists): one winner
     content: owner, host, pid, process start time, ttl     heartbeat: the file's mtime (futimes)
 
+    _plan/workers/HOST-PID.lease        a worker's hold on the run itself, the same format (unit -1):
+                                        from its join of the plan to its end, whether it holds a unit or not
+
+A unit's lease covers the time a worker generates that unit; the worker's hold covers the rest of its
+life in the run (loading its model, sizing batches, waiting between units, writing the index), when
+a wipe of the folder (job.overwrite) would pull the run out from under it just the same.
+
 This is the format and how to read it (who holds what, is it expired), which the claim's wipe
-and the planner need as much as a worker; taking, beating and breaking leases is the worker's
-(jobs/worker/lease.py).
+and the planner need as much as a worker; taking, beating and breaking leases and holds is the
+worker's (jobs/worker/lease.py, jobs/worker/presence.py).
 
 A lease whose holder ran on this host and whose process is gone (SIGKILL, OOM kill) counts as
 expired at once: waiting for the ttl would only delay a restart on the same node.
@@ -15,13 +22,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional
 
-from jobs.output.layout import LEASE_DIR, unit_name
+from jobs.output.layout import LEASE_DIR, WORKER_DIR, unit_name
 
 
 def process_start_time(pid: int) -> Optional[int]:
@@ -65,7 +73,10 @@ class LeaseInfo:
         return self.age(now) > self.ttl_s or self.holder_dead_here()
 
     def describe(self) -> str:
-        return f"unit {self.unit} held by {self.owner} (pid {self.pid} on {self.host}, heartbeat {self.age():.0f}s ago)"
+        where = f"pid {self.pid} on {self.host}, heartbeat {self.age():.0f}s ago"
+        if self.unit < 0:  # a worker's hold on the run (holder_path), not a unit's lease
+            return f"worker {self.owner} ({where})"
+        return f"unit {self.unit} held by {self.owner} ({where})"
 
 
 def pid_alive(pid: int) -> bool:
@@ -105,17 +116,30 @@ DAMAGED_LEASE_TTL_S = 600.0  # job.lease_ttl_s's default: a damaged lease's own 
 
 
 def _unit_of(path: Path) -> int:
-    """The unit a lease file names (unit-0000042.lease), or -1."""
-    digits = path.stem.partition("-")[2]
+    """The unit a lease file names (unit-0000042.lease), or -1 (a worker's hold: HOST-PID.lease)."""
+    digits = path.stem.partition("-")[2] if path.stem.startswith("unit-") else ""
     return int(digits) if digits.isdigit() else -1
 
 
 def live_leases(plan_dir: Path) -> List[LeaseInfo]:
-    d = plan_dir / LEASE_DIR
+    return _live(plan_dir / LEASE_DIR, "unit-*.lease")
+
+
+def holder_path(plan_dir: Path, host: str, pid: int) -> Path:
+    """A worker process's hold on the run: `_plan/workers/HOST-PID.lease`."""
+    return plan_dir / WORKER_DIR / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', host)}-{pid}.lease"
+
+
+def live_holders(plan_dir: Path) -> List[LeaseInfo]:
+    """The workers in the run now: heard from within their ttl, and not a process of this host that is gone."""
+    return _live(plan_dir / WORKER_DIR, "*.lease")
+
+
+def _live(d: Path, glob: str) -> List[LeaseInfo]:
     if not d.is_dir():
         return []
     out = []
-    for p in sorted(d.glob("unit-*.lease")):
+    for p in sorted(d.glob(glob)):
         info = read_lease(p)
         if info is not None and not info.expired():
             out.append(info)

@@ -25,7 +25,7 @@ import logging
 import os
 import shutil
 from pathlib import Path
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 from jobs.config import GenerateConfig
 from jobs.dataset import rewrite_error_ledger
@@ -75,61 +75,74 @@ def _digest_now(cfg: GenerateConfig, existing: PlanManifest) -> str:
 
 
 def join_or_make_plan(cfg: GenerateConfig, shards: LocalShards, divisor: int,
-                      renderer: Optional[Renderer] = None) -> PlanManifest:
+                      renderer: Optional[Renderer] = None,
+                      on_joined: Optional[Callable[[], None]] = None) -> PlanManifest:
     """The plan of output_dir (open_plan); with an object store, fetched from it first and published
     to it after (jobs/output/mirror.py), under one lock of the staging folder. `renderer`: the
-    worker's device; None for a job that renders nothing (`python -m jobs.plan`)."""
+    worker's device; None for a job that renders nothing (`python -m jobs.plan`). `on_joined`: called
+    once the plan is this job's, before the plan lock is let go (a worker takes its hold on the run
+    there: jobs/worker/presence.py)."""
     if not isinstance(shards, Mirror):
-        return open_plan(cfg, shards.output_dir, divisor, renderer=renderer)
+        return open_plan(cfg, shards.output_dir, divisor, renderer=renderer, on_joined=on_joined)
     with dir_lock(shards.output_dir, "mirror"):
         before = shards.hydrate(cfg.job.overwrite)
-        manifest = open_plan(cfg, shards.output_dir, divisor, shards.orphaned_shards, shards.remote_url, renderer)
+        manifest = open_plan(cfg, shards.output_dir, divisor, shards.orphaned_shards, shards.remote_url, renderer,
+                             on_joined)
         shards.publish_plan(before)
     return manifest
 
 
 def open_plan(cfg: GenerateConfig, output_dir: Path, divisor: int, shards_elsewhere: int = 0,
-              shown: Optional[str] = None, renderer: Optional[Renderer] = None) -> PlanManifest:
+              shown: Optional[str] = None, renderer: Optional[Renderer] = None,
+              on_joined: Optional[Callable[[], None]] = None) -> PlanManifest:
     """The plan this job works on (joined or made); raises UserError when the job must be refused.
-    `shards_elsewhere`, `shown`: an object store's shards and URL, as for open_run; `renderer`: as
-    for join_or_make_plan."""
-    plan_dir = output_dir / PLAN_DIR
+    `shards_elsewhere`, `shown`: an object store's shards and URL, as for open_run; `renderer`,
+    `on_joined`: as for join_or_make_plan."""
     with dir_lock(output_dir, "plan"):
-        claimed = _identity_in(output_dir / RUN_FILE)  # None: no run.json, or a damaged one
+        manifest = _open_locked(cfg, output_dir, divisor, shards_elsewhere, shown, renderer)
+        if on_joined is not None:  # under the lock: a job.overwrite after this sees the hold it takes
+            on_joined()
+        return manifest
+
+
+def _open_locked(cfg: GenerateConfig, output_dir: Path, divisor: int, shards_elsewhere: int,
+                 shown: Optional[str], renderer: Optional[Renderer]) -> PlanManifest:
+    plan_dir = output_dir / PLAN_DIR
+    claimed = _identity_in(output_dir / RUN_FILE)  # None: no run.json, or a damaged one
+    if (plan_dir / PLAN_FILE).exists():
+        try:
+            existing = read_manifest(plan_dir)
+            if cfg.job.verify == "full":
+                for unit in existing.units:
+                    check_unit_file(plan_dir, existing, unit.id)
+        except DamagedPlan as err:
+            if cfg.job.verify != "full":
+                raise
+            return _repair(cfg, output_dir, plan_dir, divisor, err, renderer, claimed)
+        run = claimed or existing.identity
+        weights = weights_now(cfg, existing.weights)  # weights changed in place: refused here, naming them
+        ident = _job_identity(cfg, _digest_now(cfg, existing), existing.dataset["records"], weights, renderer, run)
+        settles = renderer is not None and _pending(existing.identity, claimed)
+        differences = _run_differences(claimed, ident, settles)
+        if settles and not differences and _same_but_device(existing.identity, ident):
+            assert renderer is not None  # for mypy: `settles` says so
+            _settle_device(cfg, output_dir, plan_dir, existing, ident, renderer, claimed)
+        elif cfg.job.extend and only_dataset_changed(differences):
+            return _extend(cfg, output_dir, plan_dir, existing, divisor, weights, renderer, run)
+        open_run(output_dir, ident, cfg.job.overwrite, provenance=_provenance(cfg, renderer),
+                 shards_elsewhere=shards_elsewhere, shown=shown)  # same: joins; else refuses or wipes
         if (plan_dir / PLAN_FILE).exists():
-            try:
-                existing = read_manifest(plan_dir)
-                if cfg.job.verify == "full":
-                    for unit in existing.units:
-                        check_unit_file(plan_dir, existing, unit.id)
-            except DamagedPlan as err:
-                if cfg.job.verify != "full":
-                    raise
-                return _repair(cfg, output_dir, plan_dir, divisor, err, renderer, claimed)
-            run = claimed or existing.identity
-            weights = weights_now(cfg, existing.weights)  # weights changed in place: refused here, naming them
-            ident = _job_identity(cfg, _digest_now(cfg, existing), existing.dataset["records"], weights, renderer, run)
-            settles = renderer is not None and _pending(existing.identity, claimed)
-            differences = _run_differences(claimed, ident, settles)
-            if settles and not differences and _same_but_device(existing.identity, ident):
-                assert renderer is not None  # for mypy: `settles` says so
-                _settle_device(cfg, output_dir, plan_dir, existing, ident, renderer, claimed)
-            elif cfg.job.extend and only_dataset_changed(differences):
-                return _extend(cfg, output_dir, plan_dir, existing, divisor, weights, renderer, run)
-            open_run(output_dir, ident, cfg.job.overwrite, provenance=_provenance(cfg, renderer),
-                     shards_elsewhere=shards_elsewhere, shown=shown)  # same: joins; else refuses or wipes
-            if (plan_dir / PLAN_FILE).exists():
-                log.info("joining the plan in %s: %d items in %d units", plan_dir, existing.n_items,
-                         len(existing.units))
-                return existing
-        elif (output_dir / RUN_FILE).exists() and any(output_dir.glob(SHARD_GLOB)):
-            if not cfg.job.overwrite:
-                raise UserError(f"output_dir={str(output_dir)!r} holds shards of a run without a plan (an older "
-                                 f"bcgen, or a plan deleted by hand): its items cannot be matched to units. Use "
-                                 f"another output_dir, or job.overwrite=true to delete them and start over.")
-            wipe(output_dir, SHARD_GLOB)
-            claimed = None  # wiped: the new run's device part is this job's
-        return _make(cfg, output_dir, plan_dir, divisor, renderer, claimed)
+            log.info("joining the plan in %s: %d items in %d units", plan_dir, existing.n_items,
+                     len(existing.units))
+            return existing
+    elif (output_dir / RUN_FILE).exists() and any(output_dir.glob(SHARD_GLOB)):
+        if not cfg.job.overwrite:
+            raise UserError(f"output_dir={str(output_dir)!r} holds shards of a run without a plan (an older "
+                             f"bcgen, or a plan deleted by hand): its items cannot be matched to units. Use "
+                             f"another output_dir, or job.overwrite=true to delete them and start over.")
+        wipe(output_dir, SHARD_GLOB)
+        claimed = None  # wiped: the new run's device part is this job's
+    return _make(cfg, output_dir, plan_dir, divisor, renderer, claimed)
 
 
 def _job_identity(cfg: GenerateConfig, digest: str, records: int, weights: Optional[str],

@@ -21,6 +21,7 @@ from typing import Optional
 from bcg import GraphRunner
 from bcg.rewrites import Rewrite
 from jobs.errors import EnvironmentFailure
+from jobs.kill_hook import kill_hook
 from jobs.output.claim import run_id
 from jobs.output.done import done_units
 from jobs.output.layout import PLAN_DIR
@@ -109,6 +110,7 @@ def _load(prep: Prepared, stats: JobStats, timer: StageTimer) -> Loaded:
     cfg = prep.cfg
     parts = StageTimer()  # the load stage's own parts (summary.json's load_seconds): where a slow load went
     with timer("load"):
+        kill_hook("load")
         pipe = load_pipeline(prep.family, cfg, prep.device, parts)
         with parts("runner"):
             runner = attach_runner(prep.family, pipe, cfg)

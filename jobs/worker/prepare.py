@@ -2,9 +2,10 @@
 makes), its leases, its sink and where its shards go.
 
     prepare(cfg, ...) ─▶ check_config (jobs/preflight.py) ─▶ rank 0: join or make the plan of
-        output_dir (jobs/plan/publish.py; an object store: staged and published, jobs/output/mirror.py)
-        and check its done units (jobs/worker/recheck.py) ─▶ every rank: read the plan ─▶ Leaser +
-        UnitSink + LeasedPlan over it (assemble)
+        output_dir (jobs/plan/publish.py; an object store: staged and published, jobs/output/mirror.py),
+        take its hold on the run (jobs/worker/presence.py) and check its done units
+        (jobs/worker/recheck.py) ─▶ every rank: read the plan, take its hold ─▶ Leaser + UnitSink +
+        LeasedPlan over it (assemble)
 
 `assemble` is the part every kind of worker shares: a Ray actor (jobs/cluster/) builds the same
 sink and plan over the units its driver hands it instead of leases.
@@ -35,6 +36,7 @@ from jobs.telemetry import startup
 from jobs.telemetry.summary import StageTimer
 from jobs.worker.lease import Leaser
 from jobs.worker.leased_plan import LeasedPlan, PlanSettings
+from jobs.worker.presence import Presence
 from jobs.worker.ranks import Group, Topology
 from jobs.worker.recheck import Recheck, recheck_done_units
 from jobs.worker.stop import StopFlag
@@ -59,8 +61,12 @@ class Prepared:
     topo: Topology
     device: torch.device
     staging: Optional[StagingClaim] = None  # an object store's: released when the worker ends
+    presence: Optional[Presence] = None  # this worker's hold on the run: released when it ends
 
-    def release_staging(self) -> None:
+    def release_holds(self) -> None:
+        """The worker has ended: a job.overwrite of its run, and a job on another staging folder, may go on."""
+        if self.presence is not None:
+            self.presence.release()
         if self.staging is not None:
             self.staging.release()
 
@@ -72,29 +78,36 @@ def prepare(cfg: GenerateConfig, timer: StageTimer, group: Group, device: torch.
     shards = open_shards(cfg.output_dir, cfg.job.staging_dir, topo.task_count, cfg.dataset.keep_fields)
     # Before the plan is joined or made (job.overwrite may wipe the bucket): no second staging folder.
     staging = shards.claim_staging(cfg.job.lease_ttl_s)
+    owner = f"{HOST}:{os.getpid()}:part{group.topo.part}/{group.topo.parts}"
+    presence = Presence(checked.output_dir / PLAN_DIR, owner, cfg.job.lease_ttl_s)
     try:
-        return _prepare(cfg, checked, shards, staging, timer, group, device, stop)
+        prep = _prepare(cfg, checked, shards, staging, presence, owner, timer, group, device, stop)
     except BaseException:
+        presence.release()
         if staging is not None:
             staging.release()
         raise
+    prep.presence = presence
+    return prep
 
 
 def _prepare(cfg: GenerateConfig, checked: Checked, shards: LocalShards, staging: Optional[StagingClaim],
-             timer: StageTimer, group: Group, device: torch.device, stop: Optional[StopFlag]) -> Prepared:
+             presence: Presence, owner: str, timer: StageTimer, group: Group, device: torch.device,
+             stop: Optional[StopFlag]) -> Prepared:
     topo, output_dir = group.topo, checked.output_dir
     held = {}
     startup.mark("checks")  # the start-up ends where the plan begins
     with timer("plan"):
-        # Rank 0 joins or makes the plan (other jobs on output_dir wait on its lock); the other
-        # ranks read what it settled.
-        owner = f"{HOST}:{os.getpid()}:part{topo.part}/{topo.parts}"
-
+        # Rank 0 joins or makes the plan (other jobs on output_dir wait on its lock), taking its hold on
+        # the run under that lock; the other ranks read what it settled, covered by its hold until they
+        # take their own.
         def join_or_make() -> None:
-            manifest = held["manifest"] = join_or_make_plan(cfg, shards, checked.divisor, renderer_of(device))
+            manifest = held["manifest"] = join_or_make_plan(cfg, shards, checked.divisor, renderer_of(device),
+                                                            on_joined=presence.take)
             check_done_units(cfg, manifest, shards, output_dir, owner)
 
         group.agree(join_or_make, leader_only=True)
+    presence.take()
     plan_dir = output_dir / PLAN_DIR
     manifest = held.get("manifest") or read_manifest(plan_dir)
     leaser = Leaser(plan_dir, owner, cfg.job.lease_ttl_s, staging)

@@ -84,7 +84,7 @@ def _run(cfg: GenerateConfig, timer: StageTimer, group: Group, device: torch.dev
         try:
             finish(prep, stats, group, met=ended)
         finally:
-            prep.release_staging()  # last: a job on another staging folder may start once this one has ended
+            prep.release_holds()  # last: a job.overwrite, or a job on another staging folder, may go on now
     stop.forward()
     return stats
 
