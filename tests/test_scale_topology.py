@@ -92,6 +92,29 @@ def test_a_part_record_damaged_on_disk_is_left_out_and_the_summary_says_running(
     assert "part-0001-of-0002.json cannot be read" in caplog.text and "part 1 is left out" in caplog.text
 
 
+def test_a_parts_workers_at_once_all_count_and_its_earlier_runs_do_not(tmp_path):
+    """Two workers of part 0 started by hand wrote one part file between them (session 55): each writes its own.
+    A part's earlier run (killed, then resumed) is not counted again: its samples are the resume's "already done"."""
+    from jobs.telemetry.parts import drop_earlier_sessions, read_part_summaries, write_part_summary
+    from jobs.telemetry.summary import JobStats
+
+    def run(worker, started, ended, written, done_at_start):
+        stats = JobStats(status="complete", items_written=written, items_skipped_done=done_at_start,
+                         started=f"2026-12-01T10:{started}+00:00", ended=f"2026-12-01T10:{ended}+00:00")
+        write_part_summary(tmp_path, 0, 1, stats, done_at_start=done_at_start, worker=worker)
+
+    run("host-1", "00:00", "05:00", 4, 0)  # killed after 4 samples (SIGTERM: it wrote its record)
+    run("host-2", "10:00", "20:00", 5, 4)  # the resume, by hand, twice at once:
+    run("host-3", "12:00", "18:00", 3, 6)  # started once host-2 had done 2 more (which host-2 counts as written)
+    records = read_part_summaries(tmp_path, 1)
+    assert sorted(r["items_written"] for r in records) == [3, 5]
+    merged = merge_stats(records, parts=1)
+    assert (merged.items_written, merged.items_skipped_done, merged.status) == (8, 4, "complete")
+    drop_earlier_sessions(tmp_path, 1)
+    assert sorted(p.name for p in (tmp_path / "_summary").iterdir()) == ["part-0000-of-0001-host-2.json",
+                                                                        "part-0000-of-0001-host-3.json"]
+
+
 def test_merged_summary_keeps_each_load_parts_slowest():
     slow = dict(_part(0, "complete", 5, 2.0), load_seconds={"imports": 6.0, "weights": 0.4})
     fast = dict(_part(1, "complete", 3, 1.0), load_seconds={"imports": 2.0, "weights": 0.9})

@@ -1,6 +1,6 @@
 """Workers leasing units of one plan, through the real CLI: started at different times, killed and
 restarted, mixed layouts at once, a hung worker's lease expiring, job.overwrite against a live lease
-or a live worker that holds none.
+or a live worker that holds none, two workers of one part each counted in the summary.
 
 Every test reads the shards back with webdataset and asserts each dataset key exactly once.
 """
@@ -46,6 +46,14 @@ def wait_stopped(proc: subprocess.Popen, timeout: float = 200) -> None:
                 return
         time.sleep(0.2)
     raise AssertionError("the worker never reached its stop point")
+
+
+def wait_done(out: Path, units: int, timeout: float = 200) -> None:
+    """Until `units` units are marked done."""
+    end = time.time() + timeout
+    while len(list((out / "_plan" / "done").glob("unit-*.json"))) < units:
+        assert time.time() < end, f"fewer than {units} units done after {timeout:.0f}s"
+        time.sleep(0.2)
 
 
 def files(out: Path) -> dict:
@@ -158,3 +166,38 @@ def test_overwrite_while_a_worker_loads_its_model_is_refused_until_it_is_gone(jo
     assert fresh.returncode == 0, log_of(fresh)
     every_key_once(rows, out)
     assert os.listdir(out / "_plan" / "workers") == []
+
+
+def test_two_workers_of_one_part_started_by_hand_each_count_in_the_summary(job):
+    """Two processes with the same job.partition wrote one part file between them: the summary counted the
+    samples of whichever finished last (found in session 55). Both write here, at once: A is held while it
+    loads, B takes a unit and is held mid-batch, A does the others and waits for B's unit, B ends it."""
+    rows, out, args = job
+    a = start(*args, env={"BCGEN_TEST_KILL_AT": "load", "BCGEN_TEST_KILL_SIGNAL": "STOP"})
+    b = None
+    try:
+        wait_stopped(a)
+        b = start(*args, env={"BCGEN_TEST_KILL_AT": "batch:1", "BCGEN_TEST_KILL_SIGNAL": "STOP"})
+        wait_stopped(b)  # holds a unit's lease
+        os.kill(a.pid, signal.SIGCONT)
+        wait_done(out, 6)  # of 7 units: every one but the one B holds, most of them A's
+        os.kill(b.pid, signal.SIGCONT)
+        results = [finish(a), finish(b)]
+    finally:
+        for proc in (a, b):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    assert all(code == 0 for code, _ in results), results
+    every_key_once(rows, out)
+    records = sorted((out / "_summary").glob("part-0000-of-0001-*.json"))
+    written = [json.loads(p.read_text())["items_written"] for p in records]
+    assert len(written) == 2 and all(written), (written, results)  # each worker's own record, each wrote samples
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["items_written"] == sum(shard_keys(out).values()) == len(rows)
+    assert summary["items_skipped_done"] == 0 and summary["status"] == "complete"
+    again = cli(*args)  # a later run of the part is a session of its own: it reports what it did
+    assert again.returncode == 0, log_of(again)
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["items_written"], summary["items_skipped_done"]) == (0, len(rows))
+    assert len(list((out / "_summary").glob("part-*.json"))) == 1  # the earlier session's records are dropped

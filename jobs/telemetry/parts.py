@@ -1,18 +1,32 @@
-"""One summary for all parts of a job: each part writes its own stats file, whoever finishes a
+"""One summary for all parts of a job: each worker writes its own stats file, whoever finishes a
 group merges the files of the current layout.
+
+    _summary/part-PPPP-of-NNNN-HOST-PID.json     one worker process's record (part PPPP of a layout of NNNN)
 
 Files, not a gather: a failing rank still leaves its record, and array tasks, which share no
 process group, merge the same way. A part's file that cannot be read (damaged on disk) is left out
 with a warning, as a part that has not finished is: the summary says "running" until that part runs
 again and writes it anew; the job that finishes is not failed for it.
+
+A part may have several workers at once (two processes started by hand with the same job.partition,
+each with its own host and pid): each keeps its own record, and the summary counts them all. What
+it leaves out is a part's earlier runs: a rerun of the part (a resume) says what the rerun did, and the
+items earlier runs committed are its "already done". So of each part the records merged are those of
+its latest session, the workers whose runs overlapped in time (`latest_session`); the leader that
+writes summary.json removes the older ones (`drop_earlier_sessions`), so `_summary/` does not grow with
+every rerun. Records written before the worker was in the name (`part-PPPP-of-NNNN.json`) are read the same way.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import re
+import socket
 from collections import Counter
 from pathlib import Path
+from typing import Dict, List, Optional, Tuple
 
 from jobs.output.layout import SUMMARY_DIR
 from jobs.telemetry.summary import JobStats
@@ -21,26 +35,57 @@ from sinks.atomic import atomic_write_bytes
 log = logging.getLogger(__name__)
 
 STATUS_ORDER = ("failed", "interrupted", "preempted", "running", "complete")  # worst first
+PART_FILE = re.compile(r"part-([0-9]{4,})-of-([0-9]{4,})(?:-(.+))?\.json")
 
 
-def part_summary_path(output_dir, part: int, parts: int) -> Path:
-    return Path(output_dir) / SUMMARY_DIR / f"part-{part:04d}-of-{parts:04d}.json"
+def this_worker() -> str:
+    """This process, as its record's name says it: `HOST-PID`."""
+    return f"{re.sub(r'[^A-Za-z0-9_.-]', '_', socket.gethostname())}-{os.getpid()}"
 
 
-def write_part_summary(output_dir, part: int, parts: int, stats: JobStats) -> None:
-    path = part_summary_path(output_dir, part, parts)
+def part_summary_path(output_dir, part: int, parts: int, worker: str = "") -> Path:
+    """A worker's record (`worker`: this_worker()); without one, the name records had before session 56."""
+    return Path(output_dir) / SUMMARY_DIR / f"part-{part:04d}-of-{parts:04d}{f'-{worker}' if worker else ''}.json"
+
+
+def write_part_summary(output_dir, part: int, parts: int, stats: JobStats, done_at_start: int = 0,
+                       worker: Optional[str] = None) -> None:
+    """`done_at_start`: the items of units done before this worker began that its `items_skipped_done`
+    counts (part 0 counts them, jobs/worker/run.py): the merge counts them once a session."""
+    path = part_summary_path(output_dir, part, parts, this_worker() if worker is None else worker)
     path.parent.mkdir(exist_ok=True)
-    data = dict(stats.to_json(), part=part, parts=parts)
+    data = dict(stats.to_json(), part=part, parts=parts, done_at_start=done_at_start)
     atomic_write_bytes(path, (json.dumps(data, indent=1, sort_keys=True) + "\n").encode())
 
 
 def read_part_summaries(output_dir, parts: int) -> list:
-    """The parts' records that exist and can be read (see the module docstring)."""
+    """Of each part of the layout, the records of its latest session that can be read (see the module
+    docstring), in part order."""
     out = []
-    for part in range(parts):
-        path = part_summary_path(output_dir, part, parts)
-        if not path.exists():
-            continue
+    for _, found in sorted(_records(output_dir, parts).items()):
+        out += latest_session([record for _, record in found])
+    return out
+
+
+def drop_earlier_sessions(output_dir, parts: int) -> None:
+    """Remove the layout's records of a part's earlier sessions (under the finish lock, by the leader
+    that writes summary.json): never read again, since a part's latest session is what it reports."""
+    for found in _records(output_dir, parts).values():
+        kept = {id(r) for r in latest_session([record for _, record in found])}
+        for path, record in found:
+            if id(record) not in kept:
+                path.unlink(missing_ok=True)
+
+
+def _records(output_dir, parts: int) -> Dict[int, List[Tuple[Path, dict]]]:
+    """{part: [(path, record)]} of the layout of `parts`; a record that cannot be read is left out, with a warning."""
+    folder = Path(output_dir) / SUMMARY_DIR
+    out: Dict[int, List[Tuple[Path, dict]]] = {}
+    for path in sorted(folder.glob("part-*.json")) if folder.is_dir() else []:
+        name = PART_FILE.fullmatch(path.name)
+        if name is None or int(name.group(2)) != parts or int(name.group(1)) >= parts:
+            continue  # another layout's (a rerun with other job.partition or ranks): not this one's parts
+        part = int(name.group(1))
         try:
             record = json.loads(path.read_text())
             merge_stats([record], 1)  # every field the merge reads is there, of its type
@@ -48,8 +93,24 @@ def read_part_summaries(output_dir, parts: int) -> list:
             log.warning("%s cannot be read (%s: %s): part %d is left out of summary.json until it runs again",
                         path, type(e).__name__, e, part)
             continue
-        out.append(record)
+        out.setdefault(part, []).append((path, record))
     return out
+
+
+def latest_session(records: list) -> list:
+    """The records of workers whose runs overlapped the latest one's, directly or through another's
+    (`started` .. `ended`, UTC ISO to the second, which sorts as time): the part's latest session.
+    Runs one after another (a kill and a resume) are sessions of their own."""
+    session: list = []
+    end = ""
+    for record in sorted(records, key=lambda r: (r.get("started") or "", r.get("ended") or "")):
+        started, ended = record.get("started") or "", record.get("ended") or ""
+        if session and started < end:
+            session.append(record)
+        else:
+            session = [record]  # began after every run before it ended: a new session
+        end = max(end, ended) if len(session) > 1 else ended
+    return session
 
 
 def _add(a: dict, b: dict) -> dict:
@@ -100,7 +161,8 @@ def merge_stats(records: list, parts: int) -> JobStats:
     """Part records -> one JobStats: counts add up, stage times are the slowest part's (wall
     clock), dataset-wide counts (bad rows) are taken once, the first batch is the earliest part's, and a
     missing part reads as running."""
-    statuses = {r["status"] for r in records} | ({"running"} if len(records) < parts else set())
+    reported = {r.get("part", i) for i, r in enumerate(records)}  # a part may have several workers' records
+    statuses = {r["status"] for r in records} | ({"running"} if len(reported) < parts else set())
     merged = JobStats(status=next(s for s in STATUS_ORDER if s in statuses))
     merged.modes = Counter()
     merged.kinds = Counter()
@@ -138,8 +200,20 @@ def merge_stats(records: list, parts: int) -> JobStats:
         merged.ended = max(merged.ended, r.get("ended", ""))
         merged.invariant = _merged_invariant(merged.invariant, r.get("invariant", {}))
         merged.library_warnings = _add(merged.library_warnings, r.get("library_warnings", {}))
+    merged.items_skipped_done -= _done_at_start_counted_again(records)
     merged.flops = _merged_flops([(r.get("flops", {}), r["items_written"]) for r in records])
     busy = [r["gpu_busy"] for r in records if r.get("gpu_busy") is not None]
     merged.gpu_busy = sum(busy) / len(busy) if busy else None
     merged.device = ", ".join(sorted({r["device"] for r in records if r["device"]}))
     return merged
+
+
+def _done_at_start_counted_again(records: list) -> int:
+    """The items of units done before the session that more than one record counts: two workers of part 0
+    at once each count what was done when they began. The earliest's count is the session's (a later one's
+    includes what the earlier had done by then, which the earlier counts as written)."""
+    counted = [r for r in records if r.get("done_at_start")]
+    if len(counted) < 2:
+        return 0
+    first = min(counted, key=lambda r: r.get("started") or "")
+    return sum(r["done_at_start"] for r in counted) - first["done_at_start"]

@@ -30,7 +30,7 @@ from jobs.output.layout import ERRORS_FILE, PLAN_DIR, RUN_FILE, SUMMARY_FILE
 from jobs.plan.estimate import cost_of
 from jobs.provenance import now_iso, provenance
 from jobs.telemetry import startup
-from jobs.telemetry.parts import merge_stats, read_part_summaries, write_part_summary
+from jobs.telemetry.parts import drop_earlier_sessions, merge_stats, read_part_summaries, write_part_summary
 from jobs.telemetry.rates import measured_rate, rate_cache, record_rate
 from jobs.telemetry.summary import JobStats, StageTimer
 from jobs.worker.loop import generate_all
@@ -89,6 +89,12 @@ def _run(cfg: GenerateConfig, timer: StageTimer, group: Group, device: torch.dev
     return stats
 
 
+def _done_counted(prep: Prepared) -> int:
+    """The items of units done before this worker began that its summary counts as already done: part 0's,
+    so the parts' summaries add up to the dataset (the merge counts them once where part 0 has several workers)."""
+    return prep.plan.done_at_start if prep.topo.part == 0 else 0
+
+
 def record_plan(stats: JobStats, prep: Prepared, timer: StageTimer, count_done_at_start: bool) -> None:
     """What the worker's plan counted, into its summary (after the loop, whatever ended it)."""
     plan = prep.plan
@@ -126,7 +132,7 @@ def finish(prep: Prepared, stats: JobStats, group: Group, met: bool) -> None:
     the summary of all parts. `met=False` (an exception) skips the meeting: another rank may still
     be generating, and torchrun stops the whole group when this one exits non-zero."""
     topo, out, shards = prep.topo, prep.output_dir, prep.sink.shards
-    write_part_summary(out, topo.part, topo.parts, stats)
+    write_part_summary(out, topo.part, topo.parts, stats, done_at_start=_done_counted(prep))
     if topo.world > 1:
         if not met:
             try:
@@ -167,6 +173,7 @@ def _record_rate(prep: Prepared, stats: JobStats) -> None:
 def write_index_and_summary(out: Path, topo: Topology, prov: Optional[dict] = None) -> JobStats:
     # From the done markers alone: no scan of shards, and no temp file of a live worker touched.
     write_wids_index(out, done_records(out / PLAN_DIR))
+    drop_earlier_sessions(out, topo.parts)  # under the finish lock: no other leader merges meanwhile
     parts = read_part_summaries(out, topo.parts)
     merged = merge_stats(parts, topo.parts)
     data = merged.to_json()
@@ -181,6 +188,6 @@ def write_index_and_summary(out: Path, topo: Topology, prov: Optional[dict] = No
                           "generate_s": p["stage_seconds"].get("generate", 0.0)} for p in parts]
         gen = [row["generate_s"] for row in data["parts"]]
         log.info("parts: %d of %d reported; generate time per part %.1fs .. %.1fs (the slowest sets the wall clock)",
-                 len(parts), topo.parts, min(gen), max(gen))
+                 len({p["part"] for p in parts}), topo.parts, min(gen), max(gen))
     atomic_write_bytes(out / SUMMARY_FILE, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode())
     return merged
