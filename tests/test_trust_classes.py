@@ -98,6 +98,58 @@ def test_a_foreign_shard_is_left_alone_listed_and_never_indexed(finished, tmp_pa
     assert "zz1" not in keys and keys == Counter(r["key"] for r in finished["rows"])
 
 
+def _read_once(finished, out: Path) -> None:
+    """Every dataset key exactly once, as readers of the folder see it: webdataset over a glob of its shards,
+    pyarrow over its parquet sidecars (folder discovery, as the README reads them), and `python -m jobs.verify`."""
+    import pyarrow.dataset as ds
+
+    from tests.test_resume_kill import cli, log_of, shard_keys
+
+    want = Counter(r["key"] for r in finished["rows"])
+    assert shard_keys(out) == want
+    table = ds.dataset(str(out), format="parquet", exclude_invalid_files=True).to_table(columns=["key"])
+    assert Counter(table.column("key").to_pylist()) == want
+    verified = cli(str(out), module=("-m", "jobs.verify"))
+    assert verified.returncode == 0 and "not the run's" not in log_of(verified), log_of(verified)
+
+
+def test_a_deleted_manifest_of_a_done_unit_is_restored_from_its_marker_and_nothing_is_read_twice(
+        finished, tmp_path, caplog):
+    """The shard stayed, its manifest gone: the rerun left it alone and generated its samples again beside it, so
+    a glob of the folder read them twice (found in session 55). Its done marker vouches for it: adopted again."""
+    out = _copy(finished, tmp_path)
+    victim = "shard-u0000000-0001.tar"
+    shards = sorted(p.name for p in out.glob("shard-*"))
+    before = _bytes(out, shards)
+    (out / "_manifest" / f"{victim}.json").unlink()
+    with caplog.at_level(logging.WARNING):
+        assert _rerun(finished, out) == 0
+    _read_once(finished, out)
+    assert f"{victim}: its manifest was missing; the shard is byte for byte what its done marker" in caplog.text
+    assert sorted(p.name for p in out.glob("shard-*")) == shards and _bytes(out, shards) == before  # none again
+    assert (out / "_manifest" / f"{victim}.json").exists() and not (out / "_quarantine").exists()
+
+
+def test_a_shard_without_a_manifest_in_an_unfinished_unit_is_moved_aside_and_generated_again(
+        finished, tmp_path, caplog):
+    """No done marker vouches for it (its worker was killed before the marker): its keys are generated again, so
+    it goes to _quarantine/ with its sidecars, said in the log and summary.json, and the folder reads once."""
+    out = _copy(finished, tmp_path)
+    victim = "shard-u0000001-0000.tar"
+    (out / "_plan" / "done" / "unit-0000001.json").unlink()
+    (out / "_manifest" / f"{victim}.json").unlink()
+    moved = (out / victim).read_bytes()
+    with caplog.at_level(logging.WARNING):
+        assert _rerun(finished, out) == 0
+    _read_once(finished, out)
+    assert f"shard {victim} does not match what was committed (it has no manifest" in caplog.text
+    assert "a glob of the folder would read them twice" in caplog.text
+    assert (out / "_quarantine" / victim).read_bytes() == moved
+    assert (out / "_quarantine" / f"{victim}.parquet").exists()  # its sidecars went along
+    summary = json.loads((out / "summary.json").read_text())
+    assert [q["url"] for q in summary["quarantined"]] == [victim]
+
+
 @pytest.mark.parametrize("signed", [False, True])
 def test_an_edited_key_in_a_manifest_is_not_adopted(finished, tmp_path, caplog, signed):
     # Edited by hand, the manifest's own digest no longer matches: read as damaged. Rewritten whole (its

@@ -11,7 +11,8 @@ its shards and one of its manifests, whatever the run's size):
     the marker itself:            readable, and its own digest matching (jobs/output/done.py)
 
 A unit that fails is taken (its lease, so no live worker is writing it), scanned as a leased unit
-is (sinks/owned_scan.py: damaged shards to _quarantine/, only this run's own shards adopted), and
+is (sinks/owned_scan.py: damaged shards to _quarantine/, only this run's own shards adopted; a shard
+whose manifest alone was deleted is adopted again when it is byte for byte what the marker lists), and
 loses its done marker when a shard it listed is gone: its missing samples are generated again by
 this run, like any unfinished unit. Where its shards are whole and hold every key of the unit but the
 marker is not what they say (damaged, unreadable), the marker is rewritten from their manifests. What
@@ -127,8 +128,10 @@ def _reopen_if_damaged(unit: int, records, why: str, level: str, manifest: PlanM
     try:
         shards.fetch_unit(plan_dir / f"{unit_name(unit)}.parquet")  # an object store: fetched when needed
         keys = read_unit_keys(plan_dir, next(u for u in manifest.units if u.id == unit))
+        # the marker witnesses what the unit committed: a shard whose manifest alone is gone is adopted again
+        witnessed = {r.url: r for r in records or []}
         kept, moved = shards.scan(unit_shard_glob(unit), level,
-                                  Ownership(run, frozenset(keys), run_lineage(plan_dir.parent)))
+                                  Ownership(run, frozenset(keys), run_lineage(plan_dir.parent), witnessed))
         out.quarantined += moved
         listed = {r.url for r in records} if records is not None else None
         if listed is None and not moved and set(keys) <= {k for r in kept for k in r.keys}:
