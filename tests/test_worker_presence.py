@@ -79,3 +79,31 @@ def test_a_released_hold_is_gone_and_a_new_hold_removes_those_of_dead_workers(tm
     assert not dead.exists() and [h.owner for h in live_holders(plan_dir)] == ["me"]
     mine.release()
     assert list((plan_dir / "workers").iterdir()) == []
+
+
+def test_a_worker_loading_its_model_keeps_job_extend_from_replacing_its_plan(tmp_path):
+    """A worker that joined the plan and holds no unit yet (loading its model): an extend would renumber the
+    units under it. The real planner refuses, changes nothing, and extends once the worker is gone."""
+    from jobs.plan.__main__ import plan_typed
+    from tests.helpers import compose_cfg, write_jsonl
+
+    data, out = tmp_path / "rows.jsonl", tmp_path / "out"
+    rows = [{"key": k, "prompt": f"prompt {k}"} for k in "abc"]
+    args = [f"dataset.path={data}", f"output_dir={out}", "plan.unit_items=2", "sampling.height=64",
+            "sampling.width=64"]
+    write_jsonl(data, rows[:2])
+    plan_typed(compose_cfg(args))
+    write_jsonl(data, rows)
+    before = (out / "_plan" / "plan.json").read_bytes()
+    proc = _holder(out, ttl=600)
+    try:
+        with pytest.raises(UserError) as refused:
+            plan_typed(compose_cfg([*args, "job.extend=true"]))
+        text = str(refused.value)
+        assert text.startswith("job.extend=true refused") and f"pid {proc.pid} on {HOST}" in text
+        assert "Nothing was changed" in text and "rerun with job.extend=true" in text
+        assert (out / "_plan" / "plan.json").read_bytes() == before
+    finally:
+        _end(proc)
+    plan_typed(compose_cfg([*args, "job.extend=true"]))
+    assert (out / "_plan" / "plan.json").read_bytes() != before

@@ -281,10 +281,12 @@ def wipe(output_dir: Path, shard_glob: str) -> None:
                 removed, output_dir)
 
 
-def refuse_while_held(output_dir: Path) -> None:
+def refuse_while_held(output_dir: Path, action: str = "job.overwrite=true",
+                      consequence: str = "Nothing was deleted") -> None:
     """A live worker is in this run right now (generating a unit, or loading its model, sizing batches,
-    waiting between units): deleting under it would leave a half-deleted folder that it keeps filling,
-    or fails in. Refuse before touching anything. A worker that is gone (its process on this host, or
+    waiting between units): deleting under it (`job.overwrite`) would leave a half-deleted folder that it
+    keeps filling, or fails in; replacing its plan (`job.extend`) would leave it working on units the new
+    plan renumbered. Refuse before touching anything. A worker that is gone (its process on this host, or
     not heard from for its ttl) holds nothing."""
     plan_dir = output_dir / PLAN_DIR
     workers, leases = live_holders(plan_dir), live_leases(plan_dir)
@@ -292,9 +294,9 @@ def refuse_while_held(output_dir: Path) -> None:
         return
     held = {(w.host, w.pid) for w in workers}  # a worker holding a unit is named once, by its hold
     named = [w.describe() for w in workers] + [u.describe() for u in leases if (u.host, u.pid) not in held]
-    raise UserError(f"job.overwrite=true refused: output_dir={str(output_dir)!r} is in use by {len(named)} live "
-                    f"worker(s) of its run ({'; '.join(named[:3])}{'; ...' if len(named) > 3 else ''}). Nothing "
-                    f"was deleted. Wait for them to finish, or stop them, then rerun with job.overwrite=true (a "
+    raise UserError(f"{action} refused: output_dir={str(output_dir)!r} is in use by {len(named)} live "
+                    f"worker(s) of its run ({'; '.join(named[:3])}{'; ...' if len(named) > 3 else ''}). "
+                    f"{consequence}. Wait for them to finish, or stop them, then rerun with {action} (a "
                     f"worker killed on another host counts as live until job.lease_ttl_s passes without its "
                     f"heartbeat)")
 

@@ -36,11 +36,12 @@ from jobs.output.claim import (
     dir_lock,
     identity_differences,
     open_run,
+    refuse_while_held,
     rewrite_run,
     wipe,
 )
 from jobs.output.layout import ERRORS_FILE, PLAN_DIR, PLAN_FILE, RUN_FILE, SHARD_GLOB, unit_name
-from jobs.output.leases import HOST, live_leases, pid_alive
+from jobs.output.leases import HOST, pid_alive
 from jobs.output.mirror import LocalShards, Mirror
 from jobs.plan.build import dataset_digest, dataset_files, plan_dataset, source_digest
 from jobs.plan.digests import digest_if_changed
@@ -304,11 +305,9 @@ def _extend(cfg: GenerateConfig, output_dir: Path, plan_dir: Path, existing: Pla
     `weights`: their digest as the join checked it (unchanged, or extend would not be asked); `run`:
     the run's identity (a job that renders nothing keeps its device part; a pending run's first
     worker settles it here)."""
-    live = live_leases(plan_dir)
-    if live:
-        raise UserError(f"job.extend=true refused: {len(live)} worker lease(s) in output_dir={str(output_dir)!r} are "
-                        f"live ({'; '.join(lease.describe() for lease in live[:3])}): they work on the plan "
-                        f"extend would change. Let them finish (or stop them), then rerun")
+    # Every live worker, not only those holding a unit's lease: one loading its model holds none yet, and
+    # would find its plan replaced under it.
+    refuse_while_held(output_dir, "job.extend=true", "Nothing was changed: they work on the plan extend would change")
     _remove_stale_work(output_dir)
     work = output_dir / f"{PLAN_DIR}.tmp-{HOST}-{os.getpid()}"
     try:
