@@ -153,3 +153,48 @@ def test_a_fresh_run_on_the_same_weights_reads_none_of_them(checkpoint, tmp_path
             made.append(open_plan(cfg, tmp_path / name, get_family(cfg.model.family).spatial_divisor(cfg.model)))
         assert f"{n} files, {n - hashed} from the digest cache" in caplog.text and f", {hashed} hashed" in caplog.text
     assert made[0].weights == made[1].weights and made[0].weights["digest"]
+
+
+def test_the_same_weights_at_another_path_join_the_run_and_other_weights_there_are_refused(
+        checkpoint, tmp_path, caplog, monkeypatch):
+    """A checkpoint copied to each node's local disk is the run's weights wherever it lies: a job naming the
+    copy joins (and generates) under the path the run was planned with; a copy whose bytes differ is another
+    model, refused as before; a folder whose files differ in name or size is told apart without hashing."""
+    import shutil
+
+    from jobs.errors import UserError
+    from jobs.plan.publish import open_plan
+
+    monkeypatch.setenv("BCGEN_DIGEST_CACHE", str(tmp_path / "file_digests.json"))
+    torch.set_num_threads(1)
+    data = write_jsonl(tmp_path / "p.jsonl", prompts(2))
+    out = tmp_path / "out"
+    planned = compose_cfg(_args(checkpoint, data, out))
+    divisor = get_family(planned.model.family).spatial_divisor(planned.model)
+    made = open_plan(planned, out, divisor)
+    run = json.loads((out / "run.json").read_text())
+    assert run["model"]["path"] == str(checkpoint)
+
+    local = tmp_path / "node-local" / "sana"
+    shutil.copytree(checkpoint, local)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="jobs.plan"):
+        joined = open_plan(compose_cfg(_args(local, data, out)), out, divisor)
+    assert joined.identity == made.identity and json.loads((out / "run.json").read_text()) == run
+    assert f"model.path={local} holds the weights the run was planned with at model.path={checkpoint}" in caplog.text
+    assert run_job(_args(local, data, out)) == 0  # the worker loads the copy and generates the run's items
+    assert indexed_keys(out) == {r["key"]: 1 for r in prompts(2)}
+    run = json.loads((out / "run.json").read_text())  # its device part settled by that worker
+    assert run["model"]["path"] == str(checkpoint) and run["model"]["weights"] == made.weights["digest"]
+
+    other = tmp_path / "other"
+    shutil.copytree(checkpoint, other)
+    _rewrite_in_place(other / WEIGHTS)  # same names and sizes, other bytes: hashed, then refused
+    with pytest.raises(UserError, match=rf'model\.path: "{checkpoint}" -> "{other}"'):
+        open_plan(compose_cfg(_args(other, data, out)), out, divisor)
+    (other / "vae" / "extra.safetensors").write_bytes(b"x")  # another file list: refused without hashing
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="jobs.plan"), pytest.raises(UserError, match=r"model\.path: "):
+        open_plan(compose_cfg(_args(other, data, out)), out, divisor)
+    assert "hashed" not in caplog.text
+    assert json.loads((out / "run.json").read_text()) == run

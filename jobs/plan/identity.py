@@ -74,9 +74,11 @@ def unsettled_device(cfg: GenerateConfig) -> dict:
 
 
 def run_identity(cfg: GenerateConfig, digest: str, n_records: int, weights: Optional[str] = None,
-                 device: Optional[dict] = None) -> dict:
+                 device: Optional[dict] = None, model_path: Optional[str] = None) -> dict:
     """`weights`: the digest of the files under model.path (jobs/plan/weights_digest.py), None where
     there is none to record (a tiny preset; a plan made before weight digests, whose run.json has none).
+    `model_path`: the path the run names its weights by, where this job loads the same weights from
+    another one (weights_digest.run_model_path); None: model.path.
     `device`: the renderer's part (`Renderer.identity`); None: `unsettled_device`. The batching part
     follows from it (`batching_identity`): pending with it, it is settled with it by the first worker."""
     m = cfg.model
@@ -93,7 +95,8 @@ def run_identity(cfg: GenerateConfig, digest: str, n_records: int, weights: Opti
         del sampling["images_per_prompt"]  # one sample a row, as every run before it made: still resumes
     return {
         "dataset": {"digest": digest, "records": n_records},
-        "model": {"name": m.name, "family": m.family, "path": m.path, "dtype": m.dtype,
+        "model": {"name": m.name, "family": m.family, "path": m.path if model_path is None else model_path,
+                  "dtype": m.dtype,
                   "tiny": m.tiny.identity() if m.tiny is not None else {},
                   "max_sequence_length": m.max_sequence_length,
                   "complex_human_instruction": m.complex_human_instruction, **lora_identity(m.loras),
@@ -129,8 +132,8 @@ def batching_identity(bcg, device_type: Optional[str]) -> dict:
 
 
 def plan_identity(cfg: GenerateConfig, digest: str, records: int, weights: Optional[str] = None,
-                  device: Optional[dict] = None) -> dict:
-    ident = run_identity(cfg, digest, records, weights, device)
+                  device: Optional[dict] = None, model_path: Optional[str] = None) -> dict:
+    ident = run_identity(cfg, digest, records, weights, device, model_path)
     ident["plan"] = {"unit_items": cfg.plan.unit_items, "dataset_limit": cfg.dataset.limit,
                      "dataset_on_error": cfg.dataset.on_error}
     if cfg.dataset.keep_fields:  # they are in every json: another list is another output

@@ -57,7 +57,7 @@ from jobs.plan.identity import (
     renders_on,
 )
 from jobs.plan.units import DamagedPlan, PlanManifest, check_unit_file, read_manifest, unit_digest, write_manifest
-from jobs.plan.weights_digest import weights_now, weights_record
+from jobs.plan.weights_digest import run_model_path, weights_now, weights_record
 from jobs.provenance import provenance
 
 log = logging.getLogger("jobs.plan")
@@ -122,14 +122,17 @@ def _open_locked(cfg: GenerateConfig, output_dir: Path, divisor: int, shards_els
             return _repair(cfg, output_dir, plan_dir, divisor, err, renderer, claimed)
         run = claimed or existing.identity
         weights = weights_now(cfg, existing.weights)  # weights changed in place: refused here, naming them
-        ident = _job_identity(cfg, _digest_now(cfg, existing), existing.dataset["records"], weights, renderer, run)
+        # the same weights at another model.path (a node's local copy) are the run's: it keeps its path
+        path = run_model_path(cfg, existing.weights, weights)
+        ident = _job_identity(cfg, _digest_now(cfg, existing), existing.dataset["records"], weights, renderer, run,
+                              path)
         settles = renderer is not None and _pending(existing.identity, claimed)
         differences = _run_differences(claimed, ident, settles)
         if settles and not differences and _same_but_device(existing.identity, ident):
             assert renderer is not None  # for mypy: `settles` says so
             _settle_device(cfg, output_dir, plan_dir, existing, ident, renderer, claimed)
         elif cfg.job.extend and only_dataset_changed(differences):
-            return _extend(cfg, output_dir, plan_dir, existing, divisor, weights, renderer, run)
+            return _extend(cfg, output_dir, plan_dir, existing, divisor, weights, renderer, run, path)
         open_run(output_dir, ident, cfg.job.overwrite, provenance=_provenance(cfg, renderer),
                  shards_elsewhere=shards_elsewhere, shown=shown)  # same: joins; else refuses or wipes
         if (plan_dir / PLAN_FILE).exists():
@@ -147,11 +150,13 @@ def _open_locked(cfg: GenerateConfig, output_dir: Path, divisor: int, shards_els
 
 
 def _job_identity(cfg: GenerateConfig, digest: str, records: int, weights: Optional[str],
-                  renderer: Optional[Renderer], run: Optional[dict]) -> dict:
+                  renderer: Optional[Renderer], run: Optional[dict], model_path: Optional[str] = None) -> dict:
     """This job's plan identity. A renderer's device part is its own. A job that renders nothing
     takes the device part of `run` (the identity there), where it joins or extends that run; for a
-    new run, or one it would replace, its own (pending, or none for device=cuda)."""
-    ident = plan_identity(cfg, digest, records, weights, None if renderer is None else renderer.identity())
+    new run, or one it would replace, its own (pending, or none for device=cuda). `model_path`: as
+    for identity.run_identity."""
+    ident = plan_identity(cfg, digest, records, weights, None if renderer is None else renderer.identity(),
+                          model_path)
     if renderer is not None or run is None:
         return ident
     rest = [d for d in identity_differences(run, ident) if not _of_device(d)]
@@ -300,11 +305,12 @@ def _provenance(cfg: GenerateConfig, renderer: Optional[Renderer]) -> dict:
 
 
 def _extend(cfg: GenerateConfig, output_dir: Path, plan_dir: Path, existing: PlanManifest, divisor: int,
-            weights: Optional[str], renderer: Optional[Renderer], run: dict) -> PlanManifest:
+            weights: Optional[str], renderer: Optional[Renderer], run: dict,
+            model_path: Optional[str]) -> PlanManifest:
     """job.extend=true with a grown dataset: plan it, add its new rows as new units (jobs/plan/extend.py).
     `weights`: their digest as the join checked it (unchanged, or extend would not be asked); `run`:
     the run's identity (a job that renders nothing keeps its device part; a pending run's first
-    worker settles it here)."""
+    worker settles it here); `model_path`: the path the run names its weights by (run_model_path)."""
     # Every live worker, not only those holding a unit's lease: one loading its model holds none yet, and
     # would find its plan replaced under it.
     refuse_while_held(output_dir, "job.extend=true", "Nothing was changed: they work on the plan extend would change")
@@ -313,7 +319,8 @@ def _extend(cfg: GenerateConfig, output_dir: Path, plan_dir: Path, existing: Pla
     try:
         result = plan_dataset(cfg, divisor, work)
         new = result.manifest
-        new.identity = _job_identity(cfg, new.dataset["digest"], new.dataset["records"], weights, renderer, run)
+        new.identity = _job_identity(cfg, new.dataset["digest"], new.dataset["records"], weights, renderer, run,
+                                     model_path)
         check_files_appended(existing, new)
         manifest, added = extend_plan(existing, plan_dir, new, work)
         rewrite_run(output_dir, manifest.identity, _provenance(cfg, renderer))

@@ -10,6 +10,10 @@ job joining the run stats them: unchanged size and mtime reuse the planned sha25
 40 GB checkpoint reads nothing; a moved one is hashed again. Weights replaced in place (a file
 rewritten, added or removed) would mix two models' images in one output_dir: the join is refused,
 naming the files. Plans made before weights were digested carry no record, and join unchecked.
+The same weights at another model.path (a copy on each node's local disk) are the run's weights: a
+job that names them joins, their files hashed (or taken from the digest cache) only where their names
+and sizes are the planned ones, and the run keeps naming the path it was planned with
+(`run_model_path`).
 """
 
 from __future__ import annotations
@@ -38,6 +42,13 @@ def weights_record(cfg: GenerateConfig) -> dict:
         return {}
     root = Path(cfg.model.path)
     names = weight_files(str(root))
+    digests = _hash_all(root, names)
+    files = [file_record(root / name, digest=d, name=name) for name, d in zip(names, digests)]
+    return {"path": cfg.model.path, "digest": combined_digest((f["path"], f["digest"]) for f in files), "files": files}
+
+
+def _hash_all(root: Path, names: List[str]) -> List[str]:
+    """The sha256 of each file, from the per-user digest cache where its stat stamp is unchanged."""
     t0 = time.perf_counter()
     cache = DigestCache(cache_file())
     # hashlib and file reads release the GIL: a folder's shards hash side by side
@@ -46,18 +57,21 @@ def weights_record(cfg: GenerateConfig) -> dict:
     cache.save()
     log.info("weights under model.path=%s: %d files, %d from the digest cache (%s), %d hashed, %.1f s", root,
              len(names), cache.hits, cache.file or "off", cache.misses, time.perf_counter() - t0)
-    files = [file_record(root / name, digest=d, name=name) for name, d in zip(names, digests)]
-    return {"path": cfg.model.path, "digest": combined_digest((f["path"], f["digest"]) for f in files), "files": files}
+    return digests
 
 
 def weights_now(cfg: GenerateConfig, planned: dict) -> Optional[str]:
     """The weights' digest for a job joining the run whose plan recorded `planned`: the planned one
     when nothing changed (stat only). Weights changed in place are refused (UserError naming the
     files and the fix) unless job.overwrite=true, which then gets the new digest: the identity
-    differs and the run starts over. None when there is nothing to compare: no model.path, a plan
-    made before weight digests, or another model.path (the identity names that difference)."""
-    if cfg.model.path is None or not planned or planned.get("path") != cfg.model.path:
+    differs and the run starts over. At another model.path: the planned digest where the files there
+    are the run's weights (`same_weights_elsewhere`). None when there is nothing to compare: no
+    model.path, a plan made before weight digests, or another model at another model.path (the
+    identity names that difference)."""
+    if cfg.model.path is None or not planned:
         return None
+    if planned.get("path") != cfg.model.path:
+        return same_weights_elsewhere(cfg.model.path, planned)
     root = Path(cfg.model.path)
     recorded = {f["path"]: f for f in planned["files"]}
     names = weight_files(str(root))
@@ -66,6 +80,31 @@ def weights_now(cfg: GenerateConfig, planned: dict) -> Optional[str]:
     if changes and not cfg.job.overwrite:
         raise UserError(_refusal(cfg.model.path, changes))
     return combined_digest((n, digests[n]) for n in names)
+
+
+def same_weights_elsewhere(path: str, planned: dict) -> Optional[str]:
+    """The planned digest where `path` holds the run's weights (every file the load can read, by name and
+    sha256), copied elsewhere; None where it holds another model. Names and sizes are compared first, so
+    another model is told apart without reading a byte of it."""
+    root = Path(path)
+    recorded = {f["path"]: f for f in planned["files"]}
+    names = weight_files(str(root))
+    if set(names) != set(recorded) or any((root / n).stat().st_size != recorded[n]["bytes"] for n in names):
+        return None
+    digest = combined_digest(zip(names, _hash_all(root, names)))
+    if digest != planned["digest"]:
+        return None
+    log.info("model.path=%s holds the weights the run was planned with at model.path=%s (every file's sha256): "
+             "joining it", path, planned["path"])
+    return digest
+
+
+def run_model_path(cfg: GenerateConfig, planned: dict, weights: Optional[str]) -> Optional[str]:
+    """The model.path the run's identity names for this job: the planned one where this job's model.path
+    holds the run's weights elsewhere (weights_now gave their digest), else its own."""
+    if weights is not None and planned and planned.get("path") != cfg.model.path:
+        return planned["path"]
+    return cfg.model.path
 
 
 def _changes(recorded: dict, digests: dict) -> List[str]:
