@@ -110,13 +110,16 @@ def _reading(path: Path, tasks: Iterator[ChunkTask]) -> Iterator[ChunkTask]:
 
 
 def _byte_chunks(path: Path, file: int, chunk_bytes: int, digest, index: Iterator[int],
-                 declined: Set[int]) -> Iterator[ChunkTask]:
+                 declined: Set[int], size: int) -> Iterator[ChunkTask]:
     """JSONL/TXT cut at line ends; lines are counted here so every chunk knows its first line. Once a
-    chunk of this file is declined (`declined`), the rest is still read for its digest but not parsed."""
+    chunk of this file is declined (`declined`), the rest is still read for its digest but not parsed.
+    Its first `size` bytes only (its size before the read): a file a writer still appends to is not
+    chased row by row, and the plan refuses it after (_check_unchanged)."""
     line, rest = 1, b""
     with open(path, "rb") as f:
         while True:
-            block = f.read(chunk_bytes)
+            block = f.read(min(chunk_bytes, size))
+            size -= len(block)
             digest.update(block)
             if file in declined:  # read row by row later; only its digest is made here
                 rest = b""
@@ -358,13 +361,15 @@ def _read_all(cfg: GenerateConfig, files: List[DatasetFile], workers: _Workers,
     lane in byte chunks (hashed as read); a file it declines, and every other format, row by row."""
     chunk_bytes = int(cfg.plan.chunk_mb * (1 << 20))
     index = itertools.count()  # chunk indices (spill file names), unique across files and passes
+    stamps = [file_stat(f) for f in files]  # before a byte is read: see _check_unchanged
     hashes = {i: hashlib.sha256() for i, f in enumerate(files) if f.fmt == "jsonl"}
     declined: Set[int] = set()
 
     def fast_tasks() -> Iterator[ChunkTask]:
         for i, f in enumerate(files):
             if f.fmt == "jsonl":
-                yield from _reading(f.path, _byte_chunks(f.path, i, chunk_bytes, hashes[i], index, declined))
+                yield from _reading(f.path, _byte_chunks(f.path, i, chunk_bytes, hashes[i], index, declined,
+                                                         stamps[i][0]))
             else:
                 yield from _reading(f.path, _row_chunks(cfg, f.path, i, f.fmt, 20000, index))
 
@@ -375,7 +380,20 @@ def _read_all(cfg: GenerateConfig, files: List[DatasetFile], workers: _Workers,
             for task in _reading(files[i].path, _row_chunks(cfg, files[i].path, i, "jsonl", 20000, index)))
     results += _stream(slow, workers, t0, set())
     digests = [hashes[i].hexdigest() if i in hashes else source_digest(cfg, f) for i, f in enumerate(files)]
+    _check_unchanged(files, stamps)
     return _Collected.of(results), digests
+
+
+def _check_unchanged(files: List[DatasetFile], stamps: List[Tuple[int, int]]) -> None:
+    """Refuse a dataset file that changed while it was planned (a writer still appending). Its rows and its
+    digest may then be of two versions, and plan.json's size and mtime, taken after, would say the file was
+    planned whole: a rerun would trust them, and a row written meanwhile would never be planned."""
+    for f, before in zip(files, stamps):
+        after = file_stat(f)
+        if after != before:
+            raise DatasetError(f"dataset.path: {f.path} changed while it was planned ({before[0]} -> {after[0]} "
+                               f"bytes, mtime moved {(after[1] - before[1]) / 1e9:+.3f} s): something is still "
+                               f"writing it. Nothing was planned; rerun once it is written whole")
 
 
 def _check(cfg: GenerateConfig, files: List[DatasetFile], label: str, workers: _Workers, t0: float):
