@@ -308,7 +308,9 @@ class RowValidator:
             self._seen[key] = (record.source, derived)
             return record
         where, first_derived = first
-        if derived:
+        if derived and first_derived:  # another file with this one's name stem (a/p.txt, b/p.txt)
+            reason = keyless_collision(key, where, self._stem)
+        elif derived:
             reason = (f"the key derived for this keyless row, {key!r}, is already the given key at "
                       f"{where}: give this row a key")
         elif first_derived:
@@ -317,3 +319,10 @@ class RowValidator:
         else:
             reason = f"duplicate key {key!r} (first at {where})"
         return RowError(self.file, line, key, reason)
+
+
+def keyless_collision(key: str, where: str, stem: str) -> str:
+    """The reason for a keyless row whose derived key (`<file stem>-<line>`) a keyless row of another file with
+    the same name stem already took."""
+    return (f"duplicate key {key!r} (first at {where}): keyless rows of files that share the name stem {stem!r} "
+            f"get the same keys (<file stem>-<line>); rename one of the files, or give their rows a key")

@@ -42,7 +42,7 @@ import numpy as np
 from jobs.config import GenerateConfig
 from jobs.dataset import DatasetError, RowError, dataset_label, dataset_sources, format_row_errors
 from jobs.dataset.hf import hf_digest, hf_rows, open_hf
-from jobs.dataset.rules import unknown_fields_message
+from jobs.dataset.rules import keyless_collision, unknown_fields_message
 from jobs.output.layout import unit_name
 from jobs.plan import Signature
 from jobs.plan.chunk import ChunkContext, ChunkResult, ChunkTask, init_process, process_chunk, run_in_process
@@ -114,12 +114,15 @@ def _byte_chunks(path: Path, file: int, chunk_bytes: int, digest, index: Iterato
     """JSONL/TXT cut at line ends; lines are counted here so every chunk knows its first line. Once a
     chunk of this file is declined (`declined`), the rest is still read for its digest but not parsed.
     Its first `size` bytes only (its size before the read): a file a writer still appends to is not
-    chased row by row, and the plan refuses it after (_check_unchanged)."""
+    chased row by row, and the plan refuses it after (_check_unchanged). A size of 0 bounds nothing: a
+    file that stats empty may still hold bytes (/proc's), read to its end as before."""
     line, rest = 1, b""
+    left = size if size > 0 else None
     with open(path, "rb") as f:
         while True:
-            block = f.read(min(chunk_bytes, size))
-            size -= len(block)
+            block = f.read(chunk_bytes if left is None else min(chunk_bytes, left))
+            if left is not None:
+                left -= len(block)
             digest.update(block)
             if file in declined:  # read row by row later; only its digest is made here
                 rest = b""
@@ -326,9 +329,18 @@ def _duplicates(col: _Collected, labels: List[str]) -> Dict[int, set]:
             if ln in drop.get(res.index, ()):
                 continue  # the row's other samples (sampling.images_per_prompt): one error a row
             drop.setdefault(res.index, set()).add(ln)
-            col.errors.append(RowError(labels[res.file], ln, key,
-                                       f"duplicate key {key!r} (first at {labels[first_res.file]}:{first})"))
+            col.errors.append(RowError(labels[res.file], ln, key, _duplicate_reason(
+                key, labels[first_res.file], first, labels[res.file], ln)))
     return drop
+
+
+def _duplicate_reason(key: str, first_file: str, first: int, file: str, line: int) -> str:
+    """A duplicate key's reason, as the dataset readers word it (rules.RowValidator): where both rows are
+    keyless rows of files with one name stem (a/p.txt and b/p.txt), how to tell them apart."""
+    stem = Path(file).stem
+    if first_file != file and key == f"{stem}-{line:06d}" == f"{Path(first_file).stem}-{first:06d}":
+        return keyless_collision(key, f"{first_file}:{first}", stem)
+    return f"duplicate key {key!r} (first at {first_file}:{first})"
 
 
 def _stream(tasks: Iterator[ChunkTask], workers: _Workers, t0: float, declined: Set[int]) -> List[ChunkResult]:
