@@ -247,3 +247,26 @@ def test_csv_and_parquet_keep_fields_and_name_unknown_columns_as_jsonl_does(tmp_
     assert "'image'" not in unkept and "'tags'" not in unkept  # an image, an embedding: never read unless kept
     with pytest.raises(DatasetError, match=r"keep.parquet:1: undecodable bytes in column 'image': not UTF-8"):
         load(pq_path, keep_fields=["image"])  # a kept binary column is read as text, as a caption would be
+
+
+def test_a_tar_whose_samples_are_scattered_by_extension_is_refused_with_how_to_make_it(tmp_path):
+    """`tar cf x.tar *.txt *.json` puts every caption before every json: webdataset reads each run of one key
+    as a sample, so each caption lost its json (its seed, size) and each json was "a sample with no caption".
+    The tar is refused naming a scattered sample, and the sorted tar the fix makes reads whole."""
+    folder = tmp_path / "samples"
+    folder.mkdir()
+    for k, seed in (("a", 1), ("b", 2)):
+        (folder / f"{k}.txt").write_text(f"prompt {k}")
+        (folder / f"{k}.json").write_text(json.dumps({"seed": seed}))
+    scattered, sorted_tar = tmp_path / "scattered.tar", tmp_path / "sorted.tar"
+    with tarfile.open(scattered, "w") as tar:
+        for name in ("a.txt", "b.txt", "a.json", "b.json"):  # the shell's *.txt *.json
+            tar.add(folder / name, arcname=name)
+    with pytest.raises(DatasetError, match=r"the members of sample 'a' do not follow each other \(its \.txt is "
+                                           r"member 1, a\.json is member 3\).*Make the tar with its names sorted"):
+        load(scattered, on_error="skip")
+    with tarfile.open(sorted_tar, "w") as tar:
+        for name in sorted(os.listdir(folder)):  # what the message's `ls | sort | tar cf x.tar -T -` gives
+            tar.add(folder / name, arcname=name)
+    assert [(r.key, r.prompt, r.seed) for r in load(sorted_tar).records] == [("a", "prompt a", 1), ("b", "prompt b", 2)]
+    assert [s["__key__"] for s in webdataset.WebDataset(str(sorted_tar), shardshuffle=False)] == ["a", "b"]

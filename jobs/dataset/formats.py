@@ -22,7 +22,7 @@ import json
 import re
 import tarfile
 from pathlib import Path
-from typing import Callable, Dict, Iterator, Optional, Sequence, Union
+from typing import Callable, Dict, Iterator, Optional, Sequence, Tuple, Union
 
 from jobs.dataset.lines import LineTooLong, read_lines
 from jobs.dataset.rules import FLOAT_FIELDS, INT_FIELDS, OPTIONAL_FIELDS, TEXT_FIELDS, Bad, DatasetError
@@ -372,6 +372,7 @@ def read_wds(path: Path, prompt_field: str, key_field: str, max_line_bytes: int,
         key: Optional[str] = None
         first = 0
         parts: Dict[str, Union[bytes, LineTooLong]] = {}
+        ended: Dict[str, Tuple[int, str]] = {}  # a sample read whole: its first member's index and name
         try:
             for index, member in enumerate(tar, 1):
                 match = _WDS_NAME.match(member.name) if member.isfile() else None
@@ -381,6 +382,9 @@ def read_wds(path: Path, prompt_field: str, key_field: str, max_line_bytes: int,
                 if prefix != key:
                     if key is not None:
                         yield _wds_sample(key, first, parts, prompt_field, key_field)
+                        ended[key] = (first, next(iter(parts), ""))
+                    if prefix in ended:
+                        raise DatasetError(_scattered(path, prefix, ended[prefix], index, member.name))
                     key, first, parts = prefix, index, {}
                 if ext in ("txt", "json") and member.size > max_line_bytes:
                     # Bounded like a text line: a caption member is never read whole past the limit.
@@ -396,6 +400,17 @@ def read_wds(path: Path, prompt_field: str, key_field: str, max_line_bytes: int,
                                f"member {index} ({exc})") from exc
         if key is not None:
             yield _wds_sample(key, first, parts, prompt_field, key_field)
+
+
+def _scattered(path: Path, key: str, before: Tuple[int, str], index: int, name: str) -> str:
+    """A sample whose members do not follow each other: webdataset reads each run of one key as a sample, so
+    its caption and its json would be two samples (`tar cf x.tar *.txt *.json` orders the tar by extension)."""
+    first, ext = before
+    return (f"dataset.path={path}: the members of sample {key!r} do not follow each other (its .{ext} is member "
+            f"{first}, {name} is member {index}): webdataset reads a sample's files as one sample only where they "
+            f"are adjacent, and `tar cf x.tar *.txt *.json` puts every caption before every json. Make the tar with "
+            f"its names sorted: "
+            f"`tar cf x.tar --sort=name -C FOLDER .` (GNU tar), or `ls | sort | tar cf x.tar -T -` in the folder")
 
 
 READERS: dict[str, Reader] = {
