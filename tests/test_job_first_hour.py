@@ -105,7 +105,7 @@ def test_estimate_uses_the_rate_measured_here_then_the_cached_one(job, tmp_path)
     with open(cache["BCGEN_RATE_CACHE"]) as f:
         rates = json.load(f)
     (key, rate), = rates.items()
-    assert key == "sana_tiny|cpu|lossless" and rate["items"] >= 1 and rate["cost_per_s"] > 0
+    assert re.fullmatch(r"sana_tiny#[0-9a-f]{12}\|cpu\|lossless", key) and rate["items"] >= 1 and rate["cost_per_s"] > 0
     # the resumed run's wait for its first batch, as its summary said (the rerun after it had no batch)
     assert rate["first_batch_s"] > 0 and "before its first batch" not in log_of(here)  # nothing left to wait for
     fresh = [a if not a.startswith("output_dir=") else f"output_dir={tmp_path / 'new'}" for a in args]
@@ -119,3 +119,7 @@ def test_estimate_uses_the_rate_measured_here_then_the_cached_one(job, tmp_path)
     none = cli(*[a.replace("new", "none") for a in fresh], "--estimate", module=("-m", "jobs.plan"),
                env={"BCGEN_RATE_CACHE": str(tmp_path / "empty.json")})
     assert "no measured rate for this model and quality tier here: time unknown" in log_of(none), log_of(none)
+    # The same preset with another transformer (as model=sana at 600M and 1.6B): another speed, not this rate.
+    deeper = cli(*[a.replace("new", "deeper") for a in fresh], "model.tiny.transformer.num_layers=6",
+                 "model.tiny.weights=random", "--estimate", module=("-m", "jobs.plan"), env=cache)
+    assert "no measured rate for this model and quality tier here: time unknown" in log_of(deeper), log_of(deeper)

@@ -39,3 +39,12 @@ def test_the_estimate_adds_the_wait_only_with_items_left(left, wait, shown):
     wait_lines = [line for line in lines if "before its first batch" in line]
     assert wait_lines == (["  plus 14.2s a worker before its first batch (its start-up, the plan and the model's "
                            "load, as that job waited)"] if shown else [])
+
+
+def test_a_rate_is_cached_under_the_preset_and_its_transformers_architecture():
+    """model=sana at 600M and at 1.6B share a preset name, not a speed; the diffusers version that saved a
+    config (its `_`-keys) is no other architecture."""
+    small = {"_class_name": "SanaTransformer2DModel", "_diffusers_version": "0.32.0", "num_layers": 20}
+    assert rates.rate_model("sana", small) == rates.rate_model("sana", dict(small, _diffusers_version="0.42.1"))
+    assert rates.rate_model("sana", small) != rates.rate_model("sana", dict(small, num_layers=28))
+    assert rates.rate_model("sana", small).startswith("sana#") and rates.rate_model("sana", None) == "sana"

@@ -45,14 +45,16 @@ def estimate_lines(cfg: GenerateConfig, manifest, output_dir) -> list:
     """The estimate of the plan's items left, with the best rate there is: measured in this
     output_dir, else cached for this model and tier on this device, else on another device."""
     # Imported here for the start-up cost, as plan_typed's imports.
+    from jobs.models.registry import get_family
     from jobs.output.done import done_units
     from jobs.output.layout import PLAN_DIR
     from jobs.plan.estimate import cost_of, estimate
     from jobs.provenance import quality_tier
-    from jobs.telemetry.rates import cached_rates, measured_rate
+    from jobs.telemetry.rates import cached_rates, measured_rate, rate_model
 
     tier = quality_tier(cfg.bcg.fusions, cfg.bcg.compile)
-    cached = cached_rates(cfg.model.name, tier)
+    model = rate_model(cfg.model.name, get_family(cfg.model.family).component_config(cfg.model, "transformer"))
+    cached = cached_rates(model, tier)
     rate = measured_rate(output_dir, cost_of(manifest))
     if rate is None and cached:
         here = this_device(cfg.device)

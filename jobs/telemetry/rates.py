@@ -5,7 +5,9 @@
     record_rate(key, rate) / cached_rates(model, tier)
                                          <user cache>/rates.json (BCGEN_RATE_CACHE; jobs/user_cache.py): the
                                          last measured rate per (model, device, quality tier), written by
-                                         every job that finishes, read by `jobs.plan --estimate`
+                                         every job that finishes, read by `jobs.plan --estimate`; the model
+                                         is the preset's name and its transformer's architecture
+                                         (`rate_model`): model=sana at 600M and at 1.6B are two speeds
 
 A rate is per worker (one process, one GPU): the time of W workers is the time of one over W. Each worker
 also waits before its first batch (its start-up, the plan, the model's load): a rate carries that job's
@@ -14,6 +16,7 @@ wait, summary.json's `first_batch_s`: for a short job, most of what a user waits
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import asdict, dataclass
@@ -72,6 +75,18 @@ def rate_cache(environ: Mapping[str, str] = os.environ) -> Path:
     if environ.get(RATE_CACHE_ENV):
         return Path(environ[RATE_CACHE_ENV])
     return user_cache_dir(environ) / "rates.json"
+
+
+def rate_model(name: str, transformer_config: Optional[Mapping]) -> str:
+    """The model a rate is cached under: `NAME#DIGEST`, the preset's name and a digest of its transformer's
+    config (the checkpoint's config.json, or the tiny preset's section), its `_`-keys (the diffusers version
+    that saved it, its class name) left out: the architecture sets the speed, not the weights' values or
+    where they lie. Without a config, the name alone."""
+    if not transformer_config:
+        return name
+    arch = {k: v for k, v in dict(transformer_config).items() if not str(k).startswith("_")}
+    digest = hashlib.sha256(json.dumps(arch, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    return f"{name}#{digest}"
 
 
 def rate_key(model: str, device: str, tier: str) -> str:

@@ -24,6 +24,7 @@ import torch
 
 from jobs.config import GenerateConfig
 from jobs.models.flops import dense_bf16_peak, flops_summary_mix, known_families
+from jobs.models.registry import get_family
 from jobs.output.claim import PROVENANCE_KEY, dir_lock
 from jobs.output.done import done_records
 from jobs.output.layout import ERRORS_FILE, PLAN_DIR, RUN_FILE, SUMMARY_FILE
@@ -31,7 +32,7 @@ from jobs.plan.estimate import cost_of
 from jobs.provenance import now_iso, provenance
 from jobs.telemetry import startup
 from jobs.telemetry.parts import drop_earlier_sessions, merge_stats, read_part_summaries, write_part_summary
-from jobs.telemetry.rates import measured_rate, rate_cache, record_rate
+from jobs.telemetry.rates import measured_rate, rate_cache, rate_model, record_rate
 from jobs.telemetry.summary import JobStats, StageTimer
 from jobs.worker.loop import generate_all
 from jobs.worker.prepare import Prepared, prepare
@@ -165,7 +166,8 @@ def _record_rate(prep: Prepared, stats: JobStats) -> None:
         return
     prov = provenance(cfg.bcg.fusions, cfg.bcg.compile, str(prep.device))
     try:
-        record_rate(cfg.model.name, prov["gpu"] or "cpu", prov["quality_tier"], rate, stats.ended)
+        model = rate_model(cfg.model.name, get_family(cfg.model.family).component_config(cfg.model, "transformer"))
+        record_rate(model, prov["gpu"] or "cpu", prov["quality_tier"], rate, stats.ended)
     except OSError as e:  # a cache: a read-only home must not fail a finished job
         log.warning("could not cache this job's rate in %s: %s", rate_cache(), e)
 
