@@ -35,13 +35,18 @@ def encode_long(preset: str, max_sequence_length: int, *overrides: str, instruct
         return fam, pipe, fam.encode(pipe, [LONG], cfg.model, "cpu", instruction=instruction)
 
 
-@pytest.fixture(scope="module")
-def sana_checkpoint(tmp_path_factory):
-    """sana_tiny saved as a diffusers folder: its text encoder is MiniLM (BERT, 512 learned positions)."""
-    _, _, pipe = tiny_pipeline("sana_tiny")
-    path = tmp_path_factory.mktemp("ckpt") / "sana"
+def saved(tmp_path_factory, preset: str, name: str):
+    """The tiny preset's pipeline saved as a diffusers folder, as a checkpoint is loaded through the real preset."""
+    _, _, pipe = tiny_pipeline(preset)
+    path = tmp_path_factory.mktemp("ckpt") / name
     pipe.save_pretrained(path, safe_serialization=True)
     return path
+
+
+@pytest.fixture(scope="module")
+def sana_checkpoint(tmp_path_factory):
+    """sana_tiny saved: its text encoder is MiniLM (BERT, 512 learned positions)."""
+    return saved(tmp_path_factory, "sana_tiny", "sana")
 
 
 def test_an_encoder_with_learned_positions_takes_no_more_than_it_has(sana_checkpoint):
@@ -102,11 +107,8 @@ def flux_call(preset: str, length: int):
 
 @pytest.fixture(scope="module")
 def z_image_checkpoint(tmp_path_factory):
-    """z_image_tiny saved as a diffusers folder: its transformer's rope table has axes_lens[0] = 1024 rows."""
-    _, _, pipe = tiny_pipeline("z_image_tiny")
-    path = tmp_path_factory.mktemp("ckpt") / "z_image"
-    pipe.save_pretrained(path, safe_serialization=True)
-    return path
+    """z_image_tiny saved: its transformer's rope table has axes_lens[0] = 1024 rows."""
+    return saved(tmp_path_factory, "z_image_tiny", "z_image")
 
 
 def test_z_image_captions_fit_the_transformers_rope_table(z_image_checkpoint):

@@ -255,7 +255,7 @@ class RowValidator:
         self.unknown_fields: set[str] = set()
 
     def derived_key(self, line: int) -> str:
-        return f"{self._stem}-{line:06d}"
+        return derived_key(self._stem, line)
 
     def check(self, line: int, value: Union[dict, str, Bad]) -> Union[Record, RowError]:
         if type(value) is str:
@@ -319,6 +319,11 @@ class RowValidator:
         else:
             reason = f"duplicate key {key!r} (first at {where})"
         return RowError(self.file, line, key, reason)
+
+
+def derived_key(stem: str, line: int) -> str:
+    """The key of a keyless row: its file's name stem and its line."""
+    return f"{stem}-{line:06d}"
 
 
 def keyless_collision(key: str, where: str, stem: str) -> str:

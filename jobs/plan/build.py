@@ -42,7 +42,7 @@ import numpy as np
 from jobs.config import GenerateConfig
 from jobs.dataset import DatasetError, RowError, dataset_label, dataset_sources, format_row_errors
 from jobs.dataset.hf import hf_digest, hf_rows, open_hf
-from jobs.dataset.rules import keyless_collision, unknown_fields_message
+from jobs.dataset.rules import derived_key, keyless_collision, unknown_fields_message
 from jobs.output.layout import unit_name
 from jobs.plan import Signature
 from jobs.plan.chunk import ChunkContext, ChunkResult, ChunkTask, init_process, process_chunk, run_in_process
@@ -338,7 +338,7 @@ def _duplicate_reason(key: str, first_file: str, first: int, file: str, line: in
     """A duplicate key's reason, as the dataset readers word it (rules.RowValidator): where both rows are
     keyless rows of files with one name stem (a/p.txt and b/p.txt), how to tell them apart."""
     stem = Path(file).stem
-    if first_file != file and key == f"{stem}-{line:06d}" == f"{Path(first_file).stem}-{first:06d}":
+    if first_file != file and key == derived_key(stem, line) == derived_key(Path(first_file).stem, first):
         return keyless_collision(key, f"{first_file}:{first}", stem)
     return f"duplicate key {key!r} (first at {first_file}:{first})"
 
