@@ -147,6 +147,22 @@ def test_the_checksum_sees_one_changed_bit_and_not_the_chunking(monkeypatch):
     assert checksum(x) == base
 
 
+def test_the_checksum_is_the_three_exact_sums_of_the_int16_lanes(monkeypatch):
+    """The integers kept fingerprints hold (kept.py's files outlive a change to how they are summed): the
+    plain, ramp-weighted and squared sums of the bytes as int16 lanes, computed here in numpy at once."""
+    import numpy as np
+
+    x = torch.randn(3001, 7, dtype=torch.bfloat16) * 1000
+    lanes = x.view(torch.int16).reshape(-1).numpy().astype(np.int64)
+    ramp = np.arange(lanes.size, dtype=np.int64) % 251 + 1
+    want = [int(lanes.sum()), int((lanes * ramp).sum()), int((lanes * lanes).sum()), lanes.size]
+    assert checksum(x) == want
+    monkeypatch.setattr(kept, "CHUNK", 4096)  # six chunks, a short last one: the same integers
+    assert checksum(x) == want
+    odd = torch.arange(9, dtype=torch.uint8)  # one-byte elements are read as uint8 lanes
+    assert checksum(odd) == [36, sum(v * (v % 251 + 1) for v in range(9)), sum(v * v for v in range(9)), 9]
+
+
 def test_the_checksum_reads_a_dense_tensor_in_memory_order_without_a_copy():
     x = torch.randn(8, 6, 5, 4, dtype=torch.bfloat16)
     last = x.to(memory_format=torch.channels_last)
