@@ -20,7 +20,8 @@ Files: signature (keys), graph (segments, breaks, capture state), hooks (the one
 is wrapped: ordered, named, removable), breaks (decorator, installation), memo (breaks re-run only
 when their inputs changed), backend (protocol), cuda_backend (CUDA graphs), tape (CPU op tape for
 tests), entry (one captured signature), runner (dispatch / hit / capture / miss), rewrites (the
-seam where a tier's forward rewrites plug in), counters, config, compiled.
+seam where a tier's forward rewrites plug in), counters, config, compiled, prewarm (once-a-process
+costs started ahead on a thread: Triton's cache key).
 
 fusions/ is the "lossless" tier: bit-exact fused Triton kernels, verified against eager on first
 sight, registered as that tier's rewrite (bcg/rewrites.py) and installed by `apply_graph_runner` on

@@ -163,6 +163,52 @@ def test_the_checksum_is_the_three_exact_sums_of_the_int16_lanes(monkeypatch):
     assert checksum(odd) == [36, sum(v * (v % 251 + 1) for v in range(9)), sum(v * v for v in range(9)), 9]
 
 
+# The Triton pass (checksum_triton.py, the CUDA path) on the CPU under Triton's interpreter, against the
+# torch path and numpy: random lanes of lengths around the kernel's block and program spans, the extreme
+# lane (-2^15, whose square is 2^30), and several launches (LAUNCH made small), whose ramp must follow a
+# lane's place in the whole tensor. tests/gpu/test_invariant_kept_gpu.py compares the two on a GPU.
+_INTERPRETED = r"""
+import json
+import numpy as np
+import torch
+from bcg.invariant import checksum_triton
+from bcg.invariant.kept import _checksum_torch, _checksum_triton
+
+def numpy_sums(x):
+    lanes = x.numpy().astype(np.int64)
+    ramp = np.arange(lanes.size, dtype=np.int64) % 251 + 1
+    return [int(lanes.sum()), int((lanes * ramp).sum()), int((lanes * lanes).sum()), lanes.size]
+
+g = torch.Generator().manual_seed(0)
+cases = {n: torch.randint(-32768, 32768, (n,), generator=g, dtype=torch.int32).to(torch.int16)
+         for n in (1, 5, 1023, 1024, 16384, 16385, 40001)}
+cases["min"] = torch.full((20000,), -32768, dtype=torch.int16)
+bad = [str(k) for k, x in cases.items() if not (_checksum_triton(x) == _checksum_torch(x) == numpy_sums(x))]
+checksum_triton.LAUNCH = 2 * 16384
+x = torch.randint(-32768, 32768, (100003,), generator=g, dtype=torch.int32).to(torch.int16)
+launches = len(checksum_triton.lane_sums(x))
+if not _checksum_triton(x) == _checksum_torch(x) == numpy_sums(x):
+    bad.append("launches")
+print(json.dumps({"bad": bad, "launches": launches}))
+"""
+
+
+def test_the_triton_checksum_gives_the_torch_paths_integers_interpreted():
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("triton")
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
+    r = subprocess.run([sys.executable, "-c", _INTERPRETED], env=env, cwd=root, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == {"bad": [], "launches": 4}
+
+
 def test_the_checksum_reads_a_dense_tensor_in_memory_order_without_a_copy():
     x = torch.randn(8, 6, 5, 4, dtype=torch.bfloat16)
     last = x.to(memory_format=torch.channels_last)

@@ -17,7 +17,8 @@ Files: mode (config, installer, CPU registrations), cpu (fixed-shape CPU GEMM / 
 sample, 1x1 as GEMM), gemm_triton (the M-invariant persistent Triton GEMM), reduce_triton (row
 sum / mean), cuda_ops (CUDA registrations), attention (CUDA SDPA row by row, the whole batch where
 that gave the same bits), verified (cuBLAS / cuDNN for a call shape where they gave the canonical
-kernel's bits), kept (those verdicts kept across runs, re-checked by a fingerprint), trace (op-by-op
+kernel's bits), kept (those verdicts kept across runs, re-checked by a fingerprint), checksum_triton
+(that fingerprint's sums in one pass on CUDA), trace (op-by-op
 comparison: where a row first depends on its batch). Mechanism only: nothing here knows prompts, jobs or model families.
 """
 

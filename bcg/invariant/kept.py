@@ -105,16 +105,26 @@ def environment(config: Any) -> dict:
 def checksum(t: torch.Tensor) -> list:
     """Three exact integer sums over t's bytes read as int16 lanes in memory order: plain, weighted by a
     repeating ramp, and squared; and the lane count. Integer sums give the same value in any order, and
-    any changed bit changes the plain sum unless another change cancels it exactly. A chunk at a time,
-    so no int64 copy of a large output is made; each chunk's three sums fit an int64 (4M lanes of at
-    most 2^15 squared), and they are read back to the host once, at the end, and added up as Python
-    ints, so no total overflows. One read-back, not three a chunk: a first sight's check of a large
-    output (399 chunks at SANA-1.6B size) waited on the device 1,197 times, holding the host back from
-    issuing the first batch's work (benchmarks/results/job_wall_trace_512_16_s54.md)."""
+    any changed bit changes the plain sum unless another change cancels it exactly. On a CUDA device
+    one Triton pass computes them (checksum_triton.py); elsewhere, and for odd-sized elements (uint8
+    lanes), torch does, a chunk at a time. Both give the same integers, so a fingerprint kept by either
+    is checked by the other."""
     flat = _memory_order(t)
     lanes = flat.view(torch.int16) if flat.element_size() % 2 == 0 else flat.view(torch.uint8)
+    if lanes.is_cuda and lanes.dtype == torch.int16 and lanes.numel():
+        return _checksum_triton(lanes)
+    return _checksum_torch(lanes)
+
+
+def _checksum_torch(lanes: torch.Tensor) -> list:
+    """checksum's integers from 1-D lanes, a chunk at a time, so no int64 copy of a large output is made;
+    each chunk's three sums fit an int64 (4M lanes of at most 2^15 squared), and they are read back to the
+    host once, at the end, and added up as Python ints, so no total overflows. One read-back, not three a
+    chunk: a first sight's check of a large output (399 chunks at SANA-1.6B size) waited on the device
+    1,197 times, holding the host back from issuing the first batch's work
+    (benchmarks/results/job_wall_trace_512_16_s54.md)."""
     n = lanes.numel()
-    steps = torch.arange(min(n, CHUNK), device=t.device, dtype=torch.int64)
+    steps = torch.arange(min(n, CHUNK), device=lanes.device, dtype=torch.int64)
     sums = []
     for i in range(0, n, CHUNK):
         c = lanes[i:i + CHUNK].to(torch.int64)
@@ -122,6 +132,15 @@ def checksum(t: torch.Tensor) -> list:
         sums.append(torch.stack([c.sum(), (c * ramp).sum(), (c * c).sum()]))
     totals = [sum(column) for column in zip(*torch.stack(sums).tolist())] if sums else [0, 0, 0]
     return [*totals, n]
+
+
+def _checksum_triton(lanes: torch.Tensor) -> list:
+    """checksum's integers from 1-D int16 lanes on a CUDA device: one Triton pass a 2^32 lanes, the
+    partial sums added in int64 on the device, read back once and added up as Python ints."""
+    from bcg.invariant.checksum_triton import lane_sums
+
+    totals = [sum(column) for column in zip(*torch.stack(lane_sums(lanes)).tolist())]
+    return [*totals, lanes.numel()]
 
 
 def _memory_order(t: torch.Tensor) -> torch.Tensor:

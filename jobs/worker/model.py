@@ -16,6 +16,7 @@ from bcg import GraphRunner, apply_graph_runner
 from bcg.breaks import unknown_names
 from bcg.config import POLICIES, BreakPolicy
 from bcg.invariant import BatchInvariance, batch_invariant
+from bcg.prewarm import start_triton_key
 from bcg.rewrites import Rewrite, rewrite_for
 from jobs.config import GenerateConfig
 from jobs.errors import UserError
@@ -46,6 +47,8 @@ def load_pipeline(family: ModelFamily, cfg: GenerateConfig, device: torch.device
     dtype = torch_dtype(cfg.model.dtype)
     t0 = time.perf_counter()
     with parts("imports"):
+        if device.type == "cuda":
+            start_triton_key()  # Triton imported here, its cache key hashed beside the imports (bcg/prewarm.py)
         family.import_pipeline()
     with parts("weights"):
         pipe = family.build_tiny(cfg.model, dtype) if cfg.model.path is None else family.load(cfg.model, dtype,

@@ -79,3 +79,28 @@ def test_a_second_process_recalls_the_verdicts_and_gives_the_same_bytes(tmp_path
         assert again[path]["agree"] == first[path]["agree"]
     for i, (a, b) in enumerate(zip(first_out, again_out)):
         assert torch.equal(a, b), f"output {i} differs between the deciding and the recalling process"
+
+
+def test_the_triton_checksum_gives_the_torch_paths_integers_on_the_gpu(monkeypatch):
+    """The CUDA path (checksum_triton.py) against the torch path on the same device, bit for bit: bf16,
+    fp32 and fp16 outputs of assorted lengths, a channels-last VAE-sized one (2^30 lanes, what a DC-AE
+    decode at 1024², batch 8 writes), the extreme lane, and several launches (LAUNCH made small)."""
+    from bcg.invariant import checksum_triton
+    from bcg.invariant.kept import _checksum_torch, _memory_order, checksum
+
+    def lanes(t):
+        return _memory_order(t).view(torch.int16)
+
+    g = torch.Generator("cuda").manual_seed(3)
+    cases = [torch.randn(n, generator=g, device="cuda").to(dtype) * 1000
+             for n in (1, 7, 1024, 16383, 16385, 3 * 16384 + 11) for dtype in (torch.bfloat16, torch.float16,
+                                                                                 torch.float32)]
+    cases.append(torch.randn(8, 128, 1024, 1024, generator=g, device="cuda", dtype=torch.bfloat16)
+                 .to(memory_format=torch.channels_last))
+    cases.append(torch.full((70001,), -32768, dtype=torch.int16, device="cuda"))
+    for t in cases:
+        assert checksum(t) == _checksum_torch(lanes(t)), (t.shape, t.dtype)
+    monkeypatch.setattr(checksum_triton, "LAUNCH", 16384 * 4)
+    t = torch.randn(5 * 16384 * 4 + 3, generator=g, device="cuda").bfloat16()
+    assert len(checksum_triton.lane_sums(lanes(t))) == 6
+    assert checksum(t) == _checksum_torch(lanes(t))
