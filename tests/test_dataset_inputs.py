@@ -222,16 +222,19 @@ def test_a_link_to_a_missing_file_is_refused_naming_where_it_points_not_skipped(
 
 @pytest.mark.parametrize("ext, text", [("txt", "a red fox\nblue lake\n"), ("csv", "prompt\na red fox\n"),
                                        ("jsonl", '{"prompt": "a red fox"}\n{"prompt": "blue lake"}\n')])
-@pytest.mark.parametrize("encoding", ["utf-16-le", "utf-16-be"])
-def test_utf16_without_a_byte_order_mark_is_refused_not_read_as_nul_filled_prompts(tmp_path, ext, text, encoding):
+@pytest.mark.parametrize("encoding, pattern", [("utf-16-le", "a NUL byte every other byte"),
+                                               ("utf-16-be", "a NUL byte every other byte"),
+                                               ("utf-32-le", "three NUL bytes in every four"),
+                                               ("utf-32-be", "three NUL bytes in every four")])
+def test_utf16_or_32_without_a_byte_order_mark_is_refused_not_read_as_nul_filled_prompts(tmp_path, ext, text,
+                                                                                        encoding, pattern):
     path = tmp_path / f"p.{ext}"
     path.write_bytes(text.encode(encoding))
     name = encoding.upper().replace("-LE", "LE").replace("-BE", "BE")
     with pytest.raises(DatasetError) as e:
         load(path, on_error="skip")
-    assert str(e.value) == (f"{path}:1: not UTF-8: it looks like {name} without a byte order mark (a NUL byte every "
-                            f"other byte); re-encode it as UTF-8, e.g. `iconv -f {name} -t UTF-8 {path} > "
-                            f"prompts-utf8.{ext}`")
+    assert str(e.value) == (f"{path}:1: not UTF-8: it looks like {name} without a byte order mark ({pattern}); "
+                            f"re-encode it as UTF-8, e.g. `iconv -f {name} -t UTF-8 {path} > prompts-utf8.{ext}`")
     # The fix it names works.
     path.write_bytes(path.read_bytes().decode(encoding).encode("utf-8"))
     assert load(path).records[0].prompt == "a red fox"

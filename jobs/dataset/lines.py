@@ -3,8 +3,9 @@
 - LF, CRLF and CR each end a line: a file saved with old Mac line endings is many prompts, not one.
 - A UTF-8 BOM is dropped. A UTF-16 or UTF-32 BOM decodes the file from that encoding (to UTF-8
   bytes, what the readers parse); bytes that are not valid in it are a whole-file error naming it.
-  A file with no BOM whose first bytes hold a NUL every other byte is UTF-16 saved without one: a
-  whole-file error too (read as UTF-8 it would be prompts full of NUL characters).
+  A file with no BOM whose first bytes hold a NUL every other byte is UTF-16 saved without one, and
+  one with three NUL bytes in every four UTF-32: a whole-file error too (read as UTF-8 it would be
+  prompts full of NUL characters, each a bad row).
 - A line longer than `max_line_bytes` is yielded as `LineTooLong` (a row error for the reader) and
   skipped chunk by chunk, never held whole: memory stays within one chunk plus one line whatever
   the file holds (one endless line of zeros included).
@@ -29,7 +30,7 @@ _EOL = re.compile(rb"(\r\n|\r|\n)")
 # Longest first: the UTF-32-LE BOM begins with the UTF-16-LE one.
 _BOMS = ((codecs.BOM_UTF32_LE, "utf-32-le"), (codecs.BOM_UTF32_BE, "utf-32-be"), (codecs.BOM_UTF8, "utf-8"),
          (codecs.BOM_UTF16_LE, "utf-16-le"), (codecs.BOM_UTF16_BE, "utf-16-be"))
-_SNIFF_BYTES = 4096  # of a file with no BOM, looked at for UTF-16's NUL bytes
+_SNIFF_BYTES = 4096  # of a file with no BOM, looked at for UTF-16's and UTF-32's NUL bytes
 
 
 @final  # the readers test `type(raw) is LineTooLong`: final lets mypy narrow the other branch to bytes
@@ -56,27 +57,34 @@ def _sniff(first: bytes) -> tuple[Optional[str], int]:
     return None, 0
 
 
-def _bomless_utf16(head: bytes) -> Optional[str]:
-    """UTF-16LE or UTF-16BE (iconv's names) for text with a NUL in one half of its byte pairs and few in the
-    other: ASCII saved as UTF-16 without a byte order mark. UTF-8 text has no NUL byte at all."""
+def _bomless_wide(head: bytes) -> Optional[tuple[str, str]]:
+    """(iconv's name, the NUL pattern) for ASCII saved as UTF-32 or UTF-16 without a byte order mark: a NUL
+    in three of every four bytes (UTF-32, the fourth rarely), or in one half of the byte pairs and few in the
+    other (UTF-16). UTF-8 text has no NUL byte at all. UTF-32 is asked first: its pairs look half NUL too."""
     sample = head[:_SNIFF_BYTES]
+    quads = len(sample) // 4
+    if quads:
+        nul = [sample[i:4 * quads:4].count(0) for i in range(4)]  # NULs at each place of a 4-byte unit
+        for name, zeros, text in (("UTF-32LE", (1, 2, 3), 0), ("UTF-32BE", (0, 1, 2), 3)):
+            if all(nul[i] * 2 >= quads for i in zeros) and nul[text] * 4 < quads:
+                return name, "three NUL bytes in every four"
     pairs = len(sample) // 2
     even, odd = sample[0:2 * pairs:2].count(0), sample[1:2 * pairs:2].count(0)
     if pairs and odd * 2 >= pairs and even * 4 < pairs:
-        return "UTF-16LE"
+        return "UTF-16LE", "a NUL byte every other byte"
     if pairs and even * 2 >= pairs and odd * 4 < pairs:
-        return "UTF-16BE"
+        return "UTF-16BE", "a NUL byte every other byte"
     return None
 
 
 def _utf8_chunks(path: Path, f: BinaryIO) -> Iterator[bytes]:
     first = f.read(CHUNK)
     encoding, skip = _sniff(first)
-    guess = None if skip else _bomless_utf16(first)
+    guess = None if skip else _bomless_wide(first)
     if guess:
-        raise DatasetError(f"{path}:1: not UTF-8: it looks like {guess} without a byte order mark (a NUL byte every "
-                           f"other byte); re-encode it as UTF-8, e.g. `iconv -f {guess} -t UTF-8 {path} > "
-                           f"prompts-utf8{path.suffix}`")
+        name, pattern = guess
+        raise DatasetError(f"{path}:1: not UTF-8: it looks like {name} without a byte order mark ({pattern}); "
+                           f"re-encode it as UTF-8, e.g. `iconv -f {name} -t UTF-8 {path} > prompts-utf8{path.suffix}`")
     raw = chain([first[skip:]], iter(lambda: f.read(CHUNK), b""))
     if encoding is None:
         yield from raw
