@@ -2,13 +2,15 @@
 
 Triton's cache key. The first launch of any Triton kernel in a process looks its binary up in
 Triton's on-disk cache under a key that starts with `triton_key()`: a sha256 over Triton's compiler
-and language sources and its `libtriton` library (about 500 MB in Triton 3.x), computed once and
+and language sources and its `libtriton` library (500 MB in Triton 3.9), computed once and
 kept by `functools.lru_cache`. py-spy put 0.38 s of a SANA-1.6B job's first batch on an H100 host in
 it (0.6 s on a 2-core CPU), paid by the first batch's decode warm-up on the main thread and by the
 text encoder's first call on the prefetch thread at once (lru_cache holds no lock, so both computed
 it): `benchmarks/results/job_wall_spy_1024_s57.md`. The work is file reads and hashing of megabyte
-blocks, both of which release the GIL, so computed on a thread while the model's modules import it
-costs the job nothing it waits for.
+blocks, both of which release the GIL, so it runs beside the model's imports, which are Python: on one
+warm H100 those read 0.25 s longer (the thread takes the GIL back between blocks, and Triton's own
+import moved into them) and the first batch came 0.26 s sooner, with the checksum change of the same
+commit (`job_wall_h100_1024_64_prewarm_s57.md`).
 
 The cached value is the one Triton computes itself (its own function, called here first), so the
 kernels found in the cache, and the bytes they give, are the same.

@@ -135,8 +135,8 @@ def _checksum_torch(lanes: torch.Tensor) -> list:
 
 
 def _checksum_triton(lanes: torch.Tensor) -> list:
-    """checksum's integers from 1-D int16 lanes on a CUDA device: one Triton pass a 2^32 lanes, the
-    partial sums added in int64 on the device, read back once and added up as Python ints."""
+    """checksum's integers from 1-D int16 lanes on a CUDA device: one Triton launch per 2^32 lanes, its
+    partial sums added in int64 on the device, all read back at once and added up as Python ints."""
     from bcg.invariant.checksum_triton import lane_sums
 
     totals = [sum(column) for column in zip(*torch.stack(lane_sums(lanes)).tolist())]
