@@ -186,6 +186,37 @@ def test_a_damaged_plan_json_is_one_message_then_restored_by_job_verify_full(fin
     assert _bytes(out, shards) == before and verify_output(out).problems == []
 
 
+@pytest.mark.parametrize("lost", ["_plan/plan.json", "_plan"])
+def test_a_deleted_plan_is_one_message_then_restored_by_job_verify_full(finished, tmp_path, caplog, lost):
+    """plan.json deleted (or the whole _plan folder, its done markers too): a plain rerun used to be told
+    only of job.overwrite, which deletes every committed shard. The plan is deterministic: job.verify=full
+    plans again, checks the new plan against run.json and restores it; the committed shards keep their
+    bytes and are adopted, not made again (without done markers too: the resume finds them by their manifests)."""
+    out = _copy(finished, tmp_path)
+    shards = sorted(p.name for p in out.glob("shard-*.tar"))
+    before = _bytes(out, shards)
+    gone = out / lost
+    shutil.rmtree(gone) if gone.is_dir() else gone.unlink()
+    with caplog.at_level(logging.ERROR):
+        assert _rerun(finished, out) == 2
+    assert "plan.json) is missing" in caplog.text and "job.verify=full" in caplog.text
+    assert _bytes(out, shards) == before  # refused: nothing deleted
+    # Another dataset is not this run's: refused again, nothing deleted, no plan left behind.
+    other = write_jsonl(tmp_path / "other.jsonl", prompts(5))
+    caplog.clear()
+    with caplog.at_level(logging.ERROR):
+        assert run_job([f"dataset.path={other}", f"output_dir={out}", *FAST, "job.verify=full"]) == 2
+    assert "so its plan cannot be restored from them. Nothing was deleted" in caplog.text
+    assert _bytes(out, shards) == before and not (out / "_plan" / "plan.json").exists()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        assert _rerun(finished, out, "job.verify=full") == 0
+    assert "restored" in caplog.text and "from a new plan of the same dataset and config" in caplog.text
+    assert _bytes(out, shards) == before and not (out / "_quarantine").exists()  # adopted, not made again
+    assert verify_output(out).problems == []
+    assert indexed_keys(out) == Counter(r["key"] for r in finished["rows"])
+
+
 def test_a_deleted_run_json_is_restored_not_answered_with_overwrite(finished, tmp_path, caplog):
     out = _copy(finished, tmp_path)
     (out / "run.json").unlink()

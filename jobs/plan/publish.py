@@ -141,9 +141,17 @@ def _open_locked(cfg: GenerateConfig, output_dir: Path, divisor: int, shards_els
             return existing
     elif (output_dir / RUN_FILE).exists() and any(output_dir.glob(SHARD_GLOB)):
         if not cfg.job.overwrite:
-            raise UserError(f"output_dir={str(output_dir)!r} holds shards of a run without a plan (an older "
-                             f"bcgen, or a plan deleted by hand): its items cannot be matched to units. Use "
-                             f"another output_dir, or job.overwrite=true to delete them and start over.")
+            if cfg.job.verify == "full" and claimed is not None:
+                # Restored as a damaged plan is: planned again, kept only if the new plan is the run's.
+                plan_dir.mkdir(parents=True, exist_ok=True)
+                return _repair(cfg, output_dir, plan_dir, divisor, DamagedPlan(f"{plan_dir / PLAN_FILE} is missing"),
+                               renderer, claimed)
+            raise UserError(f"output_dir={str(output_dir)!r} holds shards of a run whose plan ({plan_dir / PLAN_FILE}) "
+                             f"is missing (deleted by hand, or never written by an older bcgen): its items cannot be "
+                             f"matched to units. The plan is deterministic, so rerun the same command with "
+                             f"job.verify=full: it plans again and restores the plan when the new one is this run's "
+                             f"({RUN_FILE}; nothing committed is touched). Or use another output_dir, or "
+                             f"job.overwrite=true to delete the shards and start over.")
         wipe(output_dir, SHARD_GLOB)
         claimed = None  # wiped: the new run's device part is this job's
     return _make(cfg, output_dir, plan_dir, divisor, renderer, claimed)
