@@ -79,7 +79,10 @@ def test_verify_says_whether_the_run_is_complete(finished, tmp_path):
     assert report.completeness().startswith(f"the run is NOT complete: {report.samples} of 8 planned items")
     assert report.samples < 8
     (out / "_plan" / "plan.json").write_text("{")
-    assert verify_output(out).completeness() == "no readable plan to count against"
+    report = verify_output(out)
+    assert report.completeness() == "no readable plan to count against"
+    assert any(p.startswith("_plan/plan.json is missing or unreadable") and "job.verify=full" in p
+               for p in report.problems), report.problems  # not an OK: no rerun could match its samples
 
 
 def test_a_foreign_shard_is_left_alone_listed_and_never_indexed(finished, tmp_path):
@@ -197,6 +200,8 @@ def test_a_deleted_plan_is_one_message_then_restored_by_job_verify_full(finished
     before = _bytes(out, shards)
     gone = out / lost
     shutil.rmtree(gone) if gone.is_dir() else gone.unlink()
+    problems = verify_output(out).problems  # jobs.verify said OK here, "no readable plan to count against"
+    assert len(problems) == 1 and "job.verify=full" in problems[0], problems
     with caplog.at_level(logging.ERROR):
         assert _rerun(finished, out) == 2
     assert "plan.json) is missing" in caplog.text and "job.verify=full" in caplog.text

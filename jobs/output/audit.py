@@ -101,6 +101,10 @@ def verify_output(output_dir: Path) -> Report:
                             f"(its rerun removes them)")
     report.shards = len(manifests)
     report.planned = _planned_items(output_dir)
+    if report.planned is None and manifests:
+        report.problems.append(f"{PLAN_DIR}/{PLAN_FILE} is missing or unreadable, so no rerun can match the committed "
+                               f"samples to units ({fix.replan}: it plans again and restores the plan when the new "
+                               f"one is this run's, keeping every committed shard)")
     return report
 
 
@@ -136,6 +140,8 @@ class RepairAdvice:
         self.full = (f"a plain rerun checks sizes and stamps only; this needs sha256: {command} job.verify=full"
                      if command else "a plain rerun checks sizes and stamps only; this needs sha256: rerun the job "
                                      "with job.verify=full")
+        self.replan = (f"rerun it with job.verify=full: {command} job.verify=full" if command else
+                       "rerun the job's command with job.verify=full")
 
     def plain_sees(self, record) -> bool:
         """Would a plain rerun's stat check (jobs/worker/recheck.py) find that this shard changed?"""
