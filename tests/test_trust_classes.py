@@ -241,6 +241,12 @@ def test_a_flipped_bit_that_leaves_run_json_valid_is_restored_from_the_plan(fini
     at = raw.index(b'"attention_head_dim"') + 4  # the "e" of "attention"
     (out / "run.json").write_bytes(raw[:at] + bytes([raw[at] ^ 0x10]) + raw[at + 1:])
     assert b'"attuntion_head_dim"' in (out / "run.json").read_bytes()
+    # jobs.verify names run.json, and checks the shards as the plan's run: before, every shard was "another
+    # run's" and every key one to generate again.
+    report = verify_output(out)
+    assert len(report.problems) == 1 and report.problems[0].startswith(
+        "run.json names another run than _plan/plan.json"), report.problems
+    assert report.foreign == [] and report.samples == 8
     # Another config is still another run: refused, and nothing deleted.
     with caplog.at_level(logging.ERROR):
         assert _rerun(finished, out, "sampling.seed=7") == 2

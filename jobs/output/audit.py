@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from jobs.errors import UserError
-from jobs.output.claim import run_id, run_lineage
+from jobs.output.claim import identity_id, run_id, run_lineage
 from jobs.output.done import read_marker
 from jobs.output.layout import DONE_DIR, INDEX_FILE, LOG_DIR, MANIFEST_DIR, PLAN_DIR, PLAN_FILE, RUN_FILE
 from sinks.manifest import is_shard_name, load_manifest, verify_shard
@@ -55,9 +55,9 @@ def verify_output(output_dir: Path) -> Report:
     if not output_dir.is_dir():
         raise UserError(f"OUTPUT_DIR={str(output_dir)!r} is not a directory; give the output_dir of a job")
     report = Report()
-    run = _run_id(output_dir, report)
-    lineage = run_lineage(output_dir)  # an extended run's earlier ids
     fix = RepairAdvice(output_dir)
+    run = _run_id(output_dir, report, fix)
+    lineage = run_lineage(output_dir)  # an extended run's earlier ids
     manifests = {}
     unreadable = []  # the run's too: its shard and sidecars are no stray
     for path in sorted((output_dir / MANIFEST_DIR).glob("*.tar.json")):
@@ -117,16 +117,35 @@ def _planned_items(output_dir: Path) -> Optional[int]:
     return items if type(items) is int else None
 
 
-def _run_id(output_dir: Path, report: Report) -> str:
-    """The run id its manifests carry (jobs/output/claim.py run_id), or "" with the problem noted."""
+def _run_id(output_dir: Path, report: Report, fix: "RepairAdvice") -> str:
+    """The run id its manifests carry (jobs/output/claim.py run_id), or "" with the problem noted. Where
+    run.json names another run than plan.json (a flipped bit can leave it valid JSON), the plan's: the
+    samples were committed under it, and a rerun restores run.json from it (jobs/plan/publish.py). Read
+    by run.json alone, every shard looked like another run's and every key like one to generate again."""
     try:
-        return run_id(output_dir)
+        rid = run_id(output_dir)
     except FileNotFoundError:
         return ""
     except (OSError, ValueError, AttributeError):
         report.problems.append(f"{RUN_FILE} is unreadable: rerun the job: it restores it from _plan/plan.json "
                                f"when the plan's identity is the job's")
         return ""
+    planned = _plan_identity(output_dir)
+    if planned is None or identity_id(planned) == rid:
+        return rid
+    report.problems.append(f"{RUN_FILE} names another run than {PLAN_DIR}/{PLAN_FILE}, under whose identity the "
+                           f"samples were committed (damaged or edited; the shards are checked as the plan's run) "
+                           f"({fix.plain}: it restores {RUN_FILE} from the plan)")
+    return identity_id(planned)
+
+
+def _plan_identity(output_dir: Path) -> Optional[dict]:
+    """plan.json's identity, read as JSON (output/ reads no planner code); None without a readable one."""
+    try:
+        identity = json.loads((output_dir / PLAN_DIR / PLAN_FILE).read_text()).get("identity")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return identity if isinstance(identity, dict) else None
 
 
 class RepairAdvice:
