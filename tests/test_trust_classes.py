@@ -276,8 +276,8 @@ def test_a_flipped_bit_in_a_done_markers_sha256_is_caught_by_its_digest_and_rewr
     assert any("unit-0000001.json: unreadable or damaged" in p and "a plain rerun" in p for p in problems), problems
     with caplog.at_level(logging.WARNING):
         assert _rerun(finished, out) == 0
-    assert "done unit 1: its marker did not list its shards as committed (its done marker is unreadable or " \
-           "damaged); rewritten from their manifests" in caplog.text, caplog.text
+    assert "done unit 1 was checked (its done marker is unreadable or damaged): its shards hold what it " \
+           "committed, and its done marker is rewritten to record them as they are now" in caplog.text, caplog.text
     assert json.loads(marker.read_text())["shards"][0]["sha256"] == good
     assert _bytes(out, shards) == before and verify_output(out).problems == []
 

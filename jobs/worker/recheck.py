@@ -148,8 +148,10 @@ def _reopen_if_damaged(unit: int, records, why: str, level: str, manifest: PlanM
             marker.unlink(missing_ok=True)
             mark_done(plan_dir, unit, shards.with_manifest_stamps(kept), leaser.owner)
             shards.on_done(marker)
-            log.warning("resume: done unit %d: its marker did not list its shards as committed (%s); rewritten from "
-                        "their manifests", unit, why)
+            # `why` is what sent the unit to this check, from before its scan (which may have put a missing
+            # manifest back): the shards passed, so the message says so rather than repeat the symptom alone.
+            log.warning("resume: done unit %d was checked (%s): its shards hold what it committed, and its done "
+                        "marker is rewritten to record them as they are now", unit, why)
     finally:
         leaser.release(unit)
 
