@@ -176,6 +176,34 @@ def test_a_csv_quote_that_runs_past_max_line_bytes_is_refused_there_and_the_fix_
     assert [r.key for r in result.records] == ["y"]
 
 
+@pytest.mark.parametrize("chunk", [None, 64], ids=["one chunk", "many chunks"])
+def test_a_csv_line_too_long_that_leaves_a_quote_open_is_refused_not_its_lines_read_as_rows(tmp_path, monkeypatch,
+                                                                                            chunk):
+    """Skipped alone, the line's open quote was lost: the lines of its field after it were read as rows, one of
+    them as the prompt 'end of quote"'. The line's quotes are counted while it is skipped (`chunk`: a line
+    longer than a read is counted across reads too)."""
+    from jobs.dataset import lines
+
+    if chunk:
+        monkeypatch.setattr(lines, "CHUNK", chunk)
+    path = tmp_path / "p.csv"
+    path.write_text('prompt\nfirst ok\n"' + "x" * 300 + '\ninside the quote, still\nend of quote"\nthird ok\n')
+    with pytest.raises(DatasetError) as e:
+        load(path, on_error="skip", max_line_bytes=100)
+    assert str(e.value) == (f"{path}:3 is longer than dataset.max_line_bytes=100 bytes and leaves a quote open, so "
+                            f"the lines after it cannot be told from its text. {UNTERMINATED}, or raise "
+                            f"dataset.max_line_bytes if the line is that long")
+    # A long line whose quotes close is one bad row, as before; the rows after it are read.
+    path.write_text('prompt\nfirst ok\n"' + "x" * 150 + '""' + "y" * 150 + '"\nthird ok\n')
+    result = load(path, on_error="skip", max_line_bytes=100)
+    assert [r.prompt for r in result.records] == ["first ok", "third ok"]
+    assert [e.line for e in result.errors] == [3] and "longer than 100 bytes" in result.errors[0].reason
+    # The fix it names reads the field whole.
+    path.write_text('prompt\nfirst ok\n"' + "x" * 300 + '\ninside the quote, still\nend of quote"\nthird ok\n')
+    assert [r.prompt[-12:] for r in load(path, max_line_bytes=1000).records] == ["first ok", "end of quote",
+                                                                                "third ok"]
+
+
 def test_a_long_csv_field_is_bounded_by_max_line_bytes_as_other_formats_not_by_csvs_128_kib(tmp_path):
     import csv
 

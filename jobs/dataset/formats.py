@@ -154,7 +154,7 @@ class _CsvLines:
     quote (or a field too long), stopped here with _Runaway rather than read to the end of the file."""
 
     def __init__(self, path: Path, max_line_bytes: int):
-        self._lines = read_lines(path, max_line_bytes)
+        self._lines = read_lines(path, max_line_bytes, count_quotes=True)
         self._limit = max_line_bytes
         self.too_long: list = []
         self.last = 0  # the last line handed over
@@ -171,6 +171,10 @@ class _CsvLines:
         line, raw, ending = next(self._lines)
         self.last = line
         if type(raw) is LineTooLong:
+            if raw.quotes % 2 and not self._open:
+                # It starts a record and leaves a quote open: the lines after it are its field's text, and
+                # skipped alone it would hand them over as rows of their own (or one as a prompt).
+                raise _OpenQuote(line)
             size, text = self._limit + 1, "\n"
             self.too_long.append((line, raw))
         else:
@@ -185,6 +189,14 @@ class _CsvLines:
 
 
 _CLOSE = 'Close the quote (a quote inside a quoted field is written twice: "")'
+
+
+class _OpenQuote(Exception):
+    """A line too long to read starts a record and leaves a quote open (_CsvLines)."""
+
+    def __init__(self, line: int):
+        super().__init__(line)
+        self.line = line
 
 
 def _unterminated(path: Path, start: int, end: int) -> str:
@@ -209,6 +221,10 @@ def _next_record(reader, lines: _CsvLines, path: Path, start: int, max_line_byte
         return next(reader, None)
     except _Runaway:
         raise DatasetError(_runaway(path, start, lines.last, max_line_bytes)) from None
+    except _OpenQuote as open_quote:
+        raise DatasetError(f"{path}:{open_quote.line} is longer than dataset.max_line_bytes={max_line_bytes} bytes and "
+                           f"leaves a quote open, so the lines after it cannot be told from its text. {_CLOSE}, or "
+                           f"raise dataset.max_line_bytes if the line is that long") from None
     except csv.Error as exc:
         end = reader.line_num
         if str(exc) == "unexpected end of data":  # strict: the file ended inside a quoted field

@@ -6,9 +6,10 @@
   A file with no BOM whose first bytes hold a NUL every other byte is UTF-16 saved without one, and
   one with three NUL bytes in every four UTF-32: a whole-file error too (read as UTF-8 it would be
   prompts full of NUL characters, each a bad row).
-- A line longer than `max_line_bytes` is yielded as `LineTooLong` (a row error for the reader) and
-  skipped chunk by chunk, never held whole: memory stays within one chunk plus one line whatever
-  the file holds (one endless line of zeros included).
+- A line longer than `max_line_bytes` is yielded as `LineTooLong` (a row error for the reader; for the
+  CSV reader once its end is found, with the count of its '"' bytes) and skipped chunk by chunk, never
+  held whole: memory stays within one chunk plus one line whatever the file holds (one endless line of
+  zeros included).
 
     for line, text, ending in read_lines(path, 1 << 20):   # text: bytes without the ending
 """
@@ -39,6 +40,7 @@ class LineTooLong:
     """A line that was not read whole: it is longer than `limit` bytes."""
 
     limit: int
+    quotes: int = 0  # the line's '"' bytes: an odd count leaves a CSV quote open (formats.py's CSV reader)
 
     @property
     def reason(self) -> str:
@@ -101,16 +103,21 @@ def _utf8_chunks(path: Path, f: BinaryIO) -> Iterator[bytes]:
                            f"{encoding.upper()} near byte {done + exc.start}; re-encode it as UTF-8") from None
 
 
-def read_lines(path: Path, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> Iterator[Line]:
-    """(1-based line number, the line's bytes or LineTooLong, its ending: b"\\n", b"\\r\\n", b"\\r" or b"")."""
+def read_lines(path: Path, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES, count_quotes: bool = False) -> Iterator[Line]:
+    """(1-based line number, the line's bytes or LineTooLong, its ending: b"\\n", b"\\r\\n", b"\\r" or b"");
+    `count_quotes`: as for split_lines (the CSV reader's)."""
     with open(path, "rb") as f:
-        yield from split_lines(_utf8_chunks(path, f), max_line_bytes)
+        yield from split_lines(_utf8_chunks(path, f), max_line_bytes, count_quotes)
 
 
-def split_lines(chunks: Iterator[bytes], max_line_bytes: int) -> Iterator[Line]:
+def split_lines(chunks: Iterator[bytes], max_line_bytes: int, count_quotes: bool = False) -> Iterator[Line]:
+    """See read_lines. A line too long is reported as soon as it is found to be, or, with `count_quotes`, at its
+    end, with the count of its '"' bytes (one endless line is then read to the end of the file, in bounded
+    memory, before it is reported)."""
     line = 1
     buf = bytearray()  # the current line's bytes so far, at most max_line_bytes
-    too_long = False  # the current line was already reported and is being skipped
+    too_long = False  # the current line is too long and is being skipped (reported at its end)
+    quotes = 0  # '"' bytes of the line being skipped: counted, not kept
     after_cr = False  # the last chunk ended with \r: a \n starting the next one belongs to it
     for chunk in chunks:
         if after_cr and chunk.startswith(b"\n"):
@@ -126,19 +133,26 @@ def split_lines(chunks: Iterator[bytes], max_line_bytes: int) -> Iterator[Line]:
         for text, ending in lines:
             if too_long:
                 too_long = False
+                if count_quotes:
+                    yield line, LineTooLong(max_line_bytes, quotes + text.count(b'"')), ending
             elif len(buf) + len(text) > max_line_bytes:
-                yield line, LineTooLong(max_line_bytes), ending
+                yield line, LineTooLong(max_line_bytes, buf.count(b'"') + text.count(b'"')), ending
             else:
                 yield line, (bytes(buf) + text if buf else text), ending
             buf.clear()
             line += 1
         if too_long:
+            quotes += rest.count(b'"')
             continue
         if len(buf) + len(rest) > max_line_bytes:
-            yield line, LineTooLong(max_line_bytes), b""
-            too_long = True
+            too_long, quotes = True, buf.count(b'"') + rest.count(b'"')
+            if not count_quotes:
+                yield line, LineTooLong(max_line_bytes), b""
             buf.clear()
         else:
             buf += rest
-    if buf and not too_long:
+    if too_long:
+        if count_quotes:
+            yield line, LineTooLong(max_line_bytes, quotes), b""
+    elif buf:
         yield line, bytes(buf), b""
