@@ -101,7 +101,7 @@ def verify_output(output_dir: Path) -> Report:
                             f"(its rerun removes them)")
     report.shards = len(manifests)
     report.planned = _planned_items(output_dir)
-    if report.planned is None and manifests:
+    if report.planned is None and manifests and _planned_run(output_dir):
         report.problems.append(f"{PLAN_DIR}/{PLAN_FILE} is missing or unreadable, so no rerun can match the committed "
                                f"samples to units ({fix.replan}: it plans again and restores the plan when the new "
                                f"one is this run's, keeping every committed shard)")
@@ -137,6 +137,17 @@ def _run_id(output_dir: Path, report: Report, fix: "RepairAdvice") -> str:
                            f"samples were committed (damaged or edited; the shards are checked as the plan's run) "
                            f"({fix.plain}: it restores {RUN_FILE} from the plan)")
     return identity_id(planned)
+
+
+def _planned_run(output_dir: Path) -> bool:
+    """Whether output_dir is a job's, which always has a plan: its _plan/ folder is there, or its run.json
+    holds an identity. Shards written with the sinks library alone (no plan, no identity) are not asked for one."""
+    if (output_dir / PLAN_DIR).is_dir():
+        return True
+    try:
+        return bool(json.loads((output_dir / RUN_FILE).read_bytes()))
+    except (OSError, ValueError):
+        return False
 
 
 def _plan_identity(output_dir: Path) -> Optional[dict]:
