@@ -116,7 +116,7 @@ def split_lines(chunks: Iterator[bytes], max_line_bytes: int, count_quotes: bool
     memory, before it is reported)."""
     line = 1
     buf = bytearray()  # the current line's bytes so far, at most max_line_bytes
-    too_long = False  # the current line is too long and is being skipped (reported at its end)
+    too_long = False  # the current line is too long and is being skipped (reported when found, or at its end)
     quotes = 0  # '"' bytes of the line being skipped: counted, not kept
     after_cr = False  # the last chunk ended with \r: a \n starting the next one belongs to it
     for chunk in chunks:
