@@ -42,3 +42,20 @@ def tiny_pipeline(preset: str, *overrides: str):
     pipe = fam.build_tiny(cfg.model, torch.float32)
     pipe.set_progress_bar_config(disable=True)
     return cfg, fam, pipe
+
+
+def run_interpreted(script: str, timeout: int = 600) -> str:
+    """`script` in a fresh interpreter with Triton's interpreter on (TRITON_INTERPRET is read when the
+    kernels are defined, so never in the test process) and this checkout importable; its stdout. A failed
+    script fails the test with the end of its stderr."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
+    r = subprocess.run([sys.executable, "-c", script], env=env, cwd=root, capture_output=True, text=True,
+                       timeout=timeout)
+    assert r.returncode == 0, r.stderr[-4000:]
+    return r.stdout

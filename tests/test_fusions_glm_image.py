@@ -229,19 +229,12 @@ def test_the_triton_launchers_apply_under_the_interpreter():
     output eager's bits. The LayerNorm kernel models aten's CUDA order, so on the CPU it differs from aten's
     CPU LayerNorm and is rejected (its fallback, the adaLN kernel after aten's norm, verifies)."""
     import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
+
+    from tests.helpers import run_interpreted
 
     pytest.importorskip("triton")
-    root = Path(__file__).resolve().parents[1]
-    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
-    r = subprocess.run([sys.executable, "-c", _INTERPRETED], env=env, cwd=root, capture_output=True, text=True,
-                       timeout=600)
-    assert r.returncode == 0, r.stderr[-4000:]
-    got = json.loads(next(x for x in r.stdout.splitlines() if x.startswith("RESULT "))[len("RESULT "):])
+    out = run_interpreted(_INTERPRETED)
+    got = json.loads(next(x for x in out.splitlines() if x.startswith("RESULT "))[len("RESULT "):])
     assert all(got["equal"]) and got["not_applicable"] == 0 and got["forwards_rejected"] == 0, got
     assert got["forwards_verified"] == 3, got
     assert set(got["rejected"]) <= {"ln_adaln", "gated_res_ln_adaln"}, got

@@ -175,19 +175,12 @@ def test_the_triton_launchers_apply_under_the_interpreter():
     batch 1: the adaLN and gated-residual kernels apply to the per-row [S, 1, D] views, the split RoPE kernel
     to the leading channels of each head, none is "not applicable" or rejected, the output eager's bits."""
     import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
+
+    from tests.helpers import run_interpreted
 
     pytest.importorskip("triton")
-    root = Path(__file__).resolve().parents[1]
-    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
-    r = subprocess.run([sys.executable, "-c", _INTERPRETED], env=env, cwd=root, capture_output=True, text=True,
-                       timeout=600)
-    assert r.returncode == 0, r.stderr[-4000:]
-    got = json.loads(next(x for x in r.stdout.splitlines() if x.startswith("RESULT "))[len("RESULT "):])
+    out = run_interpreted(_INTERPRETED)
+    got = json.loads(next(x for x in out.splitlines() if x.startswith("RESULT "))[len("RESULT "):])
     assert all(got["equal"]) and got["not_applicable"] == 0 and got["forwards_rejected"] == 0, got
     assert got["rejected"] == 0 and got["forwards_verified"] == TINY["num_layers"] + 1, got
     assert {"adaln", "gated_residual", "qk_minimax_split_plain"} <= set(got["verified"]), got

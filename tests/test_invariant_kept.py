@@ -194,19 +194,11 @@ print(json.dumps({"bad": bad, "launches": launches}))
 
 
 def test_the_triton_checksum_gives_the_torch_paths_integers_interpreted():
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
+    from tests.helpers import run_interpreted
 
     pytest.importorskip("triton")
-    root = Path(__file__).resolve().parents[1]
-    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
-    r = subprocess.run([sys.executable, "-c", _INTERPRETED], env=env, cwd=root, capture_output=True, text=True,
-                       timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert json.loads(r.stdout.strip().splitlines()[-1]) == {"bad": [], "launches": 4}
+    out = run_interpreted(_INTERPRETED, timeout=300)
+    assert json.loads(out.strip().splitlines()[-1]) == {"bad": [], "launches": 4}
 
 
 def test_the_checksum_reads_a_dense_tensor_in_memory_order_without_a_copy():

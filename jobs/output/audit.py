@@ -108,12 +108,18 @@ def verify_output(output_dir: Path) -> Report:
     return report
 
 
-def _planned_items(output_dir: Path) -> Optional[int]:
-    """The plan's item count, read from _plan/plan.json as JSON (output/ reads no planner code); None without one."""
+def _plan_doc(output_dir: Path) -> dict:
+    """_plan/plan.json read as JSON (output/ reads no planner code); {} without a readable one."""
     try:
-        items = json.loads((output_dir / PLAN_DIR / PLAN_FILE).read_text()).get("items")
-    except (OSError, ValueError, AttributeError):
-        return None
+        doc = json.loads((output_dir / PLAN_DIR / PLAN_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def _planned_items(output_dir: Path) -> Optional[int]:
+    """The plan's item count; None without a readable plan."""
+    items = _plan_doc(output_dir).get("items")
     return items if type(items) is int else None
 
 
@@ -151,11 +157,8 @@ def _planned_run(output_dir: Path) -> bool:
 
 
 def _plan_identity(output_dir: Path) -> Optional[dict]:
-    """plan.json's identity, read as JSON (output/ reads no planner code); None without a readable one."""
-    try:
-        identity = json.loads((output_dir / PLAN_DIR / PLAN_FILE).read_text()).get("identity")
-    except (OSError, ValueError, AttributeError):
-        return None
+    """plan.json's identity; None without a readable one."""
+    identity = _plan_doc(output_dir).get("identity")
     return identity if isinstance(identity, dict) else None
 
 
