@@ -55,7 +55,9 @@ SHAPES = {"512x1": (2, 256), "1024x1": (2, 1024), "512x4": (8, 256), "1024x4": (
 TILES = [(bp, bc, w) for bp in (16, 32, 64) for bc in (32, 64, 128) for w in (2, 4, 8)]
 # kernels.dwconv_glu_rows: rows, columns, channels, warps, prefetch the next row (session 41; False is
 # session 40's walk with the taps hoisted)
-ROWS_TILES = [(r, cols, c, w, pf) for pf in (True, False) for r in (8, 16, 32) for cols in (16, 32)
+# rows, columns, channels, warps, prefetch the next row, taps as FMAs (kernels.dw_rows_tile; the prefetch
+# won every shape of session 41's sweep, so session 58's sweeps the FMA flag in its place)
+ROWS_TILES = [(r, cols, c, w, True, fma) for fma in (True, False) for r in (8, 16, 32) for cols in (16, 32)
               for c, w in ((32, 4), (64, 4), (64, 8))]
 
 
@@ -387,15 +389,16 @@ def rope_rows() -> list[dict]:
     return out
 
 
-def _best_by_prefetch(tiles: list[dict]) -> str:
-    """The best equal tile with the next row prefetched and without (the tile's last element, session 41)."""
+def _best_by_flag(tiles: list[dict], index: int, name: str) -> str:
+    """The best equal tile with the flag at tile[index] on and off (a shorter tile leaves it on, its
+    default): the prefetch (session 41) and the FMA taps (session 58) of the row walks."""
     parts = []
     for flag in (True, False):
-        ok = [t for t in tiles if t["equal"] and t["us"] is not None and len(t["tile"]) in (5, 6)
-              and bool(t["tile"][-1]) is flag]
+        ok = [t for t in tiles if t["equal"] and t["us"] is not None
+              and bool(t["tile"][index] if len(t["tile"]) > index else True) is flag]
         if ok:
             b = min(ok, key=lambda t: t["us"])
-            parts.append(f"{'prefetch' if flag else 'no prefetch'} {b['us']} ({b['tile']})")
+            parts.append(f"{name if flag else 'no ' + name} {b['us']} ({b['tile']})")
     return ", ".join(parts) or "-"
 
 
@@ -416,7 +419,7 @@ def write(out_dir: Path, rows: list[dict], cmd: str, stem: str = "fusion_kernels
                 f"{r['today_cudnn_pair_equal']}/{r['today_one_pass_dw_equal']} "
                 f"| 1x1 + new: best {b['us'] if b else '-'} (tile {b['tile'] if b else '-'}, kernel "
                 f"{b['kernel_only_us'] if b else '-'}), default {default['us'] if default else '-'}; "
-                f"{_best_by_prefetch(r['tiles'])} "
+                f"{_best_by_flag(r['tiles'], 5, 'prefetch')}; {_best_by_flag(r['tiles'], 6, 'FMA')} "
                 f"| eager {r['eager_us']}; today {r['today_cudnn_pair_us']} (cuDNN dw) / "
                 f"{r['today_one_pass_dw_us']} (one-pass dw); 1x1 alone {r['conv1x1_nobias_us']} |")
         elif r["kernel"] == "row_var":
@@ -442,7 +445,7 @@ def write(out_dir: Path, rows: list[dict], cmd: str, stem: str = "fusion_kernels
             lines.append(f"| dwconv_glu_rows (CUDA graph, us a call) | {r['shape']} | "
                          f"{sum(t['equal'] for t in r['tiles'])} of {len(r['tiles'])} tiles (against cuDNN + GLU) "
                          f"| best {b['us'] if b else '-'} (tile {b['tile'] if b else '-'}), default "
-                         f"{default['us'] if default else '-'}; {_best_by_prefetch(r['tiles'])} "
+                         f"{default['us'] if default else '-'}; {_best_by_flag(r['tiles'], 5, 'FMA')} "
                          f"| {r['cudnn_plus_glu_graph_us']} |")
         else:
             b = r["best"]

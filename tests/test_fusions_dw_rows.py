@@ -43,12 +43,21 @@ _INTERPRETED = textwrap.dedent("""
 
     gen = torch.Generator().manual_seed(0)
     bad = []
-    for (B, Hc, H, W), tile in [((2, 24, 5, 7), (2, 8, 16, 4, True)), ((1, 16, 9, 20), (4, 16, 16, 4, True)),
-                                ((2, 40, 6, 3), (8, 32, 32, 4, True)), ((1, 8, 1, 1), (8, 32, 32, 4, True)),
-                                ((2, 24, 5, 7), (2, 8, 16, 4, False)), ((1, 16, 9, 20), (4, 16, 16, 4))]:
-        x = (torch.randn(B, H, W, 2 * Hc, generator=gen) * 2).half().permute(0, 3, 1, 2)
-        w = (torch.randn(2 * Hc, 1, 3, 3, generator=gen) * 0.5).half()
-        b = torch.randn(2 * Hc, generator=gen).half()
+    # tiles: rows, columns, channels, warps[, prefetch[, taps as FMAs]] (both flags default True). fp32's
+    # products are not exact, so its walk must not fuse them: the fp32 cases hold the kernel to that
+    half, full = torch.float16, torch.float32
+    for (B, Hc, H, W), tile, dt in [((2, 24, 5, 7), (2, 8, 16, 4, True), half),
+                                    ((1, 16, 9, 20), (4, 16, 16, 4, True), half),
+                                    ((2, 40, 6, 3), (8, 32, 32, 4, True), half),
+                                    ((1, 8, 1, 1), (8, 32, 32, 4, True), half),
+                                    ((2, 24, 5, 7), (2, 8, 16, 4, False), half),
+                                    ((1, 16, 9, 20), (4, 16, 16, 4), half),
+                                    ((2, 24, 5, 7), (2, 8, 16, 4, True, False), half),
+                                    ((1, 16, 9, 20), (4, 16, 16, 4, False, False), half),
+                                    ((2, 24, 5, 7), (2, 8, 16, 4, True, True), full), ((1, 16, 9, 20), None, full)]:
+        x = (torch.randn(B, H, W, 2 * Hc, generator=gen) * 2).to(dt).permute(0, 3, 1, 2)
+        w = (torch.randn(2 * Hc, 1, 3, 3, generator=gen) * 0.5).to(dt)
+        b = torch.randn(2 * Hc, generator=gen).to(dt)
         got = kernels.dwconv_glu_rows(x, w, b, tile)
         for name, want in (("gather kernel", kernels.dwconv_glu(x, w, b, False)), ("plan", plan(x, w, b))):
             if not (torch.equal(got, want) and got.is_contiguous(memory_format=torch.channels_last)):

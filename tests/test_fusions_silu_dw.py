@@ -79,12 +79,15 @@ _INTERPRETED = textwrap.dedent("""
 
     g = torch.Generator().manual_seed(0)
     bad = []
-    # tiles: rows, columns, channels, warps, shift by dot[, prefetch the next row (the default: True)]
+    # tiles: rows, columns, channels, warps, shift by dot[, prefetch the next row[, taps as FMAs]] (both
+    # flags default True)
     for (B, Hc, H, W), tile in [((2, 24, 5, 7), (2, 16, 16, 4, True)), ((2, 24, 5, 7), (3, 16, 16, 4, False)),
                                 ((1, 16, 9, 20), (4, 16, 16, 4, True, True)),
                                 ((1, 16, 6, 20), (4, 16, 16, 4, False, True)),
                                 ((1, 16, 9, 20), (4, 16, 16, 4, True, False)),
-                                ((2, 24, 5, 7), (3, 16, 16, 4, False, False))]:
+                                ((2, 24, 5, 7), (3, 16, 16, 4, False, False)),
+                                ((1, 16, 9, 20), (4, 16, 16, 4, True, True, False)),
+                                ((2, 24, 5, 7), (3, 16, 16, 4, False, False, False))]:
         y = (torch.randn(B, H, W, 2 * Hc, generator=g) * 2).half().permute(0, 3, 1, 2)
         b_inv, b_dw = torch.randn(2 * Hc, generator=g).half(), torch.randn(2 * Hc, generator=g).half()
         w = (torch.randn(2 * Hc, 1, 3, 3, generator=g) * 0.5).half()

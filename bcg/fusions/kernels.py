@@ -359,16 +359,26 @@ def _w3(wt_ptr, ch, jm, C2, KY: tl.constexpr):
 
 
 @triton.jit
-def _taps3w(acc, left, c, right, wl, wc, wr):
-    """acc + the three taps of one kernel row, added left to right (one rounding each: no FMA, OPTS)."""
-    acc = acc + left * wl
-    acc = acc + c * wc
-    return acc + right * wr
+def _taps3w(acc, left, c, right, wl, wc, wr, FMA: tl.constexpr):
+    """acc + the three taps of one kernel row, added left to right. Every input and weight is a bf16
+    or fp16 value, so each product (at most 22 significant bits) is exact in fp32: a fused
+    multiply-add rounds once where `acc + p * w` rounds twice, and the first rounding is exact, so
+    both give the same bits (save a product that overflows fp32 or falls under about 1e-40, where its
+    low bits leave fp32's subnormal grid; first-sight verification compares the sums with cuDNN's). With FMA the tap is
+    one instruction, not two: the row walk issues about a fifth fewer (s58, the sm_90 SASS)."""
+    if FMA:
+        acc = tl.fma(left, wl, acc)
+        acc = tl.fma(c, wc, acc)
+        return tl.fma(right, wr, acc)
+    else:
+        acc = acc + left * wl
+        acc = acc + c * wc
+        return acc + right * wr
 
 
 @triton.jit
 def _dw_glu_rows_kernel(x_ptr, w_ptr, b_ptr, o_ptr, H, W, Hc, NWB, ROWS: tl.constexpr, BW: tl.constexpr,
-                        BC: tl.constexpr, PREFETCH: tl.constexpr):
+                        BC: tl.constexpr, PREFETCH: tl.constexpr, FMA: tl.constexpr):
     # x: [B, 2Hc, H, W] channels-last; w: the depthwise weight as [9, 2Hc] (tap-major); b: [2Hc];
     # o: [B, Hc, H, W] channels-last
     b = tl.program_id(2).to(tl.int64)
@@ -407,8 +417,8 @@ def _dw_glu_rows_kernel(x_ptr, w_ptr, b_ptr, o_ptr, H, W, Hc, NWB, ROWS: tl.cons
             rin = (rv >= 0) & (rv < H)
             lx, cx, rx = _row3(x_ptr, pix, x, rin, W, C2, j, jm)
             lg, cg, rg = _row3(x_ptr, pix, x, rin, W, C2, j + Hc, jm)
-        ax0 = _taps3w(ax0, lx, cx, rx, x2l, x2c, x2r)
-        ag0 = _taps3w(ag0, lg, cg, rg, g2l, g2c, g2r)
+        ax0 = _taps3w(ax0, lx, cx, rx, x2l, x2c, x2r, FMA)
+        ag0 = _taps3w(ag0, lg, cg, rg, g2l, g2c, g2r, FMA)
         # output row r-1 is complete: cuDNN stores the conv, aten adds the bias, then the GLU
         om = (rv - 1 >= y0) & (rv - 1 < H) & (x < W)  # no output row in the first two steps
         xb = _r(_r(ax0, o_ptr) + bx, o_ptr)
@@ -416,39 +426,47 @@ def _dw_glu_rows_kernel(x_ptr, w_ptr, b_ptr, o_ptr, H, W, Hc, NWB, ROWS: tl.cons
         out = (xb * _r(_silu(gb), o_ptr)).to(o_ptr.dtype.element_ty)
         dst = (pix - W + x)[:, None] * Hc + j[None, :]
         tl.store(o_ptr + dst, out, mask=om[:, None] & jm[None, :])
-        ax0 = _taps3w(ax1, lx, cx, rx, x1l, x1c, x1r)
-        ag0 = _taps3w(ag1, lg, cg, rg, g1l, g1c, g1r)
-        ax1 = _taps3w(zero, lx, cx, rx, x0l, x0c, x0r)
-        ag1 = _taps3w(zero, lg, cg, rg, g0l, g0c, g0r)
+        ax0 = _taps3w(ax1, lx, cx, rx, x1l, x1c, x1r, FMA)
+        ag0 = _taps3w(ag1, lg, cg, rg, g1l, g1c, g1r, FMA)
+        ax1 = _taps3w(zero, lx, cx, rx, x0l, x0c, x0r, FMA)
+        ag1 = _taps3w(zero, lg, cg, rg, g0l, g0c, g0r, FMA)
 
 
-def dw_rows_tile(height: int) -> tuple[int, int, int, int, bool]:
-    """The default tile (rows, columns, channels, warps, prefetch) for a grid `height` rows tall: the
-    whole height up to 32 rows a program, 16 columns, 32 channels, 4 warps, the next row prefetched.
-    The fastest of 36 tiles at every shape of the H200 sweep (SANA-1.6B's 16x16 and 32x32 latents,
-    2 to 16 CFG rows; benchmarks/results/fusion_kernels_dw_rows_silu_dw_h200.md): 388 against 454 us
-    for cuDNN's conv + the bias/GLU kernel at 1024², batch 8, and 58 against 84 at batch 1."""
-    return min(32, triton.next_power_of_2(max(1, height))), 16, 32, 4, True
+def _walk_flags(rest: list, dtype: torch.dtype) -> tuple[bool, bool]:
+    """A row walk's optional tile flags (prefetch the next row, taps as FMAs), True where left out.
+    FMA only for bf16 and fp16, whose products fp32 holds exactly (_taps3w)."""
+    prefetch, fma = (*map(bool, rest), True, True)[:2]
+    return prefetch, fma and dtype in (torch.bfloat16, torch.float16)
+
+
+def dw_rows_tile(height: int) -> tuple[int, int, int, int, bool, bool]:
+    """The default tile (rows, columns, channels, warps, prefetch, FMA taps) for a grid `height` rows
+    tall: the whole height up to 32 rows a program, 16 columns, 32 channels, 4 warps, the next row
+    prefetched, each tap one FMA (_taps3w; bf16 and fp16 only). Without the FMAs, the fastest of 36
+    tiles at every shape of session 41's H200 sweep (SANA-1.6B's 16x16 and 32x32 latents, 2 to 16 CFG
+    rows; benchmarks/results/fusion_kernels_dw_rows_silu_dw_h200.md): 388 against 454 us for cuDNN's
+    conv + the bias/GLU kernel at 1024², batch 8, and 58 against 84 at batch 1."""
+    return min(32, triton.next_power_of_2(max(1, height))), 16, 32, 4, True, True
 
 
 def dwconv_glu_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
                     tile: tuple | None = None) -> torch.Tensor:
     """dwconv_glu(x, weight, bias, col_major=False)'s bits, walking rows: GLU(depthwise_conv3x3(x) +
     bias) for channels-last x [B, 2H, h, w] -> [B, H, h, w]. `tile` (rows, columns, channels, warps[,
-    prefetch]) changes speed only."""
+    prefetch[, fma]]) changes speed only."""
     _check(x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last), "x must be channels-last")
     B, C2, Hh, Ww = x.shape
     _check(weight.shape == (C2, 1, 3, 3) and weight.is_contiguous() and C2 % 2 == 0, "a 3x3 depthwise weight")
     _check(bias is not None and bias.shape == (C2,) and x.dtype == weight.dtype == bias.dtype, "bias, one dtype")
     out = torch.empty((B, C2 // 2, Hh, Ww), dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
     rows, cols, bc, warps, *rest = tile or dw_rows_tile(Hh)
-    prefetch = bool(rest[0]) if rest else True
+    prefetch, fma = _walk_flags(rest, x.dtype)
     bw = min(cols, triton.next_power_of_2(Ww))
     nwb = triton.cdiv(Ww, bw)
     grid = (triton.cdiv(Hh, rows) * nwb, triton.cdiv(C2 // 2, bc), B)
     taps = weight.view(C2, 9).t().contiguous()  # [9, C2]: 200 KB at SANA-1.6B, a small copy a call
     _dw_glu_rows_kernel[grid](x, taps, bias, out, Hh, Ww, C2 // 2, nwb, ROWS=rows, BW=bw, BC=bc, PREFETCH=prefetch,
-                              num_warps=warps, **OPTS)
+                              FMA=fma, num_warps=warps, **OPTS)
     return out
 
 
@@ -521,7 +539,8 @@ def _act_row(raw_l, raw_c, raw_r, bias, rin, rinc, x, xm, W, ch, jm, x0, like_pt
 
 @triton.jit
 def _silu_dw_glu_kernel(y_ptr, bi_ptr, w_ptr, bd_ptr, o_ptr, H, W, Hc, NWB, ROWS: tl.constexpr,
-                        BW: tl.constexpr, BC: tl.constexpr, SHIFT_DOT: tl.constexpr, PREFETCH: tl.constexpr):
+                        BW: tl.constexpr, BC: tl.constexpr, SHIFT_DOT: tl.constexpr, PREFETCH: tl.constexpr,
+                        FMA: tl.constexpr):
     # y: raw conv_inverted output [B, 2Hc, H, W] channels-last; bi: its bias [2Hc]
     # w: the depthwise weight as [9, 2Hc] (tap-major); bd: its bias [2Hc]; o: [B, Hc, H, W] channels-last
     b = tl.program_id(2).to(tl.int64)
@@ -570,8 +589,8 @@ def _silu_dw_glu_kernel(y_ptr, bi_ptr, w_ptr, bd_ptr, o_ptr, H, W, Hc, NWB, ROWS
             pgl, pgc, pgr = _raw_row(y_ptr, pix, rin, rinc, x, xm, W, C2, j + Hc, jm, x0, SHIFT_DOT, BW)
         lx, cx, rx = _act_row(pxl, pxc, pxr, ix, rin, rinc, x, xm, W, j, jm, x0, y_ptr, SHIFT_DOT, BW)
         lg, cg, rg = _act_row(pgl, pgc, pgr, ig, rin, rinc, x, xm, W, j + Hc, jm, x0, y_ptr, SHIFT_DOT, BW)
-        ax0 = _taps3w(ax0, lx, cx, rx, x2l, x2c, x2r)
-        ag0 = _taps3w(ag0, lg, cg, rg, g2l, g2c, g2r)
+        ax0 = _taps3w(ax0, lx, cx, rx, x2l, x2c, x2r, FMA)
+        ag0 = _taps3w(ag0, lg, cg, rg, g2l, g2c, g2r, FMA)
         # output row r-1 is complete: cuDNN stores the conv, aten adds the bias, then the GLU
         om = (rv - 1 >= y0) & (rv - 1 < H) & xm  # no output row in the first two steps
         xb = _r(_r(ax0, o_ptr) + bx, o_ptr)
@@ -579,10 +598,10 @@ def _silu_dw_glu_kernel(y_ptr, bi_ptr, w_ptr, bd_ptr, o_ptr, H, W, Hc, NWB, ROWS
         out = (xb * _r(_silu(gb), o_ptr)).to(o_ptr.dtype.element_ty)
         dst = (pix - W + x)[:, None] * Hc + j[None, :]
         tl.store(o_ptr + dst, out, mask=om[:, None] & jm[None, :])
-        ax0 = _taps3w(ax1, lx, cx, rx, x1l, x1c, x1r)
-        ag0 = _taps3w(ag1, lg, cg, rg, g1l, g1c, g1r)
-        ax1 = _taps3w(zero, lx, cx, rx, x0l, x0c, x0r)
-        ag1 = _taps3w(zero, lg, cg, rg, g0l, g0c, g0r)
+        ax0 = _taps3w(ax1, lx, cx, rx, x1l, x1c, x1r, FMA)
+        ag0 = _taps3w(ag1, lg, cg, rg, g1l, g1c, g1r, FMA)
+        ax1 = _taps3w(zero, lx, cx, rx, x0l, x0c, x0r, FMA)
+        ag1 = _taps3w(zero, lg, cg, rg, g0l, g0c, g0r, FMA)
 
 
 SILU_DW_TILE = (8, 16, 32, 4, True, True)
@@ -606,11 +625,12 @@ def silu_dwconv_glu(y: torch.Tensor, b_inv: torch.Tensor, w_dw: torch.Tensor, b_
     _check(y.dtype == b_inv.dtype == w_dw.dtype == b_dw.dtype, "one dtype")
     out = torch.empty((B, C2 // 2, Hh, Ww), dtype=y.dtype, device=y.device, memory_format=torch.channels_last)
     rows, cols, bc, warps, dot, *rest = tile or SILU_DW_TILE
-    prefetch = bool(rest[0]) if rest else True
+    prefetch, fma = _walk_flags(rest, y.dtype)
     bw = min(cols, max(16, triton.next_power_of_2(Ww)))  # tl.dot wants 16 or more
     nwb = triton.cdiv(Ww, bw)
     grid = (triton.cdiv(Hh, rows) * nwb, triton.cdiv(C2 // 2, bc), B)
     taps = w_dw.view(C2, 9).t().contiguous()  # [9, C2]: each tap's channels contiguous (vector loads)
     _silu_dw_glu_kernel[grid](y, b_inv, taps, b_dw, out, Hh, Ww, C2 // 2, nwb, ROWS=rows, BW=bw, BC=bc,
-                              SHIFT_DOT=bool(dot), PREFETCH=prefetch, num_warps=warps, **OPTS)
+                              SHIFT_DOT=bool(dot), PREFETCH=prefetch, FMA=fma, num_warps=warps,
+                              **OPTS)
     return out
