@@ -105,13 +105,20 @@ def _check_model_source(cfg: GenerateConfig, family: ModelFamily) -> None:
 
 
 def _check_text_length(cfg: GenerateConfig, family: ModelFamily) -> None:
-    """model.max_sequence_length fits the text encoder and the pipeline (ModelFamily.text_length_limit). Text
-    buckets need no check of their own: every padder drops or ignores those above it (padding/)."""
+    """model.max_sequence_length fits the text encoder and the pipeline (ModelFamily.text_length_limit and
+    text_length_multiple). Text buckets need no check of their own: every padder drops or ignores those
+    above it (padding/)."""
+    n = cfg.model.max_sequence_length
     found = family.text_length_limit(cfg.model)
-    if found is not None and cfg.model.max_sequence_length > found[0]:
+    if found is not None and n > found[0]:
         limit, why = found
-        raise UserError(f"model.max_sequence_length={cfg.model.max_sequence_length}, but {why}; set "
-                        f"model.max_sequence_length={limit} or less")
+        raise UserError(f"model.max_sequence_length={n}, but {why}; set model.max_sequence_length={limit} or less")
+    multiple = family.text_length_multiple(cfg.model)
+    if multiple is not None and n % multiple[0]:
+        m, why = multiple
+        near = sorted({max(m, n // m * m), (n // m + 1) * m})
+        raise UserError(f"model.max_sequence_length={n}, but {why}; set model.max_sequence_length="
+                        + " or ".join(map(str, near)))
 
 
 def _check_sampling(cfg: GenerateConfig, family: ModelFamily, d: int) -> None:

@@ -146,3 +146,31 @@ def test_relative_and_rotary_positions_have_no_limit(preset):
     _, _, text = encode_long(preset, 1100)
     assert text.embeds.shape[1] == 1100
     accepted(f"model={preset}", "model.max_sequence_length=1100")
+
+
+def test_ltx2_lengths_are_multiples_of_its_connector_registers(tmp_path_factory):
+    """LTX-2's text connectors tile their 128 learned registers over the padded prompt: the pipeline met a
+    length of 1000 inside its first call, after the load; the config check refuses it before, with the two
+    nearest lengths that run."""
+    fam, pipe, text = encode_long("ltx2_tiny", 1000)
+    assert text.embeds.shape[1] == 1000
+    with pytest.raises(ValueError, match="should be divisible by the number of learnable registers 128"):
+        pipe.connectors(text.embeds, text.mask)
+    fam, pipe, text = encode_long("ltx2_tiny", 896)
+    assert pipe.connectors(text.embeds, text.mask)[0].shape[1] == 896
+
+    why = ("LTX-2's text connectors tile 128 learned registers over the padded prompt (connectors' "
+           "*_num_learnable_registers), so it must be a multiple of 128")
+    assert refusal("model=ltx2_tiny", "model.max_sequence_length=1000") == (
+        f"model.max_sequence_length=1000, but {why}; set model.max_sequence_length=896 or 1024")
+    assert refusal("model=ltx2_tiny", "model.max_sequence_length=100").endswith("set model.max_sequence_length=128")
+    accepted("model=ltx2_tiny", "model.max_sequence_length=896")
+
+    # A checkpoint's connectors/config.json is read (no weight loads): here its registers are 64 and 128.
+    path = saved(tmp_path_factory, "ltx2_tiny", "ltx2")
+    conf = path / "connectors" / "config.json"
+    conf.write_text(json.dumps({**json.loads(conf.read_text()), "video_connector_num_learnable_registers": 64}))
+    real = ["model=ltx2", f"model.path={path}"]
+    assert "must be a multiple of 128; set model.max_sequence_length=128 or 256" in refusal(
+        *real, "model.max_sequence_length=192")
+    accepted(*real, "model.max_sequence_length=256")

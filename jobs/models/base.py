@@ -204,6 +204,11 @@ class ModelFamily:
         sets one: relative (T5) and rotary (Gemma, Qwen) text positions run at any length."""
         return None
 
+    def text_length_multiple(self, cfg: ModelConfig) -> Optional[Tuple[int, str]]:
+        """A number model.max_sequence_length must be a multiple of, and what sets it (said after
+        "model.max_sequence_length=N, but"), from configs alone. None where any length runs."""
+        return None
+
     def text_lengths(self, tokenizer, prompts: Sequence[str], cfg: ModelConfig, instruction: bool) -> List[TextLength]:
         raise NotImplementedError
 

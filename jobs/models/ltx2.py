@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     import torch
 
 PIPELINE_MULTIPLE = 32  # LTX2Pipeline.check_inputs: height and width divisible by 32
+CONNECTOR_REGISTERS = 128  # LTX2TextConnectors' default video and audio register counts
 
 
 def vae_ratios(vae: dict) -> Tuple[int, int]:
@@ -109,6 +110,18 @@ class LTX2Family(ModelFamily):
         return frames_rule_error(n, temporal, self.pipeline_class)
 
     # -- text ------------------------------------------------------------------------------
+    def text_length_multiple(self, cfg: ModelConfig) -> Optional[Tuple[int, str]]:
+        # LTX2TextConnectors tiles its learned registers over the padded sequence: a length that is not a
+        # multiple of their count is refused inside the first encode (ValueError), after the whole load.
+        conn = self.component_config(cfg, "connectors")
+        counts = {conn.get(f"{part}_connector_num_learnable_registers", CONNECTOR_REGISTERS)
+                  for part in ("video", "audio")} - {None}
+        if not counts:
+            return None
+        n = math.lcm(*map(int, counts))
+        return n, (f"LTX-2's text connectors tile {n} learned registers over the padded prompt "
+                   f"(connectors' *_num_learnable_registers), so it must be a multiple of {n}")
+
     def text_lengths(self, tokenizer, prompts: Sequence[str], cfg: ModelConfig, instruction: bool) -> List[TextLength]:
         limit = cfg.max_sequence_length
         texts = [p.strip() for p in prompts]  # as _get_gemma_prompt_embeds strips them
