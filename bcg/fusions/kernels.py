@@ -339,25 +339,12 @@ def dwconv_glu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, col_ma
 @triton.jit
 def _row3(x_ptr, pix, x, rin, W, C2, ch, jm):
     """Input row at columns x-1, x, x+1 ([BW, BC] fp32 each; 0 outside the grid: the conv's padding)."""
-    left, right = _sides(x_ptr, pix, x, rin, W, C2, ch, jm)
-    return left, _center(x_ptr, pix, x, rin, W, C2, ch, jm).to(tl.float32), right
-
-
-@triton.jit
-def _center(x_ptr, pix, x, rin, W, C2, ch, jm):
-    """Input row at columns x ([BW, BC] as stored)."""
-    base = (pix + x)[:, None] * C2 + ch[None, :]
-    return tl.load(x_ptr + base, mask=(rin & (x < W))[:, None] & jm[None, :], other=0.0)
-
-
-@triton.jit
-def _sides(x_ptr, pix, x, rin, W, C2, ch, jm):
-    """Input row at columns x-1 and x+1 ([BW, BC] fp32 each)."""
     cm = jm[None, :]
     base = (pix + x)[:, None] * C2 + ch[None, :]
     left = tl.load(x_ptr + base - C2, mask=(rin & (x >= 1) & (x - 1 < W))[:, None] & cm, other=0.0)
+    c = tl.load(x_ptr + base, mask=(rin & (x < W))[:, None] & cm, other=0.0)
     right = tl.load(x_ptr + base + C2, mask=(rin & (x + 1 < W))[:, None] & cm, other=0.0)
-    return left.to(tl.float32), right.to(tl.float32)
+    return left.to(tl.float32), c.to(tl.float32), right.to(tl.float32)
 
 
 @triton.jit
@@ -410,32 +397,18 @@ def _dw_glu_rows_kernel(x_ptr, w_ptr, b_ptr, o_ptr, H, W, Hc, NWB, ROWS: tl.cons
     g2l, g2c, g2r = _w3(w_ptr, j + Hc, jm, C2, 2)
     zero = tl.zeros((BW, BC), dtype=tl.float32)
     ax0, ag0, ax1, ag1 = zero, zero, zero, zero  # output rows r-1 and r (value, gate halves)
-    # With PREFETCH (1) the next input row's six loads are issued before this row's arithmetic, so their
-    # latency hides behind it; without, each step waits for its own loads. With 2 only the next row's
-    # centre loads are issued ahead, and each row's left and right views when it is added, once its
-    # centre (the same lines) has arrived in L1. The sums are the same.
+    # With PREFETCH the next input row's six loads are issued before this row's arithmetic, so their
+    # latency hides behind it; without, each step waits for its own loads. The sums are the same.
     rv = x * 0 + (y0 - 1)  # the row as a vector (module comment: the interpreter's masks)
     pix = (b * H + y0 - 1) * W  # int64: the row's first pixel
     rin = (rv >= 0) & (rv < H)
-    if PREFETCH == 2:
-        ncx = _center(x_ptr, pix, x, rin, W, C2, j, jm)
-        ncg = _center(x_ptr, pix, x, rin, W, C2, j + Hc, jm)
-    else:
-        nlx, ncx, nrx = _row3(x_ptr, pix, x, rin, W, C2, j, jm)
-        nlg, ncg, nrg = _row3(x_ptr, pix, x, rin, W, C2, j + Hc, jm)
+    nlx, ncx, nrx = _row3(x_ptr, pix, x, rin, W, C2, j, jm)
+    nlg, ncg, nrg = _row3(x_ptr, pix, x, rin, W, C2, j + Hc, jm)
     for t in range(ROWS + 2):
         r = y0 - 1 + t
         rv = x * 0 + r
         pix = (b * H + r) * W
-        if PREFETCH == 2:
-            cx, cg = ncx.to(tl.float32), ncg.to(tl.float32)
-            nin = (rv + 1 >= 0) & (rv + 1 < H) & (rv + 1 <= y0 + ROWS)
-            ncx = _center(x_ptr, pix + W, x, nin, W, C2, j, jm)
-            ncg = _center(x_ptr, pix + W, x, nin, W, C2, j + Hc, jm)
-            rin = (rv >= 0) & (rv < H)
-            lx, rx = _sides(x_ptr, pix, x, rin, W, C2, j, jm)
-            lg, rg = _sides(x_ptr, pix, x, rin, W, C2, j + Hc, jm)
-        elif PREFETCH:
+        if PREFETCH:
             lx, cx, rx, lg, cg, rg = nlx, ncx, nrx, nlg, ncg, nrg
             nin = (rv + 1 >= 0) & (rv + 1 < H) & (rv + 1 <= y0 + ROWS)  # the next step's row, if any
             nlx, ncx, nrx = _row3(x_ptr, pix + W, x, nin, W, C2, j, jm)
@@ -459,12 +432,11 @@ def _dw_glu_rows_kernel(x_ptr, w_ptr, b_ptr, o_ptr, H, W, Hc, NWB, ROWS: tl.cons
         ag1 = _taps3w(zero, lg, cg, rg, g0l, g0c, g0r, FMA)
 
 
-def _walk_flags(rest: list, dtype: torch.dtype) -> tuple[int, bool]:
-    """A row walk's optional tile settings (prefetch: 0, 1 or, for dwconv_glu_rows, 2, as its kernel
-    reads them; taps as FMAs), 1 and True where left out.
+def _walk_flags(rest: list, dtype: torch.dtype) -> tuple[bool, bool]:
+    """A row walk's optional tile flags (prefetch the next row, taps as FMAs), True where left out.
     FMA only for bf16 and fp16, whose products fp32 holds exactly (_taps3w)."""
-    prefetch, fma = (*map(int, rest), 1, 1)[:2]
-    return prefetch, bool(fma) and dtype in (torch.bfloat16, torch.float16)
+    prefetch, fma = (*map(bool, rest), True, True)[:2]
+    return prefetch, fma and dtype in (torch.bfloat16, torch.float16)
 
 
 def dw_rows_tile(height: int) -> tuple[int, int, int, int, bool, bool]:
@@ -481,7 +453,7 @@ def dwconv_glu_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
                     tile: tuple | None = None) -> torch.Tensor:
     """dwconv_glu(x, weight, bias, col_major=False)'s bits, walking rows: GLU(depthwise_conv3x3(x) +
     bias) for channels-last x [B, 2H, h, w] -> [B, H, h, w]. `tile` (rows, columns, channels, warps[,
-    prefetch (0, 1 or 2: the kernel's comment)[, fma]]) changes speed only."""
+    prefetch[, fma]]) changes speed only."""
     _check(x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last), "x must be channels-last")
     B, C2, Hh, Ww = x.shape
     _check(weight.shape == (C2, 1, 3, 3) and weight.is_contiguous() and C2 % 2 == 0, "a 3x3 depthwise weight")
@@ -489,8 +461,6 @@ def dwconv_glu_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
     out = torch.empty((B, C2 // 2, Hh, Ww), dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
     rows, cols, bc, warps, *rest = tile or dw_rows_tile(Hh)
     prefetch, fma = _walk_flags(rest, x.dtype)
-    if prefetch not in (0, 1, 2):
-        raise ValueError(f"tile {tile}: prefetch {prefetch}; the walk's modes are 0, 1 and 2")
     bw = min(cols, triton.next_power_of_2(Ww))
     nwb = triton.cdiv(Ww, bw)
     grid = (triton.cdiv(Hh, rows) * nwb, triton.cdiv(C2 // 2, bc), B)
