@@ -55,10 +55,13 @@ SHAPES = {"512x1": (2, 256), "1024x1": (2, 1024), "512x4": (8, 256), "1024x4": (
 TILES = [(bp, bc, w) for bp in (16, 32, 64) for bc in (32, 64, 128) for w in (2, 4, 8)]
 # kernels.dwconv_glu_rows: rows, columns, channels, warps, prefetch the next row (session 41; False is
 # session 40's walk with the taps hoisted)
-# rows, columns, channels, warps, prefetch the next row, taps as FMAs (kernels.dw_rows_tile; the prefetch
-# won every shape of session 41's sweep, so session 58's sweeps the FMA flag in its place)
-ROWS_TILES = [(r, cols, c, w, True, fma) for fma in (True, False) for r in (8, 16, 32) for cols in (16, 32)
-              for c, w in ((32, 4), (64, 4), (64, 8))]
+# rows, columns, channels, warps, prefetch the next row, taps as FMAs, pipeline stages (kernels.dw_rows_tile).
+# Session 41's sweep found the prefetch faster at every shape, session 58's first the FMA taps (3-10%, one
+# H100); this one times Triton's software pipelining of the walk's loads (1 stage: none) with and without
+# the hand-written prefetch; and the default without FMAs, for reference
+ROWS_TILES = ([(r, cols, c, w, pf, True, st) for st in (1, 2, 3, 4) for pf in (True, False)
+               for r, cols, c, w in ((32, 16, 32, 4), (16, 16, 32, 4), (32, 16, 64, 8), (32, 32, 16, 4),
+                                     (32, 16, 16, 4))] + [(32, 16, 32, 4, True, False)])
 
 
 def hidden_states(rows: int, tokens: int, seed: int) -> torch.Tensor:
@@ -389,16 +392,16 @@ def rope_rows() -> list[dict]:
     return out
 
 
-def _best_by_flag(tiles: list[dict], index: int, name: str) -> str:
-    """The best equal tile with the flag at tile[index] on and off (a shorter tile leaves it on, its
-    default): the prefetch (session 41) and the FMA taps (session 58) of the row walks."""
+def _best_by(tiles: list[dict], index: int, name: str) -> str:
+    """The best equal tile for each value of tile[index] (a shorter tile takes 1, the default of each of
+    these): the prefetch (session 41), the FMA taps and the pipeline stages (session 58) of the row
+    walks. Booleans read as 0 and 1."""
     parts = []
-    for flag in (True, False):
-        ok = [t for t in tiles if t["equal"] and t["us"] is not None
-              and bool(t["tile"][index] if len(t["tile"]) > index else True) is flag]
-        if ok:
-            b = min(ok, key=lambda t: t["us"])
-            parts.append(f"{name if flag else 'no ' + name} {b['us']} ({b['tile']})")
+    ok = [t for t in tiles if t["equal"] and t["us"] is not None]
+    for value in sorted({int(t["tile"][index]) if len(t["tile"]) > index else 1 for t in ok}, reverse=True):
+        b = min((t for t in ok if (int(t["tile"][index]) if len(t["tile"]) > index else 1) == value),
+                key=lambda t: t["us"])
+        parts.append(f"{name} {value}: {b['us']} ({b['tile']})")
     return ", ".join(parts) or "-"
 
 
@@ -419,7 +422,7 @@ def write(out_dir: Path, rows: list[dict], cmd: str, stem: str = "fusion_kernels
                 f"{r['today_cudnn_pair_equal']}/{r['today_one_pass_dw_equal']} "
                 f"| 1x1 + new: best {b['us'] if b else '-'} (tile {b['tile'] if b else '-'}, kernel "
                 f"{b['kernel_only_us'] if b else '-'}), default {default['us'] if default else '-'}; "
-                f"{_best_by_flag(r['tiles'], 5, 'prefetch')}; {_best_by_flag(r['tiles'], 6, 'FMA')} "
+                f"{_best_by(r['tiles'], 5, 'prefetch')}; {_best_by(r['tiles'], 6, 'FMA')} "
                 f"| eager {r['eager_us']}; today {r['today_cudnn_pair_us']} (cuDNN dw) / "
                 f"{r['today_one_pass_dw_us']} (one-pass dw); 1x1 alone {r['conv1x1_nobias_us']} |")
         elif r["kernel"] == "row_var":
@@ -445,7 +448,8 @@ def write(out_dir: Path, rows: list[dict], cmd: str, stem: str = "fusion_kernels
             lines.append(f"| dwconv_glu_rows (CUDA graph, us a call) | {r['shape']} | "
                          f"{sum(t['equal'] for t in r['tiles'])} of {len(r['tiles'])} tiles (against cuDNN + GLU) "
                          f"| best {b['us'] if b else '-'} (tile {b['tile'] if b else '-'}), default "
-                         f"{default['us'] if default else '-'}; {_best_by_flag(r['tiles'], 5, 'FMA')} "
+                         f"{default['us'] if default else '-'}; {_best_by(r['tiles'], 4, 'prefetch')}; "
+                         f"{_best_by(r['tiles'], 5, 'FMA')}; {_best_by(r['tiles'], 6, 'stages')} "
                          f"| {r['cudnn_plus_glu_graph_us']} |")
         else:
             b = r["best"]

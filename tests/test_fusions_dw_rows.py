@@ -43,7 +43,8 @@ _INTERPRETED = textwrap.dedent("""
 
     gen = torch.Generator().manual_seed(0)
     bad = []
-    # tiles: rows, columns, channels, warps[, prefetch[, taps as FMAs]] (both flags default True). fp32's
+    # tiles: rows, columns, channels, warps[, prefetch[, taps as FMAs[, pipeline stages]]] (default True,
+    # True, 1; the interpreter runs a pipelined loop as a plain one: the GPU suite checks those bits). fp32's
     # products are not exact, so its walk must not fuse them: the fp32 cases hold the kernel to that
     half, full = torch.float16, torch.float32
     for (B, Hc, H, W), tile, dt in [((2, 24, 5, 7), (2, 8, 16, 4, True), half),
@@ -54,6 +55,8 @@ _INTERPRETED = textwrap.dedent("""
                                     ((1, 16, 9, 20), (4, 16, 16, 4), half),
                                     ((2, 24, 5, 7), (2, 8, 16, 4, True, False), half),
                                     ((1, 16, 9, 20), (4, 16, 16, 4, False, False), half),
+                                    ((2, 24, 5, 7), (2, 8, 16, 4, False, True, 3), half),
+                                    ((2, 40, 6, 3), (8, 32, 32, 4, True, True, 2), half),
                                     ((2, 24, 5, 7), (2, 8, 16, 4, True, True), full), ((1, 16, 9, 20), None, full)]:
         x = (torch.randn(B, H, W, 2 * Hc, generator=gen) * 2).to(dt).permute(0, 3, 1, 2)
         w = (torch.randn(2 * Hc, 1, 3, 3, generator=gen) * 0.5).to(dt)

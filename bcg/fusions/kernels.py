@@ -378,7 +378,7 @@ def _taps3w(acc, left, c, right, wl, wc, wr, FMA: tl.constexpr):
 
 @triton.jit
 def _dw_glu_rows_kernel(x_ptr, w_ptr, b_ptr, o_ptr, H, W, Hc, NWB, ROWS: tl.constexpr, BW: tl.constexpr,
-                        BC: tl.constexpr, PREFETCH: tl.constexpr, FMA: tl.constexpr):
+                        BC: tl.constexpr, PREFETCH: tl.constexpr, FMA: tl.constexpr, STAGES: tl.constexpr):
     # x: [B, 2Hc, H, W] channels-last; w: the depthwise weight as [9, 2Hc] (tap-major); b: [2Hc];
     # o: [B, Hc, H, W] channels-last
     b = tl.program_id(2).to(tl.int64)
@@ -398,13 +398,16 @@ def _dw_glu_rows_kernel(x_ptr, w_ptr, b_ptr, o_ptr, H, W, Hc, NWB, ROWS: tl.cons
     zero = tl.zeros((BW, BC), dtype=tl.float32)
     ax0, ag0, ax1, ag1 = zero, zero, zero, zero  # output rows r-1 and r (value, gate halves)
     # With PREFETCH the next input row's six loads are issued before this row's arithmetic, so their
-    # latency hides behind it; without, each step waits for its own loads. The sums are the same.
+    # latency hides behind it; without, each step waits for its own loads. STAGES > 1 hands the walk's
+    # loads to Triton's software pipeliner: STAGES - 1 rows ahead are copied into shared memory
+    # (cp.async), so more bytes are in flight a program without more registers (the walk is
+    # latency-bound at 12 warps an SM: benchmarks/results/ncu_dw_rows_h100_s58.txt). The sums are the same.
     rv = x * 0 + (y0 - 1)  # the row as a vector (module comment: the interpreter's masks)
     pix = (b * H + y0 - 1) * W  # int64: the row's first pixel
     rin = (rv >= 0) & (rv < H)
     nlx, ncx, nrx = _row3(x_ptr, pix, x, rin, W, C2, j, jm)
     nlg, ncg, nrg = _row3(x_ptr, pix, x, rin, W, C2, j + Hc, jm)
-    for t in range(ROWS + 2):
+    for t in tl.range(0, ROWS + 2, num_stages=STAGES):
         r = y0 - 1 + t
         rv = x * 0 + r
         pix = (b * H + r) * W
@@ -439,34 +442,36 @@ def _walk_flags(rest: list, dtype: torch.dtype) -> tuple[bool, bool]:
     return prefetch, fma and dtype in (torch.bfloat16, torch.float16)
 
 
-def dw_rows_tile(height: int) -> tuple[int, int, int, int, bool, bool]:
-    """The default tile (rows, columns, channels, warps, prefetch, FMA taps) for a grid `height` rows
-    tall: the whole height up to 32 rows a program, 16 columns, 32 channels, 4 warps, the next row
-    prefetched, each tap one FMA (_taps3w; bf16 and fp16 only). Without the FMAs, the fastest of 36
+def dw_rows_tile(height: int) -> tuple[int, int, int, int, bool, bool, int]:
+    """The default tile (rows, columns, channels, warps, prefetch, FMA taps, pipeline stages) for a grid
+    `height` rows tall: the whole height up to 32 rows a program, 16 columns, 32 channels, 4 warps, the
+    next row prefetched, each tap one FMA (_taps3w; bf16 and fp16 only), no software pipelining.
+    Without the FMAs, the fastest of 36
     tiles at every shape of session 41's H200 sweep (SANA-1.6B's 16x16 and 32x32 latents, 2 to 16 CFG
     rows; benchmarks/results/fusion_kernels_dw_rows_silu_dw_h200.md): 388 against 454 us for cuDNN's
     conv + the bias/GLU kernel at 1024², batch 8, and 58 against 84 at batch 1."""
-    return min(32, triton.next_power_of_2(max(1, height))), 16, 32, 4, True, True
+    return min(32, triton.next_power_of_2(max(1, height))), 16, 32, 4, True, True, 1
 
 
 def dwconv_glu_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
                     tile: tuple | None = None) -> torch.Tensor:
     """dwconv_glu(x, weight, bias, col_major=False)'s bits, walking rows: GLU(depthwise_conv3x3(x) +
     bias) for channels-last x [B, 2H, h, w] -> [B, H, h, w]. `tile` (rows, columns, channels, warps[,
-    prefetch[, fma]]) changes speed only."""
+    prefetch[, fma[, stages]]]) changes speed only."""
     _check(x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last), "x must be channels-last")
     B, C2, Hh, Ww = x.shape
     _check(weight.shape == (C2, 1, 3, 3) and weight.is_contiguous() and C2 % 2 == 0, "a 3x3 depthwise weight")
     _check(bias is not None and bias.shape == (C2,) and x.dtype == weight.dtype == bias.dtype, "bias, one dtype")
     out = torch.empty((B, C2 // 2, Hh, Ww), dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
     rows, cols, bc, warps, *rest = tile or dw_rows_tile(Hh)
-    prefetch, fma = _walk_flags(rest, x.dtype)
+    prefetch, fma = _walk_flags(rest[:2], x.dtype)
+    stages = int(rest[2]) if len(rest) > 2 else 1
     bw = min(cols, triton.next_power_of_2(Ww))
     nwb = triton.cdiv(Ww, bw)
     grid = (triton.cdiv(Hh, rows) * nwb, triton.cdiv(C2 // 2, bc), B)
     taps = weight.view(C2, 9).t().contiguous()  # [9, C2]: 200 KB at SANA-1.6B, a small copy a call
     _dw_glu_rows_kernel[grid](x, taps, bias, out, Hh, Ww, C2 // 2, nwb, ROWS=rows, BW=bw, BC=bc, PREFETCH=prefetch,
-                              FMA=fma, num_warps=warps, **OPTS)
+                              FMA=fma, STAGES=stages, num_warps=warps, **OPTS)
     return out
 
 

@@ -210,11 +210,12 @@ def test_key_first_seen_in_capture_runs_eager():
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("rows,side", [(2, 16), (2, 32), (16, 32), (3, 13)])
-def test_dw_rows_equals_cudnn_with_and_without_fma_taps(dtype, rows, side):
+def test_dw_rows_tiles_equal_eager(dtype, rows, side):
     """The row walk the job runs (SANA-1.6B's 2 x 5,600 channels; CFG rows at batch 1 and 8, 512² and
-    1024², and an odd grid) gives eager's bits (cuDNN's depthwise conv with its bias, then the GLU) with its taps as FMAs (the
-    default) and as separate multiplies and adds: products of bf16 / fp16 values are exact in fp32
-    (kernels._taps3w). Inputs as the block makes them: SiLU'd, with a few large outliers."""
+    1024², and an odd grid) gives eager's bits (cuDNN's depthwise conv with its bias, then the GLU):
+    its taps as FMAs (the default) or as separate multiplies and adds (products of bf16 / fp16 values
+    are exact in fp32: kernels._taps3w), and with its loads software-pipelined through shared memory
+    (2 to 4 stages). Inputs as the block makes them: SiLU'd, with a few large outliers."""
     import torch.nn.functional as F
 
     from bcg.fusions import kernels
@@ -230,7 +231,8 @@ def test_dw_rows_equals_cudnn_with_and_without_fma_taps(dtype, rows, side):
         want = ops.DWCONV_GLU_ROWS.eager(x, conv)  # the module's conv (cuDNN, its bias), then the GLU
         default = kernels.dw_rows_tile(side)
         assert default[5] is True  # the default tile's taps are FMAs
-        for tile in (None, default[:5] + (False,), (8, 32, 64, 8, True, True), (8, 32, 64, 8, True, False)):
+        for tile in (None, default[:5] + (False,), (8, 32, 64, 8, True, True), (8, 32, 64, 8, True, False),
+                     default[:4] + (False, True, 3), default[:4] + (True, True, 2), (16, 32, 64, 8, False, True, 4)):
             got = kernels.dwconv_glu_rows(x, conv.weight, conv.bias, tile)
             if not (torch.equal(got, want) and got.stride() == want.stride()):
                 bad.append(f"tile {tile}: {int((got != want).sum())} of {want.numel()} differ")
