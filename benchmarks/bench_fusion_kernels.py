@@ -189,7 +189,7 @@ def dw_walk_rows() -> list[dict]:
     for name, x, w, bias, pair in dw_cases():
         want = pair()
         walk = {"kernel": "dwconv_glu_rows", "shape": name, "cudnn_plus_glu_graph_us": graph_timed(pair),
-                "default_tile": list(kernels.dw_rows_tile(x.shape[2])), "tiles": []}
+                "default_tile": list(kernels.dw_rows_tile(x.shape[2], x.shape[0])), "tiles": []}
         sweep(walk, ROWS_TILES, lambda tile: kernels.dwconv_glu_rows(x, w, bias, tile), want, graph_timed)
         out.append(walk)
         print(json.dumps({k: v for k, v in walk.items() if k != "tiles"}), flush=True)

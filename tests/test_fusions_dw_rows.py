@@ -56,6 +56,7 @@ _INTERPRETED = textwrap.dedent("""
                                     ((2, 24, 5, 7), (2, 8, 16, 4, True, False), half),
                                     ((1, 16, 9, 20), (4, 16, 16, 4, False, False), half),
                                     ((2, 24, 5, 7), (2, 8, 16, 4, False, True, 3), half),
+                                    ((2, 8, 32, 3), None, half),  # the default tile pipelines: 64 image rows
                                     ((2, 40, 6, 3), (8, 32, 32, 4, True, True, 2), half),
                                     ((2, 24, 5, 7), (2, 8, 16, 4, True, True), full), ((1, 16, 9, 20), None, full)]:
         x = (torch.randn(B, H, W, 2 * Hc, generator=gen) * 2).to(dt).permute(0, 3, 1, 2)

@@ -442,15 +442,19 @@ def _walk_flags(rest: list, dtype: torch.dtype) -> tuple[bool, bool]:
     return prefetch, fma and dtype in (torch.bfloat16, torch.float16)
 
 
-def dw_rows_tile(height: int) -> tuple[int, int, int, int, bool, bool, int]:
+def dw_rows_tile(height: int, batch: int) -> tuple[int, int, int, int, bool, bool, int]:
     """The default tile (rows, columns, channels, warps, prefetch, FMA taps, pipeline stages) for a grid
-    `height` rows tall: the whole height up to 32 rows a program, 16 columns, 32 channels, 4 warps, the
-    next row prefetched, each tap one FMA (_taps3w; bf16 and fp16 only), no software pipelining.
-    Without the FMAs, the fastest of 36
-    tiles at every shape of session 41's H200 sweep (SANA-1.6B's 16x16 and 32x32 latents, 2 to 16 CFG
-    rows; benchmarks/results/fusion_kernels_dw_rows_silu_dw_h200.md): 388 against 454 us for cuDNN's
-    conv + the bias/GLU kernel at 1024², batch 8, and 58 against 84 at batch 1."""
-    return min(32, triton.next_power_of_2(max(1, height))), 16, 32, 4, True, True, 1
+    `height` rows tall, `batch` images (CFG rows) deep: the whole height up to 32 rows a program, 16
+    columns, 32 channels, 4 warps, the next row prefetched, each tap one FMA (_taps3w; bf16 and fp16
+    only), and the loads pipelined 4 stages deep where the grid holds 64 image rows or more.
+
+    Session 58's H100 sweep (benchmarks/results/fusion_kernels_dw_rows_stages_h100_80gb_hbm3.md, 41
+    tiles at SANA-1.6B's shapes, every one eager's bits): 346 against 400 us at 1024², batch 8 (the
+    job's), 182 against 211 at batch 4, 54 against 57 at batch 1, 56 against 59 at 512², batch 4, but
+    17.7 against 14.8 at 512², batch 1 (32 image rows: too few programs to fill the card twice over).
+    The geometry is session 41's H200 sweep's best at every shape (fusion_kernels_dw_rows_silu_dw_h200.md)."""
+    stages = 4 if batch * height >= 64 else 1
+    return min(32, triton.next_power_of_2(max(1, height))), 16, 32, 4, True, True, stages
 
 
 def dwconv_glu_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
@@ -463,7 +467,7 @@ def dwconv_glu_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
     _check(weight.shape == (C2, 1, 3, 3) and weight.is_contiguous() and C2 % 2 == 0, "a 3x3 depthwise weight")
     _check(bias is not None and bias.shape == (C2,) and x.dtype == weight.dtype == bias.dtype, "bias, one dtype")
     out = torch.empty((B, C2 // 2, Hh, Ww), dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
-    rows, cols, bc, warps, *rest = tile or dw_rows_tile(Hh)
+    rows, cols, bc, warps, *rest = tile or dw_rows_tile(Hh, B)
     prefetch, fma = _walk_flags(rest[:2], x.dtype)
     stages = int(rest[2]) if len(rest) > 2 else 1
     bw = min(cols, triton.next_power_of_2(Ww))

@@ -229,10 +229,11 @@ def test_dw_rows_tiles_equal_eager(dtype, rows, side):
     bad = []
     with torch.no_grad():
         want = ops.DWCONV_GLU_ROWS.eager(x, conv)  # the module's conv (cuDNN, its bias), then the GLU
-        default = kernels.dw_rows_tile(side)
+        default = kernels.dw_rows_tile(side, rows)
         assert default[5] is True  # the default tile's taps are FMAs
         for tile in (None, default[:5] + (False,), (8, 32, 64, 8, True, True), (8, 32, 64, 8, True, False),
-                     default[:4] + (False, True, 3), default[:4] + (True, True, 2), (16, 32, 64, 8, False, True, 4)):
+                     default[:6] + (1,), default[:4] + (False, True, 3), default[:4] + (True, True, 2),
+                     (16, 32, 64, 8, False, True, 4)):
             got = kernels.dwconv_glu_rows(x, conv.weight, conv.bias, tile)
             if not (torch.equal(got, want) and got.stride() == want.stride()):
                 bad.append(f"tile {tile}: {int((got != want).sum())} of {want.numel()} differ")
