@@ -53,8 +53,6 @@ HIDDEN = 5600
 SHAPES = {"512x1": (2, 256), "1024x1": (2, 1024), "512x4": (8, 256), "1024x4": (8, 1024),
           "1024x8": (16, 1024)}  # the job's batch of 8 at 1024²
 TILES = [(bp, bc, w) for bp in (16, 32, 64) for bc in (32, 64, 128) for w in (2, 4, 8)]
-# kernels.dwconv_glu_rows: rows, columns, channels, warps, prefetch the next row (session 41; False is
-# session 40's walk with the taps hoisted)
 # rows, columns, channels, warps, prefetch the next row, taps as FMAs, pipeline stages (kernels.dw_rows_tile).
 # Session 41's sweep found the prefetch faster at every shape, session 58's first the FMA taps (3-10%, one
 # H100); this one times Triton's software pipelining of the walk's loads (1 stage: none) with and without

@@ -363,9 +363,10 @@ def _taps3w(acc, left, c, right, wl, wc, wr, FMA: tl.constexpr):
     """acc + the three taps of one kernel row, added left to right. Every input and weight is a bf16
     or fp16 value, so each product (at most 22 significant bits) is exact in fp32: a fused
     multiply-add rounds once where `acc + p * w` rounds twice, and the first rounding is exact, so
-    both give the same bits (save a product that overflows fp32 or falls under about 1e-40, where its
-    low bits leave fp32's subnormal grid; first-sight verification compares the sums with cuDNN's). With FMA the tap is
-    one instruction, not two: the row walk issues about a fifth fewer (s58, the sm_90 SASS)."""
+    both give the same bits (save a product that overflows fp32 or falls under about 1e-40, where
+    its low bits leave fp32's subnormal grid; first-sight verification compares the sums with
+    cuDNN's). With FMA a tap is one instruction, not two: the row walk's loop issues about a fifth
+    fewer (session 58, its sm_90 SASS)."""
     if FMA:
         acc = tl.fma(left, wl, acc)
         acc = tl.fma(c, wc, acc)
