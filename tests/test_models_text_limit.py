@@ -1,6 +1,7 @@
 """`model.max_sequence_length` against what the text encoder and the pipeline can take: refused with the
-config checks (ModelFamily.text_length_limit, jobs/preflight.py), before any weight loads, from the
-checkpoint's configs. Each limit is shown to be the real one: a long prompt runs at it, and fails past it."""
+config checks (ModelFamily.text_length_limit and text_length_multiple, jobs/preflight.py), before any
+weight loads, from the checkpoint's configs. Each limit is shown to be the real one: a long prompt runs
+at it, and fails past it."""
 
 from __future__ import annotations
 
