@@ -394,11 +394,13 @@ def _best_by(tiles: list[dict], index: int, name: str) -> str:
     """The best equal tile for each value of tile[index] (a shorter tile takes 1, the default of each of
     these): the prefetch (session 41), the FMA taps and the pipeline stages (session 58) of the row
     walks. Booleans read as 0 and 1."""
+    def setting(t: dict) -> int:
+        return int(t["tile"][index]) if len(t["tile"]) > index else 1
+
     parts = []
     ok = [t for t in tiles if t["equal"] and t["us"] is not None]
-    for value in sorted({int(t["tile"][index]) if len(t["tile"]) > index else 1 for t in ok}, reverse=True):
-        b = min((t for t in ok if (int(t["tile"][index]) if len(t["tile"]) > index else 1) == value),
-                key=lambda t: t["us"])
+    for value in sorted({setting(t) for t in ok}, reverse=True):
+        b = min((t for t in ok if setting(t) == value), key=lambda t: t["us"])
         parts.append(f"{name} {value}: {b['us']} ({b['tile']})")
     return ", ".join(parts) or "-"
 
